@@ -1,0 +1,152 @@
+"""Sprint configuration: every knob of the BSO module's config.yaml, with its default.
+
+`resolve_config(overrides)` merges a user's `config_overrides` (nested dicts, or dotted keys such as
+`"token_budget.limit": 5000`) over the defaults and validates the result. Unknown knobs are an error:
+a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bso.states import AgentType, Strictness
+
+
+class _Knobs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentTimeouts(_Knobs):
+    story_creation: int = Field(900, gt=0)
+    story_review: int = Field(900, gt=0)
+    dev_execution: int = Field(1800, gt=0)
+    code_review: int = Field(900, gt=0)
+    e2e_inspection: int = Field(900, gt=0)
+    knowledge_research: int = Field(600, gt=0)
+
+    def for_agent(self, agent_type: AgentType) -> int:
+        return {
+            AgentType.STORY_CREATOR: self.story_creation,
+            AgentType.STORY_REVIEWER: self.story_review,
+            AgentType.DEV_RUNNER: self.dev_execution,
+            AgentType.REVIEW_RUNNER: self.code_review,
+            AgentType.E2E_INSPECTOR: self.e2e_inspection,
+        }[agent_type]
+
+
+class ReviewDegradation(_Knobs):
+    """P22: the longer a review-fix loop runs, the less a review may ask for."""
+
+    enabled: bool = True
+    downgrade_from_round: int = Field(3, ge=1)
+    high_only_from_round: int = Field(5, ge=1)
+    force_intervention_at_round: int = Field(8, ge=1)
+
+
+class TokenBudget(_Knobs):
+    """P26: checked after every story."""
+
+    enabled: bool = True
+    limit: int = Field(2_000_000, gt=0)
+    warning_threshold: float = Field(0.7, gt=0, le=1)
+    action: Literal["pause_and_report", "stop"] = "pause_and_report"
+
+
+class AgentRetry(_Knobs):
+    """Retries of an agent activity after an infrastructure fault (lost worker, crash)."""
+
+    maximum_attempts: int = Field(5, ge=1)
+    initial_interval_seconds: float = Field(1.0, gt=0)
+    heartbeat_timeout_seconds: int = Field(60, gt=0)
+
+
+class ResidentSlots(_Knobs):
+    scrum_master: bool = True
+    knowledge_researcher: bool = True
+    debugger: bool = True
+    e2e_live: bool = False
+
+
+class KnowledgeResearch(_Knobs):
+    cache_ttl_days: int = Field(30, gt=0)
+    max_calls_per_story: int = Field(3, ge=0)
+    call_timeout_seconds: int = Field(600, gt=0)
+    max_cache_entries: int = Field(200, gt=0)
+
+
+class SprintConfig(_Knobs):
+    batch_size: int = Field(3, ge=1)
+    max_concurrent_slaves: int = Field(1, ge=1)
+    max_review_rounds: int = Field(10, ge=0)
+    max_story_review_rounds: int = Field(3, ge=1)
+    story_review_fallback: Literal["ask_user", "force_pass", "skip_story"] = "ask_user"
+    story_review_enabled: bool = True
+    review_strictness: Literal["strict", "normal", "lenient"] = "normal"
+    review_degradation: ReviewDegradation = ReviewDegradation()
+    e2e_enabled: bool = False
+    e2e_trigger_tags: tuple[str, ...] = ("frontend", "ui", "web", "page")
+    agent_timeout_seconds: AgentTimeouts = AgentTimeouts()
+    agent_timeout_action: Literal["mark_needs_intervention"] = "mark_needs_intervention"
+    agent_retry: AgentRetry = AgentRetry()
+    token_budget: TokenBudget = TokenBudget()
+    first_story_checkpoint: Literal["pause", "report", "skip"] = "report"
+    git_squash_strategy: Literal["per_story", "per_phase", "none"] = "per_story"
+    auto_clear_git_track: bool = True
+    slave_timeout_seconds: int = Field(5400, gt=0)
+    resident_slots: ResidentSlots = ResidentSlots()
+    knowledge_research: KnowledgeResearch = KnowledgeResearch()
+
+    @property
+    def strictness(self) -> Strictness:
+        return Strictness(self.review_strictness)
+
+
+class ConfigError(ValueError):
+    """A config override that cannot be honoured; the message names every bad knob."""
+
+
+def _expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
+    expanded: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config_overrides: key {key!r} is not a string")
+        target = expanded
+        parts = key.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"config_overrides: {key!r} conflicts with another override")
+        leaf = parts[-1]
+        if isinstance(value, dict) and isinstance(target.get(leaf), dict):
+            target[leaf] = _deep_merge(target[leaf], _expand_dotted(value))
+        else:
+            target[leaf] = _expand_dotted(value) if isinstance(value, dict) else value
+    return expanded
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def resolve_config(overrides: dict[str, Any] | None = None) -> SprintConfig:
+    """Defaults with `overrides` applied; raises ConfigError naming each invalid knob."""
+    if overrides is None:
+        return SprintConfig()
+    if not isinstance(overrides, dict):
+        raise ConfigError("config_overrides must be an object of knob: value")
+    merged = _deep_merge(SprintConfig().model_dump(), _expand_dotted(overrides))
+    try:
+        return SprintConfig.model_validate(merged)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"invalid config_overrides: {problems}") from None

@@ -1,0 +1,341 @@
+"""The State-to-Agent Dispatch Table and the review-fix rules, as data and pure functions.
+
+The Slave workflow only sequences these: it asks `next_dispatch` what to run, runs it, and hands the
+AGENT_COMPLETE to `apply_agent_result`, which returns the story's next durable progress. Every rule of
+bso-sprint-slave-spec.md and BSO-REFERENCE.md (review strictness, P22 degradation, the
+max_review_rounds cap, story-review fallbacks, E2E triggers) lives here, in one function each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bso.config import ReviewDegradation, SprintConfig
+from bso.messages import AgentComplete, Finding
+from bso.models import StoryProgress
+from bso.states import (
+    LEGACY_STORY_VALUES,
+    AgentMode,
+    AgentStatus,
+    AgentType,
+    StoryState,
+    Strictness,
+    Verdict,
+)
+
+
+@dataclass(frozen=True)
+class DispatchStep:
+    agent_type: AgentType
+    mode: AgentMode
+
+    @property
+    def script_key(self) -> str:
+        """The name of this step in the simulation script and in per-mode counters."""
+        return SCRIPT_KEYS[(self.agent_type, self.mode)]
+
+
+CREATE = DispatchStep(AgentType.STORY_CREATOR, AgentMode.CREATE)
+REVISE = DispatchStep(AgentType.STORY_CREATOR, AgentMode.REVISE)
+STORY_REVIEW = DispatchStep(AgentType.STORY_REVIEWER, AgentMode.REVIEW)
+DEV = DispatchStep(AgentType.DEV_RUNNER, AgentMode.DEV)
+FIX = DispatchStep(AgentType.DEV_RUNNER, AgentMode.FIX)
+CODE_REVIEW = DispatchStep(AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+E2E = DispatchStep(AgentType.E2E_INSPECTOR, AgentMode.E2E)
+
+SCRIPT_KEYS: dict[tuple[AgentType, AgentMode], str] = {
+    (AgentType.STORY_CREATOR, AgentMode.CREATE): "create",
+    (AgentType.STORY_CREATOR, AgentMode.REVISE): "revise",
+    (AgentType.STORY_REVIEWER, AgentMode.REVIEW): "story_review",
+    (AgentType.DEV_RUNNER, AgentMode.DEV): "dev",
+    (AgentType.DEV_RUNNER, AgentMode.FIX): "fix",
+    (AgentType.REVIEW_RUNNER, AgentMode.REVIEW): "review",
+    (AgentType.E2E_INSPECTOR, AgentMode.E2E): "e2e",
+}
+
+# The table itself. `review` dispatches FIX instead of CODE_REVIEW while a fix is pending;
+# `needs-fix` (a done story reopened by a bug report) starts with a fix as well.
+DISPATCH_TABLE: dict[StoryState, DispatchStep] = {
+    StoryState.BACKLOG: CREATE,
+    StoryState.STORY_DOC_IMPROVED: REVISE,
+    StoryState.STORY_DOC_REVIEW: STORY_REVIEW,
+    StoryState.READY_FOR_DEV: DEV,
+    StoryState.REVIEW: CODE_REVIEW,
+    StoryState.E2E_VERIFY: E2E,
+    StoryState.NEEDS_FIX: FIX,
+}
+
+
+def normalize_state(raw: str) -> StoryState | None:
+    """The dispatch state a status-file value stands for; None for a value BSO does not know."""
+    if raw in LEGACY_STORY_VALUES:
+        return LEGACY_STORY_VALUES[raw]
+    try:
+        return StoryState(raw)
+    except ValueError:
+        return None
+
+
+def next_dispatch(progress: StoryProgress) -> DispatchStep | None:
+    """The agent to dispatch for a story now, or None when the table has no row for its state."""
+    state = normalize_state(progress.state)
+    if state is None:
+        return None
+    if state is StoryState.REVIEW and progress.fix_pending:
+        return FIX
+    return DISPATCH_TABLE.get(state)
+
+
+def is_terminal(progress: StoryProgress) -> bool:
+    return progress.state in {StoryState.DONE, StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED}
+
+
+# --- review strictness and degradation (P22) -----------------------------------------------------
+
+
+def effective_strictness(
+    base: Strictness, review_round: int, degradation: ReviewDegradation
+) -> Strictness | None:
+    """Strictness of code-review round `review_round` (1-based); None once the story must stop."""
+    if not degradation.enabled:
+        return base
+    if review_round >= degradation.force_intervention_at_round:
+        return None
+    if review_round >= degradation.high_only_from_round:
+        return Strictness.HIGH_ONLY
+    if review_round >= degradation.downgrade_from_round:
+        return base.one_level_lower()
+    return base
+
+
+def findings_needing_fix(findings: list[Finding], strictness: Strictness) -> list[Finding]:
+    threshold = strictness.threshold.rank
+    return [f for f in findings if f.severity.rank >= threshold]
+
+
+def e2e_applies(tags: list[str], config: SprintConfig) -> bool:
+    wanted = {t.lower() for t in config.e2e_trigger_tags}
+    return config.e2e_enabled and any(t.lower() in wanted for t in tags)
+
+
+class Outcome(StrEnum):
+    ADVANCED = "advanced"
+    FIX_REQUESTED = "fix-requested"
+    INTERVENTION = "needs-intervention"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Transition:
+    progress: StoryProgress
+    outcome: Outcome
+    note: str
+
+
+def record_dispatch(progress: StoryProgress, step: DispatchStep, dispatch_id: str) -> StoryProgress:
+    """The story's progress once `step` has been dispatched (one agent created)."""
+    return progress.model_copy(
+        update={
+            "agents_dispatched": progress.agents_dispatched + 1,
+            "started": True,
+            "pending_dispatch_id": dispatch_id,
+            "pending_agent": step.agent_type,
+            "pending_mode": step.mode,
+        }
+    )
+
+
+def mode_round(progress: StoryProgress, step: DispatchStep) -> int:
+    """Which call of this step this is for the story (1-based), from the durable counters."""
+    if step == STORY_REVIEW:
+        return progress.story_review_rounds + 1
+    if step == CODE_REVIEW:
+        return progress.review_rounds + 1
+    if step == E2E:
+        return progress.e2e_rounds + 1
+    if step == FIX:
+        return max(progress.fix_rounds, 1)
+    if step == REVISE:
+        return max(progress.story_review_rounds, 1)
+    return 1
+
+
+def _settled(progress: StoryProgress, tokens: int, **update: object) -> StoryProgress:
+    base = {
+        "tokens_used": progress.tokens_used + tokens,
+        "pending_dispatch_id": None,
+        "pending_agent": None,
+        "pending_mode": None,
+    }
+    base.update(update)
+    return progress.model_copy(update=base)
+
+
+def intervention(progress: StoryProgress, reason: str, tokens: int = 0) -> Transition:
+    return Transition(
+        _settled(
+            progress,
+            tokens,
+            state=StoryState.NEEDS_INTERVENTION.value,
+            error=reason,
+            fix_pending=False,
+        ),
+        Outcome.INTERVENTION,
+        reason,
+    )
+
+
+def apply_no_answer(progress: StoryProgress, step: DispatchStep, reason: str) -> Transition:
+    """No AGENT_COMPLETE (timeout) or the agent activity failed for good."""
+    return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {reason}")
+
+
+def apply_agent_result(
+    progress: StoryProgress,
+    step: DispatchStep,
+    result: AgentComplete,
+    config: SprintConfig,
+    tags: list[str],
+) -> Transition:
+    """The dispatch table's success/failure columns, for one AGENT_COMPLETE."""
+    tokens = result.tokens_used
+    if result.status is AgentStatus.FAILURE:
+        reason = result.error or result.summary or "agent reported failure"
+        return intervention(progress, f"{step.agent_type.value}/{step.mode.value} failed: {reason}", tokens)
+
+    if step in (CREATE, REVISE):
+        nxt = StoryState.STORY_DOC_REVIEW if config.story_review_enabled else StoryState.READY_FOR_DEV
+        return Transition(_settled(progress, tokens, state=nxt.value), Outcome.ADVANCED, f"story doc -> {nxt}")
+
+    if step == STORY_REVIEW:
+        return _story_review(progress, result, config, tokens)
+
+    if step in (DEV, FIX):
+        return Transition(
+            _settled(progress, tokens, state=StoryState.REVIEW.value, fix_pending=False, fix_findings=[]),
+            Outcome.ADVANCED,
+            f"{step.mode.value} done -> review",
+        )
+
+    if step == CODE_REVIEW:
+        return _code_review(progress, result, config, tags, tokens)
+
+    if step == E2E:
+        rounds = progress.e2e_rounds + 1
+        if result.verdict is Verdict.FAILURE:
+            return Transition(
+                _settled(progress, tokens, state=StoryState.REVIEW.value, e2e_rounds=rounds),
+                Outcome.ADVANCED,
+                "e2e failed -> review",
+            )
+        return Transition(
+            _settled(progress, tokens, state=StoryState.DONE.value, e2e_rounds=rounds),
+            Outcome.ADVANCED,
+            "e2e passed -> done",
+        )
+    raise AssertionError(f"no rule for {step}")  # the table above covers every step
+
+
+def _story_review(
+    progress: StoryProgress, result: AgentComplete, config: SprintConfig, tokens: int
+) -> Transition:
+    rounds = progress.story_review_rounds + 1
+    if result.verdict in (None, Verdict.PASSED, Verdict.SUCCESS):
+        return Transition(
+            _settled(progress, tokens, state=StoryState.READY_FOR_DEV.value, story_review_rounds=rounds),
+            Outcome.ADVANCED,
+            "story doc passed -> ready-for-dev",
+        )
+    if rounds < config.max_story_review_rounds:
+        return Transition(
+            _settled(progress, tokens, state=StoryState.STORY_DOC_IMPROVED.value, story_review_rounds=rounds),
+            Outcome.ADVANCED,
+            f"story doc needs improvement (round {rounds})",
+        )
+    # Story review rounds exhausted: the configured fallback decides.
+    progress = progress.model_copy(update={"story_review_rounds": rounds})
+    if config.story_review_fallback == "force_pass":
+        return Transition(
+            _settled(progress, tokens, state=StoryState.READY_FOR_DEV.value),
+            Outcome.ADVANCED,
+            f"story doc force-passed after {rounds} rounds",
+        )
+    if config.story_review_fallback == "skip_story":
+        return Transition(
+            _settled(
+                progress,
+                tokens,
+                state=StoryState.SKIPPED.value,
+                error=f"story doc did not pass in {rounds} rounds",
+            ),
+            Outcome.SKIPPED,
+            "story skipped (story_review_fallback: skip_story)",
+        )
+    return intervention(
+        progress,
+        f"story doc did not pass in {rounds} rounds; a human decision is needed (story_review_fallback: ask_user)",
+        tokens,
+    )
+
+
+def _code_review(
+    progress: StoryProgress, result: AgentComplete, config: SprintConfig, tags: list[str], tokens: int
+) -> Transition:
+    review_round = progress.review_rounds + 1
+    progress = progress.model_copy(update={"review_rounds": review_round})
+    strictness = effective_strictness(config.strictness, review_round, config.review_degradation)
+    blocking = findings_needing_fix(list(result.findings), strictness or Strictness.HIGH_ONLY)
+    if not blocking and result.verdict is not Verdict.FAILURE:
+        nxt = StoryState.E2E_VERIFY if e2e_applies(tags, config) else StoryState.DONE
+        return Transition(
+            _settled(progress, tokens, state=nxt.value),
+            Outcome.ADVANCED,
+            f"review round {review_round} passed -> {nxt}",
+        )
+    if strictness is None:
+        return intervention(
+            progress,
+            f"review round {review_round} still needs fixes: forced to needs-intervention (P22)",
+            tokens,
+        )
+    if progress.fix_rounds + 1 > config.max_review_rounds:
+        return intervention(
+            progress,
+            f"max_review_rounds ({config.max_review_rounds}) reached with findings left",
+            tokens,
+        )
+    return Transition(
+        _settled(
+            progress,
+            tokens,
+            state=StoryState.REVIEW.value,
+            fix_pending=True,
+            fix_rounds=progress.fix_rounds + 1,
+            fix_findings=blocking,
+        ),
+        Outcome.FIX_REQUESTED,
+        f"review round {review_round}: {len(blocking)} finding(s) >= {strictness.threshold.value} "
+        f"({strictness.value}) -> fix",
+    )
+
+
+# --- token budget (P26) --------------------------------------------------------------------------
+
+
+class BudgetLevel(StrEnum):
+    OK = "ok"
+    WARNING = "warning"
+    EXHAUSTED = "exhausted"
+
+
+def budget_level(tokens_used: int, config: SprintConfig) -> BudgetLevel:
+    budget = config.token_budget
+    if not budget.enabled:
+        return BudgetLevel.OK
+    if tokens_used >= budget.limit:
+        return BudgetLevel.EXHAUSTED
+    if tokens_used >= budget.warning_threshold * budget.limit:
+        return BudgetLevel.WARNING
+    return BudgetLevel.OK
+

@@ -1,0 +1,231 @@
+"""Inputs, results and durable state of the workflows and activities (one model per boundary)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bso.config import SprintConfig
+from bso.messages import BatchPlanReady, Finding, RejectedMessage
+from bso.states import (
+    AgentMode,
+    AgentType,
+    BatchStatus,
+    SprintPhase,
+    SprintStatus,
+    StoryState,
+)
+
+DEFAULT_STATUS_FILE = "_bmad-output/implementation-artifacts/sprint-status.yaml"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- the sprint's input -------------------------------------------------------------------------
+
+
+class SprintInput(_Model):
+    """SprintMasterWorkflow's one input (JSON from the temporal CLI or `bso`)."""
+
+    project_root: str = Field(min_length=1)
+    status_file: str | None = None
+    session_id: str | None = None
+    epic: int | str | None = None
+    story_keys: list[str] | None = None
+    agent_backend: str = "simulated"
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    simulation: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- the status file ----------------------------------------------------------------------------
+
+
+class StoryMeta(_Model):
+    """What the sprint knows of a story from the status file and its story file (if any)."""
+
+    key: str
+    epic: str
+    short_key: str
+    state: str  # the raw value in the file; may be unknown or a BMAD legacy value
+    title: str = ""
+    story_path: str  # relative to project_root
+    depends_on: list[str] = Field(default_factory=list)  # full keys
+    tags: list[str] = Field(default_factory=list)
+
+
+class LoadStatusInput(_Model):
+    project_root: str
+    status_file: str | None = None
+
+
+class StatusSnapshot(_Model):
+    status_file: str  # absolute, resolved
+    story_location: str  # relative to project_root
+    project: str = ""
+    stories: list[StoryMeta]
+    epics: dict[str, str] = Field(default_factory=dict)
+
+
+class StatusWriteInput(_Model):
+    """U4: compare-and-swap one story's value."""
+
+    project_root: str
+    status_file: str
+    story_key: str
+    expected: str
+    new: str
+
+
+class StatusWriteResult(_Model):
+    outcome: str  # written | already-applied | cas-mismatch
+    story_key: str
+    previous: str
+    current: str
+    epic_changes: dict[str, str] = Field(default_factory=dict)
+
+
+# --- the Slave ----------------------------------------------------------------------------------
+
+
+class SlaveInput(_Model):
+    """Dispatch parameters of one batch (the spec's 'Dispatch Parameters')."""
+
+    batch_id: int
+    session_id: str
+    project_root: str
+    status_file: str
+    stories: list[StoryMeta]
+    config: SprintConfig
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    agent_backend: str = "simulated"
+    simulation: dict[str, Any] = Field(default_factory=dict)
+    resident_contacts: dict[str, str] = Field(default_factory=dict)
+    tokens_used_before: int = 0
+    report_progress_to: str | None = None  # the Master's workflow id
+
+
+class StoryProgress(_Model):
+    """One story's durable state inside a Slave: the review-fix round counters live here."""
+
+    key: str
+    state: str
+    story_review_rounds: int = 0
+    review_rounds: int = 0
+    fix_rounds: int = 0
+    e2e_rounds: int = 0
+    agents_dispatched: int = 0
+    tokens_used: int = 0
+    fix_pending: bool = False
+    fix_findings: list[Finding] = Field(default_factory=list)
+    error: str | None = None
+    started: bool = False
+    pending_dispatch_id: str | None = None
+    pending_agent: AgentType | None = None
+    pending_mode: AgentMode | None = None
+
+
+class StoryResult(_Model):
+    story_key: str
+    final_state: str
+    agents_dispatched: int
+    error: str | None = None
+
+
+class SlaveResults(_Model):
+    stories_total: int
+    stories_completed: int
+    stories_failed: int
+    stories_skipped: int
+    story_results: list[StoryResult]
+    total_agents_created: int
+    total_agents_destroyed: int
+    review_fix_rounds: dict[str, int]
+
+
+class SlaveResult(_Model):
+    status: BatchStatus
+    batch_id: int
+    session_id: str
+    results: SlaveResults
+    errors: list[str] = Field(default_factory=list)
+    tokens_used: int = 0
+    budget_exhausted: bool = False
+
+
+class StoryView(_Model):
+    """A story as the status queries show it."""
+
+    state: str
+    batch_id: int | None = None
+    review_round: int = 0
+    fix_rounds: int = 0
+    story_review_rounds: int = 0
+    agents_dispatched: int = 0
+    tokens_used: int = 0
+    agent_in_flight: str | None = None
+    mode_in_flight: str | None = None
+    dispatch_id: str | None = None
+    error: str | None = None
+
+
+class SlaveStatus(_Model):
+    batch_id: int
+    session_id: str
+    stories: dict[str, StoryView]
+    current_story: str | None = None
+    tokens_used: int = 0
+    shutdown_requested: bool = False
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+
+
+class StoryUpdate(_Model):
+    """Slave -> Master progress signal: one story's view after a transition."""
+
+    batch_id: int
+    story_key: str
+    view: StoryView
+
+
+# --- the Master ---------------------------------------------------------------------------------
+
+
+class SprintReport(_Model):
+    session_id: str
+    status: SprintStatus
+    batch_plan: BatchPlanReady | None = None
+    batches: list[SlaveResult] = Field(default_factory=list)
+    stories: dict[str, str] = Field(default_factory=dict)
+    tokens_used: int = 0
+    error: str | None = None
+
+
+class SprintStatusView(_Model):
+    session_id: str
+    phase: SprintPhase
+    current_batch: int | None = None
+    batches_total: int = 0
+    batches_done: int = 0
+    stories: dict[str, StoryView] = Field(default_factory=dict)
+    tokens_used: int = 0
+    token_limit: int = 0
+    pause_reason: str | None = None
+    errors: list[str] = Field(default_factory=list)
+
+
+class ResumeRequest(_Model):
+    """Resume a paused sprint; may raise the token budget (pause_and_report)."""
+
+    token_limit: int | None = Field(default=None, gt=0)
+    reason: str = ""
+
+
+def short_key(full_key: str) -> str:
+    """`3-2-chunk-manager` -> `3-2`."""
+    parts = full_key.split("-")
+    return "-".join(parts[:2])
+
+
+TERMINAL_VALUES = {StoryState.DONE.value, StoryState.NEEDS_INTERVENTION.value, StoryState.SKIPPED.value}
