@@ -1,0 +1,701 @@
+"""BMAD sprint-status.yaml: parse, resolve keys, and edit one value byte-preservingly.
+
+Pure: no file I/O, no clock. Safe to import inside Temporal workflows. The activity in
+`activities/status_file.py` does the I/O and calls these helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any, Literal
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from bso.models import short_key
+
+__all__ = [
+    "EPIC_KEY_RE",
+    "RETRO_KEY_RE",
+    "STORY_KEY_RE",
+    "SHORT_KEY_RE",
+    "MAX_STATUS_BYTES",
+    "StatusFileError",
+    "StoryKeyError",
+    "StatusEntry",
+    "ParsedStatus",
+    "StoryFileInfo",
+    "TransitionResult",
+    "classify_key",
+    "parse_status_text",
+    "short_key",
+    "epic_key_of",
+    "resolve_story_keys",
+    "set_value",
+    "set_top_level_value",
+    "compute_epic_changes",
+    "format_last_updated",
+    "apply_story_transition",
+    "parse_story_file",
+    "render_story_file",
+    "title_from_slug",
+    "resolve_inside",
+    "is_inside",
+    "resolve_story_location",
+]
+
+# --- key grammar --------------------------------------------------------------------------------
+
+EPIC_KEY_RE = re.compile(r"^epic-(\d+)$")
+RETRO_KEY_RE = re.compile(r"^epic-(\d+)-retrospective$")
+STORY_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)-([a-z0-9][a-z0-9-]*)$")
+SHORT_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)$")
+
+MAX_STATUS_BYTES = 5 * 1024 * 1024
+
+EntryKind = Literal["epic", "story", "retrospective"]
+
+# A value we may write as a plain (unquoted) YAML scalar.
+_PLAIN_SAFE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:-]*$")
+_DATE_ONLY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# The line breaks ruamel counts (so our line numbers agree with its marks).
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n|\x85|\u2028|\u2029")
+
+
+class StatusFileError(ValueError):
+    """A sprint-status.yaml problem; the message names the file, and line/column where known."""
+
+
+class StoryKeyError(ValueError):
+    """A requested story key is unknown or ambiguous."""
+
+
+def _err(source: str, problem: str, line: int | None = None, column: int | None = None) -> StatusFileError:
+    where = ""
+    if line is not None:
+        where = f"line {line}, " if column is None else f"line {line}, column {column}, "
+        where = where[:-2] + ": "
+    return StatusFileError(f"{source}: {where}{problem}")
+
+
+# --- parsed shapes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusEntry:
+    key: str
+    kind: EntryKind
+    value: str
+    line: int  # 1-based
+
+
+@dataclass(frozen=True)
+class ParsedStatus:
+    project: str
+    project_key: str
+    story_location: str
+    entries: list[StatusEntry]
+    last_updated: str = ""  # the raw text of the value, "" when absent
+
+    def values(self) -> dict[str, str]:
+        return {e.key: e.value for e in self.entries}
+
+    def stories(self) -> list[StatusEntry]:
+        return [e for e in self.entries if e.kind == "story"]
+
+    def epics(self) -> dict[str, str]:
+        return {e.key: e.value for e in self.entries if e.kind == "epic"}
+
+    def get(self, key: str) -> StatusEntry | None:
+        for e in self.entries:
+            if e.key == key:
+                return e
+        return None
+
+
+@dataclass(frozen=True)
+class StoryFileInfo:
+    title: str = ""
+    status: str = ""
+    depends_on: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    outcome: str  # written | already-applied | cas-mismatch
+    story_key: str
+    previous: str
+    current: str
+    epic_changes: dict[str, str]
+    text: str  # the new text (== the input text unless outcome is written)
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def classify_key(key: str) -> EntryKind | None:
+    if EPIC_KEY_RE.match(key):
+        return "epic"
+    if RETRO_KEY_RE.match(key):
+        return "retrospective"
+    if STORY_KEY_RE.match(key):
+        return "story"
+    return None
+
+
+def epic_key_of(story_key: str) -> str:
+    """`3-2-chunk-manager` (or `3-2`) -> `epic-3`."""
+    m = STORY_KEY_RE.match(story_key) or SHORT_KEY_RE.match(story_key)
+    if not m:
+        raise StoryKeyError(f"not a story key: {story_key!r}")
+    return f"epic-{int(m.group(1))}"
+
+
+def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list[str]:
+    """Map each requested key (full `3-2-slug` or short `3-2`) to its full key; keeps order, drops repeats."""
+    known = list(known_full_keys)
+    known_set = set(known)
+    out: list[str] = []
+    for raw in requested:
+        key = str(raw).strip()
+        if key in known_set:
+            full = key
+        elif SHORT_KEY_RE.match(key):
+            matches = [k for k in known if short_key(k) == key]
+            if not matches:
+                raise StoryKeyError(f"unknown story key {key!r}")
+            if len(matches) > 1:
+                raise StoryKeyError(f"ambiguous story key {key!r}: matches {', '.join(matches)}")
+            full = matches[0]
+        else:
+            raise StoryKeyError(f"unknown story key {key!r}")
+        if full not in out:
+            out.append(full)
+    return out
+
+
+def title_from_slug(story_key: str) -> str:
+    """`3-2-chunk-manager` -> `Chunk Manager`."""
+    m = STORY_KEY_RE.match(story_key)
+    slug = m.group(4) if m else story_key
+    return " ".join(w.capitalize() for w in slug.split("-") if w)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="rt")
+    y.allow_duplicate_keys = False
+    return y
+
+
+def _mark_of(exc: MarkedYAMLError) -> tuple[int | None, int | None]:
+    mark = exc.problem_mark or exc.context_mark
+    if mark is None:
+        return None, None
+    return mark.line + 1, mark.column + 1
+
+
+def _load(text: str, source: str) -> Any:
+    if not isinstance(text, str):
+        raise _err(source, f"expected text, got {type(text).__name__}")
+    if len(text) > MAX_STATUS_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
+        raise _err(source, f"file too large (over {MAX_STATUS_BYTES} bytes)")
+    try:
+        return _yaml().load(text)
+    except MarkedYAMLError as exc:
+        line, col = _mark_of(exc)
+        problem = exc.problem or exc.context or type(exc).__name__
+        raise _err(source, f"YAML error: {problem}", line, col) from None
+    except YAMLError as exc:
+        raise _err(source, f"YAML error: {exc}") from None
+    except RecursionError:
+        raise _err(source, "YAML error: nesting too deep") from None
+    except Exception as exc:  # noqa: BLE001 - any loader failure is a bad file, never a crash
+        raise _err(source, f"YAML error: {type(exc).__name__}: {exc}") from None
+
+
+def _lc_key(mapping: Any, key: Any) -> tuple[int | None, int | None]:
+    try:
+        line, col = mapping.lc.key(key)
+        return line + 1, col + 1
+    except Exception:  # noqa: BLE001
+        return None, None
+
+
+def _lc_value(mapping: Any, key: Any) -> tuple[int | None, int | None]:
+    try:
+        line, col = mapping.lc.value(key)
+        return line + 1, col + 1
+    except Exception:  # noqa: BLE001
+        return None, None
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, datetime | date):
+        return "a date"
+    return type(value).__name__
+
+
+def _scalar_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
+def _top_scalar(doc: Mapping[Any, Any], key: str, source: str) -> str:
+    if key not in doc:
+        return ""
+    value = doc[key]
+    if isinstance(value, Mapping | list):
+        line, col = _lc_value(doc, key)
+        raise _err(source, f"{key} must be a scalar, got {_type_name(value)}", line, col)
+    return _scalar_text(value)
+
+
+def _parse_doc(text: str, source: str) -> tuple[Any, ParsedStatus]:
+    doc = _load(text, source)
+    if not isinstance(doc, Mapping):
+        got = "an empty document" if doc is None else _type_name(doc)
+        raise _err(source, f"top level must be a mapping, got {got}")
+    try:
+        return doc, _build(doc, source)
+    except StatusFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - odd YAML objects must not crash the caller
+        raise _err(source, f"malformed status file: {type(exc).__name__}: {exc}") from None
+
+
+def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
+    if "development_status" not in doc:
+        raise _err(source, "missing development_status")
+    ds = doc["development_status"]
+    if not isinstance(ds, Mapping):
+        line, col = _lc_key(doc, "development_status")
+        got = _type_name(ds)
+        raise _err(source, f"development_status must be a mapping, got {got}", line, col)
+    entries: list[StatusEntry] = []
+    for k in ds:
+        line, col = _lc_key(ds, k)
+        if not isinstance(k, str):
+            raise _err(source, f"invalid key {k!r} in development_status (not a string)", line, col)
+        kind = classify_key(k)
+        if kind is None:
+            raise _err(
+                source,
+                f"invalid key {k!r} in development_status (expected epic-N, epic-N-retrospective or N-M-slug)",
+                line,
+                col,
+            )
+        v = ds[k]
+        if not isinstance(v, str):
+            vline, vcol = _lc_value(ds, k)
+            got = _type_name(v)
+            raise _err(source, f"value of {k!r} must be a string, got {got}", vline or line, vcol or col)
+        if "\n" in v or "\r" in v:
+            vline, vcol = _lc_value(ds, k)
+            raise _err(source, f"value of {k!r} spans several lines", vline or line, vcol or col)
+        entries.append(StatusEntry(key=k, kind=kind, value=str(v), line=line or 0))
+    return ParsedStatus(
+        project=_top_scalar(doc, "project", source),
+        project_key=_top_scalar(doc, "project_key", source),
+        story_location=_top_scalar(doc, "story_location", source),
+        entries=entries,
+        last_updated=_top_scalar(doc, "last_updated", source),
+    )
+
+
+def parse_status_text(text: str, source: str) -> ParsedStatus:
+    """Parse a BMAD sprint-status.yaml; any problem raises StatusFileError (never another exception)."""
+    return _parse_doc(text, source)[1]
+
+
+# --- byte-preserving edit ------------------------------------------------------------------------
+
+
+def _line_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end-without-break) of each line, counting breaks the way ruamel does."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for m in _LINE_BREAK_RE.finditer(text):
+        spans.append((pos, m.start()))
+        pos = m.end()
+    spans.append((pos, len(text)))
+    return spans
+
+
+def _token_end(line: str, col: int, flow: bool) -> int | None:
+    """End (exclusive) of the scalar token starting at `col` on `line`, or None if it is not on one line."""
+    if col >= len(line):
+        return None
+    ch = line[col]
+    if ch == "'":
+        i = col + 1
+        while i < len(line):
+            if line[i] == "'":
+                if i + 1 < len(line) and line[i + 1] == "'":
+                    i += 2
+                    continue
+                return i + 1
+            i += 1
+        return None
+    if ch == '"':
+        i = col + 1
+        while i < len(line):
+            if line[i] == "\\":
+                i += 2
+                continue
+            if line[i] == '"':
+                return i + 1
+            i += 1
+        return None
+    if ch in "|>[{&*!#":
+        return None
+    end = len(line)
+    c = line.find(" #", col)
+    if c != -1:
+        end = c
+    t = line.find("\t#", col)
+    if t != -1:
+        end = min(end, t)
+    if flow:
+        for stop in ",]}":
+            s = line.find(stop, col)
+            if s != -1:
+                end = min(end, s)
+    end_stripped = len(line[col:end].rstrip(" \t")) + col
+    return end_stripped if end_stripped > col else None
+
+
+def _render_token(old_token: str, new_value: str) -> str:
+    if old_token.startswith("'"):
+        return "'" + new_value.replace("'", "''") + "'"
+    if old_token.startswith('"'):
+        return json.dumps(new_value, ensure_ascii=False)
+    if _PLAIN_SAFE_RE.match(new_value):
+        return new_value
+    return "'" + new_value.replace("'", "''") + "'"
+
+
+def _plain_reads_as_string(token: str, value: str) -> bool:
+    if token.startswith(("'", '"')):
+        return True
+    try:
+        got = _yaml().load("v: " + token + "\n")
+    except Exception:  # noqa: BLE001
+        return False
+    return isinstance(got, Mapping) and isinstance(got.get("v"), str) and got["v"] == value
+
+
+def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, str]:
+    """(start offset, end offset, raw token) of the value of `key` in `mapping`."""
+    vline, vcol = _lc_value(mapping, key)
+    if vline is None or vcol is None:
+        raise _err(source, f"cannot locate the value of {key!r}")
+    spans = _line_spans(text)
+    if vline - 1 >= len(spans):
+        raise _err(source, f"cannot locate the value of {key!r}", vline)
+    lstart, lend = spans[vline - 1]
+    line = text[lstart:lend]
+    flow = False
+    try:
+        flow = bool(mapping.fa.flow_style())
+    except Exception:  # noqa: BLE001
+        flow = False
+    end = _token_end(line, vcol - 1, flow)
+    if end is None:
+        raise _err(source, f"cannot edit the value of {key!r} in place (not a one-line scalar)", vline, vcol)
+    return lstart + vcol - 1, lstart + end, line[vcol - 1 : end]
+
+
+def _replace(text: str, start: int, end: int, token: str) -> str:
+    return text[:start] + token + text[end:]
+
+
+def set_value(text: str, key: str, new_value: str, source: str) -> str:
+    """Change only the value of `key` in development_status; every other byte stays."""
+    doc, before = _parse_doc(text, source)
+    ds = doc["development_status"]
+    if key not in ds:
+        raise _err(source, f"no key {key!r} in development_status")
+    if "\n" in new_value or "\r" in new_value:
+        raise _err(source, f"new value for {key!r} must be one line")
+    start, end, old_token = _locate(text, ds, key, source)
+    token = _render_token(old_token, new_value)
+    if not _plain_reads_as_string(token, new_value):
+        token = "'" + new_value.replace("'", "''") + "'"
+    new_text = _replace(text, start, end, token)
+    _, after = _parse_doc(new_text, source)
+    expected = before.values()
+    expected[key] = new_value
+    if after.values() != expected or [e.key for e in after.entries] != [e.key for e in before.entries]:
+        raise _err(source, f"editing {key!r} in place changed more than its value")
+    if (after.project, after.project_key, after.story_location) != (
+        before.project,
+        before.project_key,
+        before.story_location,
+    ):
+        raise _err(source, f"editing {key!r} in place changed more than its value")
+    return new_text
+
+
+def set_top_level_value(text: str, key: str, new_value: str, source: str) -> str:
+    """Change only the value of the top-level scalar `key` (e.g. last_updated); every other byte stays."""
+    doc, before = _parse_doc(text, source)
+    if key not in doc:
+        raise _err(source, f"no top-level key {key!r}")
+    if key == "development_status" or isinstance(doc[key], Mapping | list):
+        raise _err(source, f"top-level {key!r} is not a scalar")
+    if "\n" in new_value or "\r" in new_value:
+        raise _err(source, f"new value for {key!r} must be one line")
+    start, end, old_token = _locate(text, doc, key, source)
+    token = _render_token(old_token, new_value)
+    new_text = _replace(text, start, end, token)
+    new_doc, after = _parse_doc(new_text, source)
+    if after.entries != before.entries or list(new_doc.keys()) != list(doc.keys()):
+        raise _err(source, f"editing {key!r} in place changed more than its value")
+    _, _, check = _locate(new_text, new_doc, key, source)
+    if check != token:
+        raise _err(source, f"editing {key!r} in place did not take")
+    return new_text
+
+
+# --- U4: the one story transition ----------------------------------------------------------------
+
+_NOT_STARTED = {"backlog", "skipped"}
+_FINISHED = {"done", "skipped"}
+
+
+def compute_epic_changes(values: dict[str, str], epic_key: str) -> dict[str, str]:
+    """Epic transitions after a story change: backlog -> in-progress when a story started; -> done when
+    all its stories are finished (done; skipped stories do not hold an epic open, but one must be done)."""
+    if epic_key not in values:
+        return {}
+    current = values[epic_key]
+    num = EPIC_KEY_RE.match(epic_key)
+    if not num:
+        return {}
+    stories = [
+        v for k, v in values.items() if STORY_KEY_RE.match(k) and epic_key_of(k) == epic_key
+    ]
+    if not stories:
+        return {}
+    if all(v in _FINISHED for v in stories) and any(v == "done" for v in stories):
+        return {} if current == "done" else {epic_key: "done"}
+    if current == "backlog" and any(v not in _NOT_STARTED for v in stories):
+        return {epic_key: "in-progress"}
+    return {}
+
+
+def format_last_updated(old_raw: str, now: datetime) -> str:
+    """`now` in the style of the old value: date only if the old value was a date, else ISO seconds + Z."""
+    old = old_raw.strip().strip("'\"")
+    if _DATE_ONLY_RE.match(old):
+        return now.strftime("%Y-%m-%d")
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def apply_story_transition(
+    text: str, story_key: str, expected: str, new: str, now: datetime, source: str
+) -> TransitionResult:
+    """The pure half of U4: compare-and-swap one story's value, with epic and last_updated follow-ups.
+    `now` must be UTC. Unknown story keys raise StoryKeyError."""
+    doc, parsed = _parse_doc(text, source)
+    stories = [e.key for e in parsed.stories()]
+    try:
+        (key,) = resolve_story_keys([story_key], stories)
+    except StoryKeyError as exc:
+        raise StoryKeyError(f"{source}: {exc}") from None
+    values = parsed.values()
+    current = values[key]
+    if current == new:
+        return TransitionResult("already-applied", key, current, current, {}, text)
+    if current != expected:
+        return TransitionResult("cas-mismatch", key, current, current, {}, text)
+    new_text = set_value(text, key, new, source)
+    values[key] = new
+    epic_changes = compute_epic_changes(values, epic_key_of(key))
+    for ek, ev in epic_changes.items():
+        new_text = set_value(new_text, ek, ev, source)
+    if "last_updated" in doc and doc["last_updated"] is not None and not isinstance(
+        doc["last_updated"], Mapping | list
+    ):
+        try:
+            _, _, raw = _locate(text, doc, "last_updated", source)
+        except StatusFileError:
+            raw = ""
+        if raw:
+            new_text = set_top_level_value(new_text, "last_updated", format_last_updated(raw, now), source)
+    return TransitionResult("written", key, current, new, epic_changes, new_text)
+
+
+# --- story files ---------------------------------------------------------------------------------
+
+_TITLE_RE = re.compile(r"^\s*#\s*Story\s+[0-9]+[.\-][0-9]+[a-z]?\s*:\s*(.+?)\s*#*\s*$", re.MULTILINE)
+_STATUS_RE = re.compile(r"^\s*\**Status\**\s*:\s*\**\s*(\S.*?)\s*$", re.MULTILINE | re.IGNORECASE)
+_DEPENDS_RE = re.compile(
+    r"^[\s>*-]*\**\s*depends[ _-]?on\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE
+)
+_TAGS_RE = re.compile(r"^[\s>*-]*\**\s*tags\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE)
+_NONE_WORDS = {"", "none", "-", "n/a", "na", "nothing", "[]"}
+
+
+def _split_list(raw: str) -> list[str]:
+    raw = raw.strip().strip("*").strip()
+    if raw.startswith("[") and raw.endswith("]"):
+        raw = raw[1:-1]
+    if raw.strip().lower() in _NONE_WORDS:
+        return []
+    out: list[str] = []
+    for part in re.split(r"[,\s]+", raw):
+        item = part.strip().strip("'\"`").strip()
+        if item and item.lower() not in _NONE_WORDS and item not in out:
+            out.append(item)
+    return out
+
+
+def parse_story_file(text: str) -> StoryFileInfo:
+    """Lenient: title, Status, `Depends on:` and `Tags:` of a BMAD story file; missing parts are empty."""
+    title_m = _TITLE_RE.search(text)
+    status_m = _STATUS_RE.search(text)
+    deps_m = _DEPENDS_RE.search(text)
+    tags_m = _TAGS_RE.search(text)
+    return StoryFileInfo(
+        title=title_m.group(1).strip() if title_m else "",
+        status=status_m.group(1).strip() if status_m else "",
+        depends_on=_split_list(deps_m.group(1)) if deps_m else [],
+        tags=[t.lower() for t in _split_list(tags_m.group(1))] if tags_m else [],
+    )
+
+
+def render_story_file(
+    story_key: str,
+    title: str,
+    epic_num: int | str,
+    story_num: int | str,
+    status: str,
+    acceptance_criteria: list[str],
+    depends_on: list[str] | None = None,
+    tags: list[str] | None = None,
+    revision: int = 1,
+) -> str:
+    """A BMAD story document that parse_story_file reads back (title, status, depends_on, tags)."""
+    title = title or title_from_slug(story_key)
+    acs = [a.strip() for a in acceptance_criteria if a and a.strip()] or [f"{title} works as described"]
+    lines = [
+        f"# Story {epic_num}.{story_num}: {title}",
+        "",
+        f"Status: {status}",
+        "",
+    ]
+    if depends_on:
+        lines.append(f"Depends on: {', '.join(depends_on)}")
+    if tags:
+        lines.append(f"Tags: {', '.join(tags)}")
+    if depends_on or tags:
+        lines.append("")
+    lines += [
+        "## Story",
+        "",
+        "As a user,",
+        f"I want {title[:1].lower() + title[1:]},",
+        "so that the project delivers this capability.",
+        "",
+        "## Acceptance Criteria",
+        "",
+    ]
+    lines += [f"{i}. {ac}" for i, ac in enumerate(acs, 1)]
+    lines += ["", "## Tasks / Subtasks", ""]
+    for i, ac in enumerate(acs, 1):
+        lines.append(f"- [ ] Task {i}: {ac} (AC: {i})")
+        lines.append(f"  - [ ] Subtask {i}.1: write tests for AC {i}")
+    lines += [
+        "",
+        "## Dev Notes",
+        "",
+        f"- Story key: `{story_key}`",
+        f"- Revision: {revision}",
+        "",
+        "## Dev Agent Record",
+        "",
+        "### Agent Model Used",
+        "",
+        "### Completion Notes List",
+        "",
+        "### File List",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- paths (pure arithmetic, no filesystem) ------------------------------------------------------
+
+
+def is_inside(root: str, path: str) -> bool:
+    """Is the normalised absolute `path` equal to or under the normalised absolute `root`?"""
+    r = posixpath.normpath(root)
+    p = posixpath.normpath(path)
+    if r == "/":
+        return p.startswith("/")
+    return p == r or p.startswith(r + "/")
+
+
+def resolve_inside(project_root: str, relative: str) -> str:
+    """Join a relative path onto project_root; reject absolute paths and `..` escapes (ValueError)."""
+    if not relative or "\x00" in relative:
+        raise ValueError(f"invalid path {relative!r}")
+    if posixpath.isabs(relative) or relative.startswith("\\") or re.match(r"^[A-Za-z]:[\\/]", relative):
+        raise ValueError(f"absolute path not allowed: {relative!r}")
+    norm = posixpath.normpath(relative)
+    if norm == ".." or norm.startswith("../"):
+        raise ValueError(f"path escapes the project: {relative!r}")
+    root = posixpath.normpath(project_root)
+    joined = posixpath.normpath(posixpath.join(root, norm))
+    if not is_inside(root, joined):
+        raise ValueError(f"path escapes the project: {relative!r}")
+    return joined
+
+
+_PLACEHOLDER_RE = re.compile(r"\{project[-_]root\}")
+
+
+def resolve_story_location(project_root: str, raw: str, default_rel: str) -> str:
+    """The story directory relative to project_root (posix, "." for the root itself).
+
+    `raw` may be empty (-> default_rel), relative, absolute inside the project, or start with a
+    `{project-root}` / `{project_root}` placeholder. Anything outside the project -> ValueError."""
+    root = posixpath.normpath(project_root)
+    loc = (raw or "").strip()
+    if not loc:
+        loc = default_rel or "."
+    if _PLACEHOLDER_RE.search(loc):
+        loc = _PLACEHOLDER_RE.sub(lambda _m: root, loc)
+    if posixpath.isabs(loc):
+        full = posixpath.normpath(loc)
+        if not is_inside(root, full):
+            raise ValueError(f"story_location {raw!r} is outside the project")
+    else:
+        full = resolve_inside(root, loc) if posixpath.normpath(loc) != "." else root
+    rel = posixpath.relpath(full, root)
+    return rel
