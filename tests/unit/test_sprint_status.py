@@ -1,0 +1,457 @@
+"""bso.sprint_status: BMAD sprint-status.yaml parsing, key grammar, byte-preserving edits, story files."""
+
+from __future__ import annotations
+
+import difflib
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bso.sprint_status import (
+    EPIC_KEY_RE,
+    RETRO_KEY_RE,
+    STORY_KEY_RE,
+    StatusFileError,
+    StoryKeyError,
+    apply_story_transition,
+    classify_key,
+    compute_epic_changes,
+    epic_key_of,
+    format_last_updated,
+    is_inside,
+    parse_status_text,
+    parse_story_file,
+    render_story_file,
+    resolve_inside,
+    resolve_story_keys,
+    resolve_story_location,
+    set_top_level_value,
+    set_value,
+    short_key,
+    title_from_slug,
+)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sprint-status.yaml"
+SRC = "sprint-status.yaml"
+
+
+def fixture_text() -> str:
+    return FIXTURE.read_text(encoding="utf-8")
+
+
+def changed_lines(old: str, new: str) -> list[str]:
+    return [
+        line
+        for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+
+
+# --- key grammar ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key,kind",
+    [
+        ("epic-1", "epic"),
+        ("epic-12", "epic"),
+        ("epic-3-retrospective", "retrospective"),
+        ("1-1-foo", "story"),
+        ("3-2-chunk-manager", "story"),
+        ("2-6a-foo", "story"),
+        ("10-11-a1-b2", "story"),
+    ],
+)
+def test_valid_keys(key: str, kind: str) -> None:
+    assert classify_key(key) == kind
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["../x", "/abs", "Foo Bar", "epic-", "epic-x", "1-1", "1-1-Foo", "1-1-foo_bar", "2-6ab-foo", "a-1-foo",
+     "1-1-foo/../x", "epic-1-retro", "1-1-", "1-1-foo bar", ""],
+)
+def test_invalid_keys(key: str) -> None:
+    assert classify_key(key) is None
+
+
+def test_regex_constants_exported() -> None:
+    assert EPIC_KEY_RE.match("epic-2")
+    assert RETRO_KEY_RE.match("epic-2-retrospective")
+    assert STORY_KEY_RE.match("2-6a-foo")
+
+
+def test_short_key_and_epic_key() -> None:
+    assert short_key("3-2-chunk-manager") == "3-2"
+    assert short_key("2-6a-foo") == "2-6a"
+    assert epic_key_of("3-2-chunk-manager") == "epic-3"
+    assert epic_key_of("2-6a-foo") == "epic-2"
+    assert epic_key_of("3-2") == "epic-3"
+    with pytest.raises(ValueError):
+        epic_key_of("epic-3")
+
+
+def test_title_from_slug() -> None:
+    assert title_from_slug("3-2-chunk-manager") == "Chunk Manager"
+    assert title_from_slug("2-6a-compaction-hints") == "Compaction Hints"
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def test_parse_realistic_fixture() -> None:
+    p = parse_status_text(fixture_text(), SRC)
+    assert p.project == "chunkstore"
+    assert p.project_key == "CHUNK"
+    assert p.story_location == "{project-root}/_bmad-output/implementation-artifacts"
+    assert p.last_updated.startswith("2025-10-05")
+    values = p.values()
+    assert values["epic-1"] == "in-progress"
+    assert values["1-2-config-loader"] == "review"
+    assert values["1-3-logging"] == "ready-for-dev"
+    assert values["2-1-block-format"] == "backlog"
+    assert values["2-6a-compaction-hints"] == "drafted"  # legacy value kept
+    assert values["3-2-chunk-manager"] == "in-progress"
+    kinds = {e.key: e.kind for e in p.entries}
+    assert kinds["epic-2"] == "epic"
+    assert kinds["epic-2-retrospective"] == "retrospective"
+    assert kinds["2-6a-compaction-hints"] == "story"
+    assert [e.key for e in p.entries][:3] == ["epic-1", "1-1-project-scaffold", "1-2-config-loader"]
+    # 1-based line numbers agree with the file
+    lines = fixture_text().splitlines()
+    for e in p.entries:
+        assert lines[e.line - 1].lstrip().lstrip("'\"").startswith(e.key)
+    assert p.epics() == {"epic-1": "in-progress", "epic-2": "backlog", "epic-3": "backlog"}
+    assert len(p.stories()) == 8
+
+
+def test_unknown_values_are_kept() -> None:
+    p = parse_status_text("development_status:\n  1-1-a: banana\n", SRC)
+    assert p.values() == {"1-1-a": "banana"}
+    assert p.project == "" and p.story_location == ""
+
+
+def test_syntax_error_names_file_line_and_column() -> None:
+    text = "project: x\ndevelopment_status:\n  1-1-a: done\n  1-2-b: [review\n"
+    with pytest.raises(StatusFileError) as ei:
+        parse_status_text(text, SRC)
+    msg = str(ei.value)
+    assert msg.startswith("sprint-status.yaml: line ")
+    assert "column" in msg
+
+
+def test_duplicate_key_is_an_error_with_position() -> None:
+    text = "project: x\n\n\n\n\ndevelopment_status:\n  1-1-foo: done\n  1-1-foo: review\n"
+    with pytest.raises(StatusFileError) as ei:
+        parse_status_text(text, SRC)
+    msg = str(ei.value)
+    assert "sprint-status.yaml: line 8, column 3" in msg
+    assert 'found duplicate key "1-1-foo"' in msg
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("", "top level must be a mapping"),
+        ("just a string\n", "top level must be a mapping"),
+        ("project: x\n", "missing development_status"),
+        ("development_status:\n", "development_status must be a mapping"),
+        ("development_status: [a, b]\n", "development_status must be a mapping"),
+        ("development_status:\n  1-1-a: 3\n", "line 2, column 10: value of '1-1-a' must be a string"),
+        ("development_status:\n  1-1-a:\n", "value of '1-1-a' must be a string"),
+        ("development_status:\n  1-1-a: [done]\n", "value of '1-1-a' must be a string"),
+        ("development_status:\n  1-1-a: true\n", "must be a string"),
+        ("development_status:\n  1-1-a: done\n  ../x: done\n", "line 3, column 3: invalid key '../x'"),
+        ("development_status:\n  /abs: done\n", "invalid key '/abs'"),
+        ("development_status:\n  Foo Bar: done\n", "invalid key 'Foo Bar'"),
+        ("development_status:\n  7: done\n", "invalid key 7"),
+        ("project: [x]\ndevelopment_status: {}\n", "project must be a scalar"),
+    ],
+)
+def test_structural_errors(text: str, fragment: str) -> None:
+    with pytest.raises(StatusFileError) as ei:
+        parse_status_text(text, SRC)
+    assert str(ei.value).startswith(SRC + ":")
+    assert fragment in str(ei.value)
+
+
+def test_too_large_rejected_before_parsing() -> None:
+    text = "development_status: {}\n" + "#" * (5 * 1024 * 1024)
+    with pytest.raises(StatusFileError, match="too large"):
+        parse_status_text(text, SRC)
+
+
+def test_empty_development_status_is_fine() -> None:
+    assert parse_status_text("development_status: {}\n", SRC).entries == []
+
+
+# --- byte-preserving edits -----------------------------------------------------------------------
+
+
+def test_set_value_changes_exactly_one_line() -> None:
+    old = fixture_text()
+    new = set_value(old, "2-2-chunk-manager", "ready-for-dev", SRC)
+    diff = changed_lines(old, new)
+    assert diff == ["-  2-2-chunk-manager: backlog", "+  2-2-chunk-manager: ready-for-dev"]
+    assert parse_status_text(new, SRC).values()["2-2-chunk-manager"] == "ready-for-dev"
+
+
+def test_set_value_keeps_trailing_comment_and_quoting() -> None:
+    old = fixture_text()
+    new = set_value(old, "1-2-config-loader", "done", SRC)
+    assert changed_lines(old, new) == [
+        "-  1-2-config-loader: review   # waiting on second reviewer",
+        "+  1-2-config-loader: done   # waiting on second reviewer",
+    ]
+    new = set_value(old, "1-3-logging", "review", SRC)
+    assert changed_lines(old, new) == ["-  1-3-logging: 'ready-for-dev'", "+  1-3-logging: 'review'"]
+    new = set_value(old, "2-1-block-format", "story-doc-review", SRC)
+    assert changed_lines(old, new) == [
+        '-  2-1-block-format: "backlog"',
+        '+  2-1-block-format: "story-doc-review"',
+    ]
+    new = set_value(old, "3-1-http-server", "ready-for-dev", SRC)
+    assert changed_lines(old, new) == [
+        "-  3-1-http-server: backlog # first API story",
+        "+  3-1-http-server: ready-for-dev # first API story",
+    ]
+
+
+def test_set_value_preserves_crlf_and_other_bytes() -> None:
+    old = "# head\r\ndevelopment_status:\r\n  epic-1: backlog\r\n  1-1-a: backlog  # c\r\n"
+    new = set_value(old, "1-1-a", "done", SRC)
+    assert new == "# head\r\ndevelopment_status:\r\n  epic-1: backlog\r\n  1-1-a: done  # c\r\n"
+
+
+def test_set_value_value_on_next_line_and_flow_style() -> None:
+    old = "development_status:\n  1-1-a:\n    backlog\n  1-2-b: done\n"
+    assert set_value(old, "1-1-a", "review", SRC) == "development_status:\n  1-1-a:\n    review\n  1-2-b: done\n"
+    old = "development_status: {1-1-a: backlog, 1-2-b: done}\n"
+    assert set_value(old, "1-1-a", "review", SRC) == "development_status: {1-1-a: review, 1-2-b: done}\n"
+
+
+def test_set_value_quotes_values_that_would_not_read_as_strings() -> None:
+    old = "development_status:\n  1-1-a: backlog\n"
+    new = set_value(old, "1-1-a", "true", SRC)
+    assert parse_status_text(new, SRC).values()["1-1-a"] == "true"
+    new = set_value(old, "1-1-a", "odd value: # x", SRC)
+    assert parse_status_text(new, SRC).values()["1-1-a"] == "odd value: # x"
+
+
+def test_set_value_unknown_key() -> None:
+    with pytest.raises(StatusFileError, match="no key"):
+        set_value(fixture_text(), "9-9-nope", "done", SRC)
+
+
+def test_set_top_level_value() -> None:
+    old = fixture_text()
+    new = set_top_level_value(old, "last_updated", "2026-01-02T03:04:05Z", SRC)
+    assert changed_lines(old, new) == [
+        "-last_updated: 2025-10-05T14:22:03Z",
+        "+last_updated: 2026-01-02T03:04:05Z",
+    ]
+    with pytest.raises(StatusFileError):
+        set_top_level_value(old, "nope", "x", SRC)
+
+
+def test_format_last_updated() -> None:
+    now = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    assert format_last_updated("2025-01-01", now) == "2026-03-04"
+    assert format_last_updated("'2025-01-01'", now) == "2026-03-04"
+    assert format_last_updated("2025-01-01T10:00:00Z", now) == "2026-03-04T05:06:07Z"
+    assert format_last_updated("2025-01-01 10:00", now) == "2026-03-04T05:06:07Z"
+
+
+# --- the pure U4 transition ----------------------------------------------------------------------
+
+NOW = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+def test_transition_written_with_epic_and_last_updated() -> None:
+    old = fixture_text()
+    r = apply_story_transition(old, "2-1", "backlog", "story-doc-review", NOW, SRC)
+    assert r.outcome == "written"
+    assert (r.story_key, r.previous, r.current) == ("2-1-block-format", "backlog", "story-doc-review")
+    assert r.epic_changes == {"epic-2": "in-progress"}
+    assert sorted(changed_lines(old, r.text)) == sorted(
+        [
+            "-last_updated: 2025-10-05T14:22:03Z",
+            "+last_updated: 2026-03-04T05:06:07Z",
+            "-  epic-2: backlog",
+            "+  epic-2: in-progress",
+            '-  2-1-block-format: "backlog"',
+            '+  2-1-block-format: "story-doc-review"',
+        ]
+    )
+
+
+def test_transition_already_applied_and_cas_mismatch() -> None:
+    old = fixture_text()
+    r = apply_story_transition(old, "1-2-config-loader", "ready-for-dev", "review", NOW, SRC)
+    assert r.outcome == "already-applied" and r.text == old
+    r = apply_story_transition(old, "1-2-config-loader", "ready-for-dev", "done", NOW, SRC)
+    assert r.outcome == "cas-mismatch" and r.text == old and r.current == "review"
+    with pytest.raises(StoryKeyError):
+        apply_story_transition(old, "9-9", "backlog", "done", NOW, SRC)
+
+
+def test_epic_done_when_all_done() -> None:
+    text = "development_status:\n  epic-1: in-progress\n  1-1-a: done\n  1-2-b: review\n"
+    r = apply_story_transition(text, "1-2", "review", "done", NOW, SRC)
+    assert r.epic_changes == {"epic-1": "done"}
+    assert parse_status_text(r.text, SRC).values()["epic-1"] == "done"
+    # a backlog epic whose only story finishes goes straight to done
+    assert compute_epic_changes({"epic-1": "backlog", "1-1-a": "done"}, "epic-1") == {"epic-1": "done"}
+    # no epic key: nothing
+    assert compute_epic_changes({"1-1-a": "done"}, "epic-1") == {}
+    # epic stays when nothing started
+    assert compute_epic_changes({"epic-1": "backlog", "1-1-a": "backlog"}, "epic-1") == {}
+
+
+# --- story files ---------------------------------------------------------------------------------
+
+
+def test_story_file_round_trip() -> None:
+    text = render_story_file(
+        "3-2-chunk-manager",
+        "Chunk Manager",
+        3,
+        2,
+        "ready-for-dev",
+        ["Chunks are stored", "Chunks are evicted"],
+        depends_on=["3-1", "2-2-chunk-manager"],
+        tags=["frontend", "ui"],
+        revision=2,
+    )
+    assert text.startswith("# Story 3.2: Chunk Manager\n")
+    for section in ("## Story", "## Acceptance Criteria", "## Tasks / Subtasks", "## Dev Notes",
+                    "## Dev Agent Record", "### File List"):
+        assert f"\n{section}\n" in text
+    assert "1. Chunks are stored" in text and "2. Chunks are evicted" in text
+    assert "- [ ] Task 1" in text and "(AC: 2)" in text
+    assert "As a" in text and "I want" in text and "so that" in text
+    info = parse_story_file(text)
+    assert info.title == "Chunk Manager"
+    assert info.status == "ready-for-dev"
+    assert info.depends_on == ["3-1", "2-2-chunk-manager"]
+    assert info.tags == ["frontend", "ui"]
+
+
+def test_parse_story_file_lenient() -> None:
+    assert parse_story_file("") == parse_story_file("no heading here")
+    info = parse_story_file("# Story 1.2: Thing\n\nsome text\ndepends_on: [1-1, '1-3']\nTAGS: Web\n")
+    assert info.title == "Thing"
+    assert info.depends_on == ["1-1", "1-3"]
+    assert info.tags == ["web"]
+    assert parse_story_file("Depends on: none\n").depends_on == []
+    assert parse_story_file("**Depends on:** 1-1\n").depends_on == ["1-1"]
+
+
+# --- key resolution ------------------------------------------------------------------------------
+
+KNOWN = ["1-1-foo", "1-2-bar", "2-6a-baz", "3-2-chunk-manager"]
+
+
+def test_resolve_story_keys() -> None:
+    assert resolve_story_keys(["3-2", "1-1-foo", "2-6a"], KNOWN) == ["3-2-chunk-manager", "1-1-foo", "2-6a-baz"]
+    assert resolve_story_keys(["1-1", "1-1-foo"], KNOWN) == ["1-1-foo"]
+    with pytest.raises(ValueError, match="9-9"):
+        resolve_story_keys(["9-9"], KNOWN)
+    with pytest.raises(ValueError, match="1-1-nope"):
+        resolve_story_keys(["1-1-nope"], KNOWN)
+    with pytest.raises(ValueError, match="ambiguous.*1-1"):
+        resolve_story_keys(["1-1"], ["1-1-foo", "1-1-other"])
+
+
+# --- paths ---------------------------------------------------------------------------------------
+
+
+def test_resolve_inside() -> None:
+    assert resolve_inside("/p", "a/b.yaml") == "/p/a/b.yaml"
+    assert resolve_inside("/p/", "./a/../b") == "/p/b"
+    for bad in ["../x", "a/../../x", "/etc/passwd", "..", ""]:
+        with pytest.raises(ValueError):
+            resolve_inside("/p", bad)
+    assert is_inside("/p", "/p/x") and is_inside("/p", "/p") and not is_inside("/p", "/px")
+
+
+def test_resolve_story_location() -> None:
+    dflt = "_bmad-output/implementation-artifacts"
+    assert resolve_story_location("/p", "", dflt) == dflt
+    assert resolve_story_location("/p", "{project-root}/docs/stories", dflt) == "docs/stories"
+    assert resolve_story_location("/p", "{project_root}/docs", dflt) == "docs"
+    assert resolve_story_location("/p", "/p/docs", dflt) == "docs"
+    assert resolve_story_location("/p", "docs/stories", dflt) == "docs/stories"
+    assert resolve_story_location("/p", ".", dflt) == "."
+    for bad in ["/etc", "../x", "{project-root}/../x"]:
+        with pytest.raises(ValueError):
+            resolve_story_location("/p", bad, dflt)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+yamlish = st.text(
+    alphabet=st.sampled_from(list("abc-_:#'\"{}[],&*!|>%@`?\n\t 0123456789\\\r.") + ["\ufeff", "é", "\x00", "\x85"]),
+    max_size=200,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=200), yamlish, yamlish.map(lambda t: "development_status:\n  " + t)))
+def test_parse_never_raises_anything_else(text: str) -> None:
+    try:
+        parse_status_text(text, SRC)
+    except StatusFileError as exc:
+        assert str(exc).startswith(SRC + ":")
+
+
+STATES = ["backlog", "story-doc-review", "ready-for-dev", "review", "done", "in-progress", "drafted",
+          "needs-intervention", "weird-value"]
+slug = st.from_regex(r"[a-z][a-z0-9]{0,6}(-[a-z0-9]{1,5}){0,2}", fullmatch=True)
+
+
+@st.composite
+def status_files(draw):
+    n = draw(st.integers(min_value=1, max_value=8))
+    keys: list[str] = []
+    for _ in range(n):
+        e = draw(st.integers(1, 4))
+        s = draw(st.integers(1, 9))
+        letter = draw(st.sampled_from(["", "", "a"]))
+        k = f"{e}-{s}{letter}-{draw(slug)}"
+        if k not in keys:
+            keys.append(k)
+    lines = ["# generated by hypothesis", "last_updated: 2025-01-01", "development_status:"]
+    values: dict[str, str] = {}
+    epics = sorted({epic_key_of(k) for k in keys})
+    for ep in epics:
+        lines.append(f"  {ep}: backlog")
+        values[ep] = "backlog"
+    for k in keys:
+        v = draw(st.sampled_from(STATES))
+        style = draw(st.sampled_from(["plain", "single", "double"]))
+        tok = {"plain": v, "single": f"'{v}'", "double": f'"{v}"'}[style]
+        comment = draw(st.sampled_from(["", "  # note", " # x: y"]))
+        lines.append(f"  {k}: {tok}{comment}")
+        values[k] = v
+        if draw(st.booleans()):
+            lines.append("")
+    return "\n".join(lines) + "\n", keys, values
+
+
+@settings(max_examples=200, deadline=None)
+@given(status_files(), st.data())
+def test_set_value_then_parse(generated, data) -> None:
+    text, keys, values = generated
+    key = data.draw(st.sampled_from(keys))
+    new = data.draw(st.sampled_from(STATES + ["true", "a b", "x'y"]))
+    new_text = set_value(text, key, new, SRC)
+    after = parse_status_text(new_text, SRC).values()
+    expected = dict(values)
+    expected[key] = new
+    assert after == expected
+    assert len(changed_lines(text, new_text)) in (0, 2)
