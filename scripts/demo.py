@@ -51,7 +51,7 @@ TIMEOUT_S = float(os.environ.get("BSO_DEMO_TIMEOUT", "300"))
 ADDRESS = f"127.0.0.1:{PORT}"
 POLL_S = 0.5
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 STATE_STYLE = {
     "done": "green",
@@ -427,12 +427,17 @@ def print_report(report: dict[str, Any], project_root: Path, session_id: str) ->
     original = EXAMPLE / STATUS_REL
     console.print(f"\nrewritten status file: {rewritten}")
     try:
-        diff = [
-            line for line in difflib.unified_diff(
-                original.read_text().splitlines(), rewritten.read_text().splitlines(), lineterm="", n=0
-            )
-            if line[:1] in "+-" and not line.startswith(("+++", "---"))
-        ]
+        before, after = original.read_text().splitlines(), rewritten.read_text().splitlines()
+        diff: list[str] = []
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes():
+            if op == "equal":
+                continue
+            old_lines, new_lines = before[i1:i2], after[j1:j2]
+            if op == "replace" and len(old_lines) == len(new_lines):  # line by line: old above new
+                for old_line, new_line in zip(old_lines, new_lines):
+                    diff += [f"-{old_line}", f"+{new_line}"]
+            else:
+                diff += [f"-{line}" for line in old_lines] + [f"+{line}" for line in new_lines]
     except OSError as err:
         diff = [f"(cannot read the status files: {err})"]
     console.print("changed lines (every other line and comment is as it was):")
