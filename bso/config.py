@@ -15,7 +15,8 @@ from bso.states import AgentType, Strictness
 
 
 class _Knobs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON `true` must not pass as the number 1, nor "3" as 3.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class AgentTimeouts(_Knobs):
@@ -86,7 +87,7 @@ class SprintConfig(_Knobs):
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     e2e_enabled: bool = False
-    e2e_trigger_tags: tuple[str, ...] = ("frontend", "ui", "web", "page")
+    e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])
     agent_timeout_seconds: AgentTimeouts = AgentTimeouts()
     agent_timeout_action: Literal["mark_needs_intervention"] = "mark_needs_intervention"
     agent_retry: AgentRetry = AgentRetry()

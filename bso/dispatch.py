@@ -224,6 +224,13 @@ def apply_agent_result(
     if step == E2E:
         rounds = progress.e2e_rounds + 1
         if result.verdict is Verdict.FAILURE:
+            if rounds > config.max_review_rounds:
+                # e2e -> review -> e2e must not loop for ever while the code reviews stay clean.
+                return intervention(
+                    progress.model_copy(update={"e2e_rounds": rounds}),
+                    f"e2e still failing after {rounds} rounds (max_review_rounds {config.max_review_rounds})",
+                    tokens,
+                )
             return Transition(
                 _settled(progress, tokens, state=StoryState.REVIEW.value, e2e_rounds=rounds),
                 Outcome.ADVANCED,

@@ -1,0 +1,68 @@
+"""The agent activity: one execution per dispatch (P51), on the `bso-agents` task queue.
+
+It runs the agent through the chosen backend and delivers AGENT_COMPLETE to the Slave as a signal.
+Before signalling it records the answer on disk (`.sprint-session/dispatches/`): an activity retried
+after its agent had answered (a worker killed at the wrong moment) re-delivers that answer instead
+of running the agent again. The Slave ignores the duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.backends import external, simulated
+from activities.session_files import safe_name, session_path, write_json_atomic
+from bso.constants import SIGNAL_AGENT_COMPLETE
+from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
+
+Backend = Callable[[TaskAssignment], Awaitable[AgentComplete | None]]
+
+BACKENDS: dict[str, Backend] = {
+    "simulated": simulated.run,
+    "external": external.run,
+}
+
+
+def _answer_path(assignment: TaskAssignment):
+    return session_path(assignment.project_root, "dispatches", f"{safe_name(assignment.dispatch_id)}.json")
+
+
+async def _deliver(assignment: TaskAssignment, complete: AgentComplete) -> bool:
+    handle = activity.client().get_workflow_handle(assignment.report_to)
+    try:
+        await handle.signal(SIGNAL_AGENT_COMPLETE, complete.model_dump(mode="json"))
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            # The Slave is gone (finished or terminated): nobody is waiting for this answer.
+            activity.logger.warning("Slave %s no longer running; answer dropped", assignment.report_to)
+            return False
+        raise
+    return True
+
+
+@activity.defn
+async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
+    backend = BACKENDS.get(assignment.backend)
+    if backend is None:
+        raise ApplicationError(
+            f"unknown agent backend {assignment.backend!r}; known: {', '.join(BACKENDS)}",
+            type="UnknownBackend",
+            non_retryable=True,
+        )
+    answer_file = _answer_path(assignment)
+    if answer_file.exists():
+        recorded = AgentComplete.model_validate(json.loads(answer_file.read_text(encoding="utf-8")))
+        delivered = await _deliver(assignment, recorded)
+        return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered, replayed_from_ledger=True)
+
+    complete = await backend(assignment)
+    if complete is None:
+        return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
+    write_json_atomic(answer_file, complete.model_dump(mode="json"))
+    delivered = await _deliver(assignment, complete)
+    return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered)

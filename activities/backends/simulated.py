@@ -1,0 +1,90 @@
+"""The simulated agents: deterministic, scripted, offline. The story-creator writes a real BMAD
+story file; the others answer what the simulation script says for this call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.session_files import append_jsonl, session_path
+from bso.dispatch import SCRIPT_KEYS
+from bso.messages import AgentComplete, TaskAssignment
+from bso.models import short_key
+from bso.simulation import ScriptedAnswer, StoryScript, scripted_answer
+from bso.sprint_status import parse_story_file, render_story_file, resolve_inside, title_from_slug
+from bso.states import AgentMode, AgentType
+
+LEDGER = "simulated-agent-ledger.jsonl"
+HEARTBEAT_EVERY_SECONDS = 1.0
+
+
+def _write_story_doc(assignment: TaskAssignment) -> str:
+    """What a story-creator does: write (create) or rewrite (revise) the BMAD story file."""
+    target = Path(resolve_inside(assignment.project_root, assignment.story_path))
+    epic_num, story_num = short_key(assignment.story_key).split("-", 1)
+    existing = parse_story_file(target.read_text(encoding="utf-8")) if target.exists() else None
+    title = assignment.story_title or (existing.title if existing else "") or title_from_slug(assignment.story_key)
+    revision = assignment.mode_round if assignment.mode is AgentMode.REVISE else 0
+    text = render_story_file(
+        story_key=assignment.story_key,
+        title=title,
+        epic_num=epic_num,
+        story_num=story_num,
+        status="story-doc-review",
+        acceptance_criteria=[
+            f"{title} works as described for the user",
+            "Errors are reported with a clear message",
+            "Automated tests cover the new behaviour",
+        ],
+        depends_on=list(existing.depends_on) if existing else [],
+        tags=list(existing.tags) if existing else [],
+        revision=revision,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return f"wrote {assignment.story_path}" + (f" (revision {revision})" if revision else "")
+
+
+async def _work_for(duration_ms: int, assignment: TaskAssignment) -> None:
+    """Take the scripted time, heartbeating so a lost worker is noticed early."""
+    deadline = time.monotonic() + duration_ms / 1000
+    while (left := deadline - time.monotonic()) > 0:
+        activity.heartbeat({"dispatch_id": assignment.dispatch_id, "remaining_ms": int(left * 1000)})
+        await asyncio.sleep(min(left, HEARTBEAT_EVERY_SECONDS))
+
+
+async def run(assignment: TaskAssignment) -> AgentComplete | None:
+    script = StoryScript.model_validate(assignment.simulation)
+    key = SCRIPT_KEYS[(assignment.agent_type, assignment.mode)]
+    answer: ScriptedAnswer = scripted_answer(script, key, assignment.mode_round)  # type: ignore[arg-type]
+    attempt = activity.info().attempt
+    ledger = session_path(assignment.project_root, LEDGER)
+    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "started"})
+    if attempt <= answer.flaky_attempts:
+        raise ApplicationError(
+            f"simulated infrastructure fault (attempt {attempt} of {answer.flaky_attempts} flaky)",
+            type="SimulatedInfrastructureFault",
+        )
+    await _work_for(answer.duration_ms, assignment)
+    summary = f"simulated {assignment.agent_type.value}/{assignment.mode.value}"
+    if answer.status.value == "success" and assignment.agent_type is AgentType.STORY_CREATOR:
+        summary = await asyncio.to_thread(_write_story_doc, assignment)
+    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
+    if answer.never_answers:
+        return None
+    return AgentComplete(
+        dispatch_id=assignment.dispatch_id,
+        story_key=assignment.story_key,
+        agent_type=assignment.agent_type,
+        mode=assignment.mode,
+        status=answer.status,
+        verdict=answer.verdict,
+        findings=answer.findings,
+        tokens_used=answer.tokens,
+        summary=summary,
+        error=answer.error,
+    )

@@ -1,0 +1,41 @@
+"""Where a sprint keeps its scratch files in the project: `.sprint-session/` (never in history)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+SESSION_DIR = ".sprint-session"
+
+
+def safe_name(identifier: str) -> str:
+    """A filesystem-safe, collision-free name for an id such as `sprint-1/batch-2/1-3/4`."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", identifier).strip("._")[:80]
+    digest = hashlib.sha1(identifier.encode()).hexdigest()[:8]
+    return f"{readable}-{digest}"
+
+
+def session_path(project_root: str, *parts: str) -> Path:
+    path = Path(project_root, SESSION_DIR, *parts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())

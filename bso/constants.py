@@ -1,0 +1,32 @@
+"""Names shared by workers, workflows, clients and tests: task queues, signals, search attributes."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+SPRINT_TASK_QUEUE = "bso-sprint"
+AGENTS_TASK_QUEUE = "bso-agents"
+
+SIGNAL_AGENT_COMPLETE = "agent_complete"
+SIGNAL_SHUTDOWN = "shutdown_request"
+SIGNAL_STORY_UPDATE = "story_update"
+SIGNAL_PAUSE = "pause"
+SIGNAL_RESUME = "resume"
+QUERY_STATUS = "status"
+
+SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
+SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")
+SA_PHASE = SearchAttributeKey.for_keyword("BsoPhase")
+SEARCH_ATTRIBUTES = (SA_SESSION_ID, SA_BATCH_ID, SA_PHASE)
+
+
+def slave_workflow_id(session_id: str, batch_id: int) -> str:
+    return f"{session_id}/batch-{batch_id}"
+
+
+def agents_task_queue_for(sprint_task_queue: str) -> str:
+    """The agents queue paired with a sprint queue: `bso-sprint` -> `bso-agents`,
+    `team-a-bso-sprint` -> `team-a-bso-agents` (tests and teams run side by side this way)."""
+    if sprint_task_queue.endswith(SPRINT_TASK_QUEUE):
+        return sprint_task_queue[: -len(SPRINT_TASK_QUEUE)] + AGENTS_TASK_QUEUE
+    return f"{sprint_task_queue}-agents"

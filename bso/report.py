@@ -1,0 +1,71 @@
+"""Batch and sprint results, computed from the stories' durable progress."""
+
+from __future__ import annotations
+
+from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult
+from bso.states import BatchStatus, SprintStatus, StoryState
+
+
+def story_results(progress: list[StoryProgress]) -> list[StoryResult]:
+    return [
+        StoryResult(
+            story_key=p.key, final_state=p.state, agents_dispatched=p.agents_dispatched, error=p.error
+        )
+        for p in progress
+    ]
+
+
+def batch_status(progress: list[StoryProgress], errors: list[str]) -> BatchStatus:
+    done = sum(p.state == StoryState.DONE for p in progress)
+    if progress and done == len(progress) and not errors:
+        return BatchStatus.COMPLETE
+    if done == 0:
+        return BatchStatus.FAILED
+    return BatchStatus.PARTIAL
+
+
+def build_slave_result(
+    *,
+    batch_id: int,
+    session_id: str,
+    progress: list[StoryProgress],
+    agents_created: int,
+    agents_destroyed: int,
+    errors: list[str],
+    budget_exhausted: bool,
+) -> SlaveResult:
+    completed = sum(p.state == StoryState.DONE for p in progress)
+    failed = sum(p.state == StoryState.NEEDS_INTERVENTION for p in progress)
+    skipped = sum(
+        p.state == StoryState.SKIPPED or (not p.started and p.state != StoryState.NEEDS_INTERVENTION)
+        for p in progress
+    )
+    return SlaveResult(
+        status=batch_status(progress, errors),
+        batch_id=batch_id,
+        session_id=session_id,
+        results=SlaveResults(
+            stories_total=len(progress),
+            stories_completed=completed,
+            stories_failed=failed,
+            stories_skipped=skipped,
+            story_results=story_results(progress),
+            total_agents_created=agents_created,
+            total_agents_destroyed=agents_destroyed,
+            review_fix_rounds={p.key: p.fix_rounds for p in progress},
+        ),
+        errors=errors,
+        tokens_used=sum(p.tokens_used for p in progress),
+        budget_exhausted=budget_exhausted,
+    )
+
+
+def sprint_status(final_states: dict[str, str], stopped_early: bool) -> SprintStatus:
+    done = sum(v == StoryState.DONE for v in final_states.values())
+    if not final_states:
+        return SprintStatus.COMPLETE  # nothing left to do
+    if done == len(final_states) and not stopped_early:
+        return SprintStatus.COMPLETE
+    if done == 0 and not stopped_early:
+        return SprintStatus.FAILED
+    return SprintStatus.PARTIAL

@@ -1,0 +1,91 @@
+"""Building small BMAD projects and running sprints against a test environment."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport
+from workflows.sprint_master import SprintMasterWorkflow
+
+HEADER = """# generated: 2026-01-05
+# project: Test
+# story_location: _bmad-output/implementation-artifacts
+
+generated: 2026-01-05
+last_updated: 2026-01-05
+project: Test
+project_key: TEST
+tracking_system: file-system
+story_location: _bmad-output/implementation-artifacts
+
+development_status:
+"""
+
+
+def make_project(root: Path, stories: dict[str, str], story_files: dict[str, str] | None = None) -> Path:
+    """A project whose status file lists `stories` (full key -> value) under their epics."""
+    lines = [HEADER.rstrip("\n")]
+    epics: dict[str, list[str]] = {}
+    for key in stories:
+        epics.setdefault(key.split("-")[0], []).append(key)
+    for epic, keys in epics.items():
+        lines.append(f"  # Epic {epic}")
+        lines.append(f"  epic-{epic}: backlog")
+        lines.extend(f"  {key}: {stories[key]}  # story {key}" for key in keys)
+        lines.append(f"  epic-{epic}-retrospective: optional")
+    status = root / DEFAULT_STATUS_FILE
+    status.parent.mkdir(parents=True, exist_ok=True)
+    status.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for key, text in (story_files or {}).items():
+        (status.parent / f"{key}.md").write_text(text, encoding="utf-8")
+    return status
+
+
+def sprint_input(root: Path, **kwargs: Any) -> SprintInput:
+    return SprintInput(project_root=str(root), **kwargs)
+
+
+async def start_sprint(client: Client, task_queue: str, inp: SprintInput) -> WorkflowHandle[Any, SprintReport]:
+    return await client.start_workflow(
+        SprintMasterWorkflow.run,
+        inp,
+        id=inp.session_id or f"sprint-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue,
+    )
+
+
+async def run_sprint(client: Client, task_queue: str, inp: SprintInput) -> SprintReport:
+    handle = await start_sprint(client, task_queue, inp)
+    return await handle.result()
+
+
+def status_values(root: Path) -> dict[str, str]:
+    """Every `key: value` line under development_status, read naively (independent of the parser)."""
+    values = {}
+    text = (root / DEFAULT_STATUS_FILE).read_text(encoding="utf-8")
+    body = text.split("development_status:", 1)[1]
+    for line in body.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if ":" in line:
+            key, value = line.split(":", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def ledger(root: Path) -> list[dict[str, Any]]:
+    path = root / ".sprint-session" / "simulated-agent-ledger.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def workflow_task_failures(client: Client, workflow_id: str) -> int:
+    """WorkflowTaskFailed events in a workflow's history: a bad input must never cause one."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)

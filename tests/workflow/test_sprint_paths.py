@@ -1,0 +1,306 @@
+"""Every path of the Master and Slave on the time-skipping server, with the real activities and the
+simulated agents writing into a temporary project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from bso.states import BatchStatus, SprintStatus
+from tests.conftest import bso_worker
+from workflows.sprint_master import SprintMasterWorkflow
+from tests.workflow.helpers import (
+    ledger,
+    make_project,
+    run_sprint,
+    sprint_input,
+    start_sprint,
+    status_values,
+    workflow_task_failures,
+)
+
+K1 = "1-1-login-form"
+K2 = "1-2-logout"
+K3 = "1-3-profile-page"
+
+
+def story_result(report, key):
+    for batch in report.batches:
+        for result in batch.results.story_results:
+            if result.story_key == key:
+                return result
+    raise KeyError(key)
+
+
+# (start state, agents dispatched on the way to done, extra config)
+ROWS = [
+    ("backlog", 4, {}),  # create, story review, dev, code review
+    ("story-doc-improved", 4, {}),  # revise, story review, dev, code review
+    ("story-doc-review", 3, {}),
+    ("ready-for-dev", 2, {}),
+    ("in-progress", 2, {}),  # BMAD's own value resumes as dev work
+    ("review", 1, {}),
+    ("needs-fix", 2, {}),  # fix, then code review
+    ("e2e-verify", 1, {"e2e_enabled": True}),
+]
+
+
+@pytest.mark.parametrize("start, dispatched, overrides", ROWS, ids=[r[0] for r in ROWS])
+async def test_each_dispatch_table_row_reaches_done(ts_env, tmp_path: Path, start, dispatched, overrides):
+    make_project(tmp_path, {K1: start})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides))
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == {K1: "done"}
+    assert story_result(report, K1).agents_dispatched == dispatched
+    assert status_values(tmp_path)[K1] == "done"
+    assert status_values(tmp_path)["epic-1"] == "done"
+
+
+async def test_backlog_story_gets_a_real_story_file_and_review_fix_loop(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "backlog", K2: "backlog"})
+    simulation = {"stories": {"1-1": {"story_review": ["needs-improve", "passed"], "review": ["HIGH", "MEDIUM"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    assert report.stories == {K1: "done", K2: "done"}
+    batch = report.batches[0]
+    assert batch.status is BatchStatus.COMPLETE
+    assert batch.results.review_fix_rounds == {K1: 2, K2: 0}
+    # create, review(needs-improve), revise, review(passed), dev, review, fix, review, fix, review
+    assert story_result(report, K1).agents_dispatched == 10
+    assert batch.results.total_agents_created == batch.results.total_agents_destroyed == 14
+    story_file = tmp_path / "_bmad-output/implementation-artifacts" / f"{K1}.md"
+    text = story_file.read_text()
+    assert text.startswith("# Story 1.1: Login Form")
+    assert "## Acceptance Criteria" in text and "## Dev Agent Record" in text
+    assert report.tokens_used == 14 * 1000
+
+
+async def test_degradation_forces_intervention_at_round_8(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    simulation = {"stories": {"1-1": {"review": ["CRITICAL"] * 12}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    result = story_result(report, K1)
+    assert result.final_state == "needs-intervention"
+    assert "forced" in result.error
+    assert report.batches[0].results.review_fix_rounds[K1] == 7
+    assert result.agents_dispatched == 15  # 8 reviews + 7 fixes
+    assert report.stories[K2] == "done"  # the batch goes on
+    assert report.status is SprintStatus.PARTIAL
+    assert status_values(tmp_path)[K1] == "needs-intervention"
+
+
+async def test_degradation_lets_medium_findings_pass_from_round_5(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    simulation = {"stories": {"1-1": {"review": ["MEDIUM"] * 10}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    # normal: MEDIUM needs a fix in rounds 1-2; lenient from round 3 lets it pass.
+    assert report.stories[K1] == "done"
+    assert report.batches[0].results.review_fix_rounds[K1] == 2
+
+
+async def test_max_review_rounds_cap(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    simulation = {"stories": {"1-1": {"review": ["HIGH", "HIGH", "HIGH"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, simulation=simulation, config_overrides={"max_review_rounds": 1}),
+        )
+    result = story_result(report, K1)
+    assert result.final_state == "needs-intervention"
+    assert "max_review_rounds" in result.error
+    assert report.batches[0].results.review_fix_rounds[K1] == 1
+
+
+async def test_agent_failure_marks_story_and_batch_goes_on(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    assert report.stories == {K1: "needs-intervention", K2: "done"}
+    assert "simulated dev agent error" in story_result(report, K1).error
+    batch = report.batches[0]
+    assert batch.status is BatchStatus.PARTIAL
+    assert (batch.results.stories_completed, batch.results.stories_failed) == (1, 1)
+    assert status_values(tmp_path)[K1] == "needs-intervention"
+
+
+async def test_agent_timeout_marks_needs_intervention(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "timeout"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    result = story_result(report, K1)
+    assert result.final_state == "needs-intervention"
+    assert "no AGENT_COMPLETE within 1800s" in result.error
+    assert report.stories[K2] == "done"
+
+
+async def test_flaky_activity_is_retried_and_counted_once(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"flaky": {"dev": 2}}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(
+                tmp_path, simulation=simulation, config_overrides={"agent_retry.initial_interval_seconds": 0.1}
+            ),
+        )
+    assert report.stories[K1] == "done"
+    assert story_result(report, K1).agents_dispatched == 2
+    dev_attempts = [e for e in ledger(tmp_path) if e["dispatch_id"].endswith("/1-1/1") and e["event"] == "started"]
+    assert [e["attempt"] for e in dev_attempts] == [1, 2, 3]
+    assert report.tokens_used == 2000  # the retried dispatch is paid once
+
+
+async def test_unknown_state_needs_intervention_without_dispatch(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "half-done", K2: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path))
+    result = story_result(report, K1)
+    assert result.final_state == "needs-intervention"
+    assert result.agents_dispatched == 0
+    assert "half-done" in result.error
+    assert status_values(tmp_path)[K1] == "needs-intervention"
+    assert report.stories[K2] == "done"
+
+
+async def test_budget_stop_ends_sprint_partial(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(
+                tmp_path,
+                config_overrides={"batch_size": 1, "token_budget": {"limit": 1500, "action": "stop"}},
+            ),
+        )
+    # Story 1 uses 1000 tokens, story 2 takes the sprint to 2000 >= 1500: story 3 never starts.
+    assert report.status is SprintStatus.PARTIAL
+    assert report.stories == {K1: "done", K2: "done", K3: "review"}
+    assert status_values(tmp_path)[K3] == "review"
+    assert len(report.batches) == 2
+
+
+async def test_budget_exhausted_inside_a_batch_skips_the_rest(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, config_overrides={"token_budget": {"limit": 1000, "action": "stop"}}),
+        )
+    batch = report.batches[0]
+    assert batch.budget_exhausted
+    assert batch.status is BatchStatus.PARTIAL
+    assert batch.results.stories_skipped == 2
+    assert report.stories == {K1: "done", K2: "review", K3: "review"}
+
+
+async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, config_overrides={"token_budget.limit": 1000}),
+        )
+        for _ in range(200):
+            status = await handle.query(SprintMasterWorkflow.status)
+            if status.phase == "paused":
+                break
+            await ts_env.sleep(1)
+        assert status.phase == "paused"
+        assert "token budget exhausted" in status.pause_reason
+        assert status.stories[K2].state == "review"
+        await handle.signal("resume", {"token_limit": 10_000})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done"}
+    assert report.status is SprintStatus.COMPLETE
+
+
+async def test_filters_epic_and_short_story_keys(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", "2-1-search": "review", "2-2-export": "review"})
+    async with bso_worker(ts_env.client) as queue:
+        by_epic = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, epic=2))
+        by_key = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, story_keys=["1-2"]))
+    assert by_epic.stories == {"2-1-search": "done", "2-2-export": "done"}
+    assert by_key.stories == {K2: "done"}
+    assert status_values(tmp_path)[K1] == "review"
+
+
+async def test_batches_follow_declared_dependencies(ts_env, tmp_path: Path):
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"},
+        story_files={K1: "# Story 1.1: Login Form\n\nStatus: ready-for-dev\n\nDepends on: 1-3\n"},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, config_overrides={"batch_size": 2}))
+    plan = report.batch_plan
+    assert [b.stories for b in plan.batches] == [[K2, K3], [K1]]
+    assert plan.dependency_graph == {K1: {"depends_on": [K3]}}
+    assert report.status is SprintStatus.COMPLETE
+
+
+async def test_malformed_status_file_fails_the_sprint_at_once(ts_env, tmp_path: Path):
+    status = make_project(tmp_path, {K1: "backlog"})
+    status.write_text(status.read_text() + "  1-9-broken: [unclosed\n")
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert "sprint-status.yaml" in cause.message and "line" in cause.message
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, simulation, backend, expected",
+    [
+        ({"batch_size": 0}, {}, "simulated", "batch_size"),
+        ({"no_such_knob": 1}, {}, "simulated", "no_such_knob"),
+        ({}, {"stories": {"1-1": {"review": ["HUGE"]}}}, "simulated", "simulation"),
+        ({}, {}, "carrier-pigeon", "carrier-pigeon"),
+    ],
+)
+async def test_invalid_input_fails_clearly(ts_env, tmp_path: Path, overrides, simulation, backend, expected):
+    make_project(tmp_path, {K1: "backlog"})
+    before = status_values(tmp_path)
+    inp = sprint_input(tmp_path, config_overrides=overrides, simulation=simulation, agent_backend=backend)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert expected in str(failure.value.cause)
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert status_values(tmp_path) == before
+
+
+async def test_wrongly_shaped_workflow_input_fails_without_task_retries(ts_env, tmp_path: Path):
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            "SprintMasterWorkflow", {"project_root": 42, "surprise": True}, id="bad-input", task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "project_root" in str(failure.value.cause)
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+
+
+async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "nowhere" in str(failure.value.cause)

@@ -1,0 +1,370 @@
+"""SprintSlaveWorkflow: one batch of stories driven through the State-to-Agent Dispatch Table.
+
+Deterministic orchestration only (bso-sprint-slave-spec.md): for each story in batch order, look its
+state up (bso.dispatch), dispatch one agent activity, wait for AGENT_COMPLETE (a signal), write the new
+state through U4, loop through review-fix and story-doc-improve cycles until the story is done or needs
+intervention. The rules live in `bso`; files, agents and clocks live in activities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from activities.agents import run_agent
+    from activities.status_file import load_sprint_status, write_story_status
+    from bso.constants import (
+        QUERY_STATUS,
+        SIGNAL_AGENT_COMPLETE,
+        SIGNAL_SHUTDOWN,
+        SIGNAL_STORY_UPDATE,
+        agents_task_queue_for,
+    )
+    from bso.dispatch import (
+        DispatchStep,
+        Transition,
+        apply_agent_result,
+        apply_no_answer,
+        BudgetLevel,
+        budget_level,
+        intervention,
+        is_terminal,
+        mode_round,
+        next_dispatch,
+        record_dispatch,
+    )
+    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, describe_validation_error
+    from bso.models import (
+        LoadStatusInput,
+        SlaveInput,
+        SlaveResult,
+        SlaveStatus,
+        StatusWriteInput,
+        StoryMeta,
+        StoryProgress,
+        StoryUpdate,
+        StoryView,
+        short_key,
+    )
+    from bso.report import build_slave_result
+    from bso.simulation import SimulationScript
+
+STATUS_WRITE_OPTIONS: dict[str, Any] = {
+    "start_to_close_timeout": timedelta(seconds=30),
+    "retry_policy": RetryPolicy(
+        initial_interval=timedelta(milliseconds=200),
+        maximum_interval=timedelta(seconds=5),
+        maximum_attempts=10,
+        non_retryable_error_types=["StatusFileError"],
+    ),
+}
+MAX_REJECTED_KEPT = 50
+# Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
+AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
+
+
+def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
+    return StoryView(
+        state=progress.state,
+        batch_id=batch_id,
+        review_round=progress.review_rounds,
+        fix_rounds=progress.fix_rounds,
+        story_review_rounds=progress.story_review_rounds,
+        agents_dispatched=progress.agents_dispatched,
+        tokens_used=progress.tokens_used,
+        agent_in_flight=progress.pending_agent.value if progress.pending_agent else None,
+        mode_in_flight=progress.pending_mode.value if progress.pending_mode else None,
+        dispatch_id=progress.pending_dispatch_id,
+        error=progress.error,
+    )
+
+
+@workflow.defn
+class SprintSlaveWorkflow:
+    @workflow.init
+    def __init__(self, inp: SlaveInput) -> None:
+        self._input = inp
+        self._progress: dict[str, StoryProgress] = {
+            s.key: StoryProgress(key=s.key, state=s.state) for s in inp.stories
+        }
+        self._open_dispatches: dict[str, str] = {}  # dispatch id -> story key
+        self._answers: dict[str, AgentComplete] = {}
+        self._rejected: list[RejectedMessage] = []
+        self._rejected_total = 0
+        self._shutdown = False
+        self._current: str | None = None
+        self._agents_created = 0
+        self._agents_destroyed = 0
+        self._notifications: list[asyncio.Task[None]] = []
+        self._script = SimulationScript.model_validate(inp.simulation)
+
+    # --- messages ------------------------------------------------------------------------------
+
+    @workflow.signal(name=SIGNAL_AGENT_COMPLETE)
+    def agent_complete(self, payload: Any) -> None:
+        """AGENT_COMPLETE. Malformed, unknown or repeated answers are recorded and ignored."""
+        dispatch_id = payload.get("dispatch_id") if isinstance(payload, dict) else None
+        try:
+            message = AgentComplete.model_validate(payload)
+        except ValidationError as err:
+            self._reject("AGENT_COMPLETE", f"validation_failed: {describe_validation_error(err)}", dispatch_id)
+            return
+        story_key = self._open_dispatches.get(message.dispatch_id)
+        if story_key is None:
+            reason = "already answered" if message.dispatch_id in self._answers else "unknown dispatch id"
+            self._reject("AGENT_COMPLETE", reason, message.dispatch_id)
+            return
+        if message.story_key not in (story_key, short_key(story_key)):
+            self._reject(
+                "AGENT_COMPLETE", f"story_key {message.story_key!r} does not match dispatch ({story_key})",
+                message.dispatch_id,
+            )
+            return
+        del self._open_dispatches[message.dispatch_id]
+        self._answers[message.dispatch_id] = message
+
+    @workflow.signal(name=SIGNAL_SHUTDOWN)
+    def shutdown_request(self) -> None:
+        """Finish the story in hand, then report SLAVE_BATCH_COMPLETE (the spec's shutdown protocol)."""
+        self._shutdown = True
+
+    @workflow.query(name=QUERY_STATUS)
+    def status(self) -> SlaveStatus:
+        return SlaveStatus(
+            batch_id=self._input.batch_id,
+            session_id=self._input.session_id,
+            stories={k: story_view(p, self._input.batch_id) for k, p in self._progress.items()},
+            current_story=self._current,
+            tokens_used=self._tokens_used(),
+            shutdown_requested=self._shutdown,
+            rejected_messages=list(self._rejected),
+        )
+
+    def _reject(self, msg_type: str, reason: str, dispatch_id: str | None) -> None:
+        self._rejected_total += 1
+        self._rejected = [*self._rejected, RejectedMessage(msg_type=msg_type, reason=reason, dispatch_id=dispatch_id)][
+            -MAX_REJECTED_KEPT:
+        ]
+        workflow.logger.warning("%s ignored (%s): dispatch %s", msg_type, reason, dispatch_id)
+
+    # --- the batch -----------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: SlaveInput) -> SlaveResult:
+        errors: list[str] = []
+        budget_exhausted = False
+        try:
+            await self._refresh_states()
+        except ActivityError as err:
+            errors.append(f"sprint-status.yaml unreadable: {_cause(err)}")
+            return self._result(errors, budget_exhausted)
+
+        for meta in inp.stories:
+            if self._shutdown:
+                workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
+                continue
+            if budget_exhausted:
+                continue
+            self._current = meta.key
+            await self._drive_story(meta)
+            self._current = None
+            if budget_level(inp.tokens_used_before + self._tokens_used(), inp.config) is BudgetLevel.EXHAUSTED:
+                budget_exhausted = True
+                workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
+
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._notifications:
+            await asyncio.gather(*self._notifications, return_exceptions=True)
+        self._show()
+        return self._result(errors, budget_exhausted)
+
+    def _result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
+        return build_slave_result(
+            batch_id=self._input.batch_id,
+            session_id=self._input.session_id,
+            progress=list(self._progress.values()),
+            agents_created=self._agents_created,
+            agents_destroyed=self._agents_destroyed,
+            errors=errors,
+            budget_exhausted=budget_exhausted,
+        )
+
+    def _tokens_used(self) -> int:
+        return sum(p.tokens_used for p in self._progress.values())
+
+    async def _refresh_states(self) -> None:
+        """Step 2 of the spec: the status file, not the plan, says where each story stands now."""
+        snapshot = await workflow.execute_activity(
+            load_sprint_status,
+            LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
+            summary="read sprint-status.yaml",
+        )
+        current = {s.key: s.state for s in snapshot.stories}
+        for key, progress in self._progress.items():
+            if key in current:
+                self._progress[key] = progress.model_copy(update={"state": current[key]})
+            else:
+                self._progress[key] = intervention(progress, "story no longer in sprint-status.yaml").progress
+        self._show()
+
+    async def _drive_story(self, meta: StoryMeta) -> None:
+        while not is_terminal(progress := self._progress[meta.key]):
+            step = next_dispatch(progress)
+            if step is None:
+                await self._commit(
+                    progress, intervention(progress, f"state {progress.state!r} has no dispatch-table row")
+                )
+                return
+            dispatch_id = f"{workflow.info().workflow_id}/{meta.short_key}/{progress.agents_dispatched + 1}"
+            progress = record_dispatch(progress, step, dispatch_id)
+            self._progress[meta.key] = progress
+            self._agents_created += 1
+            self._publish(meta.key)
+            answer = await self._dispatch(meta, progress, step, dispatch_id)
+            self._agents_destroyed += 1
+            if isinstance(answer, AgentComplete):
+                transition = apply_agent_result(progress, step, answer, self._input.config, meta.tags)
+            else:
+                transition = apply_no_answer(progress, step, answer)
+            await self._commit(progress, transition)
+
+    async def _dispatch(
+        self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, dispatch_id: str
+    ) -> AgentComplete | str:
+        """Run one agent; its AGENT_COMPLETE, or why there is none."""
+        config = self._input.config
+        timeout = timedelta(seconds=config.agent_timeout_seconds.for_agent(step.agent_type))
+        assignment = TaskAssignment(
+            dispatch_id=dispatch_id,
+            agent_type=step.agent_type,
+            mode=step.mode,
+            story_key=meta.key,
+            story_path=meta.story_path,
+            story_title=meta.title,
+            session_id=self._input.session_id,
+            batch_id=self._input.batch_id,
+            report_to=workflow.info().workflow_id,
+            project_root=self._input.project_root,
+            resident_contacts=self._input.resident_contacts,
+            config_overrides=self._input.config_overrides,
+            mode_round=mode_round(progress, step),
+            fix_findings=list(progress.fix_findings) if step.mode.value == "fix" else [],
+            backend=self._input.agent_backend,
+            simulation=self._script.for_story(meta.key).model_dump(mode="json")
+            if self._input.agent_backend == "simulated"
+            else {},
+        )
+        self._open_dispatches[dispatch_id] = meta.key
+        retry = config.agent_retry
+        handle = workflow.start_activity(
+            run_agent,
+            assignment,
+            task_queue=agents_task_queue_for(workflow.info().task_queue),
+            activity_id=dispatch_id,
+            start_to_close_timeout=timeout + AGENT_ACTIVITY_GRACE,
+            heartbeat_timeout=timedelta(seconds=retry.heartbeat_timeout_seconds),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=retry.initial_interval_seconds),
+                maximum_attempts=retry.maximum_attempts,
+                non_retryable_error_types=["UnknownBackend", "StatusFileError", "AgentConfigError"],
+            ),
+            summary=f"{step.agent_type.value} ({step.mode.value}) for story {meta.key}",
+        )
+        handle.add_done_callback(_consume_outcome)
+        deadline = workflow.now() + timeout
+        try:
+            await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done(), timeout=timeout)
+            if dispatch_id not in self._answers:
+                failure = handle.exception() if not handle.cancelled() else None
+                if failure is not None:
+                    return f"agent activity failed: {_cause(failure)}"
+                # The agent answers by itself (external backend) within what is left of its time.
+                left = deadline - workflow.now()
+                if left > timedelta(0):
+                    await workflow.wait_condition(lambda: dispatch_id in self._answers, timeout=left)
+        except asyncio.TimeoutError:
+            pass
+        self._open_dispatches.pop(dispatch_id, None)
+        if dispatch_id in self._answers:
+            return self._answers[dispatch_id]
+        if not handle.done():
+            handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
+        return f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
+
+    async def _commit(self, before: StoryProgress, transition: Transition) -> None:
+        """U4: the new state reaches sprint-status.yaml before anything else happens."""
+        after = transition.progress
+        if after.state != before.state:
+            written = await workflow.execute_activity(
+                write_story_status,
+                StatusWriteInput(
+                    project_root=self._input.project_root,
+                    status_file=self._input.status_file,
+                    story_key=before.key,
+                    expected=before.state,
+                    new=after.state,
+                ),
+                summary=f"U4 {before.key}: {before.state} -> {after.state}",
+                **STATUS_WRITE_OPTIONS,
+            )
+            if written.outcome == "cas-mismatch":
+                # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
+                after = intervention(
+                    before,
+                    f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
+                    f"found {written.current!r}); nothing written",
+                ).progress
+        self._progress[before.key] = after
+        workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
+        self._publish(before.key)
+
+    # --- visibility ----------------------------------------------------------------------------
+
+    def _publish(self, story_key: str) -> None:
+        self._show()
+        parent = workflow.info().parent
+        if parent is None:
+            return
+        update = StoryUpdate(
+            batch_id=self._input.batch_id,
+            story_key=story_key,
+            view=story_view(self._progress[story_key], self._input.batch_id),
+        )
+        handle = workflow.get_external_workflow_handle(parent.workflow_id)
+        self._notifications.append(asyncio.create_task(handle.signal(SIGNAL_STORY_UPDATE, update)))
+
+    def _show(self) -> None:
+        rows = [
+            f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
+            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''} |"
+            for k, p in self._progress.items()
+        ]
+        workflow.set_current_details(
+            f"**Batch {self._input.batch_id}** of `{self._input.session_id}`"
+            + (" (shutting down)" if self._shutdown else "")
+            + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
+            + "\n".join(rows)
+        )
+
+
+def _consume_outcome(task: asyncio.Task[Any]) -> None:
+    """An agent activity whose answer already arrived may still end later; its outcome is not needed."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _cause(err: BaseException) -> str:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err.message if isinstance(err, ApplicationError) else str(err)
+
