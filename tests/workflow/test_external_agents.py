@@ -1,0 +1,116 @@
+"""The external backend driven by test signals, as an agent outside the worker would answer:
+`temporal workflow signal --workflow-id <slave id> --name agent_complete --input '{...}'`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from temporalio.client import Client
+
+from bso.constants import slave_workflow_id
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
+from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
+
+K1 = "1-1-login-form"
+
+
+async def _pending(client: Client, slave_id: str, env, after: str | None = None) -> tuple[str, str, str]:
+    """Wait until the Slave has a new dispatch open (not `after`); its id, agent type and mode."""
+    handle = client.get_workflow_handle(slave_id)
+    for _ in range(300):
+        try:
+            status = await handle.query(SprintSlaveWorkflow.status)
+        except Exception:  # the Slave may not have started yet
+            status = None
+        if status and status.current_story:
+            view = status.stories[status.current_story]
+            if view.dispatch_id and view.dispatch_id != after:
+                return view.dispatch_id, view.agent_in_flight, view.mode_in_flight
+        await env.sleep(0.2)
+    raise AssertionError("no dispatch became pending")
+
+
+def _complete(dispatch_id: str, agent: str, mode: str, **extra) -> dict:
+    return {
+        "dispatch_id": dispatch_id,
+        "story_key": "1-1",  # the short key is accepted too
+        "agent_type": agent,
+        "mode": mode,
+        "status": "success",
+        "tokens_used": 100,
+        **extra,
+    }
+
+
+async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    client = ts_env.client
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, agent_backend="external", session_id="ext-1"))
+        slave_id = slave_workflow_id("ext-1", 1)
+        slave = client.get_workflow_handle(slave_id)
+
+        dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
+        assert (agent, mode) == ("dev-runner", "dev")
+        published = list((tmp_path / ".sprint-session" / "assignments").glob("*.json"))
+        assignment = json.loads(published[0].read_text())
+        assert assignment["report_to"] == slave_id and assignment["dispatch_id"] == dispatch_id
+
+        await slave.signal("agent_complete", {"dispatch_id": dispatch_id, "status": "bogus"})  # malformed
+        await slave.signal("agent_complete", "not even an object")
+        await slave.signal("agent_complete", _complete("unknown-dispatch", agent, mode))  # stale / unknown
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # the real answer
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # a repeated delivery
+
+        review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
+        assert (agent, mode) == ("review-runner", "review")
+        status = await slave.query(SprintSlaveWorkflow.status)
+        reasons = [r.reason for r in status.rejected_messages]
+        assert len(reasons) == 4
+        assert reasons[0].startswith("validation_failed") and "status" in reasons[0]
+        assert reasons[1].startswith("validation_failed")
+        assert reasons[2] == "unknown dispatch id"
+        assert reasons[3] == "already answered"
+        assert status_values(tmp_path)[K1] == "review"
+
+        # The review finds a MEDIUM issue: the Slave (not the agent) decides a fix is needed.
+        findings = [{"severity": "medium", "summary": "missing input validation", "file": "src/login.py", "line": 3}]
+        await slave.signal("agent_complete", _complete(review_id, agent, mode, findings=findings))
+        fix_id, agent, mode = await _pending(client, slave_id, ts_env, after=review_id)
+        assert (agent, mode) == ("dev-runner", "fix")
+        fix_assignment = [
+            json.loads(p.read_text())
+            for p in (tmp_path / ".sprint-session" / "assignments").glob("*.json")
+            if json.loads(p.read_text())["dispatch_id"] == fix_id
+        ][0]
+        assert fix_assignment["fix_findings"][0]["summary"] == "missing input validation"
+        await slave.signal("agent_complete", _complete(fix_id, agent, mode))
+        review2_id, agent, mode = await _pending(client, slave_id, ts_env, after=fix_id)
+        await slave.signal("agent_complete", _complete(review2_id, agent, mode))
+
+        report = await handle.result()
+        master_status = await handle.query(SprintMasterWorkflow.status)
+    assert report.stories == {K1: "done"}
+    assert report.batches[0].results.review_fix_rounds == {K1: 1}
+    assert report.tokens_used == 400
+    assert master_status.stories[K1].state == "done"
+    for workflow_id in (handle.id, slave_id):
+        assert await workflow_task_failures(client, workflow_id) == 0
+
+
+async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", "1-2-logout": "review"})
+    client = ts_env.client
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, agent_backend="external", session_id="ext-2"))
+        slave_id = slave_workflow_id("ext-2", 1)
+        dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
+        await handle.signal("shutdown_request")
+        await client.get_workflow_handle(slave_id).signal("agent_complete", _complete(dispatch_id, agent, mode))
+        report = await handle.result()
+    assert report.stories == {K1: "done", "1-2-logout": "review"}
+    assert report.status == "sprint-partial"
+    assert report.batches[0].results.stories_skipped == 1
