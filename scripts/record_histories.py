@@ -1,0 +1,63 @@
+"""Record the example sprint's workflow histories into tests/histories/ for the replay test.
+
+Run after an intentional change to workflow code (`.venv/bin/python scripts/record_histories.py`),
+and commit the new histories together with that change. The replay test then fails on any later
+change that would break the determinism of running sprints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.testing import WorkflowEnvironment  # noqa: E402
+
+from bso.constants import slave_workflow_id  # noqa: E402
+from bso.models import SprintInput  # noqa: E402
+from bso.temporal_client import ensure_search_attributes  # noqa: E402
+from tests.conftest import EXAMPLE_PROJECT, _binary, bso_worker  # noqa: E402
+from workflows.sprint_master import SprintMasterWorkflow  # noqa: E402
+
+HISTORIES = REPO / "tests" / "histories"
+
+
+async def record() -> None:
+    simulation = json.loads((EXAMPLE_PROJECT / "simulation.json").read_text())
+    simulation["default"]["duration_ms"] = 0
+    for script in simulation["stories"].values():
+        script.pop("duration_ms", None)
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=_binary("temporal-test-server"), data_converter=pydantic_data_converter
+    )
+    async with env:
+        await ensure_search_attributes(env.client)
+        with tempfile.TemporaryDirectory() as scratch:
+            project = Path(scratch) / "project"
+            shutil.copytree(EXAMPLE_PROJECT, project)
+            session = "example-sprint"
+            async with bso_worker(env.client) as queue:
+                report = await env.client.execute_workflow(
+                    SprintMasterWorkflow.run,
+                    SprintInput(project_root=str(project), session_id=session, simulation=simulation),
+                    id=session,
+                    task_queue=queue,
+                )
+            ids = [session] + [slave_workflow_id(session, b.batch_id) for b in report.batches]
+            HISTORIES.mkdir(exist_ok=True)
+            for workflow_id in ids:
+                history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+                name = workflow_id.replace("/", "--") + ".json"
+                (HISTORIES / name).write_text(history.to_json())
+                print(f"recorded {name}: {len(history.events)} events")
+
+
+if __name__ == "__main__":
+    asyncio.run(record())
