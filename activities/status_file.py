@@ -1,0 +1,287 @@
+"""Activities that read and write BMAD's sprint-status.yaml.
+
+`load_sprint_status` reads the file (and the story files) into a StatusSnapshot.
+`write_story_status` is U4: the only way the status file changes (compare-and-swap of one story's
+value under an exclusive lock, atomic rename, read-back verification).
+
+The pure helpers in bso.sprint_status do the parsing and editing; this module only does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import posixpath
+import stat
+import tempfile
+from datetime import UTC, datetime
+from pathlib import PurePath
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from bso.models import (
+    DEFAULT_STATUS_FILE,
+    LoadStatusInput,
+    StatusSnapshot,
+    StatusWriteInput,
+    StatusWriteResult,
+    StoryMeta,
+)
+from bso.sprint_status import (
+    MAX_STATUS_BYTES,
+    StatusFileError,
+    StoryKeyError,
+    apply_story_transition,
+    epic_key_of,
+    is_inside,
+    parse_status_text,
+    parse_story_file,
+    resolve_inside,
+    resolve_story_keys,
+    resolve_story_location,
+    short_key,
+    title_from_slug,
+)
+
+MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
+ERROR_TYPE = "StatusFileError"
+
+
+def _fail(message: str) -> ApplicationError:
+    return ApplicationError(str(message), type=ERROR_TYPE, non_retryable=True)
+
+
+def _posix(path: str) -> str:
+    return PurePath(path).as_posix()
+
+
+def _project_root(project_root: str) -> tuple[str, str]:
+    """(absolute normalised root, realpath of the root); refuses a missing or non-directory root."""
+    if not project_root:
+        raise _fail("project_root is empty")
+    root = os.path.abspath(project_root)
+    if not os.path.exists(root):
+        raise _fail(f"{project_root}: project root does not exist")
+    if not os.path.isdir(root):
+        raise _fail(f"{project_root}: project root is not a directory")
+    return root, os.path.realpath(root)
+
+
+def _status_path(root: str, root_real: str, status_file: str | None) -> str:
+    """The realpath of the status file; it must be inside the (real) project root."""
+    given = status_file or DEFAULT_STATUS_FILE
+    if os.path.isabs(given):
+        path = os.path.normpath(given)
+        if not (is_inside(root, path) or is_inside(root_real, path)):
+            raise _fail(f"{given}: status file is outside the project root {root}")
+    else:
+        try:
+            path = resolve_inside(root, given)
+        except ValueError as exc:
+            raise _fail(f"{given}: {exc}") from None
+    real = os.path.realpath(path)
+    if not is_inside(root_real, real):
+        raise _fail(f"{path}: status file resolves to {real}, outside the project root {root_real}")
+    if not os.path.exists(real):
+        raise _fail(f"{path}: status file does not exist")
+    if not os.path.isfile(real):
+        raise _fail(f"{path}: status file is not a regular file")
+    return real
+
+
+def _read_text(path: str, limit: int = MAX_STATUS_BYTES) -> str:
+    try:
+        size = os.stat(path).st_size
+        if size > limit:
+            raise _fail(f"{path}: file too large ({size} bytes; the limit is {limit})")
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise _fail(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise _fail(f"{path}: file too large (over {limit} bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(f"{path}: not valid UTF-8 at byte offset {exc.start}: {exc.reason}") from None
+
+
+def _parse(text: str, source: str):
+    try:
+        return parse_status_text(text, source)
+    except StatusFileError as exc:
+        raise _fail(str(exc)) from None
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
+    root, root_real = _project_root(inp.project_root)
+    status_real = _status_path(root, root_real, inp.status_file)
+    text = _read_text(status_real)
+    parsed = _parse(text, status_real)
+
+    # story_location, relative to the project root (computed against the real root)
+    default_rel = _posix(os.path.relpath(os.path.dirname(status_real), root_real))
+    raw_loc = parsed.story_location
+    story_rel: str | None = None
+    last_exc: ValueError | None = None
+    for base in (root_real, root):
+        try:
+            story_rel = resolve_story_location(base, raw_loc, default_rel)
+            break
+        except ValueError as exc:
+            last_exc = exc
+    if story_rel is None:
+        raise _fail(f"{status_real}: {last_exc}")
+    story_dir = os.path.normpath(os.path.join(root_real, story_rel))
+    story_dir_real = os.path.realpath(story_dir)
+    if not is_inside(root_real, story_dir_real):
+        raise _fail(f"{status_real}: story_location {raw_loc!r} resolves outside the project ({story_dir_real})")
+
+    story_keys = [e.key for e in parsed.stories()]
+    stories: list[StoryMeta] = []
+    for entry in parsed.stories():
+        rel_path = posixpath.normpath(posixpath.join(story_rel, f"{entry.key}.md"))
+        title, depends_on, tags = "", [], []
+        info = _read_story_file(os.path.join(story_dir, f"{entry.key}.md"), root_real)
+        if info is not None:
+            title = info.title
+            tags = list(info.tags)
+            for dep in info.depends_on:
+                try:
+                    (full,) = resolve_story_keys([dep], story_keys)
+                except StoryKeyError:
+                    continue  # unknown or ambiguous deps are ignored
+                if full != entry.key and full not in depends_on:
+                    depends_on.append(full)
+        stories.append(
+            StoryMeta(
+                key=entry.key,
+                epic=epic_key_of(entry.key),
+                short_key=short_key(entry.key),
+                state=entry.value,
+                title=title or title_from_slug(entry.key),
+                story_path=rel_path,
+                depends_on=depends_on,
+                tags=tags,
+            )
+        )
+    return StatusSnapshot(
+        status_file=status_real,
+        story_location=story_rel,
+        project=parsed.project,
+        stories=stories,
+        epics=parsed.epics(),
+    )
+
+
+def _read_story_file(path: str, root_real: str):
+    """The parsed story file, or None when absent, unreadable, outside the project or too large."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        real = os.path.realpath(path)
+        if not is_inside(root_real, real):
+            return None
+        if os.stat(real).st_size > MAX_STORY_FILE_BYTES:
+            return None
+        with open(real, "rb") as fh:
+            text = fh.read(MAX_STORY_FILE_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return parse_story_file(text)
+
+
+@activity.defn
+async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
+    """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
+    return await asyncio.to_thread(_load_sync, inp)
+
+
+# --- U4 write ------------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_replace(target: str, data: bytes, mode: int) -> None:
+    directory = os.path.dirname(target)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
+    root, root_real = _project_root(inp.project_root)
+    target = _status_path(root, root_real, inp.status_file)
+    lock_path = target + ".lock"
+    try:
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ApplicationError(f"{lock_path}: cannot open lock file: {exc.strerror or exc}", type=ERROR_TYPE) from None
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        text = _read_text(target)
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+        try:
+            result = apply_story_transition(
+                text, inp.story_key, inp.expected, inp.new, datetime.now(UTC), target
+            )
+        except (StatusFileError, StoryKeyError) as exc:
+            raise _fail(str(exc)) from None
+        if result.outcome == "written":
+            _atomic_replace(target, result.text.encode("utf-8"), mode)
+            # read back and verify
+            back = _read_text(target)
+            entry = _parse(back, target).get(result.story_key)
+            if back != result.text or entry is None or entry.value != inp.new:
+                raise ApplicationError(
+                    f"{target}: read-back verification failed for {result.story_key!r}",
+                    type="StatusWriteVerifyError",
+                    non_retryable=False,
+                )
+            if activity.in_activity():
+                activity.logger.info(
+                    "status write %s: %s -> %s (epics %s)",
+                    result.story_key,
+                    result.previous,
+                    result.current,
+                    result.epic_changes,
+                )
+        return StatusWriteResult(
+            outcome=result.outcome,
+            story_key=result.story_key,
+            previous=result.previous,
+            current=result.current,
+            epic_changes=result.epic_changes,
+        )
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+
+
+@activity.defn
+async def write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
+    """U4: compare-and-swap one story's value in sprint-status.yaml (atomic, verified, idempotent)."""
+    return await asyncio.to_thread(_write_sync, inp)

@@ -1,0 +1,280 @@
+"""activities.status_file: load_sprint_status and the U4 write, run in an ActivityEnvironment."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.status_file import load_sprint_status, write_story_status
+from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusWriteInput
+from bso.sprint_status import parse_status_text, render_story_file
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sprint-status.yaml"
+
+
+def make_project(tmp_path: Path, text: str | None = None) -> tuple[Path, Path]:
+    root = tmp_path / "proj"
+    status = root / DEFAULT_STATUS_FILE
+    status.parent.mkdir(parents=True)
+    if text is None:
+        shutil.copyfile(FIXTURE, status)
+    else:
+        status.write_text(text, encoding="utf-8")
+    return root, status
+
+
+async def load(root: Path, status_file: str | None = None):
+    return await ActivityEnvironment().run(
+        load_sprint_status, LoadStatusInput(project_root=str(root), status_file=status_file)
+    )
+
+
+async def write(root: Path, status: Path, key: str, expected: str, new: str):
+    return await ActivityEnvironment().run(
+        write_story_status,
+        StatusWriteInput(project_root=str(root), status_file=str(status), story_key=key, expected=expected, new=new),
+    )
+
+
+def write_sync(root: Path, status: Path, key: str, expected: str, new: str):
+    return asyncio.run(write(root, status, key, expected, new))
+
+
+async def expect_error(coro, fragment: str, non_retryable: bool = True) -> ApplicationError:
+    with pytest.raises(ApplicationError) as ei:
+        await coro
+    assert fragment in str(ei.value)
+    assert ei.value.type == "StatusFileError"
+    assert ei.value.non_retryable is non_retryable
+    return ei.value
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+async def test_load_happy_path_with_story_files(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    stories_dir = status.parent
+    (stories_dir / "2-2-chunk-manager.md").write_text(
+        render_story_file(
+            "2-2-chunk-manager", "The Chunk Manager", 2, 2, "backlog", ["it stores chunks"],
+            depends_on=["2-1", "1-2-config-loader", "9-9", "2-2"], tags=["Frontend", "ui"], revision=1,
+        ),
+        encoding="utf-8",
+    )
+    snap = await load(root)
+    assert snap.status_file == os.path.realpath(status)
+    assert snap.story_location == "_bmad-output/implementation-artifacts"
+    assert snap.project == "chunkstore"
+    assert snap.epics == {"epic-1": "in-progress", "epic-2": "backlog", "epic-3": "backlog"}
+    by_key = {s.key: s for s in snap.stories}
+    assert list(by_key) == [
+        "1-1-project-scaffold", "1-2-config-loader", "1-3-logging", "2-1-block-format",
+        "2-2-chunk-manager", "2-6a-compaction-hints", "3-1-http-server", "3-2-chunk-manager",
+    ]
+    cm = by_key["2-2-chunk-manager"]
+    assert cm.title == "The Chunk Manager"
+    assert cm.depends_on == ["2-1-block-format", "1-2-config-loader"]  # unknown and self deps ignored
+    assert cm.tags == ["frontend", "ui"]
+    assert cm.epic == "epic-2" and cm.short_key == "2-2" and cm.state == "backlog"
+    assert cm.story_path == "_bmad-output/implementation-artifacts/2-2-chunk-manager.md"
+    other = by_key["2-6a-compaction-hints"]
+    assert other.title == "Compaction Hints" and other.state == "drafted" and other.short_key == "2-6a"
+    assert other.depends_on == [] and other.tags == []
+
+
+async def test_load_relative_story_location_and_status_file(tmp_path: Path) -> None:
+    text = "story_location: docs/stories\ndevelopment_status:\n  1-1-a: backlog\n  1-2-b: backlog\n"
+    root, _ = make_project(tmp_path, text)
+    (root / "docs" / "stories").mkdir(parents=True)
+    (root / "docs" / "stories" / "1-2-b.md").write_text("# Story 1.2: Bee\nDepends on: 1-1\n")
+    snap = await load(root, DEFAULT_STATUS_FILE)
+    assert snap.story_location == "docs/stories"
+    assert snap.stories[1].title == "Bee" and snap.stories[1].depends_on == ["1-1-a"]
+    assert snap.stories[1].story_path == "docs/stories/1-2-b.md"
+
+
+async def test_load_story_location_outside_refused(tmp_path: Path) -> None:
+    root, _ = make_project(tmp_path, "story_location: /etc\ndevelopment_status: {}\n")
+    await expect_error(load(root), "outside the project")
+    root2, _ = make_project(tmp_path / "b", "story_location: ../../..\ndevelopment_status: {}\n")
+    await expect_error(load(root2), "escapes the project")
+
+
+async def test_load_symlinked_status_file_outside_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.yaml"
+    shutil.copyfile(FIXTURE, outside)
+    root = tmp_path / "proj"
+    status = root / DEFAULT_STATUS_FILE
+    status.parent.mkdir(parents=True)
+    status.symlink_to(outside)
+    await expect_error(load(root), "outside the project root")
+
+
+async def test_load_status_file_path_escape_refused(tmp_path: Path) -> None:
+    root, _ = make_project(tmp_path)
+    await expect_error(load(root, "../outside.yaml"), "escapes the project")
+    await expect_error(load(root, "/etc/hostname"), "outside the project root")
+
+
+async def test_load_missing_project_root(tmp_path: Path) -> None:
+    await expect_error(load(tmp_path / "nope"), "project root does not exist")
+    f = tmp_path / "file"
+    f.write_text("x")
+    await expect_error(load(f), "not a directory")
+
+
+async def test_load_missing_status_file(tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    await expect_error(load(tmp_path / "proj"), "status file does not exist")
+
+
+async def test_load_non_utf8(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    status.write_bytes(b"development_status:\n  1-1-a: back\xfflog\n")
+    err = await expect_error(load(root), "not valid UTF-8 at byte offset 33")
+    assert str(status.name) in str(err)
+
+
+async def test_load_too_large(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    with open(status, "ab") as fh:
+        fh.write(b"#" * (6 * 1024 * 1024) + b"\n")
+    await expect_error(load(root), "too large")
+
+
+async def test_load_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path, "development_status:\n  1-1-a: done\n  1-1-a: review\n")
+    err = await expect_error(load(root), 'found duplicate key "1-1-a"')
+    assert "sprint-status.yaml: line 3, column 3" in str(err)
+
+
+# --- U4 write ------------------------------------------------------------------------------------
+
+
+async def test_write_written_then_already_applied(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    os.chmod(status, 0o640)
+    before = status.read_text()
+    r = await write(root, status, "2-2", "backlog", "story-doc-review")
+    assert r.outcome == "written"
+    assert (r.story_key, r.previous, r.current) == ("2-2-chunk-manager", "backlog", "story-doc-review")
+    assert r.epic_changes == {"epic-2": "in-progress"}
+    after = status.read_text()
+    assert parse_status_text(after, "x").values()["2-2-chunk-manager"] == "story-doc-review"
+    assert stat.S_IMODE(status.stat().st_mode) == 0o640
+    # comments and all other lines survive
+    old_lines, new_lines = before.splitlines(), after.splitlines()
+    assert len(old_lines) == len(new_lines)
+    diff = [(a, b) for a, b in zip(old_lines, new_lines, strict=True) if a != b]
+    assert [a for a, _ in diff] == [
+        "last_updated: 2025-10-05T14:22:03Z",
+        "  epic-2: backlog",
+        "  2-2-chunk-manager: backlog",
+    ]
+    assert diff[0][1].startswith("last_updated: 20") and diff[0][1].endswith("Z")
+    assert diff[0][1] != diff[0][0]
+    assert [ln for ln in new_lines if ln.lstrip().startswith("#")] == [
+        ln for ln in old_lines if ln.lstrip().startswith("#")
+    ]
+    # a retried write after a crash is a no-op
+    again = await write(root, status, "2-2-chunk-manager", "backlog", "story-doc-review")
+    assert again.outcome == "already-applied"
+    assert status.read_text() == after
+    # no temp files left behind
+    assert sorted(p.name for p in status.parent.iterdir()) == ["sprint-status.yaml", "sprint-status.yaml.lock"]
+
+
+async def test_write_cas_mismatch_leaves_file_byte_identical(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    before = status.read_bytes()
+    r = await write(root, status, "1-2-config-loader", "ready-for-dev", "done")
+    assert r.outcome == "cas-mismatch"
+    assert r.previous == "review" and r.current == "review" and r.epic_changes == {}
+    assert status.read_bytes() == before
+
+
+async def test_write_epic_in_progress_then_done_and_date_only_last_updated(tmp_path: Path) -> None:
+    text = (
+        "# my sprint\n"
+        "last_updated: 2025-01-01\n"
+        "development_status:\n"
+        "  epic-1: backlog  # first epic\n"
+        "  1-1-a: backlog\n"
+        "  1-2-b: backlog\n"
+        "  epic-1-retrospective: optional\n"
+    )
+    root, status = make_project(tmp_path, text)
+    r = await write(root, status, "1-1", "backlog", "ready-for-dev")
+    assert r.epic_changes == {"epic-1": "in-progress"}
+    vals = parse_status_text(status.read_text(), "x").values()
+    assert vals["epic-1"] == "in-progress"
+    assert "  epic-1: in-progress  # first epic\n" in status.read_text()
+    last = [ln for ln in status.read_text().splitlines() if ln.startswith("last_updated:")][0]
+    assert len(last.split(": ")[1]) == 10  # date only, like before
+    r = await write(root, status, "1-1-a", "ready-for-dev", "done")
+    assert r.epic_changes == {}
+    r = await write(root, status, "1-2-b", "backlog", "done")
+    assert r.epic_changes == {"epic-1": "done"}
+    vals = parse_status_text(status.read_text(), "x").values()
+    assert vals == {"epic-1": "done", "1-1-a": "done", "1-2-b": "done", "epic-1-retrospective": "optional"}
+    assert status.read_text().startswith("# my sprint\n")
+
+
+async def test_write_unknown_story_is_non_retryable(tmp_path: Path) -> None:
+    root, status = make_project(tmp_path)
+    before = status.read_bytes()
+    await expect_error(write(root, status, "9-9-nope", "backlog", "done"), "9-9-nope")
+    assert status.read_bytes() == before
+
+
+async def test_write_refuses_symlink_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.yaml"
+    shutil.copyfile(FIXTURE, outside)
+    root = tmp_path / "proj"
+    status = root / DEFAULT_STATUS_FILE
+    status.parent.mkdir(parents=True)
+    status.symlink_to(outside)
+    await expect_error(write(root, status, "2-2", "backlog", "done"), "outside the project root")
+    assert outside.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    n = 20
+    lines = ["# concurrency", "last_updated: 2025-01-01T00:00:00Z", "development_status:", "  epic-1: backlog"]
+    lines += [f"  1-{i}-story{i}: backlog  # s{i}" for i in range(1, n + 1)]
+    root, status = make_project(tmp_path, "\n".join(lines) + "\n")
+    results: list = []
+    errors: list = []
+    barrier = threading.Barrier(n)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            results.append(write_sync(root, status, f"1-{i}", "backlog", "done"))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(1, n + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r.outcome for r in results) == ["written"] * n
+    vals = parse_status_text(status.read_text(), "x").values()
+    assert all(vals[f"1-{i}-story{i}"] == "done" for i in range(1, n + 1))
+    assert vals["epic-1"] == "done"
+    # exactly one write moved the epic to in-progress, exactly one to done
+    changes = [r.epic_changes.get("epic-1") for r in results if r.epic_changes]
+    assert changes.count("in-progress") == 1 and changes.count("done") == 1
+    text = status.read_text()
+    assert all(f"# s{i}\n" in text for i in range(1, n + 1))
