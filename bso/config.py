@@ -96,6 +96,9 @@ class SprintConfig(_Knobs):
     git_squash_strategy: Literal["per_story", "per_phase", "none"] = "per_story"
     auto_clear_git_track: bool = True
     slave_timeout_seconds: int = Field(5400, gt=0)
+    # The Master continues as new between batches when Temporal suggests it, or after this many
+    # history events (a lower bound for tests and very long sprints; None: only when suggested).
+    continue_as_new_after_events: int | None = Field(None, ge=100)
     resident_slots: ResidentSlots = ResidentSlots()
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
 

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import SprintConfig
-from bso.messages import BatchPlanReady, Finding, RejectedMessage
+from bso.messages import BatchPlanReady, BatchSpec, Finding, RejectedMessage
 from bso.states import (
     AgentMode,
     AgentType,
@@ -38,6 +38,8 @@ class SprintInput(_Model):
     agent_backend: str = "simulated"
     config_overrides: dict[str, Any] = Field(default_factory=dict)
     simulation: dict[str, Any] = Field(default_factory=dict)
+    # Internal: the state a Master carries across continue-as-new. Never set it by hand.
+    carried_state: MasterState | None = None
 
 
 # --- the status file ----------------------------------------------------------------------------
@@ -202,6 +204,28 @@ class SprintReport(_Model):
     error: str | None = None
 
 
+class MasterState(_Model):
+    """Everything a Master knows, in one typed model: carried across continue-as-new."""
+
+    session_id: str
+    phase: SprintPhase = SprintPhase.STARTING
+    config: SprintConfig = SprintConfig()
+    status_file: str = ""
+    plan: BatchPlanReady | None = None
+    stories: dict[str, StoryMeta] = Field(default_factory=dict)
+    views: dict[str, StoryView] = Field(default_factory=dict)
+    results: list[SlaveResult] = Field(default_factory=list)
+    queue: list[BatchSpec] = Field(default_factory=list)
+    next_batch_id: int = 1
+    tokens_used: int = 0
+    token_limit: int = 0
+    paused_reason: str | None = None
+    shutdown: bool = False
+    stopped_early: bool = False
+    errors: list[str] = Field(default_factory=list)
+    runs: int = 1  # how many workflow runs this sprint has used (1 + continue-as-new count)
+
+
 class SprintStatusView(_Model):
     session_id: str
     phase: SprintPhase
@@ -213,6 +237,7 @@ class SprintStatusView(_Model):
     token_limit: int = 0
     pause_reason: str | None = None
     errors: list[str] = Field(default_factory=list)
+    runs: int = 1
 
 
 class ResumeRequest(_Model):
@@ -229,3 +254,6 @@ def short_key(full_key: str) -> str:
 
 
 TERMINAL_VALUES = {StoryState.DONE.value, StoryState.NEEDS_INTERVENTION.value, StoryState.SKIPPED.value}
+
+
+SprintInput.model_rebuild()

@@ -3,6 +3,9 @@ SprintSlaveWorkflow child per batch and reports.
 
 Started from the temporal CLI:
   temporal workflow start --type SprintMasterWorkflow --task-queue bso-sprint --input '{"project_root": "..."}'
+
+All of the Master's knowledge is one typed model (`MasterState`), so a long sprint can continue as new
+between batches, before its history grows large, and pick up exactly where it was.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ with workflow.unsafe.imports_passed_through():
         slave_workflow_id,
     )
     from bso.dispatch import BudgetLevel, budget_level
-    from bso.messages import BatchPlanReady, BatchSpec, describe_validation_error
+    from bso.messages import BatchSpec, describe_validation_error
     from bso.models import (
         LoadStatusInput,
+        MasterState,
         ResumeRequest,
         SlaveInput,
         SlaveResult,
@@ -69,33 +73,26 @@ def _invalid_input(message: str) -> ApplicationError:
 class SprintMasterWorkflow:
     @workflow.init
     def __init__(self, inp: SprintInput) -> None:
-        self._session_id = inp.session_id or workflow.info().workflow_id
-        self._phase = SprintPhase.STARTING
-        self._views: dict[str, StoryView] = {}
-        self._plan: BatchPlanReady | None = None
-        self._results: list[SlaveResult] = []
+        self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
-        self._tokens_used = 0
-        self._token_limit = 0
-        self._paused_reason: str | None = None
-        self._shutdown = False
-        self._errors: list[str] = []
 
     # --- operator messages ---------------------------------------------------------------------
 
     @workflow.query(name=QUERY_STATUS)
     def status(self) -> SprintStatusView:
+        s = self._state
         return SprintStatusView(
-            session_id=self._session_id,
-            phase=self._phase,
+            session_id=s.session_id,
+            phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
-            batches_total=len(self._plan.batches) if self._plan else 0,
-            batches_done=len(self._results),
-            stories=dict(self._views),
-            tokens_used=self._tokens_used + self._tokens_in_flight(),
-            token_limit=self._token_limit,
-            pause_reason=self._paused_reason,
-            errors=list(self._errors),
+            batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
+            batches_done=len(s.results),
+            stories=dict(s.views),
+            tokens_used=s.tokens_used + self._tokens_in_flight(),
+            token_limit=s.token_limit,
+            pause_reason=s.paused_reason,
+            errors=list(s.errors),
+            runs=s.runs,
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -105,14 +102,14 @@ class SprintMasterWorkflow:
         except ValidationError as err:
             workflow.logger.warning("story_update ignored: %s", describe_validation_error(err))
             return
-        if update.story_key in self._views:
-            self._views[update.story_key] = update.view
+        if update.story_key in self._state.views:
+            self._state.views[update.story_key] = update.view
             self._show()
 
     @workflow.signal(name=SIGNAL_PAUSE)
     def pause(self, reason: str | None = None) -> None:
         """No new batch starts while paused; batches in flight finish their stories."""
-        self._pause(reason or "paused by operator")
+        self._pause(reason if isinstance(reason, str) and reason else "paused by operator")
 
     @workflow.signal(name=SIGNAL_RESUME)
     def resume(self, request: Any = None) -> None:
@@ -122,68 +119,80 @@ class SprintMasterWorkflow:
             workflow.logger.warning("resume ignored: %s", describe_validation_error(err))
             return
         if parsed.token_limit is not None:
-            self._token_limit = max(self._token_limit, parsed.token_limit)
-        self._paused_reason = None
-        if self._phase is SprintPhase.PAUSED:
+            self._state.token_limit = max(self._state.token_limit, parsed.token_limit)
+        self._state.paused_reason = None
+        if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     async def shutdown_request(self) -> None:
         """Stop the sprint gracefully: running Slaves finish the story in hand; no new batch starts."""
-        self._shutdown = True
+        self._state.shutdown = True
         for slave_id in list(self._running_batches.values()):
             await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
 
     def _pause(self, reason: str) -> None:
-        self._paused_reason = reason
+        self._state.paused_reason = reason
         self._set_phase(SprintPhase.PAUSED)
 
     # --- the sprint ----------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: SprintInput) -> SprintReport:
-        self._set_phase(SprintPhase.STARTING)
-        config, simulation = self._validate(inp)
-        self._token_limit = config.token_budget.limit
+        if inp.carried_state is None:
+            await self._start(inp)
+        else:
+            self._set_phase(self._state.phase)  # search attributes and details of the new run
 
-        self._set_phase(SprintPhase.PLANNING)
-        snapshot = await self._load(inp)
-        stories = self._select(inp, snapshot)
-        try:
-            self._plan = plan_batches(self._session_id, stories, config.batch_size)
-        except PlanningError as err:
-            raise _invalid_input(str(err)) from None
-        workflow.logger.info(
-            "BATCH_PLAN_READY: %d stories in %d batches", self._plan.total_stories, len(self._plan.batches)
-        )
-        by_key = {s.key: s for s in stories}
-        for spec in self._plan.batches:
-            for key in spec.stories:
-                self._views[key] = StoryView(state=by_key[key].state, batch_id=spec.batch_id)
-
-        self._set_phase(SprintPhase.RUNNING)
-        stopped_early = await self._run_batches(inp, config, simulation, snapshot, by_key)
+        simulation = SimulationScript.model_validate(inp.simulation)
+        if await self._run_batches(inp, simulation):
+            return await self._continue_as_new(inp)
 
         await workflow.wait_condition(workflow.all_handlers_finished)
-        final = {key: view.state for key, view in self._views.items()}
+        s = self._state
+        final = {key: view.state for key, view in s.views.items()}
         report = SprintReport(
-            session_id=self._session_id,
-            status=sprint_status(final, stopped_early),
-            batch_plan=self._plan,
-            batches=sorted(self._results, key=lambda r: r.batch_id),
+            session_id=s.session_id,
+            status=sprint_status(final, s.stopped_early or s.shutdown),
+            batch_plan=s.plan,
+            batches=sorted(s.results, key=lambda r: r.batch_id),
             stories=final,
-            tokens_used=self._tokens_used,
+            tokens_used=s.tokens_used,
         )
         self._set_phase(SprintPhase.COMPLETED)
         return report
 
-    def _validate(self, inp: SprintInput) -> tuple[SprintConfig, SimulationScript]:
+    async def _start(self, inp: SprintInput) -> None:
+        """Validate the input, read the status file, plan the batches (BATCH_PLAN_READY)."""
+        s = self._state
+        self._set_phase(SprintPhase.STARTING)
+        s.config = self._validate(inp)
+        s.token_limit = s.config.token_budget.limit
+
+        self._set_phase(SprintPhase.PLANNING)
+        snapshot = await self._load(inp)
+        s.status_file = snapshot.status_file
+        stories = self._select(inp, snapshot)
+        try:
+            s.plan = plan_batches(s.session_id, stories, s.config.batch_size)
+        except PlanningError as err:
+            raise _invalid_input(str(err)) from None
+        workflow.logger.info("BATCH_PLAN_READY: %d stories in %d batches", s.plan.total_stories, len(s.plan.batches))
+        s.stories = {story.key: story for story in stories}
+        for spec in s.plan.batches:
+            for key in spec.stories:
+                s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
+        s.queue = list(s.plan.batches)
+        s.next_batch_id = len(s.plan.batches) + 1
+        self._set_phase(SprintPhase.RUNNING)
+
+    def _validate(self, inp: SprintInput) -> SprintConfig:
         try:
             config = resolve_config(inp.config_overrides)
         except ConfigError as err:
             raise _invalid_input(str(err)) from None
         try:
-            simulation = SimulationScript.model_validate(inp.simulation)
+            SimulationScript.model_validate(inp.simulation)
         except ValidationError as err:
             raise _invalid_input(f"invalid simulation script: {describe_validation_error(err)}") from None
         if inp.agent_backend not in {b.value for b in AgentBackend}:
@@ -191,7 +200,7 @@ class SprintMasterWorkflow:
                 f"agent_backend {inp.agent_backend!r} is not available; use one of: "
                 + ", ".join(b.value for b in AgentBackend)
             )
-        return config, simulation
+        return config
 
     async def _load(self, inp: SprintInput) -> StatusSnapshot:
         try:
@@ -221,80 +230,85 @@ class SprintMasterWorkflow:
             stories = [s for s in stories if s.key in wanted]
         return stories
 
-    async def _run_batches(
-        self,
-        inp: SprintInput,
-        config: SprintConfig,
-        simulation: SimulationScript,
-        snapshot: StatusSnapshot,
-        by_key: dict[str, StoryMeta],
-    ) -> bool:
-        """Run the plan's batches, at most max_concurrent_slaves at once; True when stopped early."""
-        assert self._plan is not None
-        queue: list[BatchSpec] = list(self._plan.batches)
+    async def _run_batches(self, inp: SprintInput, simulation: SimulationScript) -> bool:
+        """Run queued batches, at most max_concurrent_slaves at once.
+
+        Returns True when the Master should continue as new (between batches, nothing running)."""
+        s = self._state
         running: dict[int, asyncio.Task[SlaveResult]] = {}
-        next_batch_id = len(queue) + 1
-        stopped_early = False
-        while queue or running:
-            startable = not self._shutdown and self._paused_reason is None and not stopped_early
-            while startable and queue and len(running) < config.max_concurrent_slaves:
-                spec = queue.pop(0)
-                running[spec.batch_id] = asyncio.create_task(
-                    self._run_slave(inp, config, simulation, snapshot, spec, by_key)
-                )
+        while s.queue or running:
+            if not running and self._history_is_long():
+                return True
+            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early
+            while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
+                spec = s.queue.pop(0)
+                running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))
             if not running:
-                if self._shutdown or stopped_early:
+                if s.shutdown or s.stopped_early:
                     break
-                await workflow.wait_condition(lambda: self._paused_reason is None or self._shutdown)
+                await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown)
                 continue
             await workflow.wait_condition(lambda: any(t.done() for t in running.values()))
             for batch_id in [b for b, t in running.items() if t.done()]:
-                result = running.pop(batch_id).result()
-                self._results.append(result)
-                self._tokens_used += result.tokens_used
-                if not result.budget_exhausted and budget_level(self._tokens_used, self._budget(config)) is not BudgetLevel.EXHAUSTED:
-                    continue
-                leftover = [r.story_key for r in result.results.story_results if r.final_state not in TERMINAL_STATES and r.agents_dispatched == 0]
-                if config.token_budget.action == "stop":
-                    self._errors.append(f"token budget exhausted ({self._tokens_used}/{self._token_limit}): sprint stopped")
-                    stopped_early = True
-                    continue
-                self._pause(f"token budget exhausted ({self._tokens_used}/{self._token_limit}); resume to go on")
-                if leftover:
-                    queue.insert(0, BatchSpec(batch_id=next_batch_id, stories=leftover))
-                    next_batch_id += 1
-            if self._shutdown:
-                stopped_early = True
-        return stopped_early or self._shutdown
+                self._settle(running.pop(batch_id).result())
+        return False
 
-    def _budget(self, config: SprintConfig) -> SprintConfig:
+    def _settle(self, result: SlaveResult) -> None:
+        """A batch ended: count its tokens and apply the budget rule (P26)."""
+        s = self._state
+        s.results.append(result)
+        s.tokens_used += result.tokens_used
+        if not result.budget_exhausted and budget_level(s.tokens_used, self._config_now()) is not BudgetLevel.EXHAUSTED:
+            return
+        budget_note = f"token budget exhausted ({s.tokens_used}/{s.token_limit})"
+        if s.config.token_budget.action == "stop":
+            s.errors.append(f"{budget_note}: sprint stopped")
+            s.stopped_early = True
+            return
+        self._pause(f"{budget_note}; resume (optionally with a higher token_limit) to go on")
+        never_started = [
+            r.story_key
+            for r in result.results.story_results
+            if r.final_state not in TERMINAL_STATES and r.agents_dispatched == 0
+        ]
+        if never_started:
+            s.queue.insert(0, BatchSpec(batch_id=s.next_batch_id, stories=never_started))
+            for key in never_started:
+                s.views[key] = s.views[key].model_copy(update={"batch_id": s.next_batch_id})
+            s.next_batch_id += 1
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        limit = self._state.config.continue_as_new_after_events
+        return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
+
+    async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._state.runs += 1
+        workflow.logger.info("continuing as new (run %d) with %d batches left", self._state.runs, len(self._state.queue))
+        workflow.continue_as_new(inp.model_copy(update={"carried_state": self._state}))
+
+    def _config_now(self) -> SprintConfig:
         """The config with the token limit as it stands now (an operator may have raised it)."""
-        budget = config.token_budget.model_copy(update={"limit": self._token_limit})
+        config = self._state.config
+        budget = config.token_budget.model_copy(update={"limit": self._state.token_limit})
         return config.model_copy(update={"token_budget": budget})
 
-    async def _run_slave(
-        self,
-        inp: SprintInput,
-        config: SprintConfig,
-        simulation: SimulationScript,
-        snapshot: StatusSnapshot,
-        spec: BatchSpec,
-        by_key: dict[str, StoryMeta],
-    ) -> SlaveResult:
-        slave_id = slave_workflow_id(self._session_id, spec.batch_id)
-        stories = [by_key[k] for k in spec.stories]
+    async def _run_slave(self, inp: SprintInput, simulation: SimulationScript, spec: BatchSpec) -> SlaveResult:
+        s = self._state
+        slave_id = slave_workflow_id(s.session_id, spec.batch_id)
         slave_input = SlaveInput(
             batch_id=spec.batch_id,
-            session_id=self._session_id,
+            session_id=s.session_id,
             project_root=inp.project_root,
-            status_file=snapshot.status_file,
-            stories=stories,
-            config=self._budget(config),
+            status_file=s.status_file,
+            stories=[s.stories[k] for k in spec.stories],
+            config=self._config_now(),
             config_overrides=inp.config_overrides,
             agent_backend=inp.agent_backend,
             simulation=simulation.model_dump(mode="json") if inp.agent_backend == "simulated" else {},
             resident_contacts=RESIDENT_CONTACTS,
-            tokens_used_before=self._tokens_used,
+            tokens_used_before=s.tokens_used,
             report_progress_to=workflow.info().workflow_id,
         )
         self._running_batches[spec.batch_id] = slave_id
@@ -304,63 +318,66 @@ class SprintMasterWorkflow:
                 SprintSlaveWorkflow.run,
                 slave_input,
                 id=slave_id,
-                execution_timeout=timedelta(seconds=config.slave_timeout_seconds),
-                static_summary=f"Batch {spec.batch_id} of sprint {self._session_id}: {', '.join(spec.stories)}",
+                execution_timeout=timedelta(seconds=s.config.slave_timeout_seconds),
+                static_summary=f"Batch {spec.batch_id} of sprint {s.session_id}: {', '.join(spec.stories)}",
                 search_attributes=TypedSearchAttributes(
                     [
-                        SA_SESSION_ID.value_set(self._session_id),
+                        SA_SESSION_ID.value_set(s.session_id),
                         SA_BATCH_ID.value_set(spec.batch_id),
                         SA_PHASE.value_set(SprintPhase.RUNNING.value),
                     ]
                 ),
             )
         except ChildWorkflowError as err:
-            result = self._abnormal_result(spec, by_key, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
+            result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
         self._show()
         return result
 
-    def _abnormal_result(self, spec: BatchSpec, by_key: dict[str, StoryMeta], reason: str) -> SlaveResult:
+    def _abnormal_result(self, spec: BatchSpec, reason: str) -> SlaveResult:
         """The batch's result as the Master last saw it, when its Slave failed or timed out."""
-        self._errors.append(reason)
+        s = self._state
+        s.errors.append(reason)
         workflow.logger.error(reason)
-        progress = [
-            _progress_from_view(k, self._views.get(k, StoryView(state=by_key[k].state))) for k in spec.stories
-        ]
+        progress = [_progress_from_view(k, s.views[k]) for k in spec.stories]
+        dispatched = sum(p.agents_dispatched for p in progress)
         return build_slave_result(
             batch_id=spec.batch_id,
-            session_id=self._session_id,
+            session_id=s.session_id,
             progress=progress,
-            agents_created=sum(p.agents_dispatched for p in progress),
-            agents_destroyed=sum(p.agents_dispatched for p in progress),
+            agents_created=dispatched,
+            agents_destroyed=dispatched,
             errors=[reason],
             budget_exhausted=False,
         )
 
     def _tokens_in_flight(self) -> int:
-        running = set(self._running_batches)
-        return sum(v.tokens_used for v in self._views.values() if v.batch_id in running)
+        return sum(v.tokens_used for v in self._state.views.values() if v.batch_id in self._running_batches)
 
     # --- visibility ----------------------------------------------------------------------------
 
     def _set_phase(self, phase: SprintPhase) -> None:
-        self._phase = phase
+        self._state.phase = phase
         workflow.upsert_search_attributes(
-            [SA_SESSION_ID.value_set(self._session_id), SA_PHASE.value_set(phase.value)]
+            [SA_SESSION_ID.value_set(self._state.session_id), SA_PHASE.value_set(phase.value)]
         )
         self._show()
 
     def _show(self) -> None:
-        done = sum(v.state == StoryState.DONE for v in self._views.values())
+        s = self._state
+        done = sum(v.state == StoryState.DONE for v in s.views.values())
+        # Only the stories of running batches: the details stay small on a sprint of any size.
         rows = "\n".join(
             f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.agent_in_flight or ''} |"
-            for k, v in self._views.items()
+            for k, v in s.views.items()
+            if v.batch_id in self._running_batches
         )
-        pause = f"\n\nPaused: {self._paused_reason}" if self._paused_reason else ""
+        pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason else ""
         workflow.set_current_details(
-            f"**Sprint `{self._session_id}`**: {self._phase.value}, {done}/{len(self._views)} stories done, "
-            f"tokens {self._tokens_used + self._tokens_in_flight()}/{self._token_limit}{pause}\n\n"
+            f"**Sprint `{s.session_id}`**: {s.phase.value}, {done}/{len(s.views)} stories done, "
+            f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
+            f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}\n\n"
             "| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows
         )
 

@@ -304,3 +304,26 @@ async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
     assert "nowhere" in str(failure.value.cause)
+
+
+async def test_master_continues_as_new_between_batches_and_keeps_everything(ts_env, tmp_path: Path):
+    stories = {f"{e}-{n}-story-{e}-{n}": "review" for e in (1, 2) for n in range(1, 6)}
+    make_project(tmp_path, stories)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(
+                tmp_path,
+                simulation={"stories": {"1-2": {"review": ["HIGH"]}}},
+                config_overrides={"batch_size": 2, "continue_as_new_after_events": 100},
+            ),
+        )
+        report = await handle.result()
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == {k: "done" for k in stories}
+    assert [b.batch_id for b in report.batches] == [1, 2, 3, 4, 5]
+    assert report.tokens_used == 12 * 1000  # 10 reviews + 1 fix + 1 review, across every run
+    assert status.runs > 1 and status.phase == "completed"
+    assert len(status.stories) == 10
