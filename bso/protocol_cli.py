@@ -1,0 +1,98 @@
+"""`bso protocol`: the JSON Schema of every message, and validation of a message file.
+
+Mounted by the main CLI as `bso protocol`; also runnable on its own:
+`python -m bso.protocol_cli schema --out schemas/` and `python -m bso.protocol_cli validate msg.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from bso.messages import (
+    MESSAGE_ADAPTER,
+    MESSAGE_CLASSES,
+    DeliveryFailed,
+    ResponseTimeout,
+    ValidationFailed,
+    invalid_message,
+    parse_message,
+    validation_failed,
+)
+
+protocol_app = typer.Typer(help="The message protocol: JSON Schemas and validation.", no_args_is_help=True)
+
+ERROR_SCHEMAS = {"error.delivery_failed": DeliveryFailed, "error.response_timeout": ResponseTimeout,
+                 "error.validation_failed": ValidationFailed}
+
+
+def all_schemas() -> dict[str, dict[str, Any]]:
+    """Each message type's JSON Schema (by wire name), plus `messages` for the whole union."""
+    schemas = {name: cls.model_json_schema(by_alias=True) for name, cls in MESSAGE_CLASSES.items()}
+    schemas.update({name: cls.model_json_schema(by_alias=True) for name, cls in ERROR_SCHEMAS.items()})
+    return schemas
+
+
+@protocol_app.command()
+def schema(
+    out: Annotated[Path, typer.Option("--out", help="Directory for the schema files")] = Path("message-schemas"),
+) -> None:
+    """Write the JSON Schema of every message type (one file each) and an index.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    index: dict[str, Any] = {"union": "messages.schema.json", "discriminator": "type", "types": {}}
+    for name, body in all_schemas().items():
+        filename = f"{name}.schema.json"
+        (out / filename).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+        index["types"][name] = {"file": filename, "description": body.get("description", "")}
+    union = MESSAGE_ADAPTER.json_schema(by_alias=True)
+    (out / "messages.schema.json").write_text(json.dumps(union, indent=2) + "\n", encoding="utf-8")
+    (out / "index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    typer.echo(f"wrote {len(index['types'])} message schemas, the union and index.json to {out}")
+
+
+def _load(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return YAML(typ="safe").load(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return YAML(typ="safe").load(text)  # JSON is YAML; a .txt or extension-less YAML file works too
+
+
+@protocol_app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="A message file (JSON or YAML), envelope or a seed's native shape")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the error message as JSON")] = False,
+    po_error: Annotated[bool, typer.Option("--po", help="Answer with Agent-PO's ERROR/INVALID_MESSAGE")] = False,
+) -> None:
+    """Check one message; print OK, or the validation_failed errors (field, error) and exit 1."""
+    try:
+        raw = _load(file)
+    except (OSError, UnicodeDecodeError, YAMLError, ValueError) as err:
+        typer.echo(f"cannot read {file}: {err}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        message = parse_message(raw)
+    except ValidationError as err:
+        if po_error:
+            typer.echo(json.dumps(invalid_message(raw, err), indent=2))
+        elif as_json:
+            typer.echo(json.dumps(validation_failed(raw, err).to_seed(), indent=2))
+        else:
+            rendered = validation_failed(raw, err)
+            typer.echo(f"INVALID {file}: validation_failed")
+            for item in rendered.errors:
+                typer.echo(f"  {item.field}: {item.error}")
+        raise typer.Exit(1) from None
+    typer.echo(f"OK {message.type} {message.id or ''}".rstrip())
+
+
+if __name__ == "__main__":
+    protocol_app()

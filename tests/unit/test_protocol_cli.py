@@ -1,0 +1,85 @@
+"""`bso protocol schema` and `bso protocol validate`, through typer's CliRunner and as a module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from bso.messages import MESSAGE_TYPES
+from bso.protocol_cli import protocol_app
+from tests.unit import message_examples as ex
+
+runner = CliRunner()
+
+
+def test_schema_writes_one_file_per_type_and_an_index(tmp_path: Path) -> None:
+    result = runner.invoke(protocol_app, ["schema", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    index = json.loads((tmp_path / "index.json").read_text())
+    names = set(index["types"])
+    assert names >= {t for t in MESSAGE_TYPES if t != "error"}
+    assert {"error.delivery_failed", "error.response_timeout", "error.validation_failed"} <= names
+    for entry in index["types"].values():
+        body = json.loads((tmp_path / entry["file"]).read_text())
+        assert body["type"] == "object" and "properties" in body
+    query = json.loads((tmp_path / "query.schema.json").read_text())
+    assert "from" in query["required"] and query["properties"]["id"]["pattern"] == "^msg-[a-f0-9]{8}$"
+    union = json.loads((tmp_path / "messages.schema.json").read_text())
+    assert union["discriminator"]["propertyName"] == "type"
+
+
+def test_validate_ok_json_and_yaml(tmp_path: Path) -> None:
+    good = tmp_path / "query.json"
+    good.write_text(json.dumps(ex.SCHEMAS["query"]))
+    result = runner.invoke(protocol_app, ["validate", str(good)])
+    assert result.exit_code == 0 and result.output.startswith("OK query msg-a1b2c3d4")
+    yaml_file = tmp_path / "debug.yaml"
+    yaml_file.write_text(
+        "msg_type: DEBUG_REQUEST\ndebug_id: DBG-001\nstory_key: 3-1\nagent_type: dev-runner\n"
+        "error_summary: Test failure\nseverity_hint: HIGH\n"
+    )
+    result = runner.invoke(protocol_app, ["validate", str(yaml_file)])
+    assert result.exit_code == 0, result.output
+    assert "OK DEBUG_REQUEST msg-" in result.output
+
+
+def test_validate_invalid_prints_field_errors_and_exits_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**ex.SCHEMAS["query"], "payload": {}, "priority": "urgent"}))
+    result = runner.invoke(protocol_app, ["validate", str(bad)])
+    assert result.exit_code == 1
+    assert "payload.question: required field missing" in result.output
+    assert "priority: invalid value: urgent" in result.output
+    result = runner.invoke(protocol_app, ["validate", "--json", str(bad)])
+    assert result.exit_code == 1
+    rendered = json.loads(result.output)
+    assert rendered["error_type"] == "validation_failed" and rendered["original_message_id"] == "msg-a1b2c3d4"
+    po = tmp_path / "po.json"
+    po.write_text(json.dumps({k: v for k, v in ex.PO["COMPLETION_REPORT"].items() if k != "ac_verification"}))
+    result = runner.invoke(protocol_app, ["validate", "--po", str(po)])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["error"]["message"] == "Missing required field: ac_verification"
+
+
+def test_validate_unreadable_file_exits_2(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not: json: [")
+    result = runner.invoke(protocol_app, ["validate", str(broken)])
+    assert result.exit_code == 2
+    assert runner.invoke(protocol_app, ["validate", str(tmp_path / "missing.json")]).exit_code == 2
+
+
+def test_runs_as_a_module(tmp_path: Path) -> None:
+    good = tmp_path / "m.json"
+    good.write_text(json.dumps(ex.GEAR2["agent_error"]))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bso.protocol_cli", "validate", str(good)],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK agent_error msg-e0000001")
