@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         next_dispatch,
         record_dispatch,
     )
-    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, describe_validation_error
+    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, validation_failed
     from bso.models import (
         LoadStatusInput,
         SlaveInput,
@@ -115,7 +115,8 @@ class SprintSlaveWorkflow:
         try:
             message = AgentComplete.model_validate(payload)
         except ValidationError as err:
-            self._reject("AGENT_COMPLETE", f"validation_failed: {describe_validation_error(err)}", dispatch_id)
+            # message-schemas' validation_failed, naming each field; recorded, never acted on.
+            self._reject("AGENT_COMPLETE", f"validation_failed: {validation_failed(payload, err).describe()}", dispatch_id)
             return
         story_key = self._open_dispatches.get(message.dispatch_id)
         if story_key is None:

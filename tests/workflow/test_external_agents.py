@@ -70,8 +70,9 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         status = await slave.query(SprintSlaveWorkflow.status)
         reasons = [r.reason for r in status.rejected_messages]
         assert len(reasons) == 4
-        assert reasons[0].startswith("validation_failed") and "status" in reasons[0]
-        assert reasons[1].startswith("validation_failed")
+        assert reasons[0].startswith("validation_failed") and "status: invalid value: bogus" in reasons[0]
+        assert "story_key: required field missing" in reasons[0]  # message-schemas' (field, error)
+        assert reasons[1] == "validation_failed: (message): must be an object"
         assert reasons[2] == "unknown dispatch id"
         assert reasons[3] == "already answered"
         assert status_values(tmp_path)[K1] == "review"
