@@ -86,6 +86,8 @@ class SprintConfig(_Knobs):
     story_review_enabled: bool = True
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
+    # Scored reviews (Gear 2): a review that carries a score passes only from this score up.
+    approval_score: int = Field(80, ge=0, le=100)
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])
     agent_timeout_seconds: AgentTimeouts = AgentTimeouts()

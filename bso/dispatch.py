@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bso.config import ReviewDegradation, SprintConfig
-from bso.messages import AgentComplete, Finding
+from bso.messages import AgentComplete, FeedbackItem, Finding
 from bso.models import StoryProgress
 from bso.states import (
     LEGACY_STORY_VALUES,
@@ -213,7 +213,9 @@ def apply_agent_result(
 
     if step in (DEV, FIX):
         return Transition(
-            _settled(progress, tokens, state=StoryState.REVIEW.value, fix_pending=False, fix_findings=[]),
+            _settled(
+                progress, tokens, state=StoryState.REVIEW.value, fix_pending=False, fix_findings=[], fix_feedback=[]
+            ),
             Outcome.ADVANCED,
             f"{step.mode.value} done -> review",
         )
@@ -286,14 +288,24 @@ def _story_review(
     )
 
 
+def review_shortfalls(result: AgentComplete, config: SprintConfig) -> list[str]:
+    """Why a scored review (Gear 2) does not pass, beyond its findings: blocking issues, a low score."""
+    reasons = [f"blocking: {issue}" for issue in result.blocking]
+    if result.score is not None and result.score < config.approval_score:
+        reasons.append(f"score {result.score} < approval_score {config.approval_score}")
+    return reasons
+
+
 def _code_review(
     progress: StoryProgress, result: AgentComplete, config: SprintConfig, tags: list[str], tokens: int
 ) -> Transition:
     review_round = progress.review_rounds + 1
-    progress = progress.model_copy(update={"review_rounds": review_round})
+    scores = [*progress.review_scores, result.score] if result.score is not None else list(progress.review_scores)
+    progress = progress.model_copy(update={"review_rounds": review_round, "review_scores": scores})
     strictness = effective_strictness(config.strictness, review_round, config.review_degradation)
     blocking = findings_needing_fix(list(result.findings), strictness or Strictness.HIGH_ONLY)
-    if not blocking and result.verdict is not Verdict.FAILURE:
+    shortfalls = review_shortfalls(result, config)
+    if not blocking and not shortfalls and result.verdict is not Verdict.FAILURE:
         nxt = StoryState.E2E_VERIFY if e2e_applies(tags, config) else StoryState.DONE
         return Transition(
             _settled(progress, tokens, state=nxt.value),
@@ -320,11 +332,24 @@ def _code_review(
             fix_pending=True,
             fix_rounds=progress.fix_rounds + 1,
             fix_findings=blocking,
+            fix_feedback=_fix_feedback(result),
         ),
         Outcome.FIX_REQUESTED,
         f"review round {review_round}: {len(blocking)} finding(s) >= {strictness.threshold.value} "
-        f"({strictness.value}) -> fix",
+        f"({strictness.value})" + "".join(f"; {s}" for s in shortfalls) + " -> fix",
     )
+
+
+def _fix_feedback(result: AgentComplete) -> list[FeedbackItem]:
+    """The review's feedback items, plus a blocking item for each blocking issue not already among them."""
+    items = list(result.feedback)
+    described = {f.issue for f in items if f.severity == "blocking"}
+    items += [
+        FeedbackItem(severity="blocking", category="review", issue=issue)
+        for issue in result.blocking_issues
+        if issue not in described
+    ]
+    return items
 
 
 # --- token budget (P26) --------------------------------------------------------------------------

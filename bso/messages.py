@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bso.states import AgentMode, AgentStatus, AgentType, Severity, Verdict
 
@@ -33,6 +33,43 @@ class Finding(_Message):
         return value.upper() if isinstance(value, str) else value
 
 
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Gear 2's review criteria and the most each may score (they add up to 100).
+CRITERIA_MAX: dict[str, int] = {
+    "code_quality": 30,
+    "test_coverage": 25,
+    "security": 20,
+    "documentation": 15,
+    "acceptance_criteria": 10,
+}
+
+
+class CriteriaScores(_Strict):
+    code_quality: int = Field(0, ge=0, le=30)
+    test_coverage: int = Field(0, ge=0, le=25)
+    security: int = Field(0, ge=0, le=20)
+    documentation: int = Field(0, ge=0, le=15)
+    acceptance_criteria: int = Field(0, ge=0, le=10)
+
+    @property
+    def total(self) -> int:
+        return self.code_quality + self.test_coverage + self.security + self.documentation + self.acceptance_criteria
+
+
+class FeedbackItem(_Message):
+    """One review remark (Gear 2's PR_FEEDBACK `feedback` item)."""
+
+    severity: Literal["blocking", "suggestion"]
+    category: str = Field(min_length=1, max_length=100)
+    file: str | None = None
+    line: int | None = Field(None, ge=0)
+    issue: str = Field(min_length=1, max_length=MAX_SUMMARY_CHARS)
+    suggestion: str = Field("", max_length=MAX_SUMMARY_CHARS)
+
+
 class AgentComplete(_Message):
     """AGENT_COMPLETE: an agent's answer to one dispatch, sent to the Slave as the `agent_complete` signal."""
 
@@ -47,6 +84,27 @@ class AgentComplete(_Message):
     tokens_used: int = Field(0, ge=0)
     summary: str = Field("", max_length=MAX_SUMMARY_CHARS)
     error: str | None = Field(None, max_length=MAX_SUMMARY_CHARS)
+    # Scored reviews (Gear 2), all optional: a review-runner may score the work and name blocking issues.
+    criteria_scores: CriteriaScores | None = None
+    score: int | None = Field(None, ge=0, le=100)  # defaults to the sum of criteria_scores when given
+    blocking_issues: list[str] = Field(default_factory=list, max_length=MAX_FINDINGS)
+    feedback: list[FeedbackItem] = Field(default_factory=list, max_length=MAX_FINDINGS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _score_from_criteria(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("score") is None and isinstance(data.get("criteria_scores"), dict):
+            criteria = data["criteria_scores"]
+            if all(isinstance(criteria.get(k, 0), int) and not isinstance(criteria.get(k, 0), bool)
+                   for k in CRITERIA_MAX):
+                data = {**data, "score": sum(criteria.get(k, 0) for k in CRITERIA_MAX)}
+        return data
+
+    @property
+    def blocking(self) -> list[str]:
+        """Every blocking issue: `blocking_issues` and the `feedback` items of severity blocking."""
+        items = [f"{f.file}:{f.line}: {f.issue}" if f.file else f.issue for f in self.feedback if f.severity == "blocking"]
+        return [*self.blocking_issues, *(i for i in items if i not in self.blocking_issues)]
 
 
 class RejectedMessage(_Message):
@@ -81,6 +139,8 @@ class TaskAssignment(_Message):
     # Which call of this mode this is for the story (1-based): the simulated agents' script index.
     mode_round: int = 1
     fix_findings: list[Finding] = Field(default_factory=list)
+    # The last review's feedback items and blocking issues (scored reviews): what the fix must address.
+    fix_feedback: list[FeedbackItem] = Field(default_factory=list)
     story_title: str = ""
     backend: str = "simulated"
     # The part of the simulation script that concerns this story (small by construction).
@@ -135,7 +195,7 @@ from datetime import datetime  # noqa: E402
 from enum import StrEnum  # noqa: E402
 from typing import Annotated, Union  # noqa: E402
 
-from pydantic import TypeAdapter, model_validator  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
 
 MESSAGE_ID_PATTERN = r"^msg-[a-f0-9]{8}$"
 _ID_RE = re.compile(MESSAGE_ID_PATTERN[1:-1])
@@ -172,10 +232,6 @@ class _Payload(BaseModel):
     """A message body: unknown keys are ignored (the seeds say agents ignore what they do not know)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Envelope(BaseModel):
@@ -687,39 +743,6 @@ class PrSubmittedPayload(_Payload):
     lines_added: int = Field(0, ge=0)
     lines_deleted: int = Field(0, ge=0)
     iteration: int = Field(1, ge=1)
-
-
-# Gear 2's review criteria and the most each may score (they add up to 100).
-CRITERIA_MAX: dict[str, int] = {
-    "code_quality": 30,
-    "test_coverage": 25,
-    "security": 20,
-    "documentation": 15,
-    "acceptance_criteria": 10,
-}
-
-
-class CriteriaScores(_Strict):
-    code_quality: int = Field(0, ge=0, le=30)
-    test_coverage: int = Field(0, ge=0, le=25)
-    security: int = Field(0, ge=0, le=20)
-    documentation: int = Field(0, ge=0, le=15)
-    acceptance_criteria: int = Field(0, ge=0, le=10)
-
-    @property
-    def total(self) -> int:
-        return self.code_quality + self.test_coverage + self.security + self.documentation + self.acceptance_criteria
-
-
-class FeedbackItem(_Payload):
-    """One review remark (Gear 2's PR_FEEDBACK `feedback` item)."""
-
-    severity: Literal["blocking", "suggestion"]
-    category: str = Field(min_length=1, max_length=100)
-    file: str | None = None
-    line: int | None = Field(None, ge=0)
-    issue: str = Field(min_length=1, max_length=MAX_SUMMARY_CHARS)
-    suggestion: str = Field("", max_length=MAX_SUMMARY_CHARS)
 
 
 class PrFeedbackPayload(_Payload):

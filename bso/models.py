@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import SprintConfig
-from bso.messages import BatchPlanReady, BatchSpec, Finding, RejectedMessage
+from bso.messages import BatchPlanReady, BatchSpec, FeedbackItem, Finding, RejectedMessage
 from bso.states import (
     AgentMode,
     AgentType,
@@ -122,6 +122,8 @@ class StoryProgress(_Model):
     tokens_used: int = 0
     fix_pending: bool = False
     fix_findings: list[Finding] = Field(default_factory=list)
+    fix_feedback: list[FeedbackItem] = Field(default_factory=list)  # scored reviews: feedback for the fix
+    review_scores: list[int] = Field(default_factory=list)  # each scored code-review round's score, in order
     error: str | None = None
     started: bool = False
     pending_dispatch_id: str | None = None
@@ -134,6 +136,7 @@ class StoryResult(_Model):
     final_state: str
     agents_dispatched: int
     error: str | None = None
+    review_scores: list[int] = Field(default_factory=list)  # the story's score per scored review round
 
 
 class SlaveResults(_Model):

@@ -9,7 +9,11 @@ from bso.states import BatchStatus, SprintStatus, StoryState
 def story_results(progress: list[StoryProgress]) -> list[StoryResult]:
     return [
         StoryResult(
-            story_key=p.key, final_state=p.state, agents_dispatched=p.agents_dispatched, error=p.error
+            story_key=p.key,
+            final_state=p.state,
+            agents_dispatched=p.agents_dispatched,
+            error=p.error,
+            review_scores=list(p.review_scores),
         )
         for p in progress
     ]

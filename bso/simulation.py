@@ -7,11 +7,11 @@ replayed workflow always gets the same answer.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.messages import Finding
+from bso.messages import FeedbackItem, Finding
 from bso.models import short_key
 from bso.states import AgentStatus, Severity, Verdict
 
@@ -26,6 +26,10 @@ class StoryScript(_Script):
     story_review: list[Literal["passed", "needs-improve"]] = Field(default_factory=list)
     review: list[Literal["LOW", "MEDIUM", "HIGH", "CRITICAL", "none"]] = Field(default_factory=list)
     e2e: list[Literal["success", "failure"]] = Field(default_factory=list)
+    # Scored reviews (Gear 2): the review-runner's score per review round (e.g. [72, 88]), and a
+    # blocking issue per round ("" or null: none). Rounds past the end: no score, no blocking issue.
+    review_scores: list[Annotated[int, Field(ge=0, le=100)]] = Field(default_factory=list)
+    blocking: list[str | None] = Field(default_factory=list)
     fail: dict[ScriptKey, Literal["error", "timeout"]] = Field(default_factory=dict)
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
@@ -63,6 +67,9 @@ class ScriptedAnswer(_Script):
     duration_ms: int = 0
     error: str | None = None
     flaky_attempts: int = 0  # the activity raises a retryable fault on attempts 1..N
+    score: int | None = None
+    blocking_issues: list[str] = Field(default_factory=list)
+    feedback: list[FeedbackItem] = Field(default_factory=list)
 
 
 def _nth(values: list[str], round_: int, after: str) -> str:
@@ -91,5 +98,18 @@ def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int) -> Scr
             if worst == "none"
             else [Finding(severity=Severity(worst), summary=f"simulated {worst} finding (review round {mode_round})")]
         )
-        return ScriptedAnswer(findings=findings, **common)
+        score = script.review_scores[mode_round - 1] if 0 < mode_round <= len(script.review_scores) else None
+        issue = script.blocking[mode_round - 1] if 0 < mode_round <= len(script.blocking) else None
+        blocking = [issue] if issue else []
+        feedback = [
+            FeedbackItem(severity="blocking", category="review", issue=issue, suggestion=f"address: {issue}")
+            for issue in blocking
+        ]
+        if score is not None and score < 100:
+            feedback.append(
+                FeedbackItem(severity="suggestion", category="code_quality", issue=f"simulated score {score}/100")
+            )
+        return ScriptedAnswer(
+            findings=findings, score=score, blocking_issues=blocking, feedback=feedback, **common
+        )
     return ScriptedAnswer(**common)

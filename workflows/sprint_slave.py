@@ -260,6 +260,7 @@ class SprintSlaveWorkflow:
             config_overrides=self._input.config_overrides,
             mode_round=mode_round(progress, step),
             fix_findings=list(progress.fix_findings) if step.mode.value == "fix" else [],
+            fix_feedback=list(progress.fix_feedback) if step.mode.value == "fix" else [],
             backend=self._input.agent_backend,
             simulation=self._script.for_story(meta.key).model_dump(mode="json")
             if self._input.agent_backend == "simulated"

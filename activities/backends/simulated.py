@@ -87,4 +87,7 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
         tokens_used=answer.tokens,
         summary=summary,
         error=answer.error,
+        score=answer.score,
+        blocking_issues=answer.blocking_issues,
+        feedback=answer.feedback,
     )
