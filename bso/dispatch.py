@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bso.config import ReviewDegradation, SprintConfig
-from bso.messages import AgentComplete, FeedbackItem, Finding
+from bso.messages import AgentComplete, FeedbackItem, Finding, MessagePriority
 from bso.models import StoryProgress
 from bso.states import (
     LEGACY_STORY_VALUES,
@@ -350,6 +350,34 @@ def _fix_feedback(result: AgentComplete) -> list[FeedbackItem]:
         if issue not in described
     ]
     return items
+
+
+# --- message priority -> Temporal task priority (message-schemas' priority routing) ------------
+
+# Temporal's priority_key: 1 is served first; the server's default range is 1..5 and an unset key
+# means 3. critical/high go ahead of ordinary work, low behind it; 5 stays free below low.
+PRIORITY_KEYS: dict[MessagePriority, int] = {
+    MessagePriority.CRITICAL: 1,
+    MessagePriority.HIGH: 2,
+    MessagePriority.NORMAL: 3,
+    MessagePriority.LOW: 4,
+}
+
+
+def priority_key(priority: MessagePriority | str | None) -> int | None:
+    """The Temporal priority key for a message priority; None (inherit the default) when there is none."""
+    if priority is None:
+        return None
+    return PRIORITY_KEYS[MessagePriority(priority)]
+
+
+def story_priority(story_key: str, config: SprintConfig, scripted: str | None = None) -> MessagePriority | None:
+    """A story's priority: the simulation script's, else `story_priorities` (full or short key), else none."""
+    if scripted is not None:
+        return MessagePriority(scripted)
+    short = "-".join(story_key.split("-")[:2])
+    value = config.story_priorities.get(story_key) or config.story_priorities.get(short)
+    return MessagePriority(value) if value else None
 
 
 # --- token budget (P26) --------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class TaskAssignment(_Message):
     fix_findings: list[Finding] = Field(default_factory=list)
     # The last review's feedback items and blocking issues (scored reviews): what the fix must address.
     fix_feedback: list[FeedbackItem] = Field(default_factory=list)
+    # message-schemas' priority; the Slave starts the agent activity with the matching Temporal priority.
+    priority: Literal["critical", "high", "normal", "low"] | None = None
     story_title: str = ""
     backend: str = "simulated"
     # The part of the simulation script that concerns this story (small by construction).

@@ -30,6 +30,8 @@ class StoryScript(_Script):
     # blocking issue per round ("" or null: none). Rounds past the end: no score, no blocking issue.
     review_scores: list[Annotated[int, Field(ge=0, le=100)]] = Field(default_factory=list)
     blocking: list[str | None] = Field(default_factory=list)
+    # Message priority of this story's agent activities (see PRIORITY_KEYS in bso.dispatch).
+    priority: Literal["critical", "high", "normal", "low"] | None = None
     fail: dict[ScriptKey, Literal["error", "timeout"]] = Field(default_factory=dict)
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)

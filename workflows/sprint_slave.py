@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -39,7 +39,9 @@ with workflow.unsafe.imports_passed_through():
         is_terminal,
         mode_round,
         next_dispatch,
+        priority_key,
         record_dispatch,
+        story_priority,
     )
     from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, validation_failed
     from bso.models import (
@@ -245,6 +247,10 @@ class SprintSlaveWorkflow:
         """Run one agent; its AGENT_COMPLETE, or why there is none."""
         config = self._input.config
         timeout = timedelta(seconds=config.agent_timeout_seconds.for_agent(step.agent_type))
+        script = self._script.for_story(meta.key)
+        priority = story_priority(
+            meta.key, config, script.priority if self._input.agent_backend == "simulated" else None
+        )
         assignment = TaskAssignment(
             dispatch_id=dispatch_id,
             agent_type=step.agent_type,
@@ -261,13 +267,17 @@ class SprintSlaveWorkflow:
             mode_round=mode_round(progress, step),
             fix_findings=list(progress.fix_findings) if step.mode.value == "fix" else [],
             fix_feedback=list(progress.fix_feedback) if step.mode.value == "fix" else [],
+            priority=priority.value if priority else None,
             backend=self._input.agent_backend,
-            simulation=self._script.for_story(meta.key).model_dump(mode="json")
+            simulation=script.model_dump(mode="json")
             if self._input.agent_backend == "simulated"
             else {},
         )
         self._open_dispatches[dispatch_id] = meta.key
         retry = config.agent_retry
+        # Only a story with a priority sets one: otherwise the activity inherits (and history is unchanged).
+        key = priority_key(priority)
+        extra: dict[str, Any] = {"priority": Priority(priority_key=key)} if key is not None else {}
         handle = workflow.start_activity(
             run_agent,
             assignment,
@@ -281,6 +291,7 @@ class SprintSlaveWorkflow:
                 non_retryable_error_types=["UnknownBackend", "StatusFileError", "AgentConfigError"],
             ),
             summary=f"{step.agent_type.value} ({step.mode.value}) for story {meta.key}",
+            **extra,
         )
         handle.add_done_callback(_consume_outcome)
         deadline = workflow.now() + timeout
