@@ -89,6 +89,9 @@ class SprintConfig(_Knobs):
     # Scored reviews (Gear 2): a review that carries a score passes only from this score up.
     approval_score: int = Field(80, ge=0, le=100)
     # Message priority per story (full or short key): the Temporal task priority of its agent activities.
+    # Gear 2's AGENT_ERROR: an agent failure marked `recoverable: false` stops the sprint when set
+    # (no further story, no further batch); otherwise it only marks its story needs-intervention.
+    fail_fast: bool = False
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bso.config import ReviewDegradation, SprintConfig
-from bso.messages import AgentComplete, FeedbackItem, Finding, MessagePriority
+from bso.messages import AgentComplete, AgentErrorPayload, FeedbackItem, Finding, MessagePriority
 from bso.models import StoryProgress
 from bso.states import (
     LEGACY_STORY_VALUES,
@@ -186,6 +186,32 @@ def intervention(progress: StoryProgress, reason: str, tokens: int = 0) -> Trans
     )
 
 
+def fatal_error(result: AgentComplete, config: SprintConfig) -> str | None:
+    """Why the sprint must stop (fail_fast and an unrecoverable agent error), or None."""
+    if not config.fail_fast or result.status is not AgentStatus.FAILURE or result.recoverable:
+        return None
+    kind = result.error_type or "agent_error"
+    return f"unrecoverable {kind} from {result.agent_type.value}/{result.mode.value} on {result.story_key}: " + (
+        result.error or result.summary or "no detail"
+    )
+
+
+def agent_error_to_complete(
+    payload: AgentErrorPayload, dispatch_id: str, story_key: str, agent_type: AgentType, mode: AgentMode
+) -> AgentComplete:
+    """Gear 2's agent_error, received for an open dispatch, as the failed AGENT_COMPLETE it stands for."""
+    return AgentComplete(
+        dispatch_id=dispatch_id,
+        story_key=story_key,
+        agent_type=agent_type,
+        mode=mode,
+        status=AgentStatus.FAILURE,
+        error=payload.error_message[:2000],
+        error_type=payload.error_type[:200],
+        recoverable=payload.recoverable,
+    )
+
+
 def apply_no_answer(progress: StoryProgress, step: DispatchStep, reason: str) -> Transition:
     """No AGENT_COMPLETE (timeout) or the agent activity failed for good."""
     return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {reason}")
@@ -202,6 +228,8 @@ def apply_agent_result(
     tokens = result.tokens_used
     if result.status is AgentStatus.FAILURE:
         reason = result.error or result.summary or "agent reported failure"
+        if not result.recoverable:
+            reason = f"unrecoverable {result.error_type or 'error'}: {reason}"
         return intervention(progress, f"{step.agent_type.value}/{step.mode.value} failed: {reason}", tokens)
 
     if step in (CREATE, REVISE):

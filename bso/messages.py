@@ -89,6 +89,9 @@ class AgentComplete(_Message):
     score: int | None = Field(None, ge=0, le=100)  # defaults to the sum of criteria_scores when given
     blocking_issues: list[str] = Field(default_factory=list, max_length=MAX_FINDINGS)
     feedback: list[FeedbackItem] = Field(default_factory=list, max_length=MAX_FINDINGS)
+    # Gear 2's AGENT_ERROR, for a failure: what kind of error, and whether a retry or a human could fix it.
+    error_type: str | None = Field(None, max_length=200)
+    recoverable: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -158,6 +158,7 @@ class SlaveResult(_Model):
     errors: list[str] = Field(default_factory=list)
     tokens_used: int = 0
     budget_exhausted: bool = False
+    fatal_error: str | None = None  # fail_fast: an unrecoverable agent error stopped the batch
 
 
 class StoryView(_Model):

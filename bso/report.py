@@ -37,6 +37,7 @@ def build_slave_result(
     agents_destroyed: int,
     errors: list[str],
     budget_exhausted: bool,
+    fatal_error: str | None = None,
 ) -> SlaveResult:
     completed = sum(p.state == StoryState.DONE for p in progress)
     failed = sum(p.state == StoryState.NEEDS_INTERVENTION for p in progress)
@@ -61,6 +62,7 @@ def build_slave_result(
         errors=errors,
         tokens_used=sum(p.tokens_used for p in progress),
         budget_exhausted=budget_exhausted,
+        fatal_error=fatal_error,
     )
 
 

@@ -32,7 +32,7 @@ class StoryScript(_Script):
     blocking: list[str | None] = Field(default_factory=list)
     # Message priority of this story's agent activities (see PRIORITY_KEYS in bso.dispatch).
     priority: Literal["critical", "high", "normal", "low"] | None = None
-    fail: dict[ScriptKey, Literal["error", "timeout"]] = Field(default_factory=dict)
+    fail: dict[ScriptKey, Literal["error", "timeout", "fatal"]] = Field(default_factory=dict)
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
     duration_ms: int | None = Field(default=None, ge=0)
@@ -72,6 +72,8 @@ class ScriptedAnswer(_Script):
     score: int | None = None
     blocking_issues: list[str] = Field(default_factory=list)
     feedback: list[FeedbackItem] = Field(default_factory=list)
+    recoverable: bool = True
+    error_type: str | None = None
 
 
 def _nth(values: list[str], round_: int, after: str) -> str:
@@ -88,6 +90,14 @@ def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int) -> Scr
     if failure == "error":
         return ScriptedAnswer(
             status=AgentStatus.FAILURE, error=f"simulated {key} agent error", **common
+        )
+    if failure == "fatal":  # Gear 2's AGENT_ERROR with recoverable: false
+        return ScriptedAnswer(
+            status=AgentStatus.FAILURE,
+            error=f"simulated {key} backend failure",
+            error_type="backend_failure",
+            recoverable=False,
+            **common,
         )
     if key == "story_review":
         return ScriptedAnswer(verdict=Verdict(_nth(list(script.story_review), mode_round, "passed")), **common)

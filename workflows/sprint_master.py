@@ -250,7 +250,10 @@ class SprintMasterWorkflow:
                 continue
             await workflow.wait_condition(lambda: any(t.done() for t in running.values()))
             for batch_id in [b for b, t in running.items() if t.done()]:
-                self._settle(running.pop(batch_id).result())
+                result = running.pop(batch_id).result()
+                self._settle(result)
+                if result.fatal_error is not None:
+                    await self._stop_running(list(running))
         return False
 
     def _settle(self, result: SlaveResult) -> None:
@@ -258,6 +261,10 @@ class SprintMasterWorkflow:
         s = self._state
         s.results.append(result)
         s.tokens_used += result.tokens_used
+        if result.fatal_error is not None:
+            s.errors.append(f"{result.fatal_error}: sprint stopped (fail_fast)")
+            s.stopped_early = True
+            return
         if not result.budget_exhausted and budget_level(s.tokens_used, self._config_now()) is not BudgetLevel.EXHAUSTED:
             return
         budget_note = f"token budget exhausted ({s.tokens_used}/{s.token_limit})"
@@ -276,6 +283,17 @@ class SprintMasterWorkflow:
             for key in never_started:
                 s.views[key] = s.views[key].model_copy(update={"batch_id": s.next_batch_id})
             s.next_batch_id += 1
+
+    async def _stop_running(self, batch_ids: list[int]) -> None:
+        """fail_fast: the other running Slaves finish the story in hand and stop (the shutdown protocol)."""
+        for batch_id in batch_ids:
+            slave_id = self._running_batches.get(batch_id)
+            if slave_id is None:
+                continue
+            try:
+                await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
+            except Exception as err:  # the Slave may have just ended: nothing left to stop
+                workflow.logger.info("fail_fast: %s not signalled (%s)", slave_id, err)
 
     def _history_is_long(self) -> bool:
         info = workflow.info()

@@ -32,7 +32,9 @@ with workflow.unsafe.imports_passed_through():
         DispatchStep,
         Transition,
         apply_agent_result,
+        agent_error_to_complete,
         apply_no_answer,
+        fatal_error,
         BudgetLevel,
         budget_level,
         intervention,
@@ -43,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         record_dispatch,
         story_priority,
     )
-    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, validation_failed
+    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, parse_message, validation_failed
     from bso.models import (
         LoadStatusInput,
         SlaveInput,
@@ -107,6 +109,7 @@ class SprintSlaveWorkflow:
         self._agents_destroyed = 0
         self._notifications: list[asyncio.Task[None]] = []
         self._script = SimulationScript.model_validate(inp.simulation)
+        self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -114,6 +117,9 @@ class SprintSlaveWorkflow:
     def agent_complete(self, payload: Any) -> None:
         """AGENT_COMPLETE. Malformed, unknown or repeated answers are recorded and ignored."""
         dispatch_id = payload.get("dispatch_id") if isinstance(payload, dict) else None
+        if isinstance(payload, dict) and "agent_error" in (payload.get("message_type"), payload.get("type")):
+            self._agent_error(payload)
+            return
         try:
             message = AgentComplete.model_validate(payload)
         except ValidationError as err:
@@ -133,6 +139,26 @@ class SprintSlaveWorkflow:
             return
         del self._open_dispatches[message.dispatch_id]
         self._answers[message.dispatch_id] = message
+
+    def _agent_error(self, payload: dict[str, Any]) -> None:
+        """Gear 2's agent_error on the same signal: its task_id is the dispatch id it ends (as a failure)."""
+        try:
+            message = parse_message(payload)
+        except ValidationError as err:
+            rendered = validation_failed(payload, err)
+            self._reject("agent_error", f"validation_failed: {rendered.describe()}", None)
+            return
+        error = message.payload  # type: ignore[attr-defined]
+        dispatch_id = error.task_id
+        story_key = self._open_dispatches.get(dispatch_id) if dispatch_id else None
+        progress = self._progress.get(story_key) if story_key else None
+        if progress is None or progress.pending_agent is None or progress.pending_mode is None:
+            self._reject("agent_error", "task_id names no open dispatch", dispatch_id)
+            return
+        del self._open_dispatches[dispatch_id]
+        self._answers[dispatch_id] = agent_error_to_complete(
+            error, dispatch_id, story_key, progress.pending_agent, progress.pending_mode  # type: ignore[arg-type]
+        )
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     def shutdown_request(self) -> None:
@@ -176,6 +202,9 @@ class SprintSlaveWorkflow:
                 continue
             if budget_exhausted:
                 continue
+            if self._fatal is not None:
+                workflow.logger.warning("[Slave] fail_fast: %s not started", meta.key)
+                continue
             self._current = meta.key
             await self._drive_story(meta)
             self._current = None
@@ -196,8 +225,9 @@ class SprintSlaveWorkflow:
             progress=list(self._progress.values()),
             agents_created=self._agents_created,
             agents_destroyed=self._agents_destroyed,
-            errors=errors,
+            errors=errors if self._fatal is None else [*errors, self._fatal],
             budget_exhausted=budget_exhausted,
+            fatal_error=self._fatal,
         )
 
     def _tokens_used(self) -> int:
@@ -237,6 +267,7 @@ class SprintSlaveWorkflow:
             self._agents_destroyed += 1
             if isinstance(answer, AgentComplete):
                 transition = apply_agent_result(progress, step, answer, self._input.config, meta.tags)
+                self._fatal = self._fatal or fatal_error(answer, self._input.config)
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)

@@ -90,4 +90,6 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
         score=answer.score,
         blocking_issues=answer.blocking_issues,
         feedback=answer.feedback,
+        recoverable=answer.recoverable,
+        error_type=answer.error_type,
     )
