@@ -92,6 +92,10 @@ class SprintConfig(_Knobs):
     # Gear 2's AGENT_ERROR: an agent failure marked `recoverable: false` stops the sprint when set
     # (no further story, no further batch); otherwise it only marks its story needs-intervention.
     fail_fast: bool = False
+    # Gear 2's improvement cycle: once every story is done, the top `max_improvements` proposals (by
+    # priority_score) become stories of the sprint's last epic and run through the same pipeline.
+    improvement_cycle: bool = False
+    max_improvements: int = Field(1, ge=0)
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import SprintConfig
+from bso.improvements import ImprovementRecord
 from bso.messages import BatchPlanReady, BatchSpec, FeedbackItem, Finding, RejectedMessage
 from bso.states import (
     AgentMode,
@@ -206,6 +207,7 @@ class SprintReport(_Model):
     stories: dict[str, str] = Field(default_factory=dict)
     tokens_used: int = 0
     error: str | None = None
+    improvements: list[ImprovementRecord] = Field(default_factory=list)  # the improvement cycle's stories
 
 
 class MasterState(_Model):
@@ -228,6 +230,8 @@ class MasterState(_Model):
     stopped_early: bool = False
     errors: list[str] = Field(default_factory=list)
     runs: int = 1  # how many workflow runs this sprint has used (1 + continue-as-new count)
+    improvements: list[ImprovementRecord] = Field(default_factory=list)
+    improvement_cycle_done: bool = False
 
 
 class SprintStatusView(_Model):

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.messages import FeedbackItem, Finding
+from bso.messages import FeedbackItem, Finding, ImprovementRequestedPayload
 from bso.models import short_key
 from bso.states import AgentStatus, Severity, Verdict
 
@@ -46,6 +46,8 @@ class ScriptDefaults(_Script):
 class SimulationScript(_Script):
     default: ScriptDefaults = ScriptDefaults()
     stories: dict[str, StoryScript] = Field(default_factory=dict)
+    # What the simulated scrum-master proposes in the improvement cycle (IMPROVEMENT_REQUESTED payloads).
+    improvements: list[ImprovementRequestedPayload] = Field(default_factory=list)
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

@@ -38,6 +38,7 @@ __all__ = [
     "resolve_story_keys",
     "set_value",
     "set_top_level_value",
+    "insert_story_entry",
     "compute_epic_changes",
     "format_last_updated",
     "apply_story_transition",
@@ -457,6 +458,43 @@ def set_value(text: str, key: str, new_value: str, source: str) -> str:
         before.story_location,
     ):
         raise _err(source, f"editing {key!r} in place changed more than its value")
+    return new_text
+
+
+def insert_story_entry(text: str, after_key: str, new_key: str, value: str, source: str) -> str:
+    """Add `new_key: value` to development_status on the line after `after_key`; every other byte stays."""
+    if classify_key(new_key) != "story":
+        raise StoryKeyError(f"not a story key: {new_key!r}")
+    if not _PLAIN_SAFE_RE.match(value):
+        raise _err(source, f"value {value!r} for {new_key!r} is not a plain status value")
+    doc, before = _parse_doc(text, source)
+    ds = doc["development_status"]
+    if new_key in ds:
+        raise _err(source, f"key {new_key!r} already in development_status")
+    if after_key not in ds:
+        raise _err(source, f"no key {after_key!r} in development_status")
+    kline, kcol = _lc_key(ds, after_key)
+    if kline is None or kcol is None:
+        raise _err(source, f"cannot locate {after_key!r}")
+    spans = _line_spans(text)
+    lstart, lend = spans[kline - 1]
+    newline = "\r\n" if "\r\n" in text else "\n"
+    indent = text[lstart : lstart + kcol - 1]
+    if indent.strip():
+        raise _err(source, f"cannot add a story after {after_key!r} (not in block style)")
+    line_break = text[lend : lend + len(newline)] if text[lend:].startswith(newline) else ""
+    insertion = f"{indent}{new_key}: {value}"
+    if line_break:
+        new_text = text[: lend + len(line_break)] + insertion + line_break + text[lend + len(line_break) :]
+    else:
+        new_text = text[:lend] + newline + insertion + text[lend:]
+    _, after = _parse_doc(new_text, source)
+    keys = [e.key for e in before.entries]
+    keys.insert(keys.index(after_key) + 1, new_key)
+    expected = before.values()
+    expected[new_key] = value
+    if [e.key for e in after.entries] != keys or after.values() != expected:
+        raise _err(source, f"adding {new_key!r} after {after_key!r} changed more than one line")
     return new_text
 
 

@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from activities.improvements import add_improvement_stories, propose_improvements
     from activities.status_file import load_sprint_status
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
@@ -50,6 +51,15 @@ with workflow.unsafe.imports_passed_through():
         StoryProgress,
         StoryUpdate,
         StoryView,
+    )
+    from bso.improvements import (
+        AddStoriesInput,
+        ImprovementRecord,
+        NewStory,
+        ProposeInput,
+        improvement_story_keys,
+        last_epic,
+        select_improvements,
     )
     from bso.planning import PlanningError, plan_batches
     from bso.report import build_slave_result, sprint_status
@@ -147,6 +157,10 @@ class SprintMasterWorkflow:
         simulation = SimulationScript.model_validate(inp.simulation)
         if await self._run_batches(inp, simulation):
             return await self._continue_as_new(inp)
+        if self._improvement_cycle_due():
+            await self._improvement_cycle(inp, simulation)
+            if await self._run_batches(inp, simulation):
+                return await self._continue_as_new(inp)
 
         await workflow.wait_condition(workflow.all_handlers_finished)
         s = self._state
@@ -158,9 +172,85 @@ class SprintMasterWorkflow:
             batches=sorted(s.results, key=lambda r: r.batch_id),
             stories=final,
             tokens_used=s.tokens_used,
+            improvements=list(s.improvements),
         )
         self._set_phase(SprintPhase.COMPLETED)
         return report
+
+    # --- the improvement cycle (Gear 2) ---------------------------------------------------------
+
+    def _improvement_cycle_due(self) -> bool:
+        s = self._state
+        return (
+            s.config.improvement_cycle
+            and not s.improvement_cycle_done
+            and not (s.shutdown or s.stopped_early or s.paused_reason)
+            and bool(s.views)
+            and all(v.state == StoryState.DONE for v in s.views.values())
+        )
+
+    async def _improvement_cycle(self, inp: SprintInput, simulation: SimulationScript) -> None:
+        """The scrum-master proposes; the top max_improvements become stories, queued as one more batch."""
+        s = self._state
+        s.improvement_cycle_done = True
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(seconds=60),
+            "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
+        }
+        proposed = await workflow.execute_activity(
+            propose_improvements,
+            ProposeInput(
+                project_root=inp.project_root,
+                session_id=s.session_id,
+                backend=inp.agent_backend,
+                done_stories=list(s.views),
+                simulated=list(simulation.improvements),
+            ),
+            summary="improvement cycle: scrum-master proposals",
+            **options,
+        )
+        s.errors.extend(f"improvement proposal rejected: {r}" for r in proposed.rejected)
+        chosen = select_improvements(proposed.proposals, s.config.max_improvements)
+        if not chosen:
+            workflow.logger.info("improvement cycle: nothing proposed")
+            return
+        epic = last_epic(list(s.stories))
+        keys = improvement_story_keys(chosen, list(s.stories), epic)
+        some_story = next(iter(s.stories.values()))
+        try:
+            metas = await workflow.execute_activity(
+                add_improvement_stories,
+                AddStoriesInput(
+                    project_root=inp.project_root,
+                    status_file=s.status_file,
+                    story_location=some_story.story_path.rsplit("/", 1)[0] if "/" in some_story.story_path else ".",
+                    epic=epic,
+                    stories=[NewStory(key=k, proposal=p) for k, p in zip(keys, chosen, strict=True)],
+                ),
+                summary=f"improvement cycle: add {', '.join(keys)}",
+                **options,
+            )
+        except ActivityError as err:
+            s.errors.append(f"improvement cycle: stories not added ({err.cause or err})")
+            return
+        spec = BatchSpec(batch_id=s.next_batch_id, stories=[m.key for m in metas])
+        s.next_batch_id += 1
+        for meta, proposal in zip(metas, chosen, strict=True):
+            s.stories[meta.key] = meta
+            s.views[meta.key] = StoryView(state=meta.state, batch_id=spec.batch_id)
+            s.improvements.append(
+                ImprovementRecord(
+                    improvement_id=proposal.improvement_id,
+                    story_key=meta.key,
+                    description=proposal.description,
+                    priority_score=proposal.priority_score,
+                    category=proposal.category,
+                    acceptance_criteria=list(proposal.acceptance_criteria),
+                )
+            )
+        s.queue.append(spec)
+        workflow.logger.info("IMPROVEMENT_REQUESTED: %s as batch %d", ", ".join(spec.stories), spec.batch_id)
+        self._show()
 
     async def _start(self, inp: SprintInput) -> None:
         """Validate the input, read the status file, plan the batches (BATCH_PLAN_READY)."""
