@@ -20,16 +20,12 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def worker_process(local_env):
+def worker_process(local_env, tmp_path):
     address = local_env.client.service_client.config.target_host
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": local_env.client.namespace}
+    log = open(tmp_path / "worker.log", "w")  # a file, not a pipe nobody reads (it would fill and block)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.main"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, "-m", "workers.main"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         yield address
@@ -39,6 +35,7 @@ def worker_process(local_env):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 async def test_example_sprint_started_with_the_temporal_cli(local_env, worker_process, project: Path):
