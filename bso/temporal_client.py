@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from bso.constants import SEARCH_ATTRIBUTES
@@ -24,12 +26,30 @@ def namespace_from_env() -> str:
     return os.environ.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE
 
 
-async def connect(address: str | None = None, namespace: str | None = None) -> Client:
-    return await Client.connect(
-        address or address_from_env(),
-        namespace=namespace or namespace_from_env(),
-        data_converter=pydantic_data_converter,
-    )
+def connect_config(
+    address: str | None = None, namespace: str | None = None, profile: str | None = None
+) -> dict[str, Any]:
+    """Client.connect keyword arguments from the standard Temporal environment configuration
+    (`temporalio.envconfig`: the TOML profile file, then TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
+    TEMPORAL_API_KEY, TEMPORAL_TLS*, TEMPORAL_PROFILE...), explicit arguments winning."""
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    if address:
+        config["target_host"] = address
+    if namespace:
+        config["namespace"] = namespace
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    config.setdefault("namespace", DEFAULT_NAMESPACE)
+    return config
+
+
+async def connect(
+    address: str | None = None, namespace: str | None = None, *, runtime: Any = None, profile: str | None = None
+) -> Client:
+    config = connect_config(address, namespace, profile)
+    target = config.pop("target_host")
+    if runtime is not None:
+        config["runtime"] = runtime
+    return await Client.connect(target, data_converter=pydantic_data_converter, **config)
 
 
 async def ensure_search_attributes(client: Client) -> list[str]:
