@@ -45,7 +45,7 @@ from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from bso.config import ConfigError, SprintConfig, resolve_config
+from bso.config import ConfigError, resolve_config
 from bso.constants import (
     AGENTS_TASK_QUEUE,
     QUERY_STATUS,
@@ -60,7 +60,6 @@ from bso.constants import (
 from bso.message_flow import (
     MESSAGE_TYPES,
     FlowMessage,
-    agent_performance,
     export_paths,
     filter_messages,
     message_flow,
@@ -69,8 +68,8 @@ from bso.messages import describe_validation_error
 from bso.models import ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
 from bso.states import AgentBackend, StoryState
-from bso.summary import render_summary
-from bso.temporal_client import connect_config
+from bso.summary import render_from_histories, sprint_input
+from bso.temporal_client import connect_config, fetch_sprint_histories
 
 T = TypeVar("T")
 
@@ -111,7 +110,9 @@ app = _App(
 sprint_app = _App(help="Start, watch, inspect and steer sprints.", no_args_is_help=True)
 app.add_typer(sprint_app, name="sprint")
 
-out = Console(highlight=False, soft_wrap=True)
+# Wide when piped or captured (no terminal to wrap to), so story keys and details stay whole.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _connection: dict[str, str | None] = {"address": None, "namespace": None, "profile": None}
@@ -196,7 +197,7 @@ def ui_link(target: str, namespace: str, workflow_id: str) -> str:
 
 
 async def _describe(client: Client, sprint_id: str) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
-    handle = client.get_workflow_handle(sprint_id)
+    handle = client.get_workflow_handle(sprint_id, result_type=SprintReport)
     try:
         desc = await handle.describe()
     except RPCError as e:
@@ -255,7 +256,7 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
 
 async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
     try:
-        return await handle.result(result_type=SprintReport)
+        return await handle.result()
     except WorkflowFailureError as e:
         cause = e.cause
         message = getattr(cause, "message", None) or str(cause or e)
@@ -265,77 +266,8 @@ async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
 # --- histories ----------------------------------------------------------------------------------
 
 
-async def _histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:
-    """Every run of the Master (following continue-as-new back) and every Slave it started."""
-    histories: list[WorkflowHistory] = []
-    run_id: str | None = None
-    seen: set[str] = set()
-    while True:
-        history = await client.get_workflow_handle(sprint_id, run_id=run_id).fetch_history()
-        histories.append(history)
-        start = history.events[0].workflow_execution_started_event_attributes if history.events else None
-        previous = start.continued_execution_run_id if start else ""
-        if not previous or previous in seen:
-            break
-        seen.add(previous)
-        run_id = previous
-    histories.reverse()
-    children: list[str] = []
-    for history in histories:
-        for event in history.events:
-            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
-                child = event.start_child_workflow_execution_initiated_event_attributes.workflow_id
-                if child not in children:
-                    children.append(child)
-    for child in children:
-        try:
-            histories.append(await client.get_workflow_handle(child).fetch_history())
-        except RPCError as e:
-            if e.status != RPCStatusCode.NOT_FOUND:
-                raise
-    return histories
-
-
-def _sprint_input(histories: list[WorkflowHistory]) -> SprintInput | None:
-    """The latest Master run's input (its carried state holds the config in force)."""
-    from bso.message_flow import decode
-
-    for history in reversed(histories):
-        if not history.events:
-            continue
-        start = history.events[0].workflow_execution_started_event_attributes
-        if start.workflow_type.name != MASTER_TYPE:
-            continue
-        try:
-            return SprintInput.model_validate(decode(start.input))
-        except ValidationError:
-            return None
-    return None
-
-
-def _config_of(inp: SprintInput | None) -> SprintConfig:
-    if inp is None:
-        return SprintConfig()
-    if inp.carried_state is not None:
-        return inp.carried_state.config
-    try:
-        return resolve_config(inp.config_overrides)
-    except ConfigError:
-        return SprintConfig()
-
-
 async def _summary(client: Client, handle: WorkflowHandle[Any, Any], report: SprintReport) -> str:
-    histories = await _histories(client, handle.id)
-    inp = _sprint_input(histories)
-    flow = message_flow(histories)
-    return render_summary(
-        report,
-        _config_of(inp),
-        agent_performance(flow),
-        overrides=inp.config_overrides if inp else None,
-        started=flow[0].time.isoformat(timespec="seconds") if flow else None,
-        finished=flow[-1].time.isoformat(timespec="seconds") if flow else None,
-    )
+    return render_from_histories(report, await fetch_sprint_histories(client, handle.id))
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -415,7 +347,7 @@ def _print_markdown(text: str) -> None:
     if out.is_terminal:
         out.print(Markdown(text))
     else:
-        out.print(text, markup=False)
+        out.print(text, markup=False, end="" if text.endswith("\n") else "\n")
 
 
 # --- bso server / bso worker --------------------------------------------------------------------
@@ -618,6 +550,7 @@ def sprint_watch(
         handle, desc = await _describe(client, sprint_id)
         view: SprintStatusView | None = None
         note: str | None = None
+        last_note: str | None = None
         with Live(console=out, refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -632,13 +565,18 @@ def sprint_watch(
                 if desc is not None:
                     fresh, note = await _query_status(handle)
                     view = fresh or view
+                if note and note != last_note and not out.is_terminal:
+                    err_console.print(note, markup=False)
+                last_note = note
                 if view is not None:
                     live.update(_progress(view, note, "running"), refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
             report = await _result(handle)
-            live.update(_progress(_view_from_report(report), None, _status_name(desc.status)), refresh=True)
+            final, _ = await _query_status(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else (None, None)
+            live.update(_progress(final or _view_from_report(report), None, _status_name(desc.status)), refresh=True)
+        out.print()
         _print_markdown(await _summary(client, handle, report))
 
     _run(go())
@@ -825,7 +763,7 @@ def messages(
                 raise BsoError(f"--type {t!r}: use one of {', '.join(MESSAGE_TYPES)}")
         client = await _client()
         await _describe(client, sprint_id)
-        histories = await _histories(client, sprint_id)
+        histories = await fetch_sprint_histories(client, sprint_id)
         flow = filter_messages(message_flow(histories), story=story, agent=agent, types=type_ or ())
         table = Table(box=None, pad_edge=False)
         for column in ("time", "from -> to", "type", "story", "detail"):
@@ -848,7 +786,7 @@ def messages(
             out.print(f"wrote {jsonl}", markup=False)
         target_dir = export_dir
         if export and target_dir is None:
-            inp = _sprint_input(histories)
+            inp = sprint_input(histories)
             if inp is None:
                 raise BsoError("cannot tell the sprint's project directory; use --export-dir DIR")
             target_dir = Path(inp.project_root) / ".sprint-session" / "messages"

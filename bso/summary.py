@@ -10,9 +10,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from bso.config import SprintConfig
-from bso.message_flow import AgentStats
-from bso.models import SprintReport
+from pydantic import ValidationError
+from temporalio.client import WorkflowHistory
+
+from bso.config import ConfigError, SprintConfig, resolve_config
+from bso.message_flow import AgentStats, agent_performance, decode, message_flow
+from bso.models import SprintInput, SprintReport
 from bso.states import StoryState
 
 SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
@@ -132,3 +135,51 @@ def render_summary(
         lines.append(f"| {key} | {_cell(json.dumps(flat[key]))}{mark} |")
     lines.append("")
     return "\n".join(lines)
+
+
+MASTER_TYPE = "SprintMasterWorkflow"
+
+
+def sprint_input(histories: Sequence[WorkflowHistory]) -> SprintInput | None:
+    """The latest Master run's input (its carried state holds the config in force)."""
+    for history in reversed(histories):
+        if not history.events:
+            continue
+        start = history.events[0].workflow_execution_started_event_attributes
+        if start.workflow_type.name != MASTER_TYPE:
+            continue
+        try:
+            return SprintInput.model_validate(decode(start.input))
+        except ValidationError:
+            return None
+    return None
+
+
+def config_of(inp: SprintInput | None) -> SprintConfig:
+    if inp is None:
+        return SprintConfig()
+    if inp.carried_state is not None:
+        return inp.carried_state.config
+    try:
+        return resolve_config(inp.config_overrides)
+    except ConfigError:
+        return SprintConfig()
+
+
+def render_from_histories(report: SprintReport, histories: Sequence[WorkflowHistory]) -> str:
+    """The summary of a sprint from its report and its histories (Master runs first, then Slaves):
+    what the `write_execution_summary` activity writes and `bso sprint report` prints."""
+    master_histories = [
+        h for h in histories
+        if h.events and h.events[0].workflow_execution_started_event_attributes.workflow_type.name == MASTER_TYPE
+    ]  # fmt: skip
+    inp = sprint_input(master_histories)
+    flow = message_flow(histories)
+    return render_summary(
+        report,
+        config_of(inp),
+        agent_performance(flow),
+        overrides=inp.config_overrides if inp else None,
+        started=flow[0].time.isoformat(timespec="seconds") if flow else None,
+        finished=flow[-1].time.isoformat(timespec="seconds") if flow else None,
+    )

@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
@@ -73,3 +73,35 @@ async def ensure_search_attributes(client: Client) -> list[str]:
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:
+    """Every run of a sprint's Master (following continue-as-new back, oldest first) and then every
+    Slave it started: the input of `bso.message_flow.message_flow`."""
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = None
+    seen: set[str] = set()
+    while True:
+        history = await client.get_workflow_handle(sprint_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        start = history.events[0].workflow_execution_started_event_attributes if history.events else None
+        previous = start.continued_execution_run_id if start else ""
+        if not previous or previous in seen:
+            break
+        seen.add(previous)
+        run_id = previous
+    histories.reverse()
+    children: list[str] = []
+    for history in histories:
+        for event in history.events:
+            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                child = event.start_child_workflow_execution_initiated_event_attributes.workflow_id
+                if child not in children:
+                    children.append(child)
+    for child in children:
+        try:
+            histories.append(await client.get_workflow_handle(child).fetch_history())
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+    return histories

@@ -19,13 +19,14 @@ from temporalio.worker import Worker
 
 from activities.agents import run_agent
 from activities.status_file import load_sprint_status, write_story_status
+from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow]
-SPRINT_ACTIVITIES = [load_sprint_status, write_story_status]
+SPRINT_ACTIVITIES = [load_sprint_status, write_story_status, write_execution_summary]
 AGENT_ACTIVITIES = [run_agent]
 
 log = logging.getLogger("bso.worker")
