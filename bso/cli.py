@@ -414,6 +414,9 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(help="serve Prometheus metrics on this port (e.g. 9464); default: off")
     ] = None,
+    metrics_host: Annotated[str, typer.Option(help="address of the metrics endpoint (0.0.0.0 in a container)")] = (
+        "127.0.0.1"
+    ),
 ) -> None:
     """Run a BSO worker (both task queues by default) until Ctrl-C or SIGTERM."""
     queues = queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
@@ -422,12 +425,16 @@ def worker(
             raise _fail(f"unknown queue {q!r}; use {SPRINT_TASK_QUEUE} or {AGENTS_TASK_QUEUE}")
     from workers import main as worker_main
 
-    kwargs: dict[str, Any] = {}
-    if metrics_port is not None:
-        kwargs["metrics_port"] = metrics_port
-    config, target, namespace = _target()
+    metrics = f"{metrics_host}:{metrics_port}" if metrics_port is not None else None
+    _, target, namespace = _target()
+    if _connection["address"]:
+        os.environ["TEMPORAL_ADDRESS"] = _connection["address"]
+    if _connection["namespace"]:
+        os.environ["TEMPORAL_NAMESPACE"] = _connection["namespace"]
+    if _connection["profile"]:
+        os.environ["TEMPORAL_PROFILE"] = _connection["profile"]
     try:
-        asyncio.run(worker_main.run(queues, max_concurrent_agents, **kwargs))
+        asyncio.run(worker_main.run(queues, max_concurrent_agents, metrics))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RuntimeError as e:
