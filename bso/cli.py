@@ -81,24 +81,37 @@ class _App(typer.Typer):
     """Usage errors as one line (`bso: error: ...`, exit 2) instead of Click's usage box."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _exit(self._main(*args, **kwargs))
+
+    def _main(self, *args: Any, **kwargs: Any) -> int:
         try:
             code = super().__call__(*args, standalone_mode=False, **kwargs)
         except typer.Exit as e:
-            sys.exit(e.exit_code)
+            return e.exit_code
         except typer.Abort:
-            sys.exit(130)
+            return 130
         except Exception as e:  # noqa: BLE001 - Click's UsageError (typer may vendor Click): duck-typed
             if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
                 err_console.print(f"bso: error: {type(e).__name__}: {e}", markup=False)
-                sys.exit(1)
+                return 1
             if type(e).__name__ == "NoArgsIsHelpError":
                 out.print(e.format_message(), markup=False)
-                sys.exit(0)
+                return 0
             ctx = getattr(e, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None else ""
             err_console.print(f"bso: error: {where}{e.format_message()}", markup=False)
-            sys.exit(e.exit_code)
-        sys.exit(code if isinstance(code, int) else 0)
+            return int(e.exit_code)
+        return code if isinstance(code, int) else 0
+
+
+def _exit(code: int) -> None:
+    """Exit with `code`. After an error, skip interpreter finalization: a Temporal core runtime left
+    behind by a failed connection can abort the interpreter at shutdown and print a fatal error."""
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(0)
 
 
 app = _App(
