@@ -107,7 +107,7 @@ class _ActivityTelemetry(ActivityInboundInterceptor):
         started = time.monotonic()
         outcome = "failed"
         with structlog.contextvars.bound_contextvars(**context):
-            log.info("activity started")
+            log.debug("activity started")
             try:
                 result = await self.next.execute_activity(input)
                 outcome = "completed"
