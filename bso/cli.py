@@ -430,6 +430,9 @@ def worker(
     metrics_host: Annotated[str, typer.Option(help="address of the metrics endpoint (0.0.0.0 in a container)")] = (
         "127.0.0.1"
     ),
+    queue_prefix: Annotated[
+        str, typer.Option(help="serve <prefix>bso-sprint / <prefix>bso-agents (teams or tests side by side)")
+    ] = "",
 ) -> None:
     """Run a BSO worker (both task queues by default) until Ctrl-C or SIGTERM."""
     queues = queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
@@ -447,7 +450,7 @@ def worker(
     if _connection["profile"]:
         os.environ["TEMPORAL_PROFILE"] = _connection["profile"]
     try:
-        asyncio.run(worker_main.run(queues, max_concurrent_agents, metrics))
+        asyncio.run(worker_main.run(queues, max_concurrent_agents, metrics, queue_prefix))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RuntimeError as e:

@@ -67,7 +67,9 @@ def build_workers(
     return workers
 
 
-async def run(queues: Sequence[str], max_concurrent_agents: int, metrics_address: str | None = None) -> None:
+async def run(
+    queues: Sequence[str], max_concurrent_agents: int, metrics_address: str | None = None, queue_prefix: str = ""
+) -> None:
     """Serve `queues` until SIGINT/SIGTERM; Prometheus metrics on `metrics_address` (host:port) if given."""
     configure_logging()
     runtime = runtime_with_prometheus(metrics_address) if metrics_address else None
@@ -77,7 +79,7 @@ async def run(queues: Sequence[str], max_concurrent_agents: int, metrics_address
     added = await ensure_search_attributes(client)
     if added:
         log.info("registered search attributes: %s", ", ".join(added))
-    workers = build_workers(client, queues, max_concurrent_agents=max_concurrent_agents)
+    workers = build_workers(client, queues, queue_prefix=queue_prefix, max_concurrent_agents=max_concurrent_agents)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

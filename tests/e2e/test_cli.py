@@ -230,3 +230,52 @@ def test_error_paths(cli_env, tmp_path: Path):
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "carrier-pigeon"))
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
+
+
+def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
+    """Its own worker on its own queues: while it is down, watch notes that it waits, then goes on."""
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    project, sim = _project(tmp_path, duration_ms=150)
+    sprint_id = f"restart-{uuid.uuid4().hex[:6]}"
+
+    def start_worker(n: int) -> subprocess.Popen[bytes]:
+        with (tmp_path / f"worker-{n}.log").open("w") as fh:
+            return subprocess.Popen(
+                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    worker = start_worker(1)
+    watch = None
+    try:
+        started = bso(
+            cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id,
+            "--task-queue", f"{prefix}bso-sprint",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        with (tmp_path / "watch.out").open("w") as out, (tmp_path / "watch.err").open("w") as err:
+            watch = subprocess.Popen(
+                [BSO, "sprint", "watch", sprint_id, "--interval", "0.3"], cwd=REPO, env=cli_env["env"],
+                stdout=out, stderr=err,
+            )  # fmt: skip
+        _wait_for(
+            lambda: any(s["agents_dispatched"] for s in _status(cli_env, sprint_id)["stories"].values()),
+            "the first dispatch",
+        )
+        worker.terminate()
+        worker.wait(timeout=30)
+        _wait_for(
+            lambda: "no worker answered the status query" in (tmp_path / "watch.err").read_text(),
+            "watch to notice that no worker answers",
+            timeout=90,
+        )
+        assert watch.poll() is None  # still waiting
+        worker = start_worker(2)
+        assert watch.wait(timeout=240) == 0, (tmp_path / "watch.err").read_text()
+    finally:
+        for proc in (worker, watch):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    assert "## Results Overview" in (tmp_path / "watch.out").read_text()
+    assert "Traceback" not in (tmp_path / "watch.err").read_text()
