@@ -68,6 +68,10 @@ def configure_logging(level: int | str = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    # The SDK's loggers pass their context as `extra` (temporal_workflow / temporal_activity), which the
+    # JSON lines carry; no need to repeat it inside the message text.
+    workflow.logger.workflow_info_on_message = False
+    activity.logger.activity_info_on_message = False
     _configured = True
 
 

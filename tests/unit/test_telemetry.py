@@ -6,6 +6,7 @@ import json
 import logging
 
 import structlog
+from temporalio import activity, workflow
 from temporalio.testing import ActivityEnvironment
 
 from bso.messages import TaskAssignment
@@ -40,6 +41,7 @@ def test_activity_context_binds_the_dispatch():
 def test_log_lines_are_json_with_bound_context(capsys):
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
+    flags = (workflow.logger.workflow_info_on_message, activity.logger.activity_info_on_message)
     try:
         configure_logging()
         with structlog.contextvars.bound_contextvars(session="s", dispatch_id="d/1"):
@@ -48,5 +50,6 @@ def test_log_lines_are_json_with_bound_context(capsys):
         lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     finally:
         root.handlers, _ = saved[0], root.setLevel(saved[1])
+        workflow.logger.workflow_info_on_message, activity.logger.activity_info_on_message = flags
     assert {"event": "hello", "tokens": 3, "session": "s", "dispatch_id": "d/1", "level": "info"}.items() <= lines[0].items()
     assert lines[1]["event"] == "from stdlib logging" and lines[1]["session"] == "s" and lines[1]["level"] == "warning"
