@@ -37,7 +37,6 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
-    WorkflowHistory,
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
 )
@@ -65,7 +64,7 @@ from bso.message_flow import (
     message_flow,
 )
 from bso.messages import describe_validation_error
-from bso.models import ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
+from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
 from bso.states import AgentBackend, StoryState
 from bso.summary import render_from_histories, sprint_input
@@ -517,6 +516,9 @@ def sprint_start(
         root = project.expanduser().resolve()
         if not root.is_dir():
             raise BsoError(f"project directory not found: {project}")
+        status_path = root / (status_file or DEFAULT_STATUS_FILE)
+        if not status_path.is_file():
+            raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
         if backend not in {b.value for b in AgentBackend}:
             raise BsoError(f"--backend {backend!r}: use one of {', '.join(b.value for b in AgentBackend)}")
         overrides = parse_set(set_ or [])

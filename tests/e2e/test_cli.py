@@ -227,6 +227,8 @@ def test_error_paths(cli_env, tmp_path: Path):
     assert "no_such_knob" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--set", "missing-equals"))
     _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path / "nowhere")))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path)))  # a directory without BMAD files
+    assert "no sprint status file" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "carrier-pigeon"))
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
