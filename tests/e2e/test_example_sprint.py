@@ -20,13 +20,19 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def worker_process(local_env, tmp_path):
+def worker_process(local_env, tmp_path_factory):
     address = local_env.client.service_client.config.target_host
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": local_env.client.namespace}
-    log = open(tmp_path / "worker.log", "w")  # a file, not a pipe nobody reads (it would fill and block)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.main"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    # Logs to a file: an unread pipe fills up and blocks the worker.
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.main"],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield address
     finally:
@@ -35,7 +41,6 @@ def worker_process(local_env, tmp_path):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
 
 
 async def test_example_sprint_started_with_the_temporal_cli(local_env, worker_process, project: Path):
