@@ -64,13 +64,14 @@ stop:
 		pidfile=$(RUN_DIR)/$$name.pid; \
 		[ -f $$pidfile ] || continue; \
 		pid=$$(cat $$pidfile); \
-		if [ -n "$$pid" ] && kill -0 $$pid 2>/dev/null; then \
+		case $$name in worker) expect=workers.main;; server) expect=start-dev;; esac; \
+		if [ -n "$$pid" ] && kill -0 $$pid 2>/dev/null && ps -p $$pid -o args= 2>/dev/null | grep -q -- "$$expect"; then \
 			echo "stopping $$name (pid $$pid)"; \
 			kill -TERM $$pid; \
 			for i in $$(seq 1 50); do kill -0 $$pid 2>/dev/null || break; sleep 0.2; done; \
 			if kill -0 $$pid 2>/dev/null; then echo "$$name did not stop, sending SIGKILL"; kill -KILL $$pid; fi; \
 		else \
-			echo "$$name (pid $$pid) is not running"; \
+			echo "$$name (pid $$pid) is not running (or is no longer the process the demo started)"; \
 		fi; \
 		rm -f $$pidfile; \
 	done

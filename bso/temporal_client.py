@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from bso.constants import SEARCH_ATTRIBUTES
@@ -24,12 +26,30 @@ def namespace_from_env() -> str:
     return os.environ.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE
 
 
-async def connect(address: str | None = None, namespace: str | None = None) -> Client:
-    return await Client.connect(
-        address or address_from_env(),
-        namespace=namespace or namespace_from_env(),
-        data_converter=pydantic_data_converter,
-    )
+def connect_config(
+    address: str | None = None, namespace: str | None = None, profile: str | None = None
+) -> dict[str, Any]:
+    """Client.connect keyword arguments from the standard Temporal environment configuration
+    (`temporalio.envconfig`: the TOML profile file, then TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
+    TEMPORAL_API_KEY, TEMPORAL_TLS*, TEMPORAL_PROFILE...), explicit arguments winning."""
+    config: dict[str, Any] = dict(ClientConfig.load_client_connect_config(profile=profile))
+    if address:
+        config["target_host"] = address
+    if namespace:
+        config["namespace"] = namespace
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    config.setdefault("namespace", DEFAULT_NAMESPACE)
+    return config
+
+
+async def connect(
+    address: str | None = None, namespace: str | None = None, *, runtime: Any = None, profile: str | None = None
+) -> Client:
+    config = connect_config(address, namespace, profile)
+    target = config.pop("target_host")
+    if runtime is not None:
+        config["runtime"] = runtime
+    return await Client.connect(target, data_converter=pydantic_data_converter, **config)
 
 
 async def ensure_search_attributes(client: Client) -> list[str]:
@@ -53,3 +73,35 @@ async def ensure_search_attributes(client: Client) -> list[str]:
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:
+    """Every run of a sprint's Master (following continue-as-new back, oldest first) and then every
+    Slave it started: the input of `bso.message_flow.message_flow`."""
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = None
+    seen: set[str] = set()
+    while True:
+        history = await client.get_workflow_handle(sprint_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        start = history.events[0].workflow_execution_started_event_attributes if history.events else None
+        previous = start.continued_execution_run_id if start else ""
+        if not previous or previous in seen:
+            break
+        seen.add(previous)
+        run_id = previous
+    histories.reverse()
+    children: list[str] = []
+    for history in histories:
+        for event in history.events:
+            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                child = event.start_child_workflow_execution_initiated_event_attributes.workflow_id
+                if child not in children:
+                    children.append(child)
+    for child in children:
+        try:
+            histories.append(await client.get_workflow_handle(child).fetch_history())
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+    return histories

@@ -100,9 +100,10 @@ def _pid_alive(pid: int) -> bool:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        done = subprocess.run(["ps", "-p", str(pid), "-o", "args="], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
         return ""
+    return done.stdout.strip()
 
 
 def _stop_process(proc: subprocess.Popen[bytes], name: str, timeout: float = 15.0) -> None:

@@ -20,13 +20,21 @@ from temporalio.worker import Worker
 from activities.agents import run_agent
 from activities.improvements import add_improvement_stories, propose_improvements
 from activities.status_file import load_sprint_status, write_story_status
+from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
+from workers.telemetry import TelemetryInterceptor, configure_logging, runtime_with_prometheus
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow]
-SPRINT_ACTIVITIES = [load_sprint_status, write_story_status, propose_improvements, add_improvement_stories]
+SPRINT_ACTIVITIES = [
+    load_sprint_status,
+    write_story_status,
+    write_execution_summary,
+    propose_improvements,
+    add_improvement_stories,
+]
 AGENT_ACTIVITIES = [run_agent]
 
 log = logging.getLogger("bso.worker")
@@ -50,6 +58,7 @@ def build_workers(
                 task_queue=sprint_task_queue,
                 workflows=WORKFLOWS,
                 activities=SPRINT_ACTIVITIES,
+                interceptors=[TelemetryInterceptor()],
             )
         )
     if AGENTS_TASK_QUEUE in queues:
@@ -59,17 +68,25 @@ def build_workers(
                 task_queue=agents_task_queue,
                 activities=AGENT_ACTIVITIES,
                 max_concurrent_activities=max_concurrent_agents,
+                interceptors=[TelemetryInterceptor()],
             )
         )
     return workers
 
 
-async def run(queues: Sequence[str], max_concurrent_agents: int) -> None:
-    client = await connect()
+async def run(
+    queues: Sequence[str], max_concurrent_agents: int, metrics_address: str | None = None, queue_prefix: str = ""
+) -> None:
+    """Serve `queues` until SIGINT/SIGTERM; Prometheus metrics on `metrics_address` (host:port) if given."""
+    configure_logging()
+    runtime = runtime_with_prometheus(metrics_address) if metrics_address else None
+    client = await connect(runtime=runtime)
+    if metrics_address:
+        log.info("Prometheus metrics on http://%s/metrics", metrics_address)
     added = await ensure_search_attributes(client)
     if added:
         log.info("registered search attributes: %s", ", ".join(added))
-    workers = build_workers(client, queues, max_concurrent_agents=max_concurrent_agents)
+    workers = build_workers(client, queues, queue_prefix=queue_prefix, max_concurrent_agents=max_concurrent_agents)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -93,9 +110,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="serve only this task queue (repeatable; default: both)",
     )
     parser.add_argument("--max-concurrent-agents", type=int, default=8)
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (e.g. 9464)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run(args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE], args.max_concurrent_agents))
+    metrics = f"{args.metrics_host}:{args.metrics_port}" if args.metrics_port else None
+    asyncio.run(run(args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE], args.max_concurrent_agents, metrics))
 
 
 if __name__ == "__main__":

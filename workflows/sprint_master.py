@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.improvements import add_improvement_stories, propose_improvements
     from activities.status_file import load_sprint_status
+    from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
         QUERY_STATUS,
@@ -174,6 +175,8 @@ class SprintMasterWorkflow:
             tokens_used=s.tokens_used,
             improvements=list(s.improvements),
         )
+        if workflow.patched("execution-summary"):
+            await self._write_summary(inp, report)
         self._set_phase(SprintPhase.COMPLETED)
         return report
 
@@ -251,6 +254,19 @@ class SprintMasterWorkflow:
         s.queue.append(spec)
         workflow.logger.info("IMPROVEMENT_REQUESTED: %s as batch %d", ", ".join(spec.stories), spec.batch_id)
         self._show()
+
+    async def _write_summary(self, inp: SprintInput, report: SprintReport) -> None:
+        """`.sprint-session/execution-summary-<session>.md`; a failure to write it never fails the sprint."""
+        try:
+            await workflow.execute_activity(
+                write_execution_summary,
+                SummaryInput(project_root=inp.project_root, workflow_id=workflow.info().workflow_id, report=report),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary="write the execution summary",
+            )
+        except ActivityError as err:
+            workflow.logger.warning("execution summary not written: %s", err.cause or err)
 
     async def _start(self, inp: SprintInput) -> None:
         """Validate the input, read the status file, plan the batches (BATCH_PLAN_READY)."""

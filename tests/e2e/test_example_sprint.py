@@ -20,17 +20,19 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def worker_process(local_env):
+def worker_process(local_env, tmp_path_factory):
     address = local_env.client.service_client.config.target_host
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": local_env.client.namespace}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.main"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Logs to a file: an unread pipe fills up and blocks the worker.
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.main"],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield address
     finally:

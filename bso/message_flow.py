@@ -1,0 +1,477 @@
+"""A sprint's message flow, read from the workflow histories of its Master and Slaves (the Gear 2
+view_message_flow idea): who sent what to whom, when, with the key detail.
+
+Pure: it maps `temporalio.client.WorkflowHistory` objects (fetched by the CLI or loaded from JSON) to
+`FlowMessage`s; no client, no I/O. Used by `bso messages`, the execution summary's Agent Performance
+section and its tests (over the recorded histories in tests/histories/).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio.api.common.v1 import Payloads
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHistory
+
+from bso.constants import (
+    SIGNAL_AGENT_COMPLETE,
+    SIGNAL_PAUSE,
+    SIGNAL_RESUME,
+    SIGNAL_SHUTDOWN,
+    SIGNAL_STORY_UPDATE,
+)
+
+MASTER = "sprint-master"
+OPERATOR = "operator"
+STATUS_FILE = "sprint-status.yaml"
+
+# The message types `bso messages --type` accepts.
+MESSAGE_TYPES = (
+    "SPRINT_START",
+    "BATCH_PLAN_READY",
+    "BATCH_DISPATCH",
+    "TASK_ASSIGNMENT",
+    "AGENT_COMPLETE",
+    "AGENT_FAILURE",
+    "STATUS_WRITE",
+    "STORY_UPDATE",
+    "SLAVE_BATCH_COMPLETE",
+    "PAUSE",
+    "RESUME",
+    "SHUTDOWN_REQUEST",
+    "CANCEL_REQUEST",
+    "CONTINUED_AS_NEW",
+    "SPRINT_REPORT",
+    "SPRINT_FAILED",
+)
+
+_OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
+
+
+class FlowMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    time: datetime
+    workflow_id: str
+    event_id: int
+    type: str
+    sender: str
+    recipient: str
+    story: str | None = None
+    agent: str | None = None
+    batch_id: int | None = None
+    dispatch_id: str | None = None
+    detail: str = ""
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def owner(self) -> str:
+        """The folder of the Agent-PO persistence layout: the agent concerned, else the sender."""
+        return self.agent or self.sender
+
+
+def decode(payloads: Payloads | None) -> Any:
+    """The first JSON payload's value (BSO uses the pydantic JSON converter); None when absent."""
+    if payloads is None or not payloads.payloads:
+        return None
+    payload = payloads.payloads[0]
+    encoding = payload.metadata.get("encoding", b"")
+    if encoding == b"binary/null":
+        return None
+    if encoding != b"json/plain":
+        return {"_encoding": encoding.decode(errors="replace")}
+    try:
+        return json.loads(payload.data)
+    except ValueError:
+        return None
+
+
+def slave_name(batch_id: int | None) -> str:
+    return f"slave-batch-{batch_id}" if batch_id is not None else "slave"
+
+
+def _batch_from_workflow_id(workflow_id: str) -> int | None:
+    tail = workflow_id.rsplit("/batch-", 1)
+    if len(tail) == 2 and tail[1].isdigit():
+        return int(tail[1])
+    return None
+
+
+def _time(event: HistoryEvent) -> datetime:
+    return event.event_time.ToDatetime().replace(tzinfo=None)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
+    out: list[FlowMessage] = []
+    children: dict[str, dict[str, Any]] = {}  # child workflow id -> its SlaveInput
+    planned = False
+
+    def add(event: HistoryEvent, **fields: Any) -> None:
+        out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
+
+    for event in events:
+        et = event.event_type
+        if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            inp = _dict(decode(event.workflow_execution_started_event_attributes.input))
+            if inp.get("carried_state"):
+                continue  # a continued run: its start is not a new sprint
+            scope = []
+            if inp.get("epic") is not None:
+                scope.append(f"epic {inp['epic']}")
+            if inp.get("story_keys"):
+                scope.append("stories " + ", ".join(inp["story_keys"]))
+            add(
+                event,
+                type="SPRINT_START",
+                sender=OPERATOR,
+                recipient=MASTER,
+                detail=f"{inp.get('project_root', '')} ({', '.join(scope) or 'all open stories'}; "
+                f"backend {inp.get('agent_backend', 'simulated')})",
+                payload={k: v for k, v in inp.items() if k not in ("simulation", "carried_state")},
+            )
+        elif et == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES and not planned:
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            phase = decode(Payloads(payloads=[fields["BsoPhase"]])) if "BsoPhase" in fields else None
+            if phase == "running":
+                planned = True
+                add(event, type="BATCH_PLAN_READY", sender=MASTER, recipient=MASTER, detail="batch plan ready")
+        elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            attrs = event.start_child_workflow_execution_initiated_event_attributes
+            inp = _dict(decode(attrs.input))
+            children[attrs.workflow_id] = inp
+            batch = inp.get("batch_id", _batch_from_workflow_id(attrs.workflow_id))
+            keys = [s.get("key", "") for s in inp.get("stories", []) if isinstance(s, dict)]
+            add(
+                event,
+                type="BATCH_DISPATCH",
+                sender=MASTER,
+                recipient=slave_name(batch),
+                batch_id=batch,
+                detail=f"batch {batch}: {', '.join(keys)}",
+                payload={"batch_id": batch, "stories": keys, "workflow_id": attrs.workflow_id},
+            )
+        elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
+            attrs = event.child_workflow_execution_completed_event_attributes
+            result = _dict(decode(attrs.result))
+            batch = result.get("batch_id", _batch_from_workflow_id(attrs.workflow_execution.workflow_id))
+            results = _dict(result.get("results"))
+            add(
+                event,
+                type="SLAVE_BATCH_COMPLETE",
+                sender=slave_name(batch),
+                recipient=MASTER,
+                batch_id=batch,
+                detail=f"{result.get('status', '?')}: {results.get('stories_completed', 0)} done, "
+                f"{results.get('stories_failed', 0)} failed, {result.get('tokens_used', 0)} tokens",
+                payload={
+                    "status": result.get("status"),
+                    "stories_completed": [
+                        r["story_key"] for r in results.get("story_results", []) if r.get("final_state") == "done"
+                    ],
+                    "stories_failed": [
+                        r["story_key"]
+                        for r in results.get("story_results", [])
+                        if r.get("final_state") == "needs-intervention"
+                    ],
+                    "tokens_used": result.get("tokens_used", 0),
+                },
+            )
+        elif et in (
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_FAILED,
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TIMED_OUT,
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_TERMINATED,
+            EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_CANCELED,
+        ):
+            which = EventType.Name(et).removeprefix("EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_").lower()
+            attrs = {
+                "failed": event.child_workflow_execution_failed_event_attributes,
+                "timed_out": event.child_workflow_execution_timed_out_event_attributes,
+                "terminated": event.child_workflow_execution_terminated_event_attributes,
+                "canceled": event.child_workflow_execution_canceled_event_attributes,
+            }[which]
+            batch = _batch_from_workflow_id(attrs.workflow_execution.workflow_id)
+            add(
+                event,
+                type="SLAVE_BATCH_COMPLETE",
+                sender=slave_name(batch),
+                recipient=MASTER,
+                batch_id=batch,
+                detail=f"Slave {which.replace('_', ' ')}",
+                payload={"status": f"slave-{which}"},
+            )
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            value = decode(attrs.input)
+            if attrs.signal_name == SIGNAL_STORY_UPDATE:
+                update = _dict(value)
+                view = _dict(update.get("view"))
+                batch = update.get("batch_id")
+                agent = view.get("agent_in_flight")
+                add(
+                    event,
+                    type="STORY_UPDATE",
+                    sender=slave_name(batch),
+                    recipient=MASTER,
+                    batch_id=batch,
+                    story=update.get("story_key"),
+                    dispatch_id=view.get("dispatch_id"),
+                    detail=f"{view.get('state', '?')}"
+                    + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
+                    + (f", review round {view['review_round']}" if view.get("review_round") else ""),
+                    payload=update,
+                )
+            else:
+                kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
+                add(
+                    event,
+                    type=kind,
+                    sender=OPERATOR,
+                    recipient=MASTER,
+                    detail=json.dumps(value) if value not in (None, {}) else "",
+                    payload=_dict(value),
+                )
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
+            reason = event.workflow_execution_cancel_requested_event_attributes.cause
+            add(event, type="CANCEL_REQUEST", sender=OPERATOR, recipient=MASTER, detail=reason)
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            add(event, type="CONTINUED_AS_NEW", sender=MASTER, recipient=MASTER, detail="history handed to a new run")
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            report = _dict(decode(event.workflow_execution_completed_event_attributes.result))
+            stories = _dict(report.get("stories"))
+            done = sum(v == "done" for v in stories.values())
+            add(
+                event,
+                type="SPRINT_REPORT",
+                sender=MASTER,
+                recipient=OPERATOR,
+                detail=f"{report.get('status', '?')}: {done}/{len(stories)} stories done, "
+                f"{report.get('tokens_used', 0)} tokens",
+                payload={"status": report.get("status"), "stories": stories, "tokens_used": report.get("tokens_used")},
+            )
+        elif et in (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+        ):
+            detail = EventType.Name(et).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_").lower()
+            if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                detail += ": " + event.workflow_execution_failed_event_attributes.failure.message
+            add(event, type="SPRINT_FAILED", sender=MASTER, recipient=OPERATOR, detail=detail)
+
+    # The plan's content, once the batches are known.
+    if children:
+        plan = [
+            {"batch_id": inp.get("batch_id"), "stories": [s.get("key") for s in inp.get("stories", [])]}
+            for inp in children.values()
+        ]
+        out = [
+            m.model_copy(
+                update={
+                    "detail": f"{len(plan)} batches: "
+                    + "; ".join(f"{b['batch_id']}: {', '.join(b['stories'])}" for b in plan),
+                    "payload": {"batches": plan},
+                }
+            )
+            if m.type == "BATCH_PLAN_READY"
+            else m
+            for m in out
+        ]
+    return out
+
+
+def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
+    out: list[FlowMessage] = []
+    batch = _batch_from_workflow_id(workflow_id)
+    me = slave_name(batch)
+    scheduled: dict[int, tuple[str, dict[str, Any]]] = {}  # event id -> (activity type, input)
+    writes: dict[int, int] = {}  # scheduled event id -> index in out
+
+    def add(event: HistoryEvent, **fields: Any) -> None:
+        out.append(
+            FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, batch_id=batch, **fields)
+        )
+
+    for event in events:
+        et = event.event_type
+        if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            name = attrs.activity_type.name
+            inp = _dict(decode(attrs.input))
+            scheduled[event.event_id] = (name, inp)
+            if name == "run_agent":
+                findings = inp.get("fix_findings") or []
+                add(
+                    event,
+                    type="TASK_ASSIGNMENT",
+                    sender=me,
+                    recipient=inp.get("agent_type", "agent"),
+                    story=inp.get("story_key"),
+                    agent=inp.get("agent_type"),
+                    dispatch_id=inp.get("dispatch_id", attrs.activity_id),
+                    detail=f"{inp.get('mode', '?')} round {inp.get('mode_round', 1)}"
+                    + (f", {len(findings)} findings to fix" if findings else ""),
+                    payload={k: v for k, v in inp.items() if k not in ("simulation", "config_overrides")},
+                )
+            elif name == "write_story_status":
+                writes[event.event_id] = len(out)
+                add(
+                    event,
+                    type="STATUS_WRITE",
+                    sender=me,
+                    recipient=STATUS_FILE,
+                    story=inp.get("story_key"),
+                    detail=f"U4 {inp.get('expected', '?')} -> {inp.get('new', '?')}",
+                    payload={k: inp.get(k) for k in ("story_key", "expected", "new")},
+                )
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = event.activity_task_completed_event_attributes
+            if attrs.scheduled_event_id in writes:
+                result = _dict(decode(attrs.result))
+                i = writes[attrs.scheduled_event_id]
+                out[i] = out[i].model_copy(
+                    update={
+                        "detail": f"{out[i].detail} ({result.get('outcome', '?')})",
+                        "payload": {**out[i].payload, "outcome": result.get("outcome")},
+                    }
+                )
+        elif et in (
+            EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+        ):
+            if et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                attrs = event.activity_task_failed_event_attributes
+            else:
+                attrs = event.activity_task_timed_out_event_attributes
+            name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            if name == "run_agent":
+                add(
+                    event,
+                    type="AGENT_FAILURE",
+                    sender=inp.get("agent_type", "agent"),
+                    recipient=me,
+                    story=inp.get("story_key"),
+                    agent=inp.get("agent_type"),
+                    dispatch_id=inp.get("dispatch_id"),
+                    detail=attrs.failure.message or EventType.Name(et).lower(),
+                )
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            value = _dict(decode(attrs.input))
+            if attrs.signal_name == SIGNAL_AGENT_COMPLETE:
+                parts = [str(value.get("status", "?"))]
+                if value.get("verdict"):
+                    parts.append(f"verdict {value['verdict']}")
+                if value.get("findings"):
+                    parts.append(f"{len(value['findings'])} findings")
+                parts.append(f"{value.get('tokens_used', 0)} tokens")
+                add(
+                    event,
+                    type="AGENT_COMPLETE",
+                    sender=str(value.get("agent_type", "agent")),
+                    recipient=me,
+                    story=value.get("story_key"),
+                    agent=value.get("agent_type"),
+                    dispatch_id=value.get("dispatch_id"),
+                    detail=", ".join(parts),
+                    payload=value,
+                )
+            elif attrs.signal_name == SIGNAL_SHUTDOWN:
+                add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
+    return out
+
+
+def message_flow(histories: Iterable[WorkflowHistory]) -> list[FlowMessage]:
+    """All messages of a sprint's histories (Master runs and Slaves, in any order), by time."""
+    messages: list[FlowMessage] = []
+    for history in histories:
+        events = list(history.events)
+        if not events:
+            continue
+        start = events[0].workflow_execution_started_event_attributes
+        if start.workflow_type.name == "SprintSlaveWorkflow":
+            messages.extend(_slave_messages(history.workflow_id, events))
+        else:
+            messages.extend(_master_messages(history.workflow_id, events))
+    return sorted(messages, key=lambda m: (m.time, m.workflow_id, m.event_id))
+
+
+def filter_messages(
+    messages: Iterable[FlowMessage],
+    *,
+    story: str | None = None,
+    agent: str | None = None,
+    types: Sequence[str] = (),
+) -> list[FlowMessage]:
+    """Keep the messages of one story (full or short key), one agent type, some message types."""
+    wanted = {t.upper() for t in types}
+    kept = []
+    for m in messages:
+        if story and not (m.story and (m.story == story or m.story.startswith(story + "-"))):
+            continue
+        if agent and m.agent != agent and m.sender != agent and m.recipient != agent:
+            continue
+        if wanted and m.type not in wanted:
+            continue
+        kept.append(m)
+    return kept
+
+
+def export_paths(messages: Sequence[FlowMessage]) -> list[tuple[str, FlowMessage]]:
+    """`<agent>/<TYPE>_<NNN>.json` for each message (the Agent-PO persistence layout), numbered in
+    time order per agent and type."""
+    counters: dict[tuple[str, str], int] = {}
+    paths = []
+    for m in messages:
+        key = (m.owner, m.type)
+        counters[key] = counters.get(key, 0) + 1
+        owner = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.owner)
+        paths.append((f"{owner}/{m.type}_{counters[key]:03d}.json", m))
+    return paths
+
+
+class AgentStats(BaseModel):
+    agent: str
+    dispatches: int = 0
+    answered: int = 0
+    failures: int = 0
+    tokens: int = 0
+    total_seconds: float = 0.0
+
+    @property
+    def average_seconds(self) -> float:
+        return self.total_seconds / self.answered if self.answered else 0.0
+
+
+def agent_performance(messages: Sequence[FlowMessage]) -> list[AgentStats]:
+    """Per agent type: dispatches, answers, failures, tokens and time from assignment to answer."""
+    stats: dict[str, AgentStats] = {}
+    assigned: dict[str, datetime] = {}
+    for m in messages:
+        if not m.agent:
+            continue
+        s = stats.setdefault(m.agent, AgentStats(agent=m.agent))
+        if m.type == "TASK_ASSIGNMENT":
+            s.dispatches += 1
+            if m.dispatch_id:
+                assigned[m.dispatch_id] = m.time
+        elif m.type == "AGENT_COMPLETE":
+            s.answered += 1
+            s.tokens += int(m.payload.get("tokens_used", 0) or 0)
+            if m.payload.get("status") == "failure":
+                s.failures += 1
+            if m.dispatch_id in assigned:
+                s.total_seconds += (m.time - assigned.pop(m.dispatch_id)).total_seconds()
+        elif m.type == "AGENT_FAILURE":
+            s.failures += 1
+    return [stats[k] for k in sorted(stats)]

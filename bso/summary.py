@@ -1,0 +1,187 @@
+"""The execution summary (`.sprint-session/execution-summary-<session>.md`): a Markdown rendering of a
+sprint's report, its agents' performance (from the message flow) and the configuration used.
+
+Pure: the `write_execution_summary` activity writes it into the project; `bso sprint report` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.client import WorkflowHistory
+
+from bso.config import ConfigError, SprintConfig, resolve_config
+from bso.message_flow import AgentStats, agent_performance, decode, message_flow
+from bso.models import SprintInput, SprintReport
+from bso.states import StoryState
+
+SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
+
+
+def summary_filename(session_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)
+    return f"execution-summary-{safe}.md"
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else key, inner, out)
+    else:
+        out[prefix] = value
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def render_summary(
+    report: SprintReport,
+    config: SprintConfig | None = None,
+    agents: Sequence[AgentStats] = (),
+    *,
+    overrides: dict[str, Any] | None = None,
+    started: str | None = None,
+    finished: str | None = None,
+) -> str:
+    config = config or SprintConfig()
+    stories = report.stories
+    count = {state: sum(v == state for v in stories.values()) for state in StoryState}
+    rounds: dict[str, int] = {}
+    dispatched: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    batch_of: dict[str, int] = {}
+    for batch in report.batches:
+        rounds.update(batch.results.review_fix_rounds)
+        for r in batch.results.story_results:
+            dispatched[r.story_key] = r.agents_dispatched
+            batch_of[r.story_key] = batch.batch_id
+            if r.error:
+                errors[r.story_key] = r.error
+    if report.batch_plan:
+        for spec in report.batch_plan.batches:
+            for key in spec.stories:
+                batch_of.setdefault(key, spec.batch_id)
+
+    lines = [f"# Execution summary: sprint `{report.session_id}`", ""]
+    lines += ["## Results Overview", ""]
+    lines += [
+        "| item | value |",
+        "|---|---|",
+        f"| status | {report.status.value} |",
+        f"| stories | {len(stories)} |",
+        f"| done | {count[StoryState.DONE]} |",
+        f"| needs intervention | {count[StoryState.NEEDS_INTERVENTION]} |",
+        f"| skipped | {count[StoryState.SKIPPED]} |",
+        f"| other (not finished) | {len(stories) - count[StoryState.DONE] - count[StoryState.NEEDS_INTERVENTION] - count[StoryState.SKIPPED]} |",
+        f"| batches | {len(report.batches)} |",
+        f"| tokens used | {report.tokens_used} / {config.token_budget.limit} |",
+    ]
+    if started:
+        lines.append(f"| started | {started} |")
+    if finished:
+        lines.append(f"| finished | {finished} |")
+    lines.append("")
+
+    lines += ["## Story Details", ""]
+    if stories:
+        lines += ["| story | batch | final state | review-fix rounds | agents dispatched |", "|---|---|---|---|---|"]
+        for key, state in stories.items():
+            lines.append(
+                f"| {key} | {batch_of.get(key, '')} | {state} | {rounds.get(key, 0)} | {dispatched.get(key, 0)} |"
+            )
+    else:
+        lines.append("No story was in scope.")
+    lines.append("")
+
+    lines += ["## Failures", ""]
+    failures: list[str] = []
+    for key, state in stories.items():
+        if state != StoryState.DONE:
+            why = errors.get(key, "")
+            failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
+    for batch in report.batches:
+        failures += [f"- batch {batch.batch_id}: {_cell(e)}" for e in batch.errors]
+    if report.error:
+        failures.append(f"- sprint: {_cell(report.error)}")
+    lines += failures or ["None."]
+    lines.append("")
+
+    lines += ["## Agent Performance", ""]
+    if agents:
+        lines += ["| agent | dispatches | answered | failures | tokens | avg time to answer (s) |", "|---|---|---|---|---|---|"]
+        for a in agents:
+            lines.append(
+                f"| {a.agent} | {a.dispatches} | {a.answered} | {a.failures} | {a.tokens} | {a.average_seconds:.1f} |"
+            )
+    else:
+        lines.append("No agent was dispatched.")
+    lines.append("")
+
+    lines += ["## Configuration Used", ""]
+    flat: dict[str, Any] = {}
+    _flatten("", config.model_dump(mode="json"), flat)
+    overridden = set()
+    if overrides:
+        _o: dict[str, Any] = {}
+        _flatten("", overrides, _o)
+        overridden = set(_o)
+    lines += ["| knob | value |", "|---|---|"]
+    for key in sorted(flat):
+        mark = " (override)" if key in overridden else ""
+        lines.append(f"| {key} | {_cell(json.dumps(flat[key]))}{mark} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+MASTER_TYPE = "SprintMasterWorkflow"
+
+
+def sprint_input(histories: Sequence[WorkflowHistory]) -> SprintInput | None:
+    """The latest Master run's input (its carried state holds the config in force)."""
+    for history in reversed(histories):
+        if not history.events:
+            continue
+        start = history.events[0].workflow_execution_started_event_attributes
+        if start.workflow_type.name != MASTER_TYPE:
+            continue
+        try:
+            return SprintInput.model_validate(decode(start.input))
+        except ValidationError:
+            return None
+    return None
+
+
+def config_of(inp: SprintInput | None) -> SprintConfig:
+    if inp is None:
+        return SprintConfig()
+    if inp.carried_state is not None:
+        return inp.carried_state.config
+    try:
+        return resolve_config(inp.config_overrides)
+    except ConfigError:
+        return SprintConfig()
+
+
+def render_from_histories(report: SprintReport, histories: Sequence[WorkflowHistory]) -> str:
+    """The summary of a sprint from its report and its histories (Master runs first, then Slaves):
+    what the `write_execution_summary` activity writes and `bso sprint report` prints."""
+    master_histories = [
+        h for h in histories
+        if h.events and h.events[0].workflow_execution_started_event_attributes.workflow_type.name == MASTER_TYPE
+    ]  # fmt: skip
+    inp = sprint_input(master_histories)
+    # Up to the sprint's last batch: the activity that writes the summary runs before the Master's own
+    # completion, and `bso sprint report` (after it) must render the same text.
+    flow = [m for m in message_flow(histories) if m.type not in ("SPRINT_REPORT", "SPRINT_FAILED")]
+    return render_summary(
+        report,
+        config_of(inp),
+        agent_performance(flow),
+        overrides=inp.config_overrides if inp else None,
+        started=flow[0].time.isoformat(timespec="seconds") if flow else None,
+        finished=flow[-1].time.isoformat(timespec="seconds") if flow else None,
+    )

@@ -1,0 +1,283 @@
+"""The `bso` command, run as the real console script against the local dev server with a real worker
+process (`bso worker`, Prometheus endpoint on): start, watch, status, list, report, messages, exports,
+operator actions, the execution summary file, the worker's logs and metrics, and the error paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bso.summary import SECTIONS
+from tests.conftest import EXAMPLE_PROJECT, REPO
+
+pytestmark = pytest.mark.e2e
+
+BSO = str(Path(sys.executable).parent / "bso")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cli_env(local_env, tmp_path_factory):
+    """Environment for `bso` subprocesses, and a `bso worker` process serving the default queues."""
+    address = local_env.client.service_client.config.target_host
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=local_env.client.namespace)
+    env.pop("COLUMNS", None)
+    metrics_port = _free_port()
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [BSO, "worker", "--metrics-port", str(metrics_port)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT
+        )
+    try:
+        yield {"env": env, "metrics_port": metrics_port, "log": log, "address": address}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def bso(cli_env, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BSO, *args], env=cli_env["env"], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _project(tmp_path: Path, duration_ms: int) -> tuple[Path, Path]:
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLE_PROJECT, project, ignore=shutil.ignore_patterns(".sprint-session"))
+    script = json.loads((EXAMPLE_PROJECT / "simulation.json").read_text())
+    script["default"]["duration_ms"] = duration_ms
+    for story in script["stories"].values():
+        story.pop("duration_ms", None)
+    sim = tmp_path / "simulation.json"
+    sim.write_text(json.dumps(script))
+    return project, sim
+
+
+def _status(cli_env, sprint_id: str) -> dict:
+    result = bso(cli_env, "sprint", "status", sprint_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _wait_for(predicate, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
+    project, sim = _project(tmp_path, duration_ms=20)
+    sprint_id = f"cli-{uuid.uuid4().hex[:6]}"
+
+    started = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
+    assert started.returncode == 0, started.stderr
+    assert f"started sprint {sprint_id}" in started.stdout
+    assert f"/namespaces/default/workflows/{sprint_id}" in started.stdout
+    assert "temporal workflow start" in started.stdout and "--type SprintMasterWorkflow" in started.stdout
+
+    watched = bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3")
+    assert watched.returncode == 0, watched.stderr
+    assert "overall" in watched.stdout and "5/5 stories" in watched.stdout
+    assert "## Results Overview" in watched.stdout and "| status | sprint-partial |" in watched.stdout
+
+    status = _status(cli_env, sprint_id)
+    assert status["phase"] == "completed" and status["execution_status"] == "completed"
+    assert status["stories"]["2-2-expiry-reminder-emails"]["state"] == "needs-intervention"
+    assert status["stories"]["1-3-add-and-list-items-api"]["fix_rounds"] == 2
+    table = bso(cli_env, "sprint", "status", sprint_id)
+    assert table.returncode == 0 and "1-2-pantry-item-model-and-storage" in table.stdout
+
+    listed = _wait_for(
+        lambda: (r := bso(cli_env, "sprint", "list", "--session", sprint_id)).returncode == 0 and sprint_id in r.stdout and r,
+        "the sprint in the visibility store",
+    )
+    assert "completed" in listed.stdout
+
+    # The execution summary file, and `bso sprint report` printing the same text.
+    summary = project / ".sprint-session" / f"execution-summary-{sprint_id}.md"
+    text = summary.read_text()
+    for section in SECTIONS:
+        assert f"\n## {section}\n" in text
+    report = bso(cli_env, "sprint", "report", sprint_id)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == text
+
+    # The message flow, filtered, as JSON lines and as per-agent files.
+    jsonl = tmp_path / "messages.jsonl"
+    msgs = bso(
+        cli_env, "messages", sprint_id, "--story", "2-2", "--type", "TASK_ASSIGNMENT", "--type", "AGENT_COMPLETE",
+        "--jsonl", str(jsonl), "--export",
+    )  # fmt: skip
+    assert msgs.returncode == 0, msgs.stderr
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert records and {r["story"] for r in records} == {"2-2-expiry-reminder-emails"}
+    assert {r["type"] for r in records} == {"TASK_ASSIGNMENT", "AGENT_COMPLETE"}
+    assert any(r["type"] == "AGENT_COMPLETE" and r["payload"]["status"] == "failure" for r in records)
+    exported = project / ".sprint-session" / "messages"
+    files = sorted(str(p.relative_to(exported)) for p in exported.rglob("*.json"))
+    assert "dev-runner/AGENT_COMPLETE_001.json" in files and "story-creator/TASK_ASSIGNMENT_001.json" in files
+    assert len(files) == len(records)
+    assert json.loads((exported / "dev-runner/AGENT_COMPLETE_001.json").read_text())["from"] == "dev-runner"
+    everything = bso(cli_env, "messages", sprint_id, "--export-dir", str(tmp_path / "all"))
+    assert everything.returncode == 0 and "SLAVE_BATCH_COMPLETE" in everything.stdout
+    assert (tmp_path / "all/operator/SPRINT_START_001.json").exists()
+
+    # The worker's logs (JSON lines with the dispatch bound) and metrics.
+    lines = [json.loads(line) for line in cli_env["log"].read_text().splitlines() if line.startswith("{")]
+    assert any(
+        r.get("session") == sprint_id and r.get("agent") == "dev-runner" and r.get("dispatch_id") for r in lines
+    )
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{cli_env['metrics_port']}/metrics", timeout=10).read().decode()
+    assert 'bso_stories_finished{final_state="needs-intervention"' in metrics
+    assert "bso_agent_dispatches{" in metrics and "bso_tokens_used{" in metrics
+
+
+def test_operator_actions(cli_env, tmp_path: Path):
+    project, sim = _project(tmp_path, duration_ms=400)
+    sprint_id = f"ops-{uuid.uuid4().hex[:6]}"
+    started = bso(
+        cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id, "--set", "batch_size=1"
+    )
+    assert started.returncode == 0, started.stderr
+
+    paused = bso(cli_env, "sprint", "pause", sprint_id, "--reason", "lunch")
+    assert paused.returncode == 0 and paused.stdout.strip() == f"pause requested for sprint {sprint_id}"
+    _wait_for(lambda: _status(cli_env, sprint_id)["pause_reason"] == "lunch", "the pause")
+
+    resumed = bso(cli_env, "sprint", "resume", sprint_id, "--token-limit", "5000000")
+    assert resumed.returncode == 0, resumed.stderr
+    status = _wait_for(
+        lambda: (s := _status(cli_env, sprint_id))["pause_reason"] is None and s["token_limit"] == 5_000_000 and s,
+        "the resume",
+    )
+    assert status["phase"] in ("running", "completed")
+
+    shutdown = bso(cli_env, "sprint", "shutdown", sprint_id)
+    assert shutdown.returncode == 0, shutdown.stderr
+    watched = bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3")
+    assert watched.returncode == 0, watched.stderr
+    assert "| status | sprint-partial |" in watched.stdout  # stopped before all five stories
+
+    again = bso(cli_env, "sprint", "pause", sprint_id)
+    assert again.returncode == 1 and again.stderr.strip() == f"bso: error: sprint {sprint_id} is completed, not running"
+
+    victim = f"cancel-{uuid.uuid4().hex[:6]}"
+    assert bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", victim).returncode == 0
+    cancelled = bso(cli_env, "sprint", "cancel", victim)
+    assert cancelled.returncode == 0, cancelled.stderr
+    _wait_for(lambda: _status_name(cli_env, victim) == "canceled", "the cancellation")
+    ended = bso(cli_env, "sprint", "watch", victim)
+    assert ended.returncode == 1 and "did not complete" in ended.stderr and "Traceback" not in ended.stderr
+
+
+def _status_name(cli_env, sprint_id: str) -> str:
+    listed = bso(cli_env, "sprint", "list", "--session", sprint_id, "--status", "canceled")
+    return "canceled" if sprint_id in listed.stdout else ""
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("bso: error: ")
+    return lines[0]
+
+
+def test_error_paths(cli_env, tmp_path: Path):
+    closed = _free_port()
+    line = _one_line_error(bso(cli_env, "--address", f"127.0.0.1:{closed}", "sprint", "status", "x"))
+    assert f"cannot reach the Temporal server at 127.0.0.1:{closed}" in line
+    env_only = {**cli_env, "env": {**cli_env["env"], "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"}}
+    _one_line_error(bso(env_only, "sprint", "list"))
+
+    line = _one_line_error(bso(cli_env, "sprint", "status", "no-such-sprint"))
+    assert "no sprint with id 'no-such-sprint'" in line
+    _one_line_error(bso(cli_env, "messages", "no-such-sprint"))
+    _one_line_error(bso(cli_env, "sprint", "report", "no-such-sprint"))
+
+    project, _ = _project(tmp_path, duration_ms=0)
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--set", "batch_size=zero"))
+    assert "batch_size" in line
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--set", "no_such_knob=1"))
+    assert "no_such_knob" in line
+    _one_line_error(bso(cli_env, "sprint", "start", str(project), "--set", "missing-equals"))
+    _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path / "nowhere")))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path)))  # a directory without BMAD files
+    assert "no sprint status file" in line
+    _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "carrier-pigeon"))
+    _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
+    _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
+
+
+def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
+    """Its own worker on its own queues: while it is down, watch notes that it waits, then goes on."""
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    project, sim = _project(tmp_path, duration_ms=150)
+    sprint_id = f"restart-{uuid.uuid4().hex[:6]}"
+
+    def start_worker(n: int) -> subprocess.Popen[bytes]:
+        with (tmp_path / f"worker-{n}.log").open("w") as fh:
+            return subprocess.Popen(
+                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    worker = start_worker(1)
+    watch = None
+    try:
+        started = bso(
+            cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id,
+            "--task-queue", f"{prefix}bso-sprint",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        with (tmp_path / "watch.out").open("w") as out, (tmp_path / "watch.err").open("w") as err:
+            watch = subprocess.Popen(
+                [BSO, "sprint", "watch", sprint_id, "--interval", "0.3"], cwd=REPO, env=cli_env["env"],
+                stdout=out, stderr=err,
+            )  # fmt: skip
+        _wait_for(
+            lambda: any(s["agents_dispatched"] for s in _status(cli_env, sprint_id)["stories"].values()),
+            "the first dispatch",
+        )
+        worker.terminate()
+        worker.wait(timeout=30)
+        _wait_for(
+            lambda: "no worker answered the status query" in (tmp_path / "watch.err").read_text(),
+            "watch to notice that no worker answers",
+            timeout=90,
+        )
+        assert watch.poll() is None  # still waiting
+        worker = start_worker(2)
+        assert watch.wait(timeout=240) == 0, (tmp_path / "watch.err").read_text()
+    finally:
+        for proc in (worker, watch):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    assert "## Results Overview" in (tmp_path / "watch.out").read_text()
+    assert "Traceback" not in (tmp_path / "watch.err").read_text()

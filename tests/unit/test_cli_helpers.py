@@ -1,0 +1,73 @@
+"""The `bso` command's pure helpers: --set parsing, the equivalent temporal command line, UI links,
+the dev server command line, the envconfig-based client configuration."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from bso.cli import BsoError, parse_set, server_command, temporal_start_command, ui_link
+from bso.models import SprintInput
+from bso.temporal_client import connect_config
+
+
+def test_parse_set_reads_json_values_and_checks_knobs():
+    assert parse_set(["batch_size=2", "token_budget.limit=5000", "review_strictness=strict", "e2e_enabled=true"]) == {
+        "batch_size": 2,
+        "token_budget.limit": 5000,
+        "review_strictness": "strict",
+        "e2e_enabled": True,
+    }
+    assert parse_set(['e2e_trigger_tags=["ui"]']) == {"e2e_trigger_tags": ["ui"]}
+    for bad, words in (
+        (["batch_size=two"], "batch_size"),
+        (["batch_sise=2"], "batch_sise"),
+        (["batch_size"], "key=value"),
+        (["=2"], "key=value"),
+    ):
+        with pytest.raises(BsoError, match=words):
+            parse_set(bad)
+
+
+def test_temporal_start_command_round_trips_the_input():
+    inp = SprintInput(project_root="/p q", session_id="s-1", config_overrides={"batch_size": 2}, epic="1")
+    line = temporal_start_command(inp, "s-1", "bso-sprint", "localhost:7233", "default")
+    argv = shlex.split(line)
+    assert argv[:3] == ["temporal", "workflow", "start"] and "--address" not in argv
+    assert argv[argv.index("--type") + 1] == "SprintMasterWorkflow"
+    assert argv[argv.index("--workflow-id") + 1] == "s-1"
+    assert SprintInput.model_validate(json.loads(argv[argv.index("--input") + 1])) == inp
+    remote = shlex.split(temporal_start_command(inp, "s-1", "bso-sprint", "temporal.example:7233", "team"))
+    assert remote[remote.index("--address") + 1] == "temporal.example:7233"
+    assert remote[remote.index("--namespace") + 1] == "team"
+
+
+def test_ui_link(monkeypatch):
+    monkeypatch.delenv("BSO_UI_URL", raising=False)
+    assert ui_link("localhost:7233", "default", "sprint-1") == "http://localhost:8233/namespaces/default/workflows/sprint-1"
+    assert ui_link("127.0.0.1:17233", "default", "a/b").endswith(":18233/namespaces/default/workflows/a%2Fb")
+    assert ui_link("ns.acct.tmprl.cloud:7233", "ns.acct", "x").startswith("https://cloud.temporal.io/namespaces/ns.acct/")
+    monkeypatch.setenv("BSO_UI_URL", "https://ui.example/")
+    assert ui_link("x:7233", "default", "s") == "https://ui.example/namespaces/default/workflows/s"
+
+
+def test_server_command_registers_the_search_attributes():
+    command = server_command(7233, 8233, ".temporal/bso-dev.db", "default", "127.0.0.1")
+    pairs = [command[i + 1] for i, a in enumerate(command) if a == "--search-attribute"]
+    assert {"BsoSessionId=Keyword", "BsoBatchId=Int", "BsoPhase=Keyword"} <= set(pairs)
+    assert command[command.index("--db-filename") + 1] == ".temporal/bso-dev.db"
+
+
+def test_connect_config_from_the_environment(monkeypatch, tmp_path):
+    for var in ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "none.toml"))
+    assert connect_config() == {"target_host": "localhost:7233", "namespace": "default"}
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "cluster:7233")
+    monkeypatch.setenv("TEMPORAL_NAMESPACE", "team")
+    monkeypatch.setenv("TEMPORAL_API_KEY", "k")
+    config = connect_config()
+    assert config["target_host"] == "cluster:7233" and config["namespace"] == "team" and config["api_key"] == "k"
+    assert connect_config("other:1", "ns2")["target_host"] == "other:1"

@@ -1,0 +1,72 @@
+"""The execution summary's rendering: its sections and content, from the recorded example sprint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from temporalio.client import WorkflowHistory
+
+from bso.message_flow import decode
+from bso.models import SprintReport
+from bso.summary import SECTIONS, render_from_histories, render_summary, summary_filename
+
+HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+
+
+def _histories() -> list[WorkflowHistory]:
+    return [
+        WorkflowHistory.from_json(p.stem.replace("--", "/"), p.read_text())
+        for p in sorted(HISTORIES.glob("example-sprint*.json"))
+    ]
+
+
+def _report(histories) -> SprintReport:
+    master = next(h for h in histories if h.workflow_id == "example-sprint")
+    last = master.events[-1]
+    return SprintReport.model_validate(decode(last.workflow_execution_completed_event_attributes.result))
+
+
+def _section(text: str, title: str) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_sections_in_order():
+    histories = _histories()
+    text = render_from_histories(_report(histories), histories)
+    positions = [text.index(f"\n## {title}\n") for title in SECTIONS]
+    assert positions == sorted(positions)
+    assert text.startswith("# Execution summary: sprint `example-sprint`")
+
+
+def test_content():
+    histories = _histories()
+    text = render_from_histories(_report(histories), histories)
+    overview = _section(text, "Results Overview")
+    assert "| status | sprint-partial |" in overview
+    assert "| done | 4 |" in overview and "| needs intervention | 1 |" in overview
+    assert "| tokens used | 27800 / 2000000 |" in overview
+    details = _section(text, "Story Details")
+    assert "| 1-3-add-and-list-items-api | 1 | done | 2 |" in details
+    failures = _section(text, "Failures")
+    assert "`2-2-expiry-reminder-emails`: needs-intervention" in failures
+    assert "done" not in failures.replace("needs-intervention", "")
+    agents = _section(text, "Agent Performance")
+    assert "| dev-runner | 7 | 7 | 1 |" in agents
+    config = _section(text, "Configuration Used")
+    assert "| batch_size | 3 |" in config and "| token_budget.limit | 2000000 |" in config
+
+
+def test_overrides_are_marked_and_empty_sprint_reads_well():
+    report = SprintReport(session_id="s", status="sprint-complete")
+    text = render_summary(report, overrides={"token_budget.limit": 10, "batch_size": 2})
+    assert "| batch_size | 3 | (override)" not in text  # the value shown is the config's
+    assert "| batch_size | 3 (override) |" in text
+    assert "| token_budget.limit | 2000000 (override) |" in text
+    assert "No story was in scope." in text and "None." in text and "No agent was dispatched." in text
+
+
+def test_filename_is_safe():
+    assert summary_filename("sprint-1") == "execution-summary-sprint-1.md"
+    assert "/" not in summary_filename("a/../b")
+    json.dumps(summary_filename("x"))
