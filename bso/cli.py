@@ -64,6 +64,7 @@ from bso.message_flow import (
     message_flow,
 )
 from bso.messages import describe_validation_error
+from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
 from bso.states import AgentBackend, StoryState
@@ -121,6 +122,7 @@ app = _App(
 )
 sprint_app = _App(help="Start, watch, inspect and steer sprints.", no_args_is_help=True)
 app.add_typer(sprint_app, name="sprint")
+app.add_typer(protocol_app, name="protocol")  # bso protocol schema / validate (bso/protocol_cli.py)
 
 # Wide when piped or captured (no terminal to wrap to), so story keys and details stay whole.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200

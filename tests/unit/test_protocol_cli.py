@@ -83,3 +83,13 @@ def test_runs_as_a_module(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("OK agent_error msg-e0000001")
+
+
+def test_mounted_as_bso_protocol(tmp_path: Path) -> None:
+    from bso.cli import app
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**ex.SCHEMAS["query"], "payload": {}}))
+    result = runner.invoke(app, ["protocol", "validate", str(bad)])
+    assert result.exit_code == 1 and "payload.question: required field missing" in result.output
+    assert runner.invoke(app, ["protocol", "schema", "--out", str(tmp_path / "s")]).exit_code == 0
