@@ -54,10 +54,13 @@ def render_summary(
     dispatched: dict[str, int] = {}
     errors: dict[str, str] = {}
     batch_of: dict[str, int] = {}
+    scores: dict[str, list[int]] = {}  # scored reviews (Gear 2): each story's score per round
     for batch in report.batches:
         rounds.update(batch.results.review_fix_rounds)
         for r in batch.results.story_results:
             dispatched[r.story_key] = r.agents_dispatched
+            if r.review_scores:
+                scores[r.story_key] = list(r.review_scores)
             batch_of[r.story_key] = batch.batch_id
             if r.error:
                 errors[r.story_key] = r.error
@@ -87,7 +90,17 @@ def render_summary(
     lines.append("")
 
     lines += ["## Story Details", ""]
-    if stories:
+    if stories and scores:
+        lines += [
+            "| story | batch | final state | review-fix rounds | agents dispatched | review scores |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key, state in stories.items():
+            lines.append(
+                f"| {key} | {batch_of.get(key, '')} | {state} | {rounds.get(key, 0)} | {dispatched.get(key, 0)} "
+                f"| {' -> '.join(str(x) for x in scores.get(key, []))} |"
+            )
+    elif stories:
         lines += ["| story | batch | final state | review-fix rounds | agents dispatched |", "|---|---|---|---|---|"]
         for key, state in stories.items():
             lines.append(
@@ -96,6 +109,14 @@ def render_summary(
     else:
         lines.append("No story was in scope.")
     lines.append("")
+
+    if report.improvements:
+        lines += ["## Improvements", "", "| improvement | story | priority score | description |", "|---|---|---|---|"]
+        lines += [
+            f"| {i.improvement_id} | {i.story_key} | {i.priority_score:g} | {_cell(i.description)} |"
+            for i in report.improvements
+        ]
+        lines.append("")
 
     lines += ["## Failures", ""]
     failures: list[str] = []

@@ -125,3 +125,23 @@ def test_simulation_scores_and_blocking() -> None:
     assert third.score is None and third.feedback == []
     with pytest.raises(ValidationError):
         StoryScript(review_scores=[120])
+
+
+def test_execution_summary_shows_scores_and_improvements() -> None:
+    from bso.improvements import ImprovementRecord
+    from bso.models import SlaveResult, SlaveResults, SprintReport, StoryResult
+    from bso.summary import render_summary
+
+    result = StoryResult(story_key=KEY, final_state="done", agents_dispatched=3, review_scores=[72, 88])
+    batch = SlaveResult(
+        status="batch-complete", batch_id=1, session_id="s",
+        results=SlaveResults(stories_total=1, stories_completed=1, stories_failed=0, stories_skipped=0,
+                             story_results=[result], total_agents_created=3, total_agents_destroyed=3,
+                             review_fix_rounds={KEY: 1}),
+    )
+    imp = ImprovementRecord(improvement_id="imp_001", story_key="2-2-imp-001", description="Add caching",
+                            priority_score=8.5)
+    text = render_summary(SprintReport(session_id="s", status="sprint-complete", batches=[batch],
+                                       stories={KEY: "done"}, improvements=[imp]))
+    assert f"| {KEY} | 1 | done | 1 | 3 | 72 -> 88 |" in text
+    assert "| imp_001 | 2-2-imp-001 | 8.5 | Add caching |" in text
