@@ -45,7 +45,14 @@ with workflow.unsafe.imports_passed_through():
         record_dispatch,
         story_priority,
     )
-    from bso.messages import AgentComplete, RejectedMessage, TaskAssignment, parse_message, validation_failed
+    from bso.messages import (
+        AgentComplete,
+        AgentErrorPayload,
+        RejectedMessage,
+        TaskAssignment,
+        parse_message,
+        validation_failed,
+    )
     from bso.models import (
         LoadStatusInput,
         SlaveInput,
@@ -148,7 +155,10 @@ class SprintSlaveWorkflow:
             rendered = validation_failed(payload, err)
             self._reject("agent_error", f"validation_failed: {rendered.describe()}", None)
             return
-        error = message.payload  # type: ignore[attr-defined]
+        error = getattr(message, "payload", None)
+        if not isinstance(error, AgentErrorPayload):
+            self._reject("agent_error", f"not an agent_error: {message.type}", None)
+            return
         dispatch_id = error.task_id
         story_key = self._open_dispatches.get(dispatch_id) if dispatch_id else None
         progress = self._progress.get(story_key) if story_key else None

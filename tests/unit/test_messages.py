@@ -235,3 +235,14 @@ def test_mutated_examples_only_raise_validation_error(example: str, data: st.Dat
     else:
         target[key] = data.draw(json_values)
     _check_rejected_or_valid(raw)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(known_keys | st.text(max_size=8), json_values, max_size=8) | json_values)
+def test_agent_complete_rejections_always_render(raw: Any) -> None:
+    """What the Slave's signal handler does with any payload: validate, or render validation_failed."""
+    try:
+        AgentComplete.model_validate(raw)
+    except ValidationError as err:
+        rendered = validation_failed(raw, err)
+        assert rendered.describe() and all(e.field for e in rendered.errors)
