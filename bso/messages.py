@@ -3,13 +3,23 @@
 Each model is a seed message (bso-message-protocol-v2.md, bso-sprint-slave-spec.md): the dispatch
 assignment an agent activity receives, the AGENT_COMPLETE an agent answers with (a signal on the Slave),
 the Scrum Master's BATCH_PLAN_READY and the Slave's SLAVE_BATCH_COMPLETE.
+
+Below them: every message type of all five seeds (BSO V2 + Slave spec, Agent-PO, message-schemas, Gear 2)
+in one envelope, as one discriminated union over `type` (`parse_message`, `MESSAGE_ADAPTER`), with each
+seed's native shape accepted (`normalize_message`) and validation errors rendered the seeds' way
+(`validation_failed`, `invalid_message`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import hashlib
+import json
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from bso.states import AgentMode, AgentStatus, AgentType, Severity, Verdict
 
@@ -192,15 +202,6 @@ class SlaveBatchComplete(_Message):
 #   Gear 2 ..................... task_assigned ... agent_error (payload = the seed's `payload`)
 # `parse_message(raw)` accepts the envelope and each seed's native shape (see `normalize_message`).
 # =================================================================================================
-
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-from datetime import datetime  # noqa: E402
-from enum import StrEnum  # noqa: E402
-from typing import Annotated, Union  # noqa: E402
-
-from pydantic import TypeAdapter  # noqa: E402
 
 MESSAGE_ID_PATTERN = r"^msg-[a-f0-9]{8}$"
 _ID_RE = re.compile(MESSAGE_ID_PATTERN[1:-1])
