@@ -269,7 +269,10 @@ SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 
 
 def is_secret_env_key(key: str) -> bool:
+    """*KEY*, *TOKEN*, *SECRET*, *PASSWORD*... (BSO's own BSO_* variables, e.g. BSO_STORY_KEY, are not secrets)."""
     upper = key.upper()
+    if upper.startswith("BSO_"):
+        return False
     return any(marker in upper for marker in SECRET_MARKERS)
 
 

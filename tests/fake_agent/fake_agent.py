@@ -57,7 +57,7 @@ def main():
         sys.exit(3)
 
     result = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": f"fake {agent}/{mode}"}
-    module = key.replace("-", "_")
+    module = "story_" + key.replace("-", "_")
     if agent == "story-creator":
         Path(os.environ["BSO_STORY_FILE"]).write_text(
             f"# Story 1.1: Hello\n\nStatus: story-doc-review\n\nFile scope: src/**, tests/**\n\n"
