@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from activities.process import run_command
 from activities.session_files import SESSION_DIR, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
+from bso.sprint_status import parse_story_file, resolve_inside
 from bso.git_rules import (
     FinishStoryInput,
     FinishStoryResult,
@@ -209,6 +210,18 @@ def _git_settings(project_root: str) -> GitSettings:
     return load_agents_file(project_root).git
 
 
+def _title(inp: FinishStoryInput) -> str:
+    """The story file's title as it is now (the story-creator may have named it), else the planned one."""
+    if inp.story_path:
+        try:
+            path = Path(resolve_inside(inp.project_root, inp.story_path))
+        except ValueError:
+            return inp.story_title
+        if path.is_file():
+            return parse_story_file(path.read_text(encoding="utf-8")).title or inp.story_title
+    return inp.story_title
+
+
 @activity.defn
 async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     """The story is done: squash its commits into `feat: Story N.M: <title>` (P28) and merge the branch
@@ -236,7 +249,7 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
     squashed = False
     identity = await _identity(root)
-    message = squash_message(settings.squash_message, story_key=inp.story_key, title=inp.story_title)
+    message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
     if inp.squash and (path / ".git").exists():
         subject = (await git(str(path), "log", "-1", "--format=%s")).strip()
         if count > 1 or subject != message:

@@ -145,6 +145,7 @@ class FinishStoryInput(BaseModel):
     session_id: str
     story_key: str
     story_title: str = ""
+    story_path: str = ""  # relative: the story file's current title wins over story_title
     squash: bool = True  # git_squash_strategy == per_story
 
 

@@ -315,6 +315,7 @@ class SprintSlaveWorkflow:
                     session_id=self._input.session_id,
                     story_key=meta.key,
                     story_title=meta.title,
+                    story_path=meta.story_path,
                     squash=self._input.config.git_squash_strategy == "per_story",
                 ),
                 task_queue=agents_task_queue_for(workflow.info().task_queue),
