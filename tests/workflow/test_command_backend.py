@@ -143,8 +143,13 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n",
         FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids),
     )
-    done = await ActivityEnvironment().run(command.run, assignment(root))
+    env = ActivityEnvironment()
+    beats: list = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    done = await env.run(command.run, assignment(root))
     assert done.status is AgentStatus.FAILURE and "timed out" in done.error
+    assert beats and {"elapsed_s", "last_line", "pid"} <= set(beats[-1])
+    assert any(b["last_line"] == "working very hard" for b in beats)
     recorded = json.loads(pids.read_text())
     assert len(recorded) == 2
     for _ in range(50):
@@ -191,3 +196,17 @@ async def test_unsafe_story_path_is_refused(tmp_path: Path) -> None:
     bad_key = assignment(root).model_copy(update={"story_key": "../x"})
     with pytest.raises(ApplicationError):
         await ActivityEnvironment().run(command.run, bad_key)
+
+
+async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) -> None:
+    """A worker killed hard leaves its agent running; the retry stops that process group first."""
+    import subprocess
+
+    root = dev_project(tmp_path)
+    a = assignment(root)
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    (run_dir / "pid.json").write_text(json.dumps({"pid": orphan.pid, "pgid": orphan.pid, "attempt": 1}))
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert orphan.wait(timeout=10) is not None
