@@ -181,7 +181,7 @@ async def verify(wt: str, verification: Verification, env: dict[str, str]) -> Ve
 
 
 async def cleanup_stale_worktrees(project_root: str, current_session: str) -> list[str]:
-    """Remove worktrees of other (finished) sprints whose branch is merged; failed stories' stay."""
+    """Remove clean worktrees of other (finished) sprints whose branch is merged; failed stories' stay."""
     removed: list[str] = []
     root = Path(project_root, SESSION_DIR, WORKTREES_DIR)
     if not root.is_dir():
@@ -197,7 +197,8 @@ async def cleanup_stale_worktrees(project_root: str, current_session: str) -> li
             merged = await run_command(
                 ["git", "-C", project_root, "merge-base", "--is-ancestor", branch, "HEAD"], cwd=project_root
             )
-            if branch and merged.returncode == 0:
+            dirty = (await git(str(wt), "status", "--porcelain", check=False)).strip()
+            if branch and merged.returncode == 0 and not dirty:
                 await git(project_root, "worktree", "remove", "--force", str(wt), check=False)
                 removed.append(str(wt))
     await git(project_root, "worktree", "prune", check=False)

@@ -48,3 +48,32 @@ async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
     assert git(root, "rev-parse", "HEAD").strip() == base  # nothing merged
     wt = worktree_path(str(root), "cmd-leak", STORY)
     assert (wt / ".env").exists() and ".env" not in git(wt, "ls-files")
+
+
+async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_env, tmp_path: Path) -> None:
+    k2 = "1-2-second-story"
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev", k2: "ready-for-dev"})
+    stories = root / "_bmad-output" / "implementation-artifacts"
+    for key, title in ((STORY, "Hello"), (k2, "Second")):
+        (stories / f"{key}.md").write_text(
+            f"# Story {key[0]}.{key[2]}: {title}\n\nStatus: ready-for-dev\n\nFile scope: src/**, tests/**\n\n"
+            "## Acceptance Criteria\n\n1. it works\n"
+        )
+    base = git(root, "rev-parse", "HEAD").strip()
+    # A clean, merged worktree left by an earlier sprint is removed; a dirty one (a failed story) stays.
+    stale_merged = root / ".sprint-session" / "worktrees" / "old-sprint" / "x"
+    stale_failed = root / ".sprint-session" / "worktrees" / "old-sprint" / "y"
+    git(root, "worktree", "add", "-q", "-b", "bso/old/x", str(stale_merged), base)
+    git(root, "worktree", "add", "-q", "-b", "bso/old/y", str(stale_failed), base)
+    (stale_failed / ".env").write_text("LEAK=1\n")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-two", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done", k2: "done"}, report
+    subjects = git(root, "log", "--format=%s", "--first-parent", f"{base}..HEAD").splitlines()
+    assert subjects[-1] == "feat: Story 1.1: Hello"
+    assert subjects[0] in ("feat: Story 1.2: Second", "Merge feat: Story 1.2: Second")
+    tracked = git(root, "ls-files", "src").split()
+    assert "src/story_1_1_hello_world.py" in tracked and "src/story_1_2_second_story.py" in tracked
+    assert not stale_merged.exists() and stale_failed.exists()
