@@ -77,3 +77,34 @@ async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_e
     tracked = git(root, "ls-files", "src").split()
     assert "src/story_1_1_hello_world.py" in tracked and "src/story_1_2_second_story.py" in tracked
     assert not stale_merged.exists() and stale_failed.exists()
+
+
+async def test_worker_shutdown_kills_the_running_agent(ts_env, tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    from tests.workflow.helpers import start_sprint
+    from tests.workflow.test_command_backend import alive
+
+    pids = tmp_path / "pids.json"
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids)
+    )
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text("# Story 1.1: Hello\n")
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-shutdown", agent_backend="command")
+        )
+        for _ in range(600):
+            if pids.exists() and pids.read_text():
+                break
+            await asyncio.sleep(0.1)
+        recorded = json.loads(pids.read_text())
+        assert all(alive(p) for p in recorded)
+    # The worker is shut down: its running agent activity was cancelled and killed the process group.
+    for _ in range(100):
+        if not any(alive(p) for p in recorded):
+            break
+        await asyncio.sleep(0.1)
+    assert not any(alive(p) for p in recorded), recorded
+    await handle.terminate("test over")
