@@ -10,6 +10,7 @@ from tests.conftest import bso_worker
 from tests.fake_agent.project import STORY, git, make_git_project
 from tests.workflow.helpers import run_sprint, sprint_input, status_values, workflow_task_failures
 from activities.git_ops import worktree_path
+from bso.constants import slave_workflow_id
 
 
 async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path) -> None:
@@ -107,4 +108,6 @@ async def test_worker_shutdown_kills_the_running_agent(ts_env, tmp_path: Path) -
             break
         await asyncio.sleep(0.1)
     assert not any(alive(p) for p in recorded), recorded
+    # Leave nothing running on the shared time-skipping server (a pending activity stops time skipping).
+    await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-shutdown", 1)).terminate("test over")
     await handle.terminate("test over")
