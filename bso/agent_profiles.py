@@ -113,6 +113,9 @@ class Verification(_Strict):
     commands: list[list[str]] = Field(default_factory=list)
     timeout_seconds: int = Field(900, gt=0)
     output_tail_chars: int = Field(4000, gt=0)
+    # P20 fix snapshot: how passing tests are counted in the commands' output (the numbers are summed).
+    passed_pattern: str = r"(\d+) passed"
+    fix_snapshot: bool = True
 
 
 class GitSettings(_Strict):

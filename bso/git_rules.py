@@ -103,6 +103,14 @@ def parse_acceptance_criteria(story_text: str) -> list[str]:
     return items
 
 
+def count_passed(output: str, pattern: str) -> int | None:
+    """P20: passing tests in verification output (`12 passed` from pytest); None when none is reported."""
+    found = re.findall(pattern, output)
+    if not found:
+        return None
+    return sum(int(x) for x in found if str(x).isdigit())
+
+
 def commit_message(template: str, *, agent_type: str, story_key: str, path: str, dispatch_id: str) -> str:
     return Template(template).safe_substitute(
         agent_type=agent_type, story_key=story_key, path=path, dispatch_id=dispatch_id

@@ -50,7 +50,14 @@ from bso.agent_profiles import (
     resolve_profile,
 )
 from bso.config import ConfigError, resolve_config
-from bso.git_rules import GitRuleError, check_ref_part, out_of_scope, parse_acceptance_criteria, parse_file_scope
+from bso.git_rules import (
+    GitRuleError,
+    check_ref_part,
+    count_passed,
+    out_of_scope,
+    parse_acceptance_criteria,
+    parse_file_scope,
+)
 from bso.messages import AgentComplete, Finding, TaskAssignment, describe_validation_error
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
@@ -269,6 +276,12 @@ async def run(a: TaskAssignment) -> AgentComplete:
         return recorded
     _kill_previous_attempt(run_dir)
     before = await head(wt.path) if wt else None
+    passing_before: int | None = None
+    checks = agents.verification
+    if wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
+        # P20: the fix snapshot: how many tests pass before the fix.
+        snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
+        passing_before = count_passed(snapshot.output, checks.passed_pattern)
 
     story_text = Path(story_file).read_text(encoding="utf-8") if Path(story_file).is_file() else ""
     scope = parse_file_scope(story_text)
@@ -357,6 +370,13 @@ async def run(a: TaskAssignment) -> AgentComplete:
             else:
                 verification_file.write_text(redact_text(checked.output, env), encoding="utf-8")
                 failure = "verification failed whatever the agent claimed: " + redact_text(checked.output, env)[-600:]
+            passing_after = count_passed(checked.output, checks.passed_pattern)
+            if passing_before is not None and (passing_after or 0) < passing_before:
+                await git(wt.path, "reset", "-q", "--hard", before)  # P20: roll the fix back
+                failure = (
+                    f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
+                    f"the fix was rolled back to {before[:12]}. " + (failure or "")
+                )
 
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)

@@ -13,6 +13,7 @@ STORY = "1-1-hello-world"
 
 RUN_CHECKS = '''import importlib.util, pathlib, sys
 failed = 0
+passed = 0
 for path in sorted(pathlib.Path("tests").glob("test_*.py")):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
@@ -21,10 +22,12 @@ for path in sorted(pathlib.Path("tests").glob("test_*.py")):
         if name.startswith("test_"):
             try:
                 getattr(mod, name)()
+                passed += 1
                 print("PASS", path, name)
             except AssertionError as err:
                 failed += 1
                 print("FAIL", path, name, err)
+print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 '''
 

@@ -186,3 +186,21 @@ def test_prompt_rendering_carries_the_assignment() -> None:
     assert "[HIGH] null check missing (src/a.py:3)" in out and "FAIL test_a" in out
     assert "debugger: `s/debugger`" in out and "write to /r.json" in out
     assert '"msg_type": "AGENT_COMPLETE"' in out and "$unknown_name" in out
+
+
+def test_count_passed() -> None:
+    from bso.git_rules import count_passed
+
+    assert count_passed("....\n12 passed, 1 warning in 0.5s", r"(\d+) passed") == 12
+    assert count_passed("$ a\n3 passed\n$ b\n2 passed", r"(\d+) passed") == 5
+    assert count_passed("no summary here", r"(\d+) passed") is None
+
+
+def test_the_readme_example_is_a_valid_agents_file() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("### Agent profiles")[1].split("```toml")[1].split("```")[0]
+    agents = parse_agents_file(block, "agents.toml")
+    assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.FIX).name == "claude-opus"
+    assert resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW).name == "codex"

@@ -210,3 +210,17 @@ async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) 
     done = await ActivityEnvironment().run(command.run, a)
     assert done.status is AgentStatus.SUCCESS, done.error
     assert orphan.wait(timeout=10) is not None
+
+
+async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    dev = await ActivityEnvironment().run(command.run, assignment(root))
+    assert dev.status is AgentStatus.SUCCESS, dev.error
+    wt = worktree_path(str(root), "s1", STORY)
+    after_dev = git(wt, "rev-parse", "HEAD").strip()
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests"\n'))
+    fix = await ActivityEnvironment().run(command.run, assignment(root, n=2, mode=AgentMode.FIX))
+    assert fix.status is AgentStatus.FAILURE
+    assert "passing tests fell from 1 to 0" in fix.error and "rolled back" in fix.error
+    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
