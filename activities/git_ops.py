@@ -46,7 +46,7 @@ async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120) ->
     return done.output if done.returncode == 0 else ""
 
 
-async def _identity(cwd: str) -> list[str]:
+async def identity_args(cwd: str) -> list[str]:
     """Commit as BSO only where the user has no identity configured."""
     email = await git(cwd, "config", "user.email", check=False)
     return [] if email.strip() else list(_IDENTITY)
@@ -132,7 +132,7 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     """P32: commit what the agent left, file by file; P21: refuse secret-looking files (left uncommitted,
     and reported also when the agent committed them itself)."""
     result = GateResult()
-    identity = await _identity(wt)
+    identity = await identity_args(wt)
     for path in await changed_paths(wt):
         if is_secret_path(path, settings.secret_patterns):
             result.refused.append(path)
@@ -249,7 +249,7 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     if count == 0:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
     squashed = False
-    identity = await _identity(root)
+    identity = await identity_args(root)
     message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
     if inp.squash and (path / ".git").exists():
         subject = (await git(str(path), "log", "-1", "--format=%s")).strip()

@@ -29,11 +29,13 @@ from temporalio import activity
 from activities.agent_config import config_error, load_agents_file, load_templates
 from activities.git_ops import (
     Worktree,
+    changed_paths,
     committed_paths,
     ensure_worktree,
     exit_gate,
     git,
     head,
+    identity_args,
     verify,
 )
 from activities.process import group_alive, kill_group, kill_group_now
@@ -377,6 +379,18 @@ async def run(a: TaskAssignment) -> AgentComplete:
                     f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
                     f"the fix was rolled back to {before[:12]}. " + (failure or "")
                 )
+
+    elif wt is not None and a.agent_type is not AgentType.DEV_RUNNER:
+        left = await changed_paths(wt.path)
+        if left:  # a reviewer changes nothing: its edits are stashed (kept, out of the way) and reported
+            who = await identity_args(wt.path)
+            await git(wt.path, *who, "stash", "push", "-q", "-u", "-m", f"bso: left by {a.dispatch_id}")
+            findings.append(
+                Finding(
+                    severity=Severity.LOW,
+                    summary=f"{a.agent_type.value} changed files (stashed, not committed): {', '.join(left[:10])}",
+                )
+            )
 
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)

@@ -224,3 +224,17 @@ async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> N
     assert fix.status is AgentStatus.FAILURE
     assert "passing tests fell from 1 to 0" in fix.error and "rolled back" in fix.error
     assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+
+
+async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    await ActivityEnvironment().run(command.run, assignment(root))
+    wt = worktree_path(str(root), "s1", STORY)
+    (wt / "src" / "sneaky.py").write_text("x = 1\n")  # as if the reviewer had written it
+    review = await ActivityEnvironment().run(
+        command.run, assignment(root, n=2, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    )
+    assert review.status is AgentStatus.SUCCESS and review.verdict.value == "success"
+    assert any("stashed" in f.summary and "src/sneaky.py" in f.summary for f in review.findings)
+    assert git(wt, "status", "--porcelain") == ""
+    assert "bso: left by" in git(wt, "stash", "list")
