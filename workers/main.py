@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agents import run_agent
+from activities.git_ops import finish_story_git
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
@@ -28,7 +29,7 @@ from workflows.sprint_slave import SprintSlaveWorkflow
 
 WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow]
 SPRINT_ACTIVITIES = [load_sprint_status, write_story_status, write_execution_summary]
-AGENT_ACTIVITIES = [run_agent]
+AGENT_ACTIVITIES = [run_agent, finish_story_git]
 
 log = logging.getLogger("bso.worker")
 
