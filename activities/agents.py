@@ -15,7 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.backends import external, simulated
+from activities.backends import command, external, simulated
 from activities.session_files import safe_name, session_path, write_json_atomic
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
@@ -25,6 +25,7 @@ Backend = Callable[[TaskAssignment], Awaitable[AgentComplete | None]]
 BACKENDS: dict[str, Backend] = {
     "simulated": simulated.run,
     "external": external.run,
+    "command": command.run,
 }
 
 

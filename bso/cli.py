@@ -105,13 +105,11 @@ class _App(typer.Typer):
 
 
 def _exit(code: int) -> None:
-    """Exit with `code`. After an error, skip interpreter finalization: a Temporal core runtime left
-    behind by a failed connection can abort the interpreter at shutdown and print a fatal error."""
-    if code:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(0)
+    """Exit with `code` without interpreter finalization: the Temporal core runtime's native threads
+    can crash a finalizing interpreter (seen as a SIGSEGV or a fatal error after the work was done)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 app = _App(

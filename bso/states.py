@@ -132,3 +132,4 @@ class SprintPhase(StrEnum):
 class AgentBackend(StrEnum):
     SIMULATED = "simulated"
     EXTERNAL = "external"
+    COMMAND = "command"

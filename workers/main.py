@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from activities.agents import run_agent
 from activities.improvements import add_improvement_stories, propose_improvements
+from activities.git_ops import finish_story_git
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
@@ -35,7 +36,7 @@ SPRINT_ACTIVITIES = [
     propose_improvements,
     add_improvement_stories,
 ]
-AGENT_ACTIVITIES = [run_agent]
+AGENT_ACTIVITIES = [run_agent, finish_story_git]
 
 log = logging.getLogger("bso.worker")
 

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from activities.agents import run_agent
+    from activities.git_ops import finish_story_git
     from activities.status_file import load_sprint_status, write_story_status
     from bso.constants import (
         QUERY_STATUS,
@@ -66,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         short_key,
     )
     from bso.report import build_slave_result
+    from bso.git_rules import FinishStoryInput
     from bso.simulation import SimulationScript
 
 STATUS_WRITE_OPTIONS: dict[str, Any] = {
@@ -217,6 +219,8 @@ class SprintSlaveWorkflow:
                 continue
             self._current = meta.key
             await self._drive_story(meta)
+            if inp.agent_backend == "command" and self._progress[meta.key].state == "done":
+                await self._finish_story_git(meta)
             self._current = None
             if budget_level(inp.tokens_used_before + self._tokens_used(), inp.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
@@ -354,6 +358,32 @@ class SprintSlaveWorkflow:
         if not handle.done():
             handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
         return f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
+
+    async def _finish_story_git(self, meta: StoryMeta) -> None:
+        """command backend only: squash the done story's branch (P28) and merge it back locally."""
+        try:
+            result = await workflow.execute_activity(
+                finish_story_git,
+                FinishStoryInput(
+                    project_root=self._input.project_root,
+                    session_id=self._input.session_id,
+                    story_key=meta.key,
+                    story_title=meta.title,
+                    story_path=meta.story_path,
+                    squash=self._input.config.git_squash_strategy == "per_story",
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(minutes=10),
+                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["AgentConfigError"]),
+                summary=f"squash and merge story {meta.key}",
+            )
+            note = None if result.merged else f"not merged: {result.note}"
+        except ActivityError as err:
+            note = f"not merged: {_cause(err)}"
+        if note is not None:
+            workflow.logger.warning("[Slave] %s %s", meta.key, note)
+            self._progress[meta.key] = self._progress[meta.key].model_copy(update={"error": note})
+            self._publish(meta.key)
 
     async def _commit(self, before: StoryProgress, transition: Transition) -> None:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""

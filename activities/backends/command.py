@@ -1,0 +1,415 @@
+"""The `command` backend: a real coding-agent CLI (Claude Code, Codex, Gemini, Aider, OpenCode, any
+command) run as a child process of the agent activity, in the story's git worktree.
+
+- The profile (bso.agent_profiles) gives the argv (no shell), how the prompt is passed, env, workdir, timeout.
+- The process runs in its own process group; the activity heartbeats (elapsed, last output line),
+  enforces the timeout itself and kills the whole group on timeout, cancellation or worker shutdown.
+- AGENT_COMPLETE is read from `$BSO_RESULT_FILE`, else from the CLI's final JSON output; token use from
+  the CLI's JSON. After a dev-runner: the Git Exit Gate, the scope guard and BSO's own verification.
+- Prompt, command (env redacted), stdout/stderr and the result go to `.sprint-session/agents/<dispatch>/`;
+  the AGENT_COMPLETE (history) carries only a short summary, the transcript's path and its hash.
+- Idempotency: a marker (dispatch id, commit) in the worktree's git dir; a retried activity whose agent
+  already finished (and whose commit is still the worktree's HEAD) reports the recorded answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+from temporalio import activity
+
+from activities.agent_config import config_error, load_agents_file, load_templates
+from activities.git_ops import (
+    Worktree,
+    changed_paths,
+    committed_paths,
+    ensure_worktree,
+    exit_gate,
+    git,
+    head,
+    identity_args,
+    verify,
+)
+from activities.process import group_alive, kill_group, kill_group_now
+from activities.session_files import safe_name, session_path, write_json_atomic
+from bso.agent_output import cli_reported_error, complete_from_output, token_use
+from bso.agent_profiles import (
+    AgentProfileError,
+    AgentsFile,
+    ResolvedProfile,
+    dispatch_session_id,
+    redact_env,
+    redact_text,
+    render_argv,
+    resolve_profile,
+)
+from bso.config import ConfigError, resolve_config
+from bso.git_rules import (
+    GitRuleError,
+    check_ref_part,
+    count_passed,
+    out_of_scope,
+    parse_acceptance_criteria,
+    parse_file_scope,
+)
+from bso.messages import AgentComplete, Finding, TaskAssignment, describe_validation_error
+from bso.prompting import PromptContext, render_prompt
+from bso.sprint_status import resolve_inside
+from bso.states import AgentMode, AgentStatus, AgentType, Severity
+
+LAST_LINE_CHARS = 300
+
+
+def run_dir_for(project_root: str, dispatch_id: str) -> Path:
+    path = session_path(project_root, "agents", safe_name(dispatch_id), "result.json").parent
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _verification_file(project_root: str, story_key: str) -> Path:
+    return session_path(project_root, "agents", "stories", story_key, "last-verification.txt")
+
+
+def _executable(profile: ResolvedProfile, env: dict[str, str], cwd: str) -> str:
+    exe = profile.argv[0]
+    if "/" in exe:
+        candidate = exe if os.path.isabs(exe) else os.path.join(cwd, exe)
+        found = candidate if os.path.isfile(candidate) and os.access(candidate, os.X_OK) else None
+    else:
+        found = shutil.which(exe, path=env.get("PATH"))
+    if found is None:
+        raise config_error(
+            f"agent profile {profile.name!r}: command {exe!r} is missing or not executable"
+        )
+    return found
+
+
+def _validate(a: TaskAssignment) -> str:
+    """Story key, session id and story path are checked before any file or command uses them."""
+    try:
+        check_ref_part(a.story_key, "story key")
+        check_ref_part(a.session_id, "session id")
+        return resolve_inside(a.project_root, a.story_path)
+    except (ValueError, GitRuleError) as err:
+        raise config_error(f"unsafe assignment: {err}") from None
+
+
+def _timeout(a: TaskAssignment, profile: ResolvedProfile) -> float:
+    try:
+        sprint = resolve_config(a.config_overrides).agent_timeout_seconds.for_agent(a.agent_type)
+    except ConfigError:
+        sprint = resolve_config().agent_timeout_seconds.for_agent(a.agent_type)
+    return float(min(sprint, profile.timeout_seconds or sprint))
+
+
+@dataclass
+class AgentRun:
+    returncode: int | None
+    timed_out: bool
+    elapsed: float
+    last_line: str
+
+
+async def _pump(stream: asyncio.StreamReader | None, path: Path, last: list[str], env: dict[str, str]) -> None:
+    if stream is None:
+        return
+    with open(path, "w", encoding="utf-8") as fh:
+        while line := await stream.readline():
+            text = redact_text(line.decode(errors="replace"), env)
+            fh.write(text)
+            fh.flush()
+            if text.strip():
+                last[0] = text.strip()[:LAST_LINE_CHARS]
+
+
+async def _run_process(
+    argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, timeout: float,
+    run_dir: Path, agents: AgentsFile, dispatch_id: str,
+) -> AgentRun:
+    info = activity.info()
+    beat_every = agents.heartbeat_seconds
+    if info.heartbeat_timeout:
+        beat_every = min(beat_every, max(info.heartbeat_timeout.total_seconds() / 3, 0.5))
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # its own process group: killed as a whole
+    )
+    pgid = proc.pid
+    write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": pgid, "attempt": info.attempt})
+    last = [""]
+    pumps = [
+        asyncio.create_task(_pump(proc.stdout, run_dir / "stdout.log", last, env)),
+        asyncio.create_task(_pump(proc.stderr, run_dir / "stderr.log", [""], env)),
+    ]
+    if stdin is not None and proc.stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        proc.stdin.close()
+    started = time.monotonic()
+    waiter = asyncio.ensure_future(proc.wait())
+    timed_out = False
+    try:
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=beat_every)
+            elapsed = time.monotonic() - started
+            if done:
+                break
+            activity.heartbeat(
+                {"dispatch_id": dispatch_id, "pid": proc.pid, "elapsed_s": int(elapsed), "last_line": last[0]}
+            )
+            if elapsed >= timeout:
+                timed_out = True
+                await kill_group(pgid, agents.kill_grace_seconds)
+                await waiter
+                break
+    except asyncio.CancelledError:
+        # TERMINATE (the Slave cancelled), or the worker shuts down: no orphan agent may remain.
+        kill_group_now(pgid)
+        raise
+    finally:
+        if group_alive(pgid):  # the agent exited but left children behind
+            kill_group_now(pgid)
+    try:
+        await asyncio.wait_for(asyncio.gather(*pumps), timeout=10)
+    except asyncio.TimeoutError:
+        for p in pumps:
+            p.cancel()
+    return AgentRun(proc.returncode, timed_out, time.monotonic() - started, last[0])
+
+
+def _kill_previous_attempt(run_dir: Path) -> None:
+    """A worker that died hard leaves its agent running: stop it before a retry starts another."""
+    pid_file = run_dir / "pid.json"
+    if pid_file.exists():
+        try:
+            pgid = int(json.loads(pid_file.read_text(encoding="utf-8"))["pgid"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if group_alive(pgid):
+            activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
+            kill_group_now(pgid)
+
+
+async def _marker_path(wt: Worktree | None, run_dir: Path, dispatch_id: str) -> Path:
+    if wt is None:
+        return run_dir / "marker.json"
+    git_dir = (await git(wt.path, "rev-parse", "--absolute-git-dir")).strip()
+    path = Path(git_dir, "bso-dispatches", f"{safe_name(dispatch_id)}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def _recorded(marker: Path, wt: Worktree | None) -> AgentComplete | None:
+    if not marker.exists():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+        if wt is not None and data.get("commit") != await head(wt.path):
+            return None  # the worktree moved on (reset by hand): run again
+        return AgentComplete.model_validate(data["complete"])
+    except (ValueError, KeyError, ValidationError):
+        return None
+
+
+def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentRun, timeout: float) -> AgentComplete:
+    base = {
+        "dispatch_id": a.dispatch_id,
+        "story_key": a.story_key,
+        "agent_type": a.agent_type.value,
+        "mode": a.mode.value,
+    }
+    if run.timed_out:
+        return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"agent timed out after {int(timeout)}s; process group killed")
+    raw = None
+    if result_file.exists():
+        try:
+            raw = json.loads(result_file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"BSO_RESULT_FILE is not JSON: {err}")
+    if raw is None:
+        raw = complete_from_output(stdout)
+    if not isinstance(raw, dict):
+        why = cli_reported_error(stdout) or f"no AGENT_COMPLETE (exit code {run.returncode}; last output: {run.last_line!r})"
+        return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
+    try:
+        complete = AgentComplete.model_validate({**raw, **base})  # the agent cannot re-address its answer
+    except ValidationError as err:
+        return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"invalid AGENT_COMPLETE: {describe_validation_error(err)}"[:1500])
+    if run.returncode != 0 and complete.status is AgentStatus.SUCCESS:
+        return complete.model_copy(
+            update={"status": AgentStatus.FAILURE, "error": f"agent claimed success but exited with code {run.returncode}"}
+        )
+    return complete
+
+
+async def run(a: TaskAssignment) -> AgentComplete:
+    story_file = _validate(a)
+    root = a.project_root
+    agents = load_agents_file(root)
+    try:
+        profile = resolve_profile(agents, a.agent_type, a.mode)
+    except AgentProfileError as err:
+        raise config_error(str(err)) from None
+    env = {**os.environ, **profile.env}
+    _executable(profile, env, root)
+    run_dir = run_dir_for(root, a.dispatch_id)
+    wt = await ensure_worktree(root, a.session_id, a.story_key) if profile.workdir == "worktree" else None
+    workdir = wt.path if wt else root
+    marker = await _marker_path(wt, run_dir, a.dispatch_id)
+    recorded = await _recorded(marker, wt)
+    if recorded is not None:
+        activity.logger.info("dispatch %s already finished: recorded answer reported", a.dispatch_id)
+        return recorded
+    _kill_previous_attempt(run_dir)
+    before = await head(wt.path) if wt else None
+    passing_before: int | None = None
+    checks = agents.verification
+    if wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
+        # P20: the fix snapshot: how many tests pass before the fix.
+        snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
+        passing_before = count_passed(snapshot.output, checks.passed_pattern)
+
+    story_text = Path(story_file).read_text(encoding="utf-8") if Path(story_file).is_file() else ""
+    scope = parse_file_scope(story_text)
+    verification_file = _verification_file(root, a.story_key)
+    result_file = run_dir / "result.json"
+    result_file.unlink(missing_ok=True)
+    ctx = PromptContext(
+        assignment=a,
+        story_file=story_file,
+        workdir=workdir,
+        result_file=str(result_file),
+        acceptance_criteria=parse_acceptance_criteria(story_text),
+        file_scope=scope,
+        branch=wt.branch if wt else "",
+        base_commit=wt.base if wt else "",
+        verification_output=verification_file.read_text(encoding="utf-8")
+        if a.mode is AgentMode.FIX and verification_file.exists()
+        else "",
+    )
+    template, common = load_templates(root, a.agent_type)
+    prompt = redact_text(render_prompt(template, common, ctx), env)
+    prompt_file = run_dir / "prompt.md"
+    prompt_file.write_text(prompt, encoding="utf-8")
+    bso_env = {
+        "BSO_RESULT_FILE": str(result_file),
+        "BSO_DISPATCH_ID": a.dispatch_id,
+        "BSO_STORY_KEY": a.story_key,
+        "BSO_STORY_FILE": story_file,
+        "BSO_AGENT_TYPE": a.agent_type.value,
+        "BSO_MODE": a.mode.value,
+        "BSO_WORKDIR": workdir,
+        "BSO_PROMPT_FILE": str(prompt_file),
+        "BSO_PROJECT_ROOT": root,
+    }
+    env.update(bso_env)
+    argv = render_argv(
+        profile.argv,
+        {
+            "prompt": prompt,
+            "prompt_file": str(prompt_file),
+            "session_id": dispatch_session_id(a.dispatch_id),  # P30: fresh for every dispatch
+            "workdir": workdir,
+            "result_file": str(result_file),
+        },
+    )
+    timeout = _timeout(a, profile)
+    write_json_atomic(
+        run_dir / "command.json",
+        {
+            "profile": profile.name,
+            "argv": [x if x != prompt else "<prompt: prompt.md>" for x in argv],
+            "prompt_via": profile.prompt_via,
+            "cwd": workdir,
+            "env": redact_env({**profile.env, **bso_env}),
+            "timeout_seconds": timeout,
+            "attempt": activity.info().attempt,
+        },
+    )
+    run = await _run_process(
+        argv, workdir, env, prompt.encode() if profile.prompt_via == "stdin" else None,
+        timeout, run_dir, agents, a.dispatch_id,
+    )
+    stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
+    complete = _agent_answer(a, result_file, stdout, run, timeout)
+    usage = token_use(stdout)
+    cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
+    findings = list(complete.findings)
+    failure: str | None = None
+
+    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None:
+        gate = await exit_gate(
+            wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
+            dispatch_id=a.dispatch_id,
+        )
+        changed = await committed_paths(wt.path, before)
+        for path in out_of_scope(changed, scope):  # P19
+            findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))
+        if gate.refused:  # P21
+            failure = f"secret-looking files refused by the Git Exit Gate: {', '.join(sorted(gate.refused))}"
+        elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed:
+            failure = "dev dispatch produced no changes (empty diff)"
+        elif complete.status is AgentStatus.SUCCESS and agents.verification.commands:
+            checked = await verify(wt.path, agents.verification, env)
+            if checked.ok:
+                verification_file.unlink(missing_ok=True)
+            else:
+                verification_file.write_text(redact_text(checked.output, env), encoding="utf-8")
+                failure = "verification failed whatever the agent claimed: " + redact_text(checked.output, env)[-600:]
+            passing_after = count_passed(checked.output, checks.passed_pattern)
+            if passing_before is not None and (passing_after or 0) < passing_before:
+                await git(wt.path, "reset", "-q", "--hard", before)  # P20: roll the fix back
+                failure = (
+                    f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
+                    f"the fix was rolled back to {before[:12]}. " + (failure or "")
+                )
+
+    elif wt is not None and a.agent_type is not AgentType.DEV_RUNNER:
+        left = await changed_paths(wt.path)
+        if left:  # a reviewer changes nothing: its edits are stashed (kept, out of the way) and reported
+            who = await identity_args(wt.path)
+            await git(wt.path, *who, "stash", "push", "-q", "-u", "-m", f"bso: left by {a.dispatch_id}")
+            findings.append(
+                Finding(
+                    severity=Severity.LOW,
+                    summary=f"{a.agent_type.value} changed files (stashed, not committed): {', '.join(left[:10])}",
+                )
+            )
+
+    digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
+    transcript = os.path.relpath(run_dir / "stdout.log", root)
+    summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"
+    update: dict[str, object] = {
+        "summary": summary.strip()[:1900],
+        "findings": findings[:200],
+        "tokens_used": cli_tokens or complete.tokens_used,
+    }
+    if failure is not None:
+        update.update(status=AgentStatus.FAILURE, error=failure[:1900])
+    complete = complete.model_copy(update=update)
+    write_json_atomic(run_dir / "complete.json", complete.model_dump(mode="json"))
+    write_json_atomic(
+        marker,
+        {
+            "dispatch_id": a.dispatch_id,
+            "commit": await head(wt.path) if wt else None,
+            "complete": complete.model_dump(mode="json"),
+        },
+    )
+    return complete

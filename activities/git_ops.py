@@ -1,0 +1,285 @@
+"""Git for the command backend: one worktree and branch per story, the Git Exit Gate (P32, P21),
+the scope guard (P19), trust-nothing verification, squash (P28) and the local merge back.
+
+All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in bso.git_rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.process import run_command
+from activities.session_files import SESSION_DIR, safe_name, session_path, write_json_atomic
+from bso.agent_profiles import GitSettings, Verification
+from bso.sprint_status import parse_story_file, resolve_inside
+from bso.git_rules import (
+    FinishStoryInput,
+    FinishStoryResult,
+    GitRuleError,
+    commit_message,
+    is_secret_path,
+    parse_porcelain,
+    squash_message,
+    story_branch,
+)
+
+WORKTREES_DIR = "worktrees"
+_IDENTITY = ["-c", "user.name=BSO", "-c", "user.email=bso@localhost"]
+
+
+class GitError(RuntimeError):
+    pass
+
+
+async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120) -> str:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    done = await run_command(["git", "-C", cwd, *args], cwd=cwd, env=env, timeout=timeout)
+    if check and done.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed ({done.returncode}): {done.output.strip()[-800:]}")
+    return done.output if done.returncode == 0 else ""
+
+
+async def identity_args(cwd: str) -> list[str]:
+    """Commit as BSO only where the user has no identity configured."""
+    email = await git(cwd, "config", "user.email", check=False)
+    return [] if email.strip() else list(_IDENTITY)
+
+
+async def head(cwd: str) -> str:
+    return (await git(cwd, "rev-parse", "HEAD")).strip()
+
+
+async def require_repo(project_root: str) -> None:
+    if shutil.which("git") is None:
+        raise ApplicationError("git is not installed", type="AgentConfigError", non_retryable=True)
+    out = await git(project_root, "rev-parse", "--is-inside-work-tree", check=False)
+    if out.strip() != "true":
+        raise ApplicationError(
+            f"{project_root} is not a git repository: the command backend works in git worktrees",
+            type="AgentConfigError",
+            non_retryable=True,
+        )
+
+
+@dataclass
+class Worktree:
+    path: str
+    branch: str
+    base: str
+
+
+def worktree_path(project_root: str, session_id: str, story_key: str) -> Path:
+    return Path(project_root, SESSION_DIR, WORKTREES_DIR, safe_name(session_id), story_key)
+
+
+async def sprint_base(project_root: str, session_id: str) -> str:
+    """The sprint's base commit: the project's HEAD when the sprint first needed a worktree (recorded)."""
+    path = session_path(project_root, "git", f"{safe_name(session_id)}.json")
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))["base"]
+    base = await head(project_root)
+    write_json_atomic(path, {"session_id": session_id, "base": base})
+    await cleanup_stale_worktrees(project_root, session_id)
+    return base
+
+
+async def ensure_worktree(project_root: str, session_id: str, story_key: str) -> Worktree:
+    """The story's worktree on `bso/<session>/<story key>`, created from the sprint's base commit once."""
+    try:
+        branch = story_branch(session_id, story_key)
+    except GitRuleError as err:
+        raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
+    await require_repo(project_root)
+    base = await sprint_base(project_root, session_id)
+    path = worktree_path(project_root, session_id, story_key)
+    if (path / ".git").exists():
+        return Worktree(str(path), branch, base)
+    await git(project_root, "worktree", "prune", check=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
+    if exists.strip():
+        await git(project_root, "worktree", "add", str(path), branch)
+    else:
+        await git(project_root, "worktree", "add", "-b", branch, str(path), base)
+    return Worktree(str(path), branch, base)
+
+
+async def changed_paths(wt: str) -> list[str]:
+    out = await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+    return parse_porcelain(out)
+
+
+async def committed_paths(wt: str, since: str) -> list[str]:
+    out = await git(wt, "diff", "--name-only", "-z", since, "HEAD")
+    return [p for p in out.split("\x00") if p]
+
+
+@dataclass
+class GateResult:
+    committed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: str, story_key: str,
+                    dispatch_id: str) -> GateResult:
+    """P32: commit what the agent left, file by file; P21: refuse secret-looking files (left uncommitted,
+    and reported also when the agent committed them itself)."""
+    result = GateResult()
+    identity = await identity_args(wt)
+    for path in await changed_paths(wt):
+        if is_secret_path(path, settings.secret_patterns):
+            result.refused.append(path)
+            continue
+        await git(wt, "add", "-A", "--", path)
+        staged = await git(wt, "diff", "--cached", "--name-only")
+        if not staged.strip():
+            continue
+        message = commit_message(
+            settings.commit_message, agent_type=agent_type, story_key=story_key, path=path, dispatch_id=dispatch_id
+        )
+        await git(wt, *identity, "commit", "-q", "--no-verify", "-m", message)
+        result.committed.append(path)
+    for path in await committed_paths(wt, since):
+        if is_secret_path(path, settings.secret_patterns) and path not in result.refused:
+            result.refused.append(path)
+    return result
+
+
+@dataclass
+class VerificationResult:
+    ok: bool
+    output: str
+
+
+async def verify(wt: str, verification: Verification, env: dict[str, str]) -> VerificationResult:
+    """Trust nothing: run the project's own checks in the worktree; any failing command fails the dispatch."""
+    chunks: list[str] = []
+    ok = True
+    for argv in verification.commands:
+        if not argv:
+            continue
+        exe = argv[0]
+        if shutil.which(exe, path=env.get("PATH")) is None and not Path(wt, exe).is_file():
+            chunks.append(f"$ {' '.join(argv)}\n{exe}: command not found")
+            ok = False
+            break
+        done = await run_command(argv, cwd=wt, env=env, timeout=verification.timeout_seconds)
+        status = "timed out" if done.timed_out else f"exit {done.returncode}"
+        chunks.append(f"$ {' '.join(argv)}  ({status})\n{done.output.strip()}")
+        if done.timed_out or done.returncode != 0:
+            ok = False
+            break
+    text = "\n\n".join(chunks)
+    return VerificationResult(ok, text[-verification.output_tail_chars:])
+
+
+async def cleanup_stale_worktrees(project_root: str, current_session: str) -> list[str]:
+    """Remove clean worktrees of other (finished) sprints whose branch is merged; failed stories' stay."""
+    removed: list[str] = []
+    root = Path(project_root, SESSION_DIR, WORKTREES_DIR)
+    if not root.is_dir():
+        return removed
+    current = safe_name(current_session)
+    for session_dir in root.iterdir():
+        if not session_dir.is_dir() or session_dir.name == current:
+            continue
+        for wt in session_dir.iterdir():
+            if not (wt / ".git").exists():
+                continue
+            branch = (await git(str(wt), "rev-parse", "--abbrev-ref", "HEAD", check=False)).strip()
+            merged = await run_command(
+                ["git", "-C", project_root, "merge-base", "--is-ancestor", branch, "HEAD"], cwd=project_root
+            )
+            dirty = (await git(str(wt), "status", "--porcelain", check=False)).strip()
+            if branch and merged.returncode == 0 and not dirty:
+                await git(project_root, "worktree", "remove", "--force", str(wt), check=False)
+                removed.append(str(wt))
+    await git(project_root, "worktree", "prune", check=False)
+    return removed
+
+
+def _git_settings(project_root: str) -> GitSettings:
+    from activities.agent_config import load_agents_file
+
+    return load_agents_file(project_root).git
+
+
+def _title(inp: FinishStoryInput) -> str:
+    """The story file's title as it is now (the story-creator may have named it), else the planned one."""
+    if inp.story_path:
+        try:
+            path = Path(resolve_inside(inp.project_root, inp.story_path))
+        except ValueError:
+            return inp.story_title
+        if path.is_file():
+            return parse_story_file(path.read_text(encoding="utf-8")).title or inp.story_title
+    return inp.story_title
+
+
+@activity.defn
+async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
+    """The story is done: squash its commits into `feat: Story N.M: <title>` (P28) and merge the branch
+    into the project's checked-out branch (ff or merge commit). Idempotent; on conflict nothing changes
+    (the original commits stay) and the worktree is kept."""
+    settings = _git_settings(inp.project_root)
+    path = worktree_path(inp.project_root, inp.session_id, inp.story_key)
+    try:
+        branch = story_branch(inp.session_id, inp.story_key)
+    except GitRuleError as err:
+        raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
+    root = inp.project_root
+    exists = await git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
+    if not exists.strip():
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note="no branch: nothing to merge")
+    tip = (await git(root, "rev-parse", branch)).strip()
+    ancestor = await run_command(["git", "-C", root, "merge-base", "--is-ancestor", tip, "HEAD"], cwd=root)
+    if ancestor.returncode == 0:
+        if (path / ".git").exists():
+            await git(root, "worktree", "remove", "--force", str(path), check=False)
+        return FinishStoryResult(story_key=inp.story_key, merged=True, commit=tip, note="already merged")
+    base = await sprint_base(root, inp.session_id)
+    count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
+    if count == 0:
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
+    squashed = False
+    identity = await identity_args(root)
+    message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
+    if inp.squash and (path / ".git").exists():
+        subject = (await git(str(path), "log", "-1", "--format=%s")).strip()
+        if count > 1 or subject != message:
+            await git(root, "update-ref", f"refs/bso-originals/{inp.session_id}/{inp.story_key}", tip)
+            await git(str(path), "reset", "--soft", base)
+            await git(str(path), *identity, "commit", "-q", "--no-verify", "-m", message)
+            squashed = True
+    new_tip = (await git(root, "rev-parse", branch)).strip()
+    merged_ff = False
+    if settings.merge == "ff":
+        ff = await run_command(["git", "-C", root, "merge", "--ff-only", "-q", branch], cwd=root)
+        merged_ff = ff.returncode == 0
+    if not merged_ff:  # `merge`, or histories diverged (another story merged first): a merge commit
+        merge = await run_command(
+            ["git", "-C", root, *identity, "merge", "--no-ff", "-q", "-m", f"Merge {message}", branch],
+            cwd=root,
+        )
+        if merge.returncode != 0:
+            await git(root, "merge", "--abort", check=False)
+            if squashed:
+                await git(str(path), "reset", "--hard", tip)  # the original commits stay (P28)
+            return FinishStoryResult(
+                story_key=inp.story_key,
+                merged=False,
+                note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
+            )
+    await git(root, "worktree", "remove", "--force", str(path), check=False)
+    merged_head = (await head(root)).strip()
+    return FinishStoryResult(
+        story_key=inp.story_key, merged=True, squashed=squashed, commit=merged_head or new_tip,
+        note=f"{branch} merged" + (" (squashed)" if squashed else ""),
+    )

@@ -1,0 +1,175 @@
+"""Reading what a coding-agent CLI said: its AGENT_COMPLETE and its token use (pure).
+
+The agent is asked to write AGENT_COMPLETE as JSON to `$BSO_RESULT_FILE`. Where it did not, the CLI's
+own final JSON output is searched: Claude Code's `result` text, Codex's last `agent_message`, Gemini's
+`response`, or any JSON object in plain text that carries `"status"`.
+
+Token use comes from the CLI's JSON: Claude Code (`usage.input_tokens`, `output_tokens`,
+`cache_creation_input_tokens`, `cache_read_input_tokens`), Codex (`turn.completed` events:
+`usage.input_tokens` of which `cached_input_tokens` were cache reads, `output_tokens`), Gemini
+(`stats.models.*.tokens`: `prompt` of which `cached`, `candidates`), OpenCode (`tokens.input/output/
+cache.read/cache.write`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TokenUse:
+    input: int = 0  # uncached input
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+    def __add__(self, other: TokenUse) -> TokenUse:
+        return TokenUse(
+            self.input + other.input,
+            self.output + other.output,
+            self.cache_read + other.cache_read,
+            self.cache_write + other.cache_write,
+        )
+
+    def weighted(self, cache_read_weight: float, cache_write_weight: float = 1.0) -> int:
+        """What feeds the token budget: cache reads count at `cache_read_weight`."""
+        return int(
+            round(self.input + self.output + cache_read_weight * self.cache_read + cache_write_weight * self.cache_write)
+        )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def json_documents(text: str) -> list[Any]:
+    """The JSON in a CLI's stdout: the whole text as one document, else one document per line."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        return [json.loads(text)]
+    except ValueError:
+        pass
+    docs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(("{", "[")):
+            try:
+                docs.append(json.loads(line))
+            except ValueError:
+                continue
+    return docs
+
+
+def _usage_of(doc: dict[str, Any]) -> TokenUse:
+    usage = doc.get("usage")
+    if isinstance(usage, dict) and ("input_tokens" in usage or "output_tokens" in usage):
+        cached = _int(usage.get("cached_input_tokens"))
+        if cached:  # Codex: input_tokens includes the cached part
+            return TokenUse(
+                input=max(_int(usage.get("input_tokens")) - cached, 0),
+                output=_int(usage.get("output_tokens")),
+                cache_read=cached,
+            )
+        return TokenUse(
+            input=_int(usage.get("input_tokens")),
+            output=_int(usage.get("output_tokens")),
+            cache_read=_int(usage.get("cache_read_input_tokens")),
+            cache_write=_int(usage.get("cache_creation_input_tokens")),
+        )
+    stats = doc.get("stats")
+    if isinstance(stats, dict) and isinstance(stats.get("models"), dict):  # Gemini CLI
+        total = TokenUse()
+        for model in stats["models"].values():
+            tokens = model.get("tokens") if isinstance(model, dict) else None
+            if isinstance(tokens, dict):
+                cached = _int(tokens.get("cached"))
+                total += TokenUse(
+                    input=max(_int(tokens.get("prompt")) - cached, 0),
+                    output=_int(tokens.get("candidates")),
+                    cache_read=cached,
+                )
+        return total
+    part = doc.get("part") if isinstance(doc.get("part"), dict) else doc
+    tokens = part.get("tokens")
+    if isinstance(tokens, dict) and "input" in tokens:  # OpenCode step-finish
+        cache = tokens.get("cache") if isinstance(tokens.get("cache"), dict) else {}
+        return TokenUse(
+            input=_int(tokens.get("input")),
+            output=_int(tokens.get("output")),
+            cache_read=_int(cache.get("read")),
+            cache_write=_int(cache.get("write")),
+        )
+    return TokenUse()
+
+
+def token_use(stdout: str) -> TokenUse:
+    """Summed over every JSON document (Codex and OpenCode report per turn/step)."""
+    total = TokenUse()
+    for doc in json_documents(stdout):
+        if isinstance(doc, dict):
+            total += _usage_of(doc)
+    return total
+
+
+_OBJECT_RE = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def _complete_in_text(text: str) -> dict[str, Any] | None:
+    """The last JSON object in free text (or a ```json fence) that has a `status`."""
+    candidates = re.findall(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.DOTALL)
+    match = _OBJECT_RE.search(text)
+    if match:
+        candidates.append(match.group(0))
+    for candidate in reversed(candidates):
+        try:
+            obj = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "status" in obj:
+            return obj
+    return None
+
+
+def final_text(stdout: str) -> str:
+    """The agent's final answer text from the CLI's output, or the output's last lines."""
+    texts: list[str] = []
+    for doc in json_documents(stdout):
+        if not isinstance(doc, dict):
+            continue
+        if isinstance(doc.get("result"), str):  # Claude Code
+            texts.append(doc["result"])
+        elif isinstance(doc.get("response"), str):  # Gemini
+            texts.append(doc["response"])
+        item = doc.get("item") if isinstance(doc.get("item"), dict) else None
+        if item and item.get("type") == "agent_message" and isinstance(item.get("text"), str):  # Codex
+            texts.append(item["text"])
+        part = doc.get("part") if isinstance(doc.get("part"), dict) else None
+        if part and part.get("type") == "text" and isinstance(part.get("text"), str):  # OpenCode
+            texts.append(part["text"])
+    if texts:
+        return texts[-1]
+    return "\n".join(stdout.strip().splitlines()[-20:])
+
+
+def complete_from_output(stdout: str) -> dict[str, Any] | None:
+    """An AGENT_COMPLETE-like object found in the CLI's final output, if any."""
+    for doc in reversed(json_documents(stdout)):
+        if isinstance(doc, dict) and doc.get("msg_type") == "AGENT_COMPLETE":
+            return doc
+    return _complete_in_text(final_text(stdout))
+
+
+def cli_reported_error(stdout: str) -> str | None:
+    """Claude Code's `is_error` / a `type: error` event: the CLI itself says the run failed."""
+    for doc in json_documents(stdout):
+        if isinstance(doc, dict):
+            if doc.get("is_error") is True:
+                return str(doc.get("result") or doc.get("subtype") or "CLI reported an error")[:500]
+            if doc.get("type") == "error":
+                return str(doc.get("message") or doc)[:500]
+    return None

@@ -1,0 +1,291 @@
+"""Agent profiles for the `command` backend: which CLI runs which agent, and how.
+
+A project configures its agents in `.bso/agents.toml` (or `.bso/agents.yaml`). This module is the pure
+part: the pydantic models, the built-in profiles, parsing of the file's text and the choice of a
+profile for one dispatch. Reading the file is the activity's business.
+
+Example (`.bso/agents.toml`)::
+
+    default_profile = "claude"
+
+    [profiles.claude-opus]
+    extends = "claude"
+    argv = ["claude", "-p", "{prompt}", "--output-format", "json", "--model", "opus"]
+
+    [agents.review-runner]
+    profile = "codex"            # P30: another CLI, and always a fresh session
+
+    [agents.dev-runner.modes.fix]
+    profile = "claude-opus"
+    timeout_seconds = 2400
+
+    [verification]
+    commands = [["pytest", "-q"]]
+
+P30 (the reviewer is never the implementer's session): every dispatch is a new CLI process with a
+fresh `{session_id}`; a profile used by a reviewing agent may not carry a session-resume flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from io import StringIO
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bso.states import AgentMode, AgentType
+
+PROFILES_FILES = (".bso/agents.toml", ".bso/agents.yaml", ".bso/agents.yml")
+PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{session_id}", "{workdir}", "{result_file}")
+
+# Flags by which CLIs continue an earlier conversation: forbidden for reviewing agents (P30).
+RESUME_FLAGS = frozenset({"--resume", "-r", "--continue", "--session", "--session-id", "resume"})
+REVIEWING_AGENTS = frozenset({AgentType.STORY_REVIEWER, AgentType.REVIEW_RUNNER, AgentType.E2E_INSPECTOR})
+
+# Agents that write the story document work in the project; the others in the story's git worktree.
+DEFAULT_WORKDIR: dict[AgentType, str] = {
+    AgentType.STORY_CREATOR: "project",
+    AgentType.STORY_REVIEWER: "project",
+    AgentType.DEV_RUNNER: "worktree",
+    AgentType.REVIEW_RUNNER: "worktree",
+    AgentType.E2E_INSPECTOR: "worktree",
+}
+
+
+class AgentProfileError(ValueError):
+    """An agents file or profile that cannot be used; the message names the profile or the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentProfile(_Strict):
+    """How to run one coding-agent CLI. `argv` is never given to a shell."""
+
+    argv: list[str] = Field(default_factory=list)
+    prompt_via: Literal["arg", "stdin", "file"] = "arg"
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: Literal["worktree", "project"] | None = None  # None: the agent type's default
+    timeout_seconds: int | None = Field(default=None, gt=0)
+    output: Literal["json", "jsonl", "text"] = "json"
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> AgentProfile:
+        joined = "\x00".join(self.argv)
+        if self.prompt_via == "arg" and self.argv and "{prompt}" not in joined:
+            raise ValueError("prompt_via 'arg' needs a '{prompt}' placeholder in argv")
+        if self.prompt_via == "file" and self.argv and "{prompt_file}" not in joined:
+            raise ValueError("prompt_via 'file' needs a '{prompt_file}' placeholder in argv")
+        return self
+
+
+class ProfilePatch(_Strict):
+    """A user profile: `extends` a built-in or another user profile and overrides its fields."""
+
+    extends: str | None = None
+    argv: list[str] | None = None
+    prompt_via: Literal["arg", "stdin", "file"] | None = None
+    env: dict[str, str] | None = None
+    workdir: Literal["worktree", "project"] | None = None
+    timeout_seconds: int | None = Field(default=None, gt=0)
+    output: Literal["json", "jsonl", "text"] | None = None
+
+
+class AgentChoice(_Strict):
+    """Which profile an agent type (or one of its modes) uses, with optional overrides."""
+
+    profile: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: Literal["worktree", "project"] | None = None
+    timeout_seconds: int | None = Field(default=None, gt=0)
+
+
+class AgentSettings(AgentChoice):
+    modes: dict[AgentMode, AgentChoice] = Field(default_factory=dict)
+
+
+class Verification(_Strict):
+    """Trust nothing: BSO itself runs these (argv lists, no shell) in the worktree after dev and fix."""
+
+    commands: list[list[str]] = Field(default_factory=list)
+    timeout_seconds: int = Field(900, gt=0)
+    output_tail_chars: int = Field(4000, gt=0)
+    # P20 fix snapshot: how passing tests are counted in the commands' output (the numbers are summed).
+    passed_pattern: str = r"(\d+) passed"
+    fix_snapshot: bool = True
+
+
+class GitSettings(_Strict):
+    enabled: bool = True
+    commit_message: str = "bso($agent_type): $story_key: $path"
+    merge: Literal["ff", "merge"] = "ff"
+    squash_message: str = "feat: Story $story_number: $title"
+    secret_patterns: list[str] = Field(
+        default_factory=lambda: [
+            ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.p12", "*.pfx",
+            "credentials", "credentials.json", ".netrc", ".npmrc", ".pypirc", "*.keystore", "secrets.*",
+        ]
+    )
+
+
+class TokenSettings(_Strict):
+    cache_read_weight: float = Field(0.1, ge=0, le=1)
+    cache_write_weight: float = Field(1.0, ge=0)
+
+
+class AgentsFile(_Strict):
+    default_profile: str = "claude"
+    profiles: dict[str, ProfilePatch] = Field(default_factory=dict)
+    agents: dict[AgentType, AgentSettings] = Field(default_factory=dict)
+    verification: Verification = Verification()
+    git: GitSettings = GitSettings()
+    tokens: TokenSettings = TokenSettings()
+    kill_grace_seconds: float = Field(5.0, gt=0)
+    heartbeat_seconds: float = Field(5.0, gt=0)
+
+
+BUILTIN_PROFILES: dict[str, AgentProfile] = {
+    "claude": AgentProfile(argv=["claude", "-p", "{prompt}", "--output-format", "json"]),
+    "codex": AgentProfile(argv=["codex", "exec", "--json", "{prompt}"], output="jsonl"),
+    "gemini": AgentProfile(argv=["gemini", "-p", "{prompt}", "--output-format", "json"]),
+    "aider": AgentProfile(
+        argv=["aider", "--yes-always", "--no-pretty", "--message-file", "{prompt_file}"],
+        prompt_via="file",
+        output="text",
+    ),
+    "opencode": AgentProfile(argv=["opencode", "run", "--format", "json", "{prompt}"], output="jsonl"),
+    # Any command: the prompt on stdin, the AGENT_COMPLETE in $BSO_RESULT_FILE. Needs `argv` from the user.
+    "generic": AgentProfile(argv=[], prompt_via="stdin", output="text"),
+}
+
+
+class ResolvedProfile(_Strict):
+    """The profile one dispatch runs with, everything decided."""
+
+    name: str
+    argv: list[str]
+    prompt_via: Literal["arg", "stdin", "file"]
+    env: dict[str, str]
+    workdir: Literal["worktree", "project"]
+    timeout_seconds: int | None
+    output: Literal["json", "jsonl", "text"]
+
+
+def parse_agents_file(text: str, filename: str) -> AgentsFile:
+    """Parse `.bso/agents.toml` / `.yaml` text; AgentProfileError names every bad key."""
+    try:
+        if filename.endswith(".toml"):
+            raw: Any = tomllib.loads(text)
+        else:
+            from ruamel.yaml import YAML
+
+            raw = YAML(typ="safe").load(StringIO(text)) or {}
+    except Exception as err:  # tomllib.TOMLDecodeError, ruamel's YAMLError
+        raise AgentProfileError(f"{filename}: not valid {'TOML' if filename.endswith('.toml') else 'YAML'}: {err}") from None
+    if not isinstance(raw, dict):
+        raise AgentProfileError(f"{filename}: the top level must be a table/mapping")
+    try:
+        parsed = AgentsFile.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        raise AgentProfileError(f"{filename}: {problems}") from None
+    for name in parsed.profiles:
+        profile_by_name(parsed, name)  # every user profile must resolve, not only the ones used first
+    return parsed
+
+
+def profile_by_name(agents: AgentsFile, name: str, _seen: tuple[str, ...] = ()) -> AgentProfile:
+    if name in _seen:
+        raise AgentProfileError(f"profile {name!r}: 'extends' loops ({' -> '.join((*_seen, name))})")
+    patch = agents.profiles.get(name)
+    if patch is None:
+        if name in BUILTIN_PROFILES:
+            return BUILTIN_PROFILES[name]
+        known = sorted({*BUILTIN_PROFILES, *agents.profiles})
+        raise AgentProfileError(f"unknown agent profile {name!r}; known: {', '.join(known)}")
+    base_name = patch.extends or (name if name in BUILTIN_PROFILES else "generic")
+    base = (
+        BUILTIN_PROFILES[base_name]
+        if base_name == name
+        else profile_by_name(agents, base_name, (*_seen, name))
+    )
+    fields = base.model_dump()
+    for key, value in patch.model_dump(exclude={"extends"}).items():
+        if value is None:
+            continue
+        fields[key] = {**fields["env"], **value} if key == "env" else value
+    try:
+        return AgentProfile.model_validate(fields)
+    except ValidationError as err:
+        raise AgentProfileError(f"profile {name!r}: {err.errors()[0]['msg']}") from None
+
+
+def resolve_profile(agents: AgentsFile, agent_type: AgentType, mode: AgentMode) -> ResolvedProfile:
+    """The profile for one dispatch: default <- agent type <- mode override."""
+    settings = agents.agents.get(agent_type, AgentSettings())
+    mode_choice = settings.modes.get(mode, AgentChoice())
+    name = mode_choice.profile or settings.profile or agents.default_profile
+    base = profile_by_name(agents, name)
+    if not base.argv:
+        raise AgentProfileError(f"profile {name!r} has no argv: give the command to run in the agents file")
+    env = {**base.env, **settings.env, **mode_choice.env}
+    workdir = mode_choice.workdir or settings.workdir or base.workdir or DEFAULT_WORKDIR[agent_type]
+    timeout = mode_choice.timeout_seconds or settings.timeout_seconds or base.timeout_seconds
+    if agent_type in REVIEWING_AGENTS:
+        resumes = [a for a in base.argv if a in RESUME_FLAGS]
+        if resumes:
+            raise AgentProfileError(
+                f"profile {name!r} for {agent_type.value}: {resumes[0]!r} would resume an earlier session; "
+                "a reviewer must never be the implementer's session (P30)"
+            )
+    return ResolvedProfile(
+        name=name,
+        argv=list(base.argv),
+        prompt_via=base.prompt_via,
+        env=env,
+        workdir=workdir,
+        timeout_seconds=timeout,
+        output=base.output,
+    )
+
+
+def dispatch_session_id(dispatch_id: str) -> str:
+    """A fresh, per-dispatch session id (UUID-shaped) for `{session_id}`: no two dispatches share one (P30)."""
+    h = hashlib.sha256(dispatch_id.encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+
+
+def render_argv(argv: list[str], values: dict[str, str]) -> list[str]:
+    """Fill the placeholders of an argv (plain substitution; never a shell)."""
+    out = []
+    for arg in argv:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def is_secret_env_key(key: str) -> bool:
+    """*KEY*, *TOKEN*, *SECRET*, *PASSWORD*... (BSO's own BSO_* variables, e.g. BSO_STORY_KEY, are not secrets)."""
+    upper = key.upper()
+    if upper.startswith("BSO_"):
+        return False
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if is_secret_env_key(k) else v) for k, v in env.items()}
+
+
+def redact_text(text: str, env: dict[str, str]) -> str:
+    """Replace every secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
+    for key, value in env.items():
+        if is_secret_env_key(key) and value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text

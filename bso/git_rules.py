@@ -1,0 +1,166 @@
+"""The pure rules of BSO's git handling: branch names, secret files (P21), file scope (P19), messages.
+
+activities/git_ops.py runs git; everything it decides is decided here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import re
+from string import Template
+
+from bso.models import short_key
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+
+
+class GitRuleError(ValueError):
+    pass
+
+
+def check_ref_part(value: str, what: str) -> str:
+    """A story key or session id usable in a branch name and a directory name (no `..`, no `/`)."""
+    if not _KEY_RE.match(value) or ".." in value or value.endswith((".lock", ".")):
+        raise GitRuleError(f"{what} {value!r} cannot be used in a git branch name")
+    return value
+
+
+def story_branch(session_id: str, story_key: str) -> str:
+    """`bso/<session>/<story key>`."""
+    return f"bso/{check_ref_part(session_id, 'session id')}/{check_ref_part(story_key, 'story key')}"
+
+
+def is_secret_path(path: str, patterns: list[str]) -> bool:
+    """Does a changed file look like a secret (`.env*`, private keys, credential files)?"""
+    name = posixpath.basename(path)
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(path, pattern):
+            # `.env.example` / `.env.sample` are templates, not secrets.
+            if name.startswith(".env") and name.endswith((".example", ".sample", ".template", ".dist")):
+                continue
+            return True
+    return False
+
+
+def out_of_scope(paths: list[str], scope: list[str]) -> list[str]:
+    """The changed paths matching none of the story's declared scope globs (empty scope: no check).
+
+    A scope entry is a glob (`src/auth/**`, `tests/test_auth.py`) or a directory (`src/auth/`)."""
+    if not scope:
+        return []
+    outside = []
+    for path in paths:
+        if not any(_in_scope(path, entry) for entry in scope):
+            outside.append(path)
+    return outside
+
+
+def _in_scope(path: str, entry: str) -> bool:
+    entry = entry.strip()
+    if entry.startswith("./"):
+        entry = entry[2:]
+    if entry.endswith("/"):
+        return path.startswith(entry)
+    if entry.endswith("/**"):
+        return path.startswith(entry[:-2])
+    return fnmatch.fnmatchcase(path, entry) or path == entry
+
+
+_SCOPE_LINE_RE = re.compile(r"^[\s>*-]*\**\s*(?:file scope|scope|files)\s*\**\s*:\s*\**\s*(.+?)\s*$", re.I | re.M)
+_SCOPE_SECTION_RE = re.compile(r"^##+\s*(?:file scope|scope)\s*$(.*?)(?=^##|\Z)", re.I | re.M | re.S)
+
+
+def parse_file_scope(story_text: str) -> list[str]:
+    """A story's declared file scope: a `File scope: a/**, b.py` line or a `## File Scope` bullet list."""
+    section = _SCOPE_SECTION_RE.search(story_text)
+    if section:
+        items = [
+            line.strip().lstrip("-*").strip().strip("`")
+            for line in section.group(1).splitlines()
+            if line.strip().startswith(("-", "*"))
+        ]
+        return [i for i in items if i]
+    line = _SCOPE_LINE_RE.search(story_text)
+    if line:
+        return [p.strip().strip("`'\"") for p in re.split(r"[,\s]+", line.group(1)) if p.strip().strip("`'\"")]
+    return []
+
+
+_AC_SECTION_RE = re.compile(r"^##+\s*Acceptance Criteria\s*$(.*?)(?=^##|\Z)", re.I | re.M | re.S)
+
+
+def parse_acceptance_criteria(story_text: str) -> list[str]:
+    """The numbered or bulleted items under `## Acceptance Criteria`."""
+    section = _AC_SECTION_RE.search(story_text)
+    if not section:
+        return []
+    items = []
+    for line in section.group(1).splitlines():
+        m = re.match(r"^\s*(?:\d+[.)]|[-*])\s+(.*\S)\s*$", line)
+        if m:
+            items.append(m.group(1))
+    return items
+
+
+def count_passed(output: str, pattern: str) -> int | None:
+    """P20: passing tests in verification output (`12 passed` from pytest); None when none is reported."""
+    found = re.findall(pattern, output)
+    if not found:
+        return None
+    return sum(int(x) for x in found if str(x).isdigit())
+
+
+def commit_message(template: str, *, agent_type: str, story_key: str, path: str, dispatch_id: str) -> str:
+    return Template(template).safe_substitute(
+        agent_type=agent_type, story_key=story_key, path=path, dispatch_id=dispatch_id
+    )
+
+
+def squash_message(template: str, *, story_key: str, title: str) -> str:
+    """P28: `feat: Story N.M: <title>`."""
+    number = short_key(story_key).replace("-", ".")
+    return Template(template).safe_substitute(story_number=number, title=title or story_key, story_key=story_key)
+
+
+def parse_porcelain(text: str) -> list[str]:
+    """Paths of `git status --porcelain=v1 -z` output (renames give the new path)."""
+    paths: list[str] = []
+    entries = text.split("\x00")
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        status, path = entry[:2], entry[3:]
+        paths.append(path)
+        if "R" in status or "C" in status:
+            i += 1  # the original path follows
+    return paths
+
+
+# --- activity boundary models --------------------------------------------------------------------
+
+from pydantic import BaseModel, ConfigDict  # noqa: E402
+
+
+class FinishStoryInput(BaseModel):
+    """A story is done: squash its branch (P28) and merge it back into the project's branch."""
+
+    model_config = ConfigDict(extra="forbid")
+    project_root: str
+    session_id: str
+    story_key: str
+    story_title: str = ""
+    story_path: str = ""  # relative: the story file's current title wins over story_title
+    squash: bool = True  # git_squash_strategy == per_story
+
+
+class FinishStoryResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    story_key: str
+    merged: bool
+    squashed: bool = False
+    commit: str | None = None
+    note: str = ""

@@ -1,0 +1,206 @@
+"""The pure parts of the command backend: profiles, CLI output, git rules, prompt rendering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bso.agent_output import TokenUse, complete_from_output, token_use
+from bso.agent_profiles import (
+    AgentProfileError,
+    AgentsFile,
+    dispatch_session_id,
+    is_secret_env_key,
+    parse_agents_file,
+    redact_env,
+    redact_text,
+    render_argv,
+    resolve_profile,
+)
+from bso.git_rules import (
+    GitRuleError,
+    is_secret_path,
+    out_of_scope,
+    parse_acceptance_criteria,
+    parse_file_scope,
+    parse_porcelain,
+    squash_message,
+    story_branch,
+)
+from bso.messages import Finding, TaskAssignment
+from bso.prompting import PromptContext, render_prompt
+from bso.states import AgentMode, AgentType, Severity
+
+TOML = """
+default_profile = "claude"
+
+[profiles.claude-opus]
+extends = "claude"
+argv = ["claude", "-p", "{prompt}", "--output-format", "json", "--model", "opus"]
+env = { ANTHROPIC_MODEL = "opus" }
+
+[agents.review-runner]
+profile = "codex"
+
+[agents.dev-runner]
+timeout_seconds = 1200
+
+[agents.dev-runner.modes.fix]
+profile = "claude-opus"
+timeout_seconds = 2400
+
+[verification]
+commands = [["pytest", "-q"], ["ruff", "check", "."]]
+"""
+
+
+def test_toml_profiles_resolve_per_agent_and_mode() -> None:
+    agents = parse_agents_file(TOML, "agents.toml")
+    dev = resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.DEV)
+    assert dev.name == "claude" and dev.argv[:2] == ["claude", "-p"] and dev.timeout_seconds == 1200
+    assert dev.workdir == "worktree"
+    fix = resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.FIX)
+    assert fix.name == "claude-opus" and "opus" in fix.argv and fix.timeout_seconds == 2400
+    assert fix.env == {"ANTHROPIC_MODEL": "opus"}
+    review = resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    assert review.argv == ["codex", "exec", "--json", "{prompt}"] and review.output == "jsonl"
+    creator = resolve_profile(agents, AgentType.STORY_CREATOR, AgentMode.CREATE)
+    assert creator.workdir == "project"
+    assert agents.verification.commands == [["pytest", "-q"], ["ruff", "check", "."]]
+
+
+def test_yaml_file_is_accepted() -> None:
+    text = "default_profile: codex\nagents:\n  dev-runner:\n    profile: aider\n"
+    agents = parse_agents_file(text, "agents.yaml")
+    dev = resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.DEV)
+    assert dev.prompt_via == "file" and "{prompt_file}" in dev.argv
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("default_profile = 3", "default_profile"),
+        ("[agents.dev-runnr]\nprofile='x'", "agents"),
+        ("[profiles.x]\nargv=['x']\nprompt_via='arg'", "'{prompt}'"),
+        ("[profiles.a]\nextends='b'\n[profiles.b]\nextends='a'", "loops"),
+        ("not toml [", "not valid TOML"),
+        ("[profiles.x]\nextends='nope'", "unknown agent profile"),
+    ],
+)
+def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
+    with pytest.raises(AgentProfileError) as err:
+        parse_agents_file(text, "agents.toml")
+    assert needle in str(err.value)
+
+
+def test_generic_needs_argv_and_reviewer_may_not_resume_a_session() -> None:
+    with pytest.raises(AgentProfileError, match="no argv"):
+        resolve_profile(AgentsFile(default_profile="generic"), AgentType.DEV_RUNNER, AgentMode.DEV)
+    agents = parse_agents_file(
+        "[profiles.resumer]\nextends='claude'\nargv=['claude','--resume','{session_id}','-p','{prompt}']\n",
+        "agents.toml",
+    )
+    agents = agents.model_copy(update={"default_profile": "resumer"})
+    assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.DEV).name == "resumer"
+    with pytest.raises(AgentProfileError, match="P30"):
+        resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    assert dispatch_session_id("s/1/1-1/3") != dispatch_session_id("s/1/1-1/4")
+
+
+def test_argv_rendering_and_redaction() -> None:
+    assert render_argv(["x", "-p", "{prompt}", "--f={prompt_file}"], {"prompt": "hi", "prompt_file": "/p"}) == [
+        "x", "-p", "hi", "--f=/p",
+    ]
+    assert is_secret_env_key("OPENAI_API_KEY") and is_secret_env_key("GH_TOKEN") and is_secret_env_key("DB_PASSWORD")
+    assert not is_secret_env_key("PATH") and not is_secret_env_key("BSO_STORY_KEY")
+    env = {"MY_SECRET": "hunter2hunter2", "HOME": "/root"}
+    assert redact_env(env) == {"MY_SECRET": "***", "HOME": "/root"}
+    assert redact_text("pw=hunter2hunter2 home=/root", env) == "pw=*** home=/root"
+
+
+def test_token_use_of_each_cli() -> None:
+    claude = json.dumps({"type": "result", "result": "ok", "usage": {
+        "input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 20}})
+    assert token_use(claude) == TokenUse(10, 5, 1000, 20)
+    assert token_use(claude).weighted(0.1) == 10 + 5 + 100 + 20
+    codex = "\n".join(json.dumps(e) for e in [
+        {"type": "thread.started"},
+        {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 60, "output_tokens": 7}},
+        {"type": "turn.completed", "usage": {"input_tokens": 50, "cached_input_tokens": 0, "output_tokens": 3}},
+    ])
+    assert token_use(codex) == TokenUse(90, 10, 60, 0)
+    gemini = json.dumps({"response": "x", "stats": {"models": {"g": {"tokens": {"prompt": 30, "candidates": 4, "cached": 10}}}}})
+    assert token_use(gemini) == TokenUse(20, 4, 10, 0)
+    assert token_use("plain text\nno json") == TokenUse()
+
+
+def test_agent_complete_found_in_cli_output() -> None:
+    inner = {"status": "success", "verdict": "success", "summary": "ok"}
+    claude = json.dumps({"type": "result", "result": "All good.\n```json\n" + json.dumps(inner) + "\n```"})
+    assert complete_from_output(claude) == inner
+    codex = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": json.dumps(inner)}})
+    assert complete_from_output(codex) == inner
+    assert complete_from_output("I did nothing useful") is None
+
+
+def test_git_rules() -> None:
+    assert story_branch("sprint-1", "1-2-login") == "bso/sprint-1/1-2-login"
+    for bad in ("../x", "a/b", "x..y", "", "-x"):
+        with pytest.raises(GitRuleError):
+            story_branch("s", bad)
+    patterns = AgentsFile().git.secret_patterns
+    for secret in (".env", "config/.env.production", "id_rsa", "certs/server.key", "a/credentials.json"):
+        assert is_secret_path(secret, patterns), secret
+    for fine in (".env.example", "src/env.py", "keys.md", "src/app.py"):
+        assert not is_secret_path(fine, patterns), fine
+    assert out_of_scope(["src/a.py", "tests/t.py", "docs/x.md"], ["src/**", "tests/"]) == ["docs/x.md"]
+    assert out_of_scope(["anything"], []) == []
+    assert squash_message("feat: Story $story_number: $title", story_key="3-2-chunks", title="Chunk manager") == (
+        "feat: Story 3.2: Chunk manager"
+    )
+    assert parse_porcelain(" M a.py\x00?? b/c.py\x00R  new.py\x00old.py\x00") == ["a.py", "b/c.py", "new.py"]
+
+
+def test_story_parsing() -> None:
+    text = "# Story 1.1: X\n\nFile scope: `src/**`, tests/**\n\n## Acceptance Criteria\n\n1. one\n2. two\n\n## Tasks\n- a\n"
+    assert parse_file_scope(text) == ["src/**", "tests/**"]
+    assert parse_acceptance_criteria(text) == ["one", "two"]
+    section = "## File Scope\n\n- src/auth/\n- tests/test_auth.py\n\n## Other\n"
+    assert parse_file_scope(section) == ["src/auth/", "tests/test_auth.py"]
+
+
+def test_prompt_rendering_carries_the_assignment() -> None:
+    a = TaskAssignment(
+        dispatch_id="s/b/1-1/2", agent_type=AgentType.DEV_RUNNER, mode=AgentMode.FIX, story_key="1-1-x",
+        story_path="stories/1-1-x.md", session_id="s", batch_id=1, report_to="s/b", project_root="/p",
+        resident_contacts={"debugger": "s/debugger"},
+        fix_findings=[Finding(severity=Severity.HIGH, summary="null check missing", file="src/a.py", line=3)],
+    )
+    ctx = PromptContext(assignment=a, story_file="/p/stories/1-1-x.md", workdir="/wt", result_file="/r.json",
+                        acceptance_criteria=["works"], verification_output="FAIL test_a")
+    template = "Story $story_key mode $mode\n$common\n$unknown_name"
+    common = "AC:\n$acceptance_criteria\n$fix_section\n$resident_contacts_section\nwrite to $result_file\n$result_shape"
+    out = render_prompt(template, common, ctx)
+    assert "Story 1-1-x mode fix" in out and "1. works" in out
+    assert "[HIGH] null check missing (src/a.py:3)" in out and "FAIL test_a" in out
+    assert "debugger: `s/debugger`" in out and "write to /r.json" in out
+    assert '"msg_type": "AGENT_COMPLETE"' in out and "$unknown_name" in out
+
+
+def test_count_passed() -> None:
+    from bso.git_rules import count_passed
+
+    assert count_passed("....\n12 passed, 1 warning in 0.5s", r"(\d+) passed") == 12
+    assert count_passed("$ a\n3 passed\n$ b\n2 passed", r"(\d+) passed") == 5
+    assert count_passed("no summary here", r"(\d+) passed") is None
+
+
+def test_the_readme_example_is_a_valid_agents_file() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("### Agent profiles")[1].split("```toml")[1].split("```")[0]
+    agents = parse_agents_file(block, "agents.toml")
+    assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.FIX).name == "claude-opus"
+    assert resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW).name == "codex"

@@ -1,0 +1,240 @@
+"""The command backend through the real activity code, with a real fake agent CLI in a real git repo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.backends import command
+from activities.git_ops import worktree_path
+from bso.messages import TaskAssignment
+from bso.states import AgentMode, AgentStatus, AgentType
+from tests.fake_agent.project import STORY, git, make_git_project
+
+STORY_PATH = f"_bmad-output/implementation-artifacts/{STORY}.md"
+STORY_TEXT = (
+    "# Story 1.1: Hello world\n\nStatus: ready-for-dev\n\nFile scope: src/**, tests/**\n\n"
+    "## Acceptance Criteria\n\n1. greet() says hello\n2. tests cover it\n"
+)
+
+
+def assignment(root: Path, n: int = 1, agent: AgentType = AgentType.DEV_RUNNER, mode: AgentMode = AgentMode.DEV,
+               **kw) -> TaskAssignment:
+    return TaskAssignment(
+        dispatch_id=f"s1/batch-1/1-1/{n}", agent_type=agent, mode=mode, story_key=STORY, story_path=STORY_PATH,
+        session_id="s1", batch_id=1, report_to="s1/batch-1", project_root=str(root), backend="command", **kw,
+    )
+
+
+def dev_project(tmp_path: Path, agents_toml: str = "", **env: str) -> Path:
+    root = make_git_project(tmp_path / "proj", agents_toml=agents_toml, FAKE_AGENT_LEDGER=str(tmp_path / "ledger.jsonl"), **env)
+    (root / STORY_PATH).write_text(STORY_TEXT)
+    return root
+
+
+def runs(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "ledger.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    a = assignment(root)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert done.tokens_used == 1000 + 200 + 500  # cache reads weighted 0.1
+    wt = worktree_path(str(root), "s1", STORY)
+    log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
+    assert log == [f"bso(dev-runner): {STORY}: src/story_1_1_hello_world_extra.py", f"implement {STORY}"]
+    assert git(wt, "status", "--porcelain") == ""
+    assert git(root, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert f"bso/s1/{STORY}" in git(root, "branch", "--list")
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    prompt = (run_dir / "prompt.md").read_text()
+    assert "greet() says hello" in prompt and "BSO_RESULT_FILE" in prompt and "src/**" in prompt
+    assert "sha256:" in done.summary and "stdout.log" in done.summary
+    assert not done.findings
+
+    # A retry (the worker died after the agent finished and committed) reports, never reruns.
+    again = await ActivityEnvironment().run(command.run, a)
+    assert again == done
+    assert len(runs(tmp_path)) == 1
+
+
+async def test_secrets_are_redacted_from_files_on_disk(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123")
+    a = assignment(root)
+    await ActivityEnvironment().run(command.run, a)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    for path in run_dir.iterdir():
+        assert "tok-very-secret-123" not in path.read_text(), path
+    assert json.loads((run_dir / "command.json").read_text())["env"]["MY_API_TOKEN"] == "***"
+
+
+async def test_leaked_env_file_is_refused(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="leak-env")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE
+    assert ".env" in done.error and "secret" in done.error
+    wt = worktree_path(str(root), "s1", STORY)
+    assert ".env" not in git(wt, "log", "--name-only", "--format=", "main..HEAD")
+
+
+async def test_verification_overrides_a_false_success(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="break-tests")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE
+    assert "verification failed" in done.error and "FAIL" in done.error
+    # ... and the output goes into the next fix assignment's prompt.
+    fix = assignment(root, n=2, mode=AgentMode.FIX)
+    (root / ".bso" / "agents.toml").write_text(
+        (root / ".bso" / "agents.toml").read_text().replace('FAKE_AGENT_BEHAVIOR = "break-tests"', "")
+    )
+    fixed = await ActivityEnvironment().run(command.run, fix)
+    prompt = (command.run_dir_for(str(root), fix.dispatch_id) / "prompt.md").read_text()
+    assert "the last verification run failed" in prompt and "FAIL" in prompt
+    assert fixed.status is AgentStatus.SUCCESS, fixed.error
+
+
+async def test_out_of_scope_changes_are_findings(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="out-of-scope")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert [f.file for f in done.findings] == ["docs/notes.md"]
+
+
+async def test_dev_without_changes_fails(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="no-changes")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and "empty diff" in done.error
+
+
+async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="crash")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and "no AGENT_COMPLETE" in done.error
+
+    root2 = dev_project(tmp_path / "b", FAKE_AGENT_BEHAVIOR="no-result-file")
+    done2 = await ActivityEnvironment().run(command.run, assignment(root2))
+    assert done2.status is AgentStatus.SUCCESS, done2.error
+    assert done2.summary.startswith("fake dev-runner/dev")
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids.json"
+    root = dev_project(
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n",
+        FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids),
+    )
+    env = ActivityEnvironment()
+    beats: list = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    done = await env.run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and "timed out" in done.error
+    assert beats and {"elapsed_s", "last_line", "pid"} <= set(beats[-1])
+    assert any(b["last_line"] == "working very hard" for b in beats)
+    recorded = json.loads(pids.read_text())
+    assert len(recorded) == 2
+    for _ in range(50):
+        if not any(alive(p) for p in recorded):
+            break
+        await asyncio.sleep(0.1)
+    assert not any(alive(p) for p in recorded), recorded
+
+
+async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids.json"
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids))
+    env = ActivityEnvironment()
+    task = asyncio.create_task(env.run(command.run, assignment(root)))
+    for _ in range(300):
+        if pids.exists() and pids.read_text():
+            break
+        await asyncio.sleep(0.1)
+    recorded = json.loads(pids.read_text())
+    env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        if not any(alive(p) for p in recorded):
+            break
+        await asyncio.sleep(0.1)
+    assert not any(alive(p) for p in recorded), recorded
+
+
+async def test_missing_cli_is_a_non_retryable_config_error(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, agents_toml='\n[agents.dev-runner]\nprofile = "gone"\n[profiles.gone]\nargv = ["no-such-agent-cli-xyz", "{prompt}"]\n')
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(command.run, assignment(root))
+    assert err.value.type == "AgentConfigError" and err.value.non_retryable
+    assert "'gone'" in err.value.message
+
+
+async def test_unsafe_story_path_is_refused(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    bad = assignment(root).model_copy(update={"story_path": "../../etc/passwd"})
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(command.run, bad)
+    assert err.value.type == "AgentConfigError"
+    bad_key = assignment(root).model_copy(update={"story_key": "../x"})
+    with pytest.raises(ApplicationError):
+        await ActivityEnvironment().run(command.run, bad_key)
+
+
+async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) -> None:
+    """A worker killed hard leaves its agent running; the retry stops that process group first."""
+    import subprocess
+
+    root = dev_project(tmp_path)
+    a = assignment(root)
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    (run_dir / "pid.json").write_text(json.dumps({"pid": orphan.pid, "pgid": orphan.pid, "attempt": 1}))
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert orphan.wait(timeout=10) is not None
+
+
+async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    dev = await ActivityEnvironment().run(command.run, assignment(root))
+    assert dev.status is AgentStatus.SUCCESS, dev.error
+    wt = worktree_path(str(root), "s1", STORY)
+    after_dev = git(wt, "rev-parse", "HEAD").strip()
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests"\n'))
+    fix = await ActivityEnvironment().run(command.run, assignment(root, n=2, mode=AgentMode.FIX))
+    assert fix.status is AgentStatus.FAILURE
+    assert "passing tests fell from 1 to 0" in fix.error and "rolled back" in fix.error
+    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+
+
+async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    await ActivityEnvironment().run(command.run, assignment(root))
+    wt = worktree_path(str(root), "s1", STORY)
+    (wt / "src" / "sneaky.py").write_text("x = 1\n")  # as if the reviewer had written it
+    review = await ActivityEnvironment().run(
+        command.run, assignment(root, n=2, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    )
+    assert review.status is AgentStatus.SUCCESS and review.verdict.value == "success"
+    assert any("stashed" in f.summary and "src/sneaky.py" in f.summary for f in review.findings)
+    assert git(wt, "status", "--porcelain") == ""
+    assert "bso: left by" in git(wt, "stash", "list")

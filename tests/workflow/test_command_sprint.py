@@ -1,0 +1,119 @@
+"""A real sprint with the command backend on the time-skipping server: the fake agent CLI writes the
+story, implements it in the story's worktree, BSO verifies, squashes and merges it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bso.states import SprintStatus
+from tests.conftest import bso_worker
+from tests.fake_agent.project import STORY, git, make_git_project
+from tests.workflow.helpers import run_sprint, sprint_input, status_values, workflow_task_failures
+from activities.git_ops import worktree_path
+from bso.constants import slave_workflow_id
+
+
+async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path) -> None:
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_LEDGER=str(tmp_path / "ledger.jsonl"))
+    base = git(root, "rev-parse", "HEAD").strip()
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-sprint", agent_backend="command")
+        )
+    assert report.status is SprintStatus.COMPLETE, report
+    assert report.stories == {STORY: "done"}
+    assert status_values(root)[STORY] == "done"
+    # One squashed commit on main, on top of the base, with the story's files.
+    log = git(root, "log", "--format=%s", f"{base}..HEAD").splitlines()
+    assert log == ["feat: Story 1.1: Hello"]
+    files = git(root, "show", "--name-only", "--format=", "HEAD").split()
+    assert sorted(files) == sorted(
+        ["src/story_1_1_hello_world.py", "src/story_1_1_hello_world_extra.py", "tests/test_story_1_1_hello_world.py"]
+    )
+    # The done story's worktree is gone; its originals are kept under refs/bso-originals.
+    assert not worktree_path(str(root), "cmd-sprint", STORY).exists()
+    assert git(root, "for-each-ref", "refs/bso-originals").strip()
+    agents = [line for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert len(agents) == 4  # create, story review, dev, code review
+    assert await workflow_task_failures(ts_env.client, "cmd-sprint") == 0
+
+
+async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="leak-env")
+    base = git(root, "rev-parse", "HEAD").strip()
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-leak", agent_backend="command")
+        )
+    assert report.stories == {STORY: "needs-intervention"}
+    assert git(root, "rev-parse", "HEAD").strip() == base  # nothing merged
+    wt = worktree_path(str(root), "cmd-leak", STORY)
+    assert (wt / ".env").exists() and ".env" not in git(wt, "ls-files")
+
+
+async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_env, tmp_path: Path) -> None:
+    k2 = "1-2-second-story"
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev", k2: "ready-for-dev"})
+    stories = root / "_bmad-output" / "implementation-artifacts"
+    for key, title in ((STORY, "Hello"), (k2, "Second")):
+        (stories / f"{key}.md").write_text(
+            f"# Story {key[0]}.{key[2]}: {title}\n\nStatus: ready-for-dev\n\nFile scope: src/**, tests/**\n\n"
+            "## Acceptance Criteria\n\n1. it works\n"
+        )
+    base = git(root, "rev-parse", "HEAD").strip()
+    # A clean, merged worktree left by an earlier sprint is removed; a dirty one (a failed story) stays.
+    stale_merged = root / ".sprint-session" / "worktrees" / "old-sprint" / "x"
+    stale_failed = root / ".sprint-session" / "worktrees" / "old-sprint" / "y"
+    git(root, "worktree", "add", "-q", "-b", "bso/old/x", str(stale_merged), base)
+    git(root, "worktree", "add", "-q", "-b", "bso/old/y", str(stale_failed), base)
+    (stale_failed / ".env").write_text("LEAK=1\n")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-two", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done", k2: "done"}, report
+    subjects = git(root, "log", "--format=%s", "--first-parent", f"{base}..HEAD").splitlines()
+    assert subjects[-1] == "feat: Story 1.1: Hello"
+    assert subjects[0] in ("feat: Story 1.2: Second", "Merge feat: Story 1.2: Second")
+    tracked = git(root, "ls-files", "src").split()
+    assert "src/story_1_1_hello_world.py" in tracked and "src/story_1_2_second_story.py" in tracked
+    assert not stale_merged.exists() and stale_failed.exists()
+
+
+async def test_worker_shutdown_kills_the_running_agent(ts_env, tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    from tests.workflow.helpers import start_sprint
+    from tests.workflow.test_command_backend import alive
+
+    pids = tmp_path / "pids.json"
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids)
+    )
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text("# Story 1.1: Hello\n")
+    handle = None
+    try:
+        async with bso_worker(ts_env.client) as queue:
+            handle = await start_sprint(
+                ts_env.client, queue, sprint_input(root, session_id="cmd-shutdown", agent_backend="command")
+            )
+            for _ in range(1200):
+                if pids.exists() and pids.read_text():
+                    break
+                await asyncio.sleep(0.1)
+            recorded = json.loads(pids.read_text())
+            assert all(alive(p) for p in recorded)
+        # The worker is shut down: its running agent activity was cancelled and killed the process group.
+        for _ in range(300):
+            if not any(alive(p) for p in recorded):
+                break
+            await asyncio.sleep(0.1)
+        assert not any(alive(p) for p in recorded), recorded
+    finally:
+        # Leave nothing running on the shared time-skipping server (a pending activity stops time skipping).
+        for wf_id in (slave_workflow_id("cmd-shutdown", 1), "cmd-shutdown"):
+            try:
+                await ts_env.client.get_workflow_handle(wf_id).terminate("test over")
+            except Exception:  # already closed or never started
+                pass
