@@ -61,6 +61,18 @@ def render_prompt(template: str, common: str, ctx: PromptContext) -> str:
     fix_parts = []
     if a.fix_findings:
         fix_parts.append("## Findings to fix\n\n" + _findings_text(list(a.fix_findings)) + "\n")
+    if a.fix_feedback:  # scored reviews (Gear 2): the review's feedback items, blocking ones first
+        items = sorted(a.fix_feedback, key=lambda f: f.severity != "blocking")
+        fix_parts.append(
+            "## Review feedback\n\n"
+            + "\n".join(
+                f"- [{f.severity}/{f.category}] {f.issue}"
+                + (f" ({f.file}{':' + str(f.line) if f.line else ''})" if f.file else "")
+                + (f"; suggestion: {f.suggestion}" if f.suggestion else "")
+                for f in items
+            )
+            + "\n"
+        )
     if ctx.verification_output:
         fix_parts.append(
             "## Debug suggestion: the last verification run failed\n\n```\n" + ctx.verification_output + "\n```\n"

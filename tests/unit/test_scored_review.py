@@ -145,3 +145,23 @@ def test_execution_summary_shows_scores_and_improvements() -> None:
                                        stories={KEY: "done"}, improvements=[imp]))
     assert f"| {KEY} | 1 | done | 1 | 3 | 72 -> 88 |" in text
     assert "| imp_001 | 2-2-imp-001 | 8.5 | Add caching |" in text
+
+
+def test_fix_prompt_carries_the_review_feedback() -> None:
+    from bso.messages import TaskAssignment
+    from bso.prompting import PromptContext, render_prompt
+
+    a = TaskAssignment(
+        dispatch_id="s/b/1-1/3", agent_type="dev-runner", mode="fix", story_key="1-1-x", story_path="s/1-1-x.md",
+        session_id="s", batch_id=1, report_to="s/b", project_root="/p",
+        fix_feedback=[
+            FeedbackItem(severity="suggestion", category="documentation", issue="Function lacks docstring"),
+            FeedbackItem(severity="blocking", category="security", file="src/cli.py", line=67,
+                         issue="No validation of user input", suggestion="Validate task_id"),
+        ],
+    )
+    ctx = PromptContext(assignment=a, story_file="/p/s/1-1-x.md", workdir="/wt", result_file="/r.json")
+    out = render_prompt("$common", "$fix_section", ctx)
+    blocking = "- [blocking/security] No validation of user input (src/cli.py:67); suggestion: Validate task_id"
+    assert blocking in out and "- [suggestion/documentation] Function lacks docstring" in out
+    assert out.index(blocking) < out.index("Function lacks docstring")  # blocking first
