@@ -10,7 +10,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.session_files import append_jsonl, session_path
+from activities.session_files import append_jsonl, dispatch_answer_path, session_path, write_json_atomic
 from bso.dispatch import SCRIPT_KEYS
 from bso.messages import AgentComplete, TaskAssignment
 from bso.models import short_key
@@ -73,10 +73,10 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     summary = f"simulated {assignment.agent_type.value}/{assignment.mode.value}"
     if answer.status.value == "success" and assignment.agent_type is AgentType.STORY_CREATOR:
         summary = await asyncio.to_thread(_write_story_doc, assignment)
-    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
     if answer.never_answers:
+        append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
         return None
-    return AgentComplete(
+    complete = AgentComplete(
         dispatch_id=assignment.dispatch_id,
         story_key=assignment.story_key,
         agent_type=assignment.agent_type,
@@ -88,3 +88,8 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
         summary=summary,
         error=answer.error,
     )
+    # The answer is recorded before the work counts as finished: a worker killed between the two
+    # re-delivers the recorded answer on the retry instead of doing the work (and finishing) again.
+    write_json_atomic(dispatch_answer_path(assignment.project_root, assignment.dispatch_id), complete.model_dump(mode="json"))
+    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
+    return complete
