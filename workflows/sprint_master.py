@@ -107,8 +107,10 @@ class SprintMasterWorkflow:
             self._show()
 
     @workflow.signal(name=SIGNAL_PAUSE)
-    def pause(self, reason: str | None = None) -> None:
-        """No new batch starts while paused; batches in flight finish their stories."""
+    def pause(self, reason: Any = None) -> None:
+        """No new batch starts while paused; batches in flight finish their stories.
+
+        `reason` is Any: with `str | None` the SDK dropped a pause whose reason was not a string."""
         self._pause(reason if isinstance(reason, str) and reason else "paused by operator")
 
     @workflow.signal(name=SIGNAL_RESUME)
