@@ -8,6 +8,7 @@ of running the agent again. The Slave ignores the duplicate.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -64,6 +65,6 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
     if complete is None:
         return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
     if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
-        write_json_atomic(answer_file, complete.model_dump(mode="json"))
+        await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
     delivered = await _deliver(assignment, complete)
     return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered)

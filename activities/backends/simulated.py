@@ -63,7 +63,9 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     answer: ScriptedAnswer = scripted_answer(script, key, assignment.mode_round)  # type: ignore[arg-type]
     attempt = activity.info().attempt
     ledger = session_path(assignment.project_root, LEDGER)
-    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "started"})
+    # File I/O with fsync runs in a thread: on the event loop it would stall every activity and
+    # workflow task of the worker (measured: ~8 ms per fsync, three per dispatch).
+    await asyncio.to_thread(append_jsonl, ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "started"})
     if attempt <= answer.flaky_attempts:
         raise ApplicationError(
             f"simulated infrastructure fault (attempt {attempt} of {answer.flaky_attempts} flaky)",
@@ -74,7 +76,9 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     if answer.status.value == "success" and assignment.agent_type is AgentType.STORY_CREATOR:
         summary = await asyncio.to_thread(_write_story_doc, assignment)
     if answer.never_answers:
-        append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
+        await asyncio.to_thread(
+            append_jsonl, ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"}
+        )
         return None
     complete = AgentComplete(
         dispatch_id=assignment.dispatch_id,
@@ -90,6 +94,9 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     )
     # The answer is recorded before the work counts as finished: a worker killed between the two
     # re-delivers the recorded answer on the retry instead of doing the work (and finishing) again.
-    write_json_atomic(dispatch_answer_path(assignment.project_root, assignment.dispatch_id), complete.model_dump(mode="json"))
-    append_jsonl(ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"})
+    answer_file = dispatch_answer_path(assignment.project_root, assignment.dispatch_id)
+    await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
+    await asyncio.to_thread(
+        append_jsonl, ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"}
+    )
     return complete
