@@ -124,8 +124,12 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[s
     ready, written = [], []
     totals = {"agent_activities": 0, "write_activities": 0, "signals": 0, "workflow_tasks": 0}
     events = {"SprintMasterWorkflow": 0, "SprintSlaveWorkflow": 0}
+    by_type: dict[str, int] = {}
     for wf_type, history in histories:
         events[wf_type] = events.get(wf_type, 0) + len(history.events)
+        for e in history.events:
+            name = f"{wf_type.removeprefix('Sprint').removesuffix('Workflow')}:{E.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
+            by_type[name] = by_type.get(name, 0) + 1
         if wf_type == "SprintSlaveWorkflow":
             r, w, c = slave_overheads(history)
             ready += r
@@ -146,6 +150,7 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[s
         "slave_workflow_tasks_per_story": round(totals["workflow_tasks"] / n, 2),
         "slave_signals_per_story": round(totals["signals"] / n, 2),
         "activities_per_story": round((totals["agent_activities"] + totals["write_activities"]) / n, 2),
+        "events_per_story_by_type": {k: round(v / n, 2) for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
         "master_runs": len([h for t, h in histories if t == "SprintMasterWorkflow"]),
     }
 
@@ -226,6 +231,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"{b['answer_to_state_written_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
             f"{b['events_per_story']} | {b['activities_per_story']} | {b['slave_signals_per_story']} | {b['master_runs']} |"
         )
+    last = result["rows"][-1]["bso"] if result["rows"] else None
+    if last:
+        lines += ["", f"Where the events go (N = {last['n']}, per story):", "",
+                  "| workflow: event | per story |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in last["events_per_story_by_type"].items() if v >= 0.05]
     return "\n".join(lines) + "\n"
 
 
