@@ -145,6 +145,27 @@ async def _next_transition(root: Path, before: dict[str, str], client_of, workfl
     raise TimeoutError(f"no state transition within {limit}s of a restart")
 
 
+async def _diagnose(client: Client, session: str, workdir: Path) -> str:
+    """What a stuck sprint was waiting for: pending activities and children, and the logs' tails."""
+    lines = []
+    try:
+        async for wf in client.list_workflows(f'BsoSessionId = "{session}" AND ExecutionStatus = "Running"'):
+            desc = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+            pending = [
+                f"{a.activity_type.name} attempt {a.attempt} state {a.state} last failure {a.last_failure.message!r}"
+                for a in desc.raw_description.pending_activities
+            ]
+            lines.append(f"{wf.id}: history {desc.history_length}, pending {pending}, "
+                         f"pending workflow task {desc.raw_description.pending_workflow_task}")
+    except Exception as err:  # noqa: BLE001 - diagnostics only
+        lines.append(f"(describe failed: {err})")
+    for name in ("worker.log", "server.log"):
+        path = workdir / name
+        if path.exists():
+            lines.append(f"--- tail of {name}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(lines)
+
+
 async def run_trial(
     workdir: Path, server: DevServer, client: Client, kind: str, kills: int, rng: random.Random, log=print
 ) -> TrialResult:
@@ -180,7 +201,10 @@ async def run_trial(
                 server.start()
                 clients["client"] = await server.wait_ready()
             restarted = time.monotonic()
-            waited = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
+            try:
+                waited = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
+            except TimeoutError as err:
+                raise TimeoutError(f"{err}\n{await _diagnose(clients['client'], session, workdir)}") from None
             if waited is not None:
                 recoveries.append(time.monotonic() - restarted)
                 log(f"  {kind} kill {n + 1}: next state transition {recoveries[-1]:.2f}s after the restart")
