@@ -15,7 +15,7 @@ BSO_DEMO_PORT    ?= 7233
 BSO_DEMO_UI_PORT ?= 8233
 RUN_DIR          := .run
 
-.PHONY: help venv demo test server worker stop clean
+.PHONY: help venv demo test server worker stop clean bench crash-trials long-sprint
 
 help:
 	@echo "make demo    create the venv if needed, start the Temporal dev server + a worker, run the example sprint"
@@ -24,6 +24,9 @@ help:
 	@echo "make worker  run a BSO worker in the foreground"
 	@echo "make stop    stop the dev server and worker the demo started"
 	@echo "make clean   remove .demo, .run and .temporal (the dev server's SQLite file)"
+	@echo "make bench         BSO vs raw Temporal, N = 50, 200, 1000 (results in bench/results/)"
+	@echo "make crash-trials  long crash/restart trials: 10 worker kills, 3 server kills"
+	@echo "make long-sprint   the 1,000-story sprint (history sizes, continue-as-new, signals)"
 
 # The stamp is newer than pyproject.toml once the install succeeded, so `make venv` is a no-op when up to date.
 venv: $(STAMP)
@@ -78,3 +81,12 @@ stop:
 
 clean:
 	rm -rf .demo $(RUN_DIR) .temporal
+
+bench: venv
+	$(PY) -m bench.run
+
+crash-trials: venv
+	$(PY) -m bench.crash_trials
+
+long-sprint: venv
+	$(PY) -m bench.long_sprint --stories 1000

@@ -8,6 +8,7 @@ of running the agent again. The Slave ignores the duplicate.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.backends import command, external, simulated
-from activities.session_files import safe_name, session_path, write_json_atomic
+from activities.session_files import dispatch_answer_path, write_json_atomic
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
 
@@ -30,7 +31,7 @@ BACKENDS: dict[str, Backend] = {
 
 
 def _answer_path(assignment: TaskAssignment):
-    return session_path(assignment.project_root, "dispatches", f"{safe_name(assignment.dispatch_id)}.json")
+    return dispatch_answer_path(assignment.project_root, assignment.dispatch_id)
 
 
 async def _deliver(assignment: TaskAssignment, complete: AgentComplete) -> bool:
@@ -64,6 +65,7 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
     complete = await backend(assignment)
     if complete is None:
         return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
-    write_json_atomic(answer_file, complete.model_dump(mode="json"))
+    if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
+        await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
     delivered = await _deliver(assignment, complete)
     return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered)

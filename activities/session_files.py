@@ -39,3 +39,8 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def dispatch_answer_path(project_root: str, dispatch_id: str) -> Path:
+    """Where the agent activity records the AGENT_COMPLETE of one dispatch (re-delivered on a retry)."""
+    return session_path(project_root, "dispatches", f"{safe_name(dispatch_id)}.json")

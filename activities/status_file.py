@@ -145,7 +145,10 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
 
     story_keys = [e.key for e in parsed.stories()]
     stories: list[StoryMeta] = []
+    wanted = set(inp.only_stories) if inp.only_stories is not None else None
     for entry in parsed.stories():
+        if wanted is not None and entry.key not in wanted:
+            continue
         rel_path = posixpath.normpath(posixpath.join(story_rel, f"{entry.key}.md"))
         title, depends_on, tags = "", [], []
         info = _read_story_file(os.path.join(story_dir, f"{entry.key}.md"), root_real)

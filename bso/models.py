@@ -62,6 +62,9 @@ class StoryMeta(_Model):
 class LoadStatusInput(_Model):
     project_root: str
     status_file: str | None = None
+    # When set, the snapshot lists only these stories: a Slave needs only its batch, and a snapshot of
+    # the whole sprint in every Slave's history grew with the sprint (200 KB per Slave at 1,000 stories).
+    only_stories: list[str] | None = None
 
 
 class StatusSnapshot(_Model):

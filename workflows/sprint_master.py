@@ -118,8 +118,10 @@ class SprintMasterWorkflow:
             self._show()
 
     @workflow.signal(name=SIGNAL_PAUSE)
-    def pause(self, reason: str | None = None) -> None:
-        """No new batch starts while paused; batches in flight finish their stories."""
+    def pause(self, reason: Any = None) -> None:
+        """No new batch starts while paused; batches in flight finish their stories.
+
+        `reason` is Any: with `str | None` the SDK dropped a pause whose reason was not a string."""
         self._pause(reason if isinstance(reason, str) and reason else "paused by operator")
 
     @workflow.signal(name=SIGNAL_RESUME)
@@ -345,7 +347,10 @@ class SprintMasterWorkflow:
         while s.queue or running:
             if not running and self._history_is_long():
                 return True
+            # A long history stops new batches: with max_concurrent_slaves > 1 the running set would
+            # otherwise never empty, and the Master would never reach a point where it may continue as new.
             may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early
+            may_start = may_start and not self._history_is_long()
             while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
                 spec = s.queue.pop(0)
                 running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))

@@ -251,7 +251,11 @@ class SprintSlaveWorkflow:
         """Step 2 of the spec: the status file, not the plan, says where each story stands now."""
         snapshot = await workflow.execute_activity(
             load_sprint_status,
-            LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
+            LoadStatusInput(
+                project_root=self._input.project_root,
+                status_file=self._input.status_file,
+                only_stories=[s.key for s in self._input.stories],
+            ),
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
             summary="read sprint-status.yaml",

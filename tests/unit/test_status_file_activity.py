@@ -278,3 +278,17 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert changes.count("in-progress") == 1 and changes.count("done") == 1
     text = status.read_text()
     assert all(f"# s{i}\n" in text for i in range(1, n + 1))
+
+
+def test_load_only_some_stories(tmp_path):
+    """A Slave asks only for its batch: the snapshot in its history does not grow with the sprint."""
+    from activities.status_file import _load_sync
+    from bso.models import LoadStatusInput
+    from tests.workflow.helpers import make_project as _make
+
+    _make(tmp_path, {"1-1-a": "review", "1-2-b": "done", "2-1-c": "backlog"})
+    snap = _load_sync(LoadStatusInput(project_root=str(tmp_path), only_stories=["1-2-b", "2-1-c", "9-9-gone"]))
+    assert [s.key for s in snap.stories] == ["1-2-b", "2-1-c"]
+    assert set(snap.epics) == {"epic-1", "epic-2"}
+    full = _load_sync(LoadStatusInput(project_root=str(tmp_path)))
+    assert [s.key for s in full.stories] == ["1-1-a", "1-2-b", "2-1-c"]

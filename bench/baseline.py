@@ -1,0 +1,52 @@
+"""The raw Temporal baseline: a minimal workflow running N no-op activities, sequentially or in P
+parallel lanes (as BSO's Slaves run their stories one after another, P Slaves at a time).
+
+    python -m bench.baseline --worker      # the baseline's worker process (started by bench.run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from datetime import timedelta
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+TASK_QUEUE = "bench-baseline"
+
+
+@activity.defn
+async def noop(i: int) -> int:
+    return i
+
+
+@workflow.defn
+class BaselineWorkflow:
+    @workflow.run
+    async def run(self, n: int, lanes: int) -> int:
+        async def lane(start: int) -> None:
+            for i in range(start, n, lanes):
+                await workflow.execute_activity(noop, i, start_to_close_timeout=timedelta(seconds=30))
+
+        await asyncio.gather(*(lane(k) for k in range(lanes)))
+        return n
+
+
+async def serve() -> None:
+    client = await Client.connect(os.environ["TEMPORAL_ADDRESS"])
+    worker = Worker(client, task_queue=TASK_QUEUE, workflows=[BaselineWorkflow], activities=[noop])
+    await worker.run()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.baseline")
+    parser.add_argument("--worker", action="store_true", required=True)
+    parser.parse_args()
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Crash and restart trials: a sprint survives `kill -9` of the worker and of the server.
+
+    .venv/bin/python -m bench.crash_trials                      # long form: 10 worker kills, 3 server kills
+    .venv/bin/python -m bench.crash_trials --worker-kills 3 --server-kills 1 --seed 7
+
+One local dev server (SQLite file) and the real worker process (`python -m workers.main`), both owned
+by this script and stopped by pid. A sprint of simulated agents taking ~200 ms each runs once
+uninterrupted (the reference), then once with the worker killed (-9) at random moments and restarted,
+then once with the server killed (-9) and restarted on its database file. Each interrupted run must end
+with the reference's story states, report (its deterministic parts) and status-file values, and no
+dispatch may have finished twice in the simulated agents' ledger (answers delivered once are
+re-delivered from `.sprint-session/dispatches/`, never recomputed). The time from each restart to the
+sprint's next story-state transition is measured and printed (median, p95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from bench.infra import DevServer, WorkerProcess, make_project, percentile, status_values
+from bso.constants import SPRINT_TASK_QUEUE
+from bso.models import SprintInput, SprintReport
+from workflows.sprint_master import SprintMasterWorkflow
+
+# 12 stories on every path the engine has: creation, story review loops, dev, review-fix loops.
+STORIES = {
+    "1-1-sign-up": "backlog",
+    "1-2-log-in": "ready-for-dev",
+    "1-3-log-out": "review",
+    "1-4-reset-password": "needs-fix",
+    "2-1-list-items": "ready-for-dev",
+    "2-2-add-item": "backlog",
+    "2-3-edit-item": "review",
+    "2-4-delete-item": "in-progress",
+    "3-1-search": "story-doc-review",
+    "3-2-filters": "ready-for-dev",
+    "3-3-export": "review",
+    "3-4-import": "ready-for-dev",
+}
+SIMULATION = {
+    "default": {"duration_ms": 200, "tokens": 1000},
+    "stories": {
+        "1-1": {"story_review": ["needs-improve", "passed"], "review": ["HIGH", "none"]},
+        "1-2": {"review": ["MEDIUM", "LOW"]},
+        "2-2": {"review": ["CRITICAL", "HIGH", "none"]},
+        "3-2": {"fail": {"review": "error"}},
+        "3-4": {"review": ["HIGH"], "tokens": 2500},
+    },
+}
+CONFIG = {
+    "batch_size": 3,
+    "max_concurrent_slaves": 2,
+    # A killed worker's agent attempt is noticed after 2 s without heartbeat, and retried 0.5 s later.
+    "agent_retry": {"heartbeat_timeout_seconds": 2, "initial_interval_seconds": 0.5, "maximum_attempts": 20},
+}
+
+
+@dataclass
+class TrialResult:
+    kind: str
+    kills: int
+    report: dict[str, Any]
+    values: dict[str, str]
+    ledger: list[dict[str, Any]]
+    recoveries: list[float] = field(default_factory=list)  # seconds, restart -> next state transition
+    wall_seconds: float = 0.0
+
+    def finished_twice(self) -> list[str]:
+        counts = Counter(r["dispatch_id"] for r in self.ledger if r["event"] == "finished")
+        return sorted(d for d, n in counts.items() if n > 1)
+
+    def reruns(self) -> int:
+        """Attempts started again after an interruption (allowed: at-least-once for unfinished work)."""
+        counts = Counter(r["dispatch_id"] for r in self.ledger if r["event"] == "started")
+        return sum(n - 1 for n in counts.values())
+
+
+def deterministic_report(report: SprintReport) -> dict[str, Any]:
+    """The parts of a report that do not depend on timing: stories, statuses, rounds, dispatches, tokens."""
+    return {
+        "status": report.status.value,
+        "stories": dict(sorted(report.stories.items())),
+        "tokens_used": report.tokens_used,
+        "batch_plan": [b.stories for b in report.batch_plan.batches] if report.batch_plan else [],
+        "batches": [
+            {
+                "batch_id": b.batch_id,
+                "status": b.status.value,
+                "tokens_used": b.tokens_used,
+                "review_fix_rounds": dict(sorted(b.results.review_fix_rounds.items())),
+                "agents_dispatched": {r.story_key: r.agents_dispatched for r in b.results.story_results},
+                "final_states": {r.story_key: r.final_state for r in b.results.story_results},
+                "agents_created": b.results.total_agents_created,
+                "agents_destroyed": b.results.total_agents_destroyed,
+            }
+            for b in report.batches
+        ],
+    }
+
+
+def read_ledger(root: Path) -> list[dict[str, Any]]:
+    path = root / ".sprint-session" / "simulated-agent-ledger.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def story_states(root: Path) -> dict[str, str]:
+    try:
+        return {k: v for k, v in status_values(root).items() if not k.startswith("epic-")}
+    except (OSError, IndexError):
+        return {}
+
+
+async def _closed(client: Client, workflow_id: str) -> bool:
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe()
+    except Exception:  # the server may be restarting
+        return False
+    return desc.status is not None and desc.status != WorkflowExecutionStatus.RUNNING
+
+
+async def _next_transition(root: Path, before: dict[str, str], client_of, workflow_id: str, limit: float) -> float | None:
+    """Seconds until a story value in the status file differs from `before` (None: the sprint ended first)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        if story_states(root) != before:
+            return time.monotonic() - start
+        if await _closed(client_of(), workflow_id):
+            return None if story_states(root) == before else time.monotonic() - start
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"no state transition within {limit}s of a restart")
+
+
+async def _diagnose(client: Client, session: str, workdir: Path) -> str:
+    """What a stuck sprint was waiting for: pending activities and children, and the logs' tails."""
+    lines = []
+    try:
+        async for wf in client.list_workflows(f'BsoSessionId = "{session}" AND ExecutionStatus = "Running"'):
+            desc = await client.get_workflow_handle(wf.id, run_id=wf.run_id).describe()
+            pending = [
+                f"{a.activity_type.name} attempt {a.attempt} state {a.state} last failure {a.last_failure.message!r}"
+                for a in desc.raw_description.pending_activities
+            ]
+            lines.append(f"{wf.id}: history {desc.history_length}, pending {pending}, "
+                         f"pending workflow task {desc.raw_description.pending_workflow_task}")
+    except Exception as err:  # noqa: BLE001 - diagnostics only
+        lines.append(f"(describe failed: {err})")
+    for name in ("worker.log", "server.log"):
+        path = workdir / name
+        if path.exists():
+            lines.append(f"--- tail of {name}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(lines)
+
+
+async def run_trial(
+    workdir: Path, server: DevServer, client: Client, kind: str, kills: int, rng: random.Random, log=print
+) -> TrialResult:
+    """One sprint on a fresh copy of the project; `kind` is none, worker or server."""
+    root = workdir / f"project-{kind}-{uuid.uuid4().hex[:6]}"
+    make_project(root, STORIES)
+    worker = WorkerProcess(server.address, workdir / "worker.log")
+    worker.start()
+    clients = {"client": client}
+    session = f"crash-{kind}-{uuid.uuid4().hex[:6]}"
+    recoveries: list[float] = []
+    began = time.monotonic()
+    try:
+        await client.start_workflow(
+            SprintMasterWorkflow.run,
+            SprintInput(project_root=str(root), session_id=session, simulation=SIMULATION, config_overrides=CONFIG),
+            id=session,
+            task_queue=SPRINT_TASK_QUEUE,
+        )
+        for n in range(kills):
+            await asyncio.sleep(rng.uniform(0.3, 2.0))
+            if await _closed(clients["client"], session):
+                log(f"  {kind} kill {n + 1}: sprint already finished")
+                break
+            before = story_states(root)
+            if kind == "worker":
+                worker.kill9()
+                await asyncio.sleep(rng.uniform(0.0, 0.5))
+                worker.start()
+            else:
+                server.kill9()
+                await asyncio.sleep(rng.uniform(0.0, 0.5))
+                server.start()
+                clients["client"] = await server.wait_ready()
+            restarted = time.monotonic()
+            try:
+                waited = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
+            except TimeoutError as err:
+                raise TimeoutError(f"{err}\n{await _diagnose(clients['client'], session, workdir)}") from None
+            if waited is not None:
+                recoveries.append(time.monotonic() - restarted)
+                log(f"  {kind} kill {n + 1}: next state transition {recoveries[-1]:.2f}s after the restart")
+            else:
+                log(f"  {kind} kill {n + 1}: sprint finished without a further transition")
+        client = clients["client"]
+        deadline = time.monotonic() + 300
+        while not await _closed(client, session):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sprint {session} did not finish")
+            await asyncio.sleep(0.2)
+        report = await client.get_workflow_handle_for(SprintMasterWorkflow.run, session).result()
+    finally:
+        worker.stop()
+    return TrialResult(
+        kind=kind,
+        kills=kills,
+        report=deterministic_report(report),
+        values=status_values(root),
+        ledger=read_ledger(root),
+        recoveries=recoveries,
+        wall_seconds=time.monotonic() - began,
+    )
+
+
+def compare(reference: TrialResult, trial: TrialResult) -> list[str]:
+    """Every way `trial` differs from the uninterrupted reference (empty: identical)."""
+    problems = []
+    if trial.report != reference.report:
+        problems.append(f"{trial.kind}: report differs:\n  {trial.report}\n  vs reference\n  {reference.report}")
+    if trial.values != reference.values:
+        diff = {k: (reference.values.get(k), trial.values.get(k)) for k in reference.values.keys() | trial.values.keys()
+                if reference.values.get(k) != trial.values.get(k)}
+        problems.append(f"{trial.kind}: status file differs (reference, trial): {diff}")
+    if twice := trial.finished_twice():
+        problems.append(f"{trial.kind}: completed agent work redone for {twice}")
+    return problems
+
+
+async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: Path, log=print) -> dict[str, Any]:
+    rng = random.Random(seed)
+    server = DevServer(workdir / "temporal.db", workdir / "server.log")
+    server.start()
+    try:
+        client = await server.wait_ready()
+        log("reference run (no kills)")
+        reference = await run_trial(workdir, server, client, "none", 0, rng, log)
+        log(f"  {reference.wall_seconds:.1f}s, {len(reference.ledger) // 2} agent runs")
+        trials = []
+        if worker_kills:
+            log(f"worker trial: {worker_kills} x kill -9 of the worker")
+            trials.append(await run_trial(workdir, server, client, "worker", worker_kills, rng, log))
+        if server_kills:
+            log(f"server trial: {server_kills} x kill -9 of the server")
+            trials.append(await run_trial(workdir, server, client, "server", server_kills, rng, log))
+    finally:
+        server.stop()
+    problems = [p for t in trials for p in compare(reference, t)]
+    if twice := reference.finished_twice():
+        problems.append(f"reference: work finished twice for {twice}")
+    summary: dict[str, Any] = {"seed": seed, "reference_seconds": round(reference.wall_seconds, 2), "trials": []}
+    for t in trials:
+        summary["trials"].append(
+            {
+                "kind": t.kind,
+                "kills": t.kills,
+                "wall_seconds": round(t.wall_seconds, 2),
+                "interrupted_attempts_rerun": t.reruns(),
+                "recovery_seconds": [round(r, 2) for r in t.recoveries],
+                "recovery_median": round(statistics.median(t.recoveries), 2) if t.recoveries else None,
+                "recovery_p95": round(percentile(t.recoveries, 95), 2) if t.recoveries else None,
+            }
+        )
+    all_recoveries = [r for t in trials for r in t.recoveries]
+    summary["recovery_median"] = round(statistics.median(all_recoveries), 2) if all_recoveries else None
+    summary["recovery_p95"] = round(percentile(all_recoveries, 95), 2) if all_recoveries else None
+    summary["problems"] = problems
+    return summary
+
+
+def print_summary(summary: dict[str, Any], log=print) -> None:
+    for t in summary["trials"]:
+        log(
+            f"{t['kind']:>6} kills: {t['kills']}, wall {t['wall_seconds']}s, interrupted attempts rerun "
+            f"{t['interrupted_attempts_rerun']}, restart -> next transition: median {t['recovery_median']}s, "
+            f"p95 {t['recovery_p95']}s"
+        )
+    log(f"all restarts: median {summary['recovery_median']}s, p95 {summary['recovery_p95']}s")
+    log("identical to the uninterrupted run, no finished work redone" if not summary["problems"] else "PROBLEMS:")
+    for p in summary["problems"]:
+        log("  " + p)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.crash_trials", description=__doc__.splitlines()[0])
+    parser.add_argument("--worker-kills", type=int, default=10)
+    parser.add_argument("--server-kills", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    with tempfile.TemporaryDirectory(prefix="bso-crash-") as tmp:
+        summary = asyncio.run(run_trials(args.worker_kills, args.server_kills, seed, Path(tmp)))
+    print(f"seed {seed}")
+    print_summary(summary)
+    raise SystemExit(1 if summary["problems"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""CI form of the crash and restart trials (bench/crash_trials.py): 3 kill -9 of the worker and 1 of
+the server, each sprint identical to the uninterrupted one and no finished agent work redone.
+The long form: `.venv/bin/python -m bench.crash_trials` (10 worker kills, 3 server kills)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.crash_trials import print_summary, run_trials
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_sprint_survives_worker_and_server_kills(tmp_path: Path, capsys):
+    seed = random.randrange(1 << 30)
+    lines: list[str] = []
+    summary = await run_trials(worker_kills=3, server_kills=1, seed=seed, workdir=tmp_path, log=lines.append)
+    print_summary(summary, log=lines.append)
+    with capsys.disabled():
+        print(f"\ncrash trials (seed {seed}; rerun: python -m bench.crash_trials --worker-kills 3 --server-kills 1 "
+              f"--seed {seed}):\n  " + "\n  ".join(lines))
+    assert summary["problems"] == []
+    kinds = {t["kind"]: t for t in summary["trials"]}
+    assert set(kinds) == {"worker", "server"}
+    # At least one kill landed while the sprint was still running, and it recovered.
+    assert kinds["worker"]["recovery_seconds"], "no worker kill happened during the sprint"

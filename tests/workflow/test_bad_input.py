@@ -1,0 +1,209 @@
+"""The bad-input corpus (tests/corpus/): every bad status file, path, signal and answer gets a clear
+error, never a WorkflowTaskFailed event, and the status file stays unchanged (or changes correctly).
+Add a file to tests/corpus/status/ and a row to STATUS_CORPUS for every new bad input found."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
+
+from bso.constants import slave_workflow_id
+from bso.models import DEFAULT_STATUS_FILE
+from tests.conftest import bso_worker
+from tests.workflow.helpers import (
+    make_project,
+    sprint_input,
+    start_sprint,
+    status_values,
+    workflow_task_failures,
+)
+from tests.workflow.test_external_agents import _complete, _pending
+from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+K1 = "1-1-login-form"
+
+# corpus file -> text the sprint's failure must contain
+STATUS_CORPUS = {
+    "malformed_yaml.yaml": "YAML error: expected ',' or ']'",
+    "development_status_is_a_list.yaml": "development_status must be a mapping, got a list",
+    "story_value_is_a_mapping.yaml": "value of '1-1-login' must be a string, got a mapping",
+    "story_value_is_a_number.yaml": "value of '1-1-login' must be a string, got an integer",
+    "duplicate_keys.yaml": 'found duplicate key "1-1-login"',
+    "dotdot_key.yaml": "invalid key '../../etc/passwd' in development_status",
+    "absolute_key.yaml": "invalid key '/etc/passwd' in development_status",
+    "non_utf8.yaml": "not valid UTF-8 at byte offset",
+    "not_a_mapping.yaml": "top level must be a mapping, got str",
+    "empty.yaml": "top level must be a mapping, got an empty document",
+    "story_location_outside.yaml": "path escapes the project: '../../outside'",
+}
+
+
+async def _fails_with(client: Client, queue: str, inp, expected: str) -> str:
+    handle = await start_sprint(client, queue, inp)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    message = str(failure.value.cause)
+    assert expected in message
+    assert await workflow_task_failures(client, handle.id) == 0
+    return message
+
+
+def _install(root: Path, data: bytes) -> Path:
+    target = root / DEFAULT_STATUS_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return target
+
+
+def test_every_corpus_file_has_an_expected_error():
+    assert sorted(p.name for p in (CORPUS / "status").iterdir()) == sorted(STATUS_CORPUS)
+
+
+@pytest.mark.parametrize("name", sorted(STATUS_CORPUS))
+async def test_bad_status_file(ts_env, tmp_path: Path, name: str):
+    data = (CORPUS / "status" / name).read_bytes()
+    target = _install(tmp_path, data)
+    async with bso_worker(ts_env.client) as queue:
+        message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path), STATUS_CORPUS[name])
+    assert "sprint-status.yaml" in message  # names the file
+    assert target.read_bytes() == data
+
+
+async def test_ten_megabyte_status_file(ts_env, tmp_path: Path):
+    status = make_project(tmp_path, {K1: "review"})
+    data = status.read_bytes() + b"# padding padding padding padding padding padding padding\n" * 190_000
+    assert len(data) > 10 * 1024 * 1024
+    status.write_bytes(data)
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, sprint_input(tmp_path), "file too large")
+    assert status.read_bytes() == data
+
+
+async def test_status_file_symlinked_out_of_the_project(ts_env, tmp_path: Path):
+    outside = tmp_path / "outside"
+    make_project(outside, {K1: "review"})
+    project = tmp_path / "project"
+    link = project / DEFAULT_STATUS_FILE
+    link.parent.mkdir(parents=True)
+    os.symlink(outside / DEFAULT_STATUS_FILE, link)
+    before = (outside / DEFAULT_STATUS_FILE).read_bytes()
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, sprint_input(project), "outside the project root")
+    assert (outside / DEFAULT_STATUS_FILE).read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "status_file, expected",
+    [
+        ("/etc/passwd", "status file is outside the project root"),
+        ("../../../etc/passwd", "escapes the project"),
+        ("_bmad-output/nothing-here.yaml", "status file does not exist"),
+        ("_bmad-output", "status file is not a regular file"),
+    ],
+)
+async def test_bad_status_file_path(ts_env, tmp_path: Path, status_file: str, expected: str):
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, sprint_input(tmp_path, status_file=status_file), expected)
+    assert status_values(tmp_path) == before
+
+
+async def test_missing_project_root(ts_env, tmp_path: Path):
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, sprint_input(tmp_path / "gone"), "project root does not exist")
+
+
+@pytest.mark.parametrize("keys", [["../1-1"], ["/etc/passwd"], ["9-9"]])
+async def test_bad_story_key_selection(ts_env, tmp_path: Path, keys):
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    async with bso_worker(ts_env.client) as queue:
+        message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path, story_keys=keys), keys[0])
+    assert "InvalidSprintInput" in repr(message) or keys[0] in message
+    assert status_values(tmp_path) == before
+
+
+async def test_unknown_state_is_needs_intervention_and_the_rest_goes_on(ts_env, tmp_path: Path):
+    """A valid file with a value no dispatch-table row knows (tests/corpus/odd/unknown_state.yaml)."""
+    _install(tmp_path, (CORPUS / "odd" / "unknown_state.yaml").read_bytes())
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path))
+        report = await handle.result()
+        slave_failures = await workflow_task_failures(ts_env.client, slave_workflow_id(handle.id, 1))
+    assert report.stories == {"1-1-login": "done", "1-2-logout": "needs-intervention"}
+    errors = [r.error for b in report.batches for r in b.results.story_results if r.error]
+    assert any("half-done-maybe" in e and "no dispatch-table row" in e for e in errors)
+    values = status_values(tmp_path)
+    assert values["1-1-login"] == "done" and values["1-2-logout"] == "needs-intervention"
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0 and slave_failures == 0
+
+
+async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    client = ts_env.client
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, agent_backend="external", session_id="bad-sig"))
+        slave_id = slave_workflow_id("bad-sig", 1)
+        dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
+        await handle.signal("story_update", {"story_key": 42})  # wrong shape
+        await handle.signal("story_update", "nonsense")
+        await handle.signal(
+            "story_update", {"batch_id": 1, "story_key": "9-9-not-in-sprint", "view": {"state": "done"}}
+        )  # unknown story
+        await handle.signal("resume", {"token_limit": -5})  # invalid
+        await handle.signal("resume", [1, 2, 3])
+        await handle.signal("pause", 12345)  # not a string: paused with the default reason
+        await handle.signal("no_such_signal", {"x": 1})
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.phase == "paused" and status.pause_reason == "paused by operator"
+        assert "9-9-not-in-sprint" not in status.stories
+        await handle.signal("resume")
+        slave = client.get_workflow_handle(slave_id)
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, story_key="2-2"))  # wrong story
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, summary="x" * 5000))  # too long
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # repeated
+        review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
+        slave_status = await slave.query(SprintSlaveWorkflow.status)
+        await slave.signal("agent_complete", _complete(review_id, agent, mode))
+        report = await handle.result()
+    reasons = [r.reason for r in slave_status.rejected_messages]
+    assert reasons[0] == "story_key '2-2' does not match dispatch (1-1-login-form)"
+    assert reasons[1].startswith("validation_failed: summary: String should have at most 2000 characters")
+    assert reasons[2] == "already answered"
+    assert report.stories == {K1: "done"}
+    assert status_values(tmp_path)[K1] == "done"
+    for workflow_id in (handle.id, slave_id):
+        assert await workflow_task_failures(client, workflow_id) == 0
+
+
+@pytest.mark.e2e
+async def test_agent_output_over_2mb_is_rejected_and_the_sprint_completes(local_env, tmp_path: Path):
+    """The server refuses a 3 MB AGENT_COMPLETE (blob size limit), so it never reaches history; the
+    agent's proper answer afterwards completes the sprint."""
+    make_project(tmp_path, {K1: "review"})
+    client = local_env.client
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, agent_backend="external", session_id=f"big-{os.getpid()}-{id(tmp_path)}"))
+        slave_id = slave_workflow_id(handle.id, 1)
+        dispatch_id, agent, mode = await _pending(client, slave_id, local_env)
+        slave = client.get_workflow_handle(slave_id)
+        with pytest.raises(RPCError) as refused:
+            await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, summary="y" * (3 * 1024 * 1024)))
+        history = await slave.fetch_history()
+        assert max(len(e.SerializeToString()) for e in history.events) < 100_000
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
+        report = await asyncio.wait_for(handle.result(), timeout=120)
+    assert "size" in str(refused.value).lower() or "limit" in str(refused.value).lower()
+    assert report.stories == {K1: "done"}
+    for workflow_id in (handle.id, slave_id):
+        assert await workflow_task_failures(client, workflow_id) == 0
