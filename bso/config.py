@@ -84,6 +84,8 @@ class SprintConfig(_Knobs):
     max_story_review_rounds: int = Field(3, ge=1)
     story_review_fallback: Literal["ask_user", "force_pass", "skip_story"] = "ask_user"
     story_review_enabled: bool = True
+    # ask_user: how long a story waits for a human decision before needs-intervention (None: for ever).
+    decision_timeout_seconds: int | None = Field(None, gt=0)
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     e2e_enabled: bool = False

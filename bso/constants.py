@@ -13,6 +13,9 @@ SIGNAL_STORY_UPDATE = "story_update"
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"
+# Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
+UPDATE_DECIDE = "decide"
+SIGNAL_DECISION = "decision"
 
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

@@ -107,6 +107,9 @@ class SlaveInput(_Model):
     resident_contacts: dict[str, str] = Field(default_factory=dict)
     tokens_used_before: int = 0
     report_progress_to: str | None = None  # the Master's workflow id
+    # first_story_checkpoint: pause and no story of the sprint has ended yet: the Slave pauses itself
+    # after its first finished story (no dispatch may slip in before the Master's pause arrives).
+    checkpoint_pending: bool = False
 
 
 class StoryProgress(_Model):
@@ -127,6 +130,7 @@ class StoryProgress(_Model):
     pending_dispatch_id: str | None = None
     pending_agent: AgentType | None = None
     pending_mode: AgentMode | None = None
+    awaiting_decision: str | None = None  # the question a human must answer (bso.decisions)
 
 
 class StoryResult(_Model):
@@ -171,6 +175,7 @@ class StoryView(_Model):
     mode_in_flight: str | None = None
     dispatch_id: str | None = None
     error: str | None = None
+    awaiting_decision: str | None = None  # set while the story waits for a human `decide`
 
 
 class SlaveStatus(_Model):
@@ -180,6 +185,7 @@ class SlaveStatus(_Model):
     current_story: str | None = None
     tokens_used: int = 0
     shutdown_requested: bool = False
+    paused: bool = False
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)
 
 
@@ -224,6 +230,7 @@ class MasterState(_Model):
     stopped_early: bool = False
     errors: list[str] = Field(default_factory=list)
     runs: int = 1  # how many workflow runs this sprint has used (1 + continue-as-new count)
+    checkpoint: str | None = None  # the first-story checkpoint's report, once the first story ended
 
 
 class SprintStatusView(_Model):
@@ -238,6 +245,8 @@ class SprintStatusView(_Model):
     pause_reason: str | None = None
     errors: list[str] = Field(default_factory=list)
     runs: int = 1
+    checkpoint: str | None = None
+    awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question
 
 
 class ResumeRequest(_Model):

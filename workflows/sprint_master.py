@@ -21,19 +21,22 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from activities.status_file import load_sprint_status
+    from activities.status_file import load_sprint_status, write_story_status
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
         QUERY_STATUS,
         SA_BATCH_ID,
         SA_PHASE,
         SA_SESSION_ID,
+        SIGNAL_DECISION,
         SIGNAL_PAUSE,
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        UPDATE_DECIDE,
         slave_workflow_id,
     )
+    from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, describe_validation_error
     from bso.models import (
@@ -46,10 +49,12 @@ with workflow.unsafe.imports_passed_through():
         SprintReport,
         SprintStatusView,
         StatusSnapshot,
+        StatusWriteInput,
         StoryMeta,
         StoryProgress,
         StoryUpdate,
         StoryView,
+        TERMINAL_VALUES,
     )
     from bso.planning import PlanningError, plan_batches
     from bso.report import build_slave_result, sprint_status
@@ -75,6 +80,9 @@ class SprintMasterWorkflow:
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        self._project_root = inp.project_root
+        self._started_batches: set[int] = set()  # running batches whose Slave has started (signalable)
+        self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -93,6 +101,8 @@ class SprintMasterWorkflow:
             pause_reason=s.paused_reason,
             errors=list(s.errors),
             runs=s.runs,
+            checkpoint=s.checkpoint,
+            awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -102,14 +112,42 @@ class SprintMasterWorkflow:
         except ValidationError as err:
             workflow.logger.warning("story_update ignored: %s", describe_validation_error(err))
             return
-        if update.story_key in self._state.views:
-            self._state.views[update.story_key] = update.view
+        s = self._state
+        if update.story_key in s.views:
+            s.views[update.story_key] = update.view
+            if update.view.state in TERMINAL_VALUES:
+                if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
+                    # Another story was first: this Slave paused itself for nothing.
+                    self._forward(SIGNAL_RESUME, {}, only=update.batch_id)
             self._show()
+
+    def _first_story_checkpoint(self, key: str, view: StoryView) -> bool:
+        """first_story_checkpoint: `report` logs and shows the first finished story; `pause` also pauses.
+
+        True when the checkpoint had already been taken (this is not the first story)."""
+        s = self._state
+        if s.config.first_story_checkpoint == "skip":
+            return False
+        if s.checkpoint is not None:
+            return s.config.first_story_checkpoint == "pause"
+        s.checkpoint = (
+            f"first story {key} ended {view.state} after {view.agents_dispatched} agent(s), "
+            f"{view.review_round} review round(s), {view.tokens_used} tokens"
+            + (f" ({view.error})" if view.error else "")
+        )
+        workflow.logger.info("first story checkpoint: %s", s.checkpoint)
+        if s.config.first_story_checkpoint == "pause":
+            reason = f"first story checkpoint: {s.checkpoint}; resume to go on"
+            self._pause(reason)
+            self._forward(SIGNAL_PAUSE, reason)
+        return False
 
     @workflow.signal(name=SIGNAL_PAUSE)
     def pause(self, reason: str | None = None) -> None:
-        """No new batch starts while paused; batches in flight finish their stories."""
-        self._pause(reason if isinstance(reason, str) and reason else "paused by operator")
+        """No new batch starts and no running Slave dispatches while paused; agents in flight finish."""
+        reason = reason if isinstance(reason, str) and reason else "paused by operator"
+        self._pause(reason)
+        self._forward(SIGNAL_PAUSE, reason)
 
     @workflow.signal(name=SIGNAL_RESUME)
     def resume(self, request: Any = None) -> None:
@@ -123,6 +161,74 @@ class SprintMasterWorkflow:
         self._state.paused_reason = None
         if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
+        self._forward(SIGNAL_RESUME, {})
+
+    @workflow.update(name=UPDATE_DECIDE)
+    async def decide(self, request: Any) -> StoryView:
+        """A human decision: answer a story awaiting one (forwarded to its Slave), or re-arm a
+        needs-intervention story (written to the status file, then run in a new batch)."""
+        parsed = DecisionRequest.model_validate(request)
+        s = self._state
+        key = parsed.story_key
+        if parsed.decision is not Decision.REARM:
+            view = s.views[key]
+            self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=view.batch_id)
+            await workflow.wait_condition(lambda: not s.views[key].awaiting_decision)
+            return s.views[key]
+        target = parsed.rearm_state().value
+        written = await workflow.execute_activity(
+            write_story_status,
+            StatusWriteInput(
+                project_root=self._project_root,
+                status_file=s.status_file,
+                story_key=key,
+                expected=s.views[key].state,
+                new=target,
+            ),
+            summary=f"rearm {key}: {s.views[key].state} -> {target}",
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
+        )
+        if written.outcome == "cas-mismatch":
+            raise ApplicationError(
+                f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
+            )
+        batch_id = s.next_batch_id
+        s.next_batch_id += 1
+        s.stories[key] = s.stories[key].model_copy(update={"state": target})
+        s.views[key] = StoryView(state=target, batch_id=batch_id)
+        s.queue.append(BatchSpec(batch_id=batch_id, stories=[key]))
+        workflow.logger.info("rearmed %s to %s in batch %d%s", key, target, batch_id, f": {parsed.note}" if parsed.note else "")
+        self._show()
+        return s.views[key]
+
+    @decide.validator
+    def _validate_decide(self, request: Any) -> None:
+        try:
+            parsed = DecisionRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+        s = self._state
+        view = s.views.get(parsed.story_key)
+        try:
+            if parsed.decision is Decision.REARM:
+                if s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
+                    raise DecisionError("the sprint is ending: nothing can be rearmed")
+                check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
+            elif view is None:
+                raise DecisionError(f"unknown story {parsed.story_key!r}")
+            elif not view.awaiting_decision:
+                raise DecisionError(f"story {parsed.story_key!r} is not awaiting a decision (state {view.state})")
+            elif view.batch_id not in self._started_batches:
+                raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
+        except DecisionError as err:
+            raise ApplicationError(str(err), type="InvalidDecision") from None
+
+    def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
+        """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
+        for batch_id, slave_id in sorted(self._running_batches.items()):
+            if batch_id in self._started_batches and (only is None or batch_id == only):
+                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     async def shutdown_request(self) -> None:
@@ -145,11 +251,16 @@ class SprintMasterWorkflow:
             self._set_phase(self._state.phase)  # search attributes and details of the new run
 
         simulation = SimulationScript.model_validate(inp.simulation)
-        if await self._run_batches(inp, simulation):
-            return await self._continue_as_new(inp)
-
-        await workflow.wait_condition(workflow.all_handlers_finished)
         s = self._state
+        while True:
+            if await self._run_batches(inp, simulation):
+                return await self._continue_as_new(inp)
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            # A rearm decision may have queued a batch while the last one ended.
+            if not s.queue or s.shutdown or s.stopped_early:
+                break
+        if self._forwards:
+            await asyncio.gather(*self._forwards)
         final = {key: view.state for key, view in s.views.items()}
         report = SprintReport(
             session_id=s.session_id,
@@ -248,7 +359,16 @@ class SprintMasterWorkflow:
                     break
                 await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown)
                 continue
-            await workflow.wait_condition(lambda: any(t.done() for t in running.values()))
+            await workflow.wait_condition(
+                lambda: any(t.done() for t in running.values())
+                or (
+                    bool(s.queue)
+                    and len(running) < s.config.max_concurrent_slaves
+                    and not s.shutdown
+                    and s.paused_reason is None
+                    and not s.stopped_early
+                )
+            )
             for batch_id in [b for b, t in running.items() if t.done()]:
                 self._settle(running.pop(batch_id).result())
         return False
@@ -310,11 +430,12 @@ class SprintMasterWorkflow:
             resident_contacts=RESIDENT_CONTACTS,
             tokens_used_before=s.tokens_used,
             report_progress_to=workflow.info().workflow_id,
+            checkpoint_pending=s.checkpoint is None and s.config.first_story_checkpoint == "pause",
         )
         self._running_batches[spec.batch_id] = slave_id
         self._show()
         try:
-            result = await workflow.execute_child_workflow(
+            child = await workflow.start_child_workflow(
                 SprintSlaveWorkflow.run,
                 slave_input,
                 id=slave_id,
@@ -328,10 +449,15 @@ class SprintMasterWorkflow:
                     ]
                 ),
             )
+            self._started_batches.add(spec.batch_id)
+            if s.paused_reason is not None:  # paused while the Slave was starting
+                self._forward(SIGNAL_PAUSE, s.paused_reason, only=spec.batch_id)
+            result = await child
         except ChildWorkflowError as err:
             result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
+        self._started_batches.discard(spec.batch_id)
         self._show()
         return result
 
@@ -374,6 +500,11 @@ class SprintMasterWorkflow:
             if v.batch_id in self._running_batches
         )
         pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason else ""
+        if s.checkpoint:
+            pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
+        waiting = [f"{k} ({v.awaiting_decision})" for k, v in s.views.items() if v.awaiting_decision]
+        if waiting:
+            pause += "\n\nAwaiting a human decision (`decide` update): " + "; ".join(waiting)
         workflow.set_current_details(
             f"**Sprint `{s.session_id}`**: {s.phase.value}, {done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
@@ -393,3 +524,11 @@ def _progress_from_view(key: str, view: StoryView) -> StoryProgress:
         started=view.agents_dispatched > 0,
         error=view.error,
     )
+
+
+async def _signal_quietly(workflow_id: str, signal: str, arg: Any) -> None:
+    """A forwarded signal; a Slave that has just ended cannot take it, which is not an error."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)
+    except Exception as err:  # noqa: BLE001 - the target is gone; nothing to do
+        workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)

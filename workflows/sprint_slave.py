@@ -24,9 +24,20 @@ with workflow.unsafe.imports_passed_through():
     from bso.constants import (
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
+        SIGNAL_DECISION,
+        SIGNAL_PAUSE,
+        SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        UPDATE_DECIDE,
         agents_task_queue_for,
+    )
+    from bso.decisions import (
+        DecisionError,
+        DecisionRequest,
+        apply_decision,
+        check_waiting_decision,
+        decision_timed_out,
     )
     from bso.dispatch import (
         DispatchStep,
@@ -84,6 +95,7 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
         mode_in_flight=progress.pending_mode.value if progress.pending_mode else None,
         dispatch_id=progress.pending_dispatch_id,
         error=progress.error,
+        awaiting_decision=progress.awaiting_decision,
     )
 
 
@@ -100,6 +112,9 @@ class SprintSlaveWorkflow:
         self._rejected: list[RejectedMessage] = []
         self._rejected_total = 0
         self._shutdown = False
+        self._paused = False
+        self._closing = False
+        self._decisions: dict[str, DecisionRequest] = {}  # story key -> the decision not yet applied
         self._current: str | None = None
         self._agents_created = 0
         self._agents_destroyed = 0
@@ -136,6 +151,50 @@ class SprintSlaveWorkflow:
         """Finish the story in hand, then report SLAVE_BATCH_COMPLETE (the spec's shutdown protocol)."""
         self._shutdown = True
 
+    @workflow.signal(name=SIGNAL_PAUSE)
+    def pause(self, reason: str | None = None) -> None:
+        """No new dispatch while paused; the agent in flight finishes."""
+        self._paused = True
+        self._show()
+
+    @workflow.signal(name=SIGNAL_RESUME)
+    def resume(self, request: Any = None) -> None:
+        self._paused = False
+        self._show()
+
+    @workflow.update(name=UPDATE_DECIDE)
+    async def decide(self, request: Any) -> StoryView:
+        """A human's answer to a story waiting for a decision; returns the story once it is applied."""
+        parsed = DecisionRequest.model_validate(request)
+        self._decisions[parsed.story_key] = parsed
+        await workflow.wait_condition(lambda: parsed.story_key not in self._decisions or self._closing)
+        return story_view(self._progress[parsed.story_key], self._input.batch_id)
+
+    @decide.validator
+    def _validate_decide(self, request: Any) -> None:
+        try:
+            parsed = DecisionRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+        try:
+            check_waiting_decision(parsed, self._progress.get(parsed.story_key))
+        except DecisionError as err:
+            raise ApplicationError(str(err), type="InvalidDecision") from None
+        if parsed.story_key in self._decisions:
+            raise ApplicationError(f"story {parsed.story_key!r} already has a decision", type="InvalidDecision")
+
+    @workflow.signal(name=SIGNAL_DECISION)
+    def decision(self, request: Any) -> None:
+        """The same decision, forwarded by the Master (which validated it against its own view)."""
+        try:
+            parsed = DecisionRequest.model_validate(request)
+            check_waiting_decision(parsed, self._progress.get(parsed.story_key))
+        except (ValidationError, DecisionError) as err:
+            reason = describe_validation_error(err) if isinstance(err, ValidationError) else str(err)
+            self._reject("DECISION", reason, None)
+            return
+        self._decisions.setdefault(parsed.story_key, parsed)
+
     @workflow.query(name=QUERY_STATUS)
     def status(self) -> SlaveStatus:
         return SlaveStatus(
@@ -145,6 +204,7 @@ class SprintSlaveWorkflow:
             current_story=self._current,
             tokens_used=self._tokens_used(),
             shutdown_requested=self._shutdown,
+            paused=self._paused,
             rejected_messages=list(self._rejected),
         )
 
@@ -176,10 +236,15 @@ class SprintSlaveWorkflow:
             self._current = meta.key
             await self._drive_story(meta)
             self._current = None
+            if self._input.checkpoint_pending and is_terminal(self._progress[meta.key]):
+                self._input = self._input.model_copy(update={"checkpoint_pending": False})
+                self._paused = True  # the Master pauses the sprint on this story's update; resume goes on
+                self._show()
             if budget_level(inp.tokens_used_before + self._tokens_used(), inp.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
+        self._closing = True  # a decision that came too late (shutdown) is answered as it stands
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._notifications:
             await asyncio.gather(*self._notifications, return_exceptions=True)
@@ -219,6 +284,15 @@ class SprintSlaveWorkflow:
 
     async def _drive_story(self, meta: StoryMeta) -> None:
         while not is_terminal(progress := self._progress[meta.key]):
+            if progress.awaiting_decision:
+                if not await self._await_decision(progress):
+                    return  # shutdown while waiting: the story stays where it is
+                continue
+            if self._paused:
+                await workflow.wait_condition(lambda: not self._paused or self._shutdown)
+                if self._shutdown:
+                    workflow.logger.info("[Slave] shutdown while paused: %s stays %s", meta.key, progress.state)
+                    return
             step = next_dispatch(progress)
             if step is None:
                 await self._commit(
@@ -237,6 +311,27 @@ class SprintSlaveWorkflow:
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
+
+    async def _await_decision(self, progress: StoryProgress) -> bool:
+        """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
+
+        False when a shutdown ended the wait first."""
+        key = progress.key
+        timeout_s = self._input.config.decision_timeout_seconds
+        workflow.logger.info("[Slave] %s awaits a human decision: %s", key, progress.awaiting_decision)
+        try:
+            await workflow.wait_condition(
+                lambda: key in self._decisions or self._shutdown,
+                timeout=timedelta(seconds=timeout_s) if timeout_s else None,
+            )
+        except asyncio.TimeoutError:
+            await self._commit(progress, decision_timed_out(progress, timeout_s or 0))
+            return True
+        if key not in self._decisions:
+            return False
+        await self._commit(progress, apply_decision(progress, self._decisions[key]))
+        del self._decisions[key]  # answers the update: the decision is applied and written
+        return True
 
     async def _dispatch(
         self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, dispatch_id: str
@@ -346,12 +441,14 @@ class SprintSlaveWorkflow:
     def _show(self) -> None:
         rows = [
             f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
-            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''} |"
+            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''}"
+            f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''} |"
             for k, p in self._progress.items()
         ]
         workflow.set_current_details(
             f"**Batch {self._input.batch_id}** of `{self._input.session_id}`"
             + (" (shutting down)" if self._shutdown else "")
+            + (" (paused: no new dispatch)" if self._paused else "")
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )
