@@ -16,6 +16,8 @@ QUERY_STATUS = "status"
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"
 SIGNAL_DECISION = "decision"
+# Master -> Slave: the state of stories of other batches that this batch's stories depend on.
+SIGNAL_DEPENDENCY_UPDATE = "dependency_update"
 
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

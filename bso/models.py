@@ -56,6 +56,7 @@ class StoryMeta(_Model):
     story_path: str  # relative to project_root
     depends_on: list[str] = Field(default_factory=list)  # full keys
     tags: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list)  # files the story touches (story file `Files:` line, P29)
 
 
 class LoadStatusInput(_Model):
@@ -110,6 +111,9 @@ class SlaveInput(_Model):
     # first_story_checkpoint: pause and no story of the sprint has ended yet: the Slave pauses itself
     # after its first finished story (no dispatch may slip in before the Master's pause arrives).
     checkpoint_pending: bool = False
+    # Planned stories of other batches this batch's stories depend on -> their state as the Master knows it;
+    # updated by the `dependency_update` signal. A story waits until its dependencies are done.
+    dependency_states: dict[str, str] = Field(default_factory=dict)
 
 
 class StoryProgress(_Model):

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         SA_PHASE,
         SA_SESSION_ID,
         SIGNAL_DECISION,
+        SIGNAL_DEPENDENCY_UPDATE,
         SIGNAL_PAUSE,
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         slave_workflow_id,
     )
+    from bso.dependencies import UNFINISHED
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, describe_validation_error
@@ -81,7 +83,8 @@ class SprintMasterWorkflow:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._project_root = inp.project_root
-        self._started_batches: set[int] = set()  # running batches whose Slave has started (signalable)
+        self._started_batches: set[int] = set()
+        self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
 
     # --- operator messages ---------------------------------------------------------------------
@@ -116,6 +119,7 @@ class SprintMasterWorkflow:
         if update.story_key in s.views:
             s.views[update.story_key] = update.view
             if update.view.state in TERMINAL_VALUES:
+                self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
                     # Another story was first: this Slave paused itself for nothing.
                     self._forward(SIGNAL_RESUME, {}, only=update.batch_id)
@@ -223,6 +227,25 @@ class SprintMasterWorkflow:
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
             raise ApplicationError(str(err), type="InvalidDecision") from None
+
+    def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:
+        """DEPENDENCY_UPDATE to each running Slave with a story depending on one of `states`."""
+        for batch_id in sorted(self._batch_stories):
+            if batch_id == from_batch:
+                continue
+            deps = {d for k in self._batch_stories[batch_id] for d in self._state.stories[k].depends_on}
+            relevant = {k: v for k, v in states.items() if k in deps}
+            if relevant:
+                self._forward(SIGNAL_DEPENDENCY_UPDATE, relevant, only=batch_id)
+
+    def _dependency_state(self, key: str) -> str:
+        """A planned story's state for its dependants; `unfinished:<state>` once no batch will finish it."""
+        s = self._state
+        view = s.views[key]
+        pending = view.batch_id in self._running_batches or any(b.batch_id == view.batch_id for b in s.queue)
+        if view.state in TERMINAL_VALUES or pending:
+            return view.state
+        return f"{UNFINISHED}:{view.state}"
 
     def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
         """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
@@ -353,6 +376,7 @@ class SprintMasterWorkflow:
             may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early
             while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
                 spec = s.queue.pop(0)
+                self._running_batches[spec.batch_id] = slave_workflow_id(s.session_id, spec.batch_id)
                 running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))
             if not running:
                 if s.shutdown or s.stopped_early:
@@ -370,7 +394,16 @@ class SprintMasterWorkflow:
                 )
             )
             for batch_id in [b for b, t in running.items() if t.done()]:
-                self._settle(running.pop(batch_id).result())
+                result = running.pop(batch_id).result()
+                self._settle(result)
+                # Stories this batch did not finish and no batch will: their dependants must not wait.
+                unfinished = {
+                    r.story_key: self._dependency_state(r.story_key)
+                    for r in result.results.story_results
+                    if r.story_key in s.views and self._dependency_state(r.story_key).startswith(UNFINISHED)
+                }
+                if unfinished:
+                    self._tell_dependants(unfinished, batch_id)
         return False
 
     def _settle(self, result: SlaveResult) -> None:
@@ -431,8 +464,15 @@ class SprintMasterWorkflow:
             tokens_used_before=s.tokens_used,
             report_progress_to=workflow.info().workflow_id,
             checkpoint_pending=s.checkpoint is None and s.config.first_story_checkpoint == "pause",
+            dependency_states={
+                dep: self._dependency_state(dep)
+                for key in spec.stories
+                for dep in s.stories[key].depends_on
+                if dep in s.views and dep not in spec.stories
+            },
         )
         self._running_batches[spec.batch_id] = slave_id
+        self._batch_stories[spec.batch_id] = list(spec.stories)
         self._show()
         try:
             child = await workflow.start_child_workflow(
@@ -450,6 +490,14 @@ class SprintMasterWorkflow:
                 ),
             )
             self._started_batches.add(spec.batch_id)
+            # Dependencies that ended while the Slave was starting (their updates could not reach it yet).
+            settled = {
+                dep: state
+                for dep, state in ((d, self._dependency_state(d)) for d in slave_input.dependency_states)
+                if state != slave_input.dependency_states[dep]
+            }
+            if settled:
+                self._forward(SIGNAL_DEPENDENCY_UPDATE, settled, only=spec.batch_id)
             if s.paused_reason is not None:  # paused while the Slave was starting
                 self._forward(SIGNAL_PAUSE, s.paused_reason, only=spec.batch_id)
             result = await child
@@ -458,6 +506,7 @@ class SprintMasterWorkflow:
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
         self._started_batches.discard(spec.batch_id)
+        self._batch_stories.pop(spec.batch_id, None)
         self._show()
         return result
 

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
         SIGNAL_DECISION,
+        SIGNAL_DEPENDENCY_UPDATE,
         SIGNAL_PAUSE,
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
@@ -32,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         agents_task_queue_for,
     )
+    from bso.dependencies import check_dependencies, skipped_for_dependency
     from bso.decisions import (
         DecisionError,
         DecisionRequest,
@@ -114,6 +116,8 @@ class SprintSlaveWorkflow:
         self._shutdown = False
         self._paused = False
         self._closing = False
+        self._dep_states: dict[str, str] = dict(inp.dependency_states)
+        self._waiting_for: tuple[str, ...] = ()
         self._decisions: dict[str, DecisionRequest] = {}  # story key -> the decision not yet applied
         self._current: str | None = None
         self._agents_created = 0
@@ -150,6 +154,14 @@ class SprintSlaveWorkflow:
     def shutdown_request(self) -> None:
         """Finish the story in hand, then report SLAVE_BATCH_COMPLETE (the spec's shutdown protocol)."""
         self._shutdown = True
+
+    @workflow.signal(name=SIGNAL_DEPENDENCY_UPDATE)
+    def dependency_update(self, states: Any) -> None:
+        """The Master tells the state of stories of other batches this batch depends on."""
+        if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
+            self._reject("DEPENDENCY_UPDATE", "expected an object of story key: state", None)
+            return
+        self._dep_states.update(states)
 
     @workflow.signal(name=SIGNAL_PAUSE)
     def pause(self, reason: str | None = None) -> None:
@@ -234,7 +246,8 @@ class SprintSlaveWorkflow:
             if budget_exhausted:
                 continue
             self._current = meta.key
-            await self._drive_story(meta)
+            if is_terminal(self._progress[meta.key]) or await self._await_dependencies(meta):
+                await self._drive_story(meta)
             self._current = None
             if self._input.checkpoint_pending and is_terminal(self._progress[meta.key]):
                 self._input = self._input.model_copy(update={"checkpoint_pending": False})
@@ -311,6 +324,35 @@ class SprintSlaveWorkflow:
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
+
+    def _dependency_states(self, meta: StoryMeta) -> dict[str, str]:
+        states = dict(self._dep_states)
+        states.update({k: p.state for k, p in self._progress.items() if k != meta.key})
+        return states
+
+    async def _await_dependencies(self, meta: StoryMeta) -> bool:
+        """A story starts only once the stories it depends on are done (waiting, not failing); when one of
+        them will never be done, the story is skipped (U4) with that reason. False: do not drive it."""
+        check = check_dependencies(meta.depends_on, self._dependency_states(meta))
+        if not check.ready and check.blocked_by is None:
+            self._waiting_for = check.waiting_for
+            workflow.logger.info("[Slave] %s waits for %s", meta.key, ", ".join(check.waiting_for))
+            self._show()
+            await workflow.wait_condition(
+                lambda: self._shutdown
+                or (c := check_dependencies(meta.depends_on, self._dependency_states(meta))).ready
+                or c.blocked_by is not None
+            )
+            self._waiting_for = ()
+            check = check_dependencies(meta.depends_on, self._dependency_states(meta))
+        if check.blocked_by is not None:
+            dep, state = check.blocked_by
+            await self._commit(self._progress[meta.key], skipped_for_dependency(self._progress[meta.key], dep, state))
+            return False
+        if not check.ready:  # shutdown while waiting: the story was never started
+            workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
+            return False
+        return True
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
@@ -449,6 +491,7 @@ class SprintSlaveWorkflow:
             f"**Batch {self._input.batch_id}** of `{self._input.session_id}`"
             + (" (shutting down)" if self._shutdown else "")
             + (" (paused: no new dispatch)" if self._paused else "")
+            + (f" ({self._current} waits for {', '.join(self._waiting_for)})" if self._waiting_for else "")
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )
