@@ -13,6 +13,12 @@ SIGNAL_STORY_UPDATE = "story_update"
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"
+# Residents and the roster (workflows/residents.py).
+SIGNAL_RESIDENT_READY = "resident_ready"  # resident -> Master, once up
+SIGNAL_ROSTER_BROADCAST = "roster_broadcast"  # Master -> each resident: AGENT_ROSTER_BROADCAST
+SIGNAL_STOP = "stop"  # Master -> resident, at the end of the sprint
+UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CREATED
+UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"
 SIGNAL_DECISION = "decision"

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import SprintConfig
 from bso.messages import BatchPlanReady, BatchSpec, Finding, RejectedMessage
+from bso.roster import Roster
 from bso.states import (
     AgentMode,
     AgentType,
@@ -212,6 +213,9 @@ class SprintReport(_Model):
     stories: dict[str, str] = Field(default_factory=dict)
     tokens_used: int = 0
     error: str | None = None
+    total_agents_created: int = 0  # residents + Slaves + temps (the roster bookkeeping)
+    total_agents_destroyed: int = 0
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)
 
 
 class MasterState(_Model):
@@ -235,6 +239,15 @@ class MasterState(_Model):
     errors: list[str] = Field(default_factory=list)
     runs: int = 1  # how many workflow runs this sprint has used (1 + continue-as-new count)
     checkpoint: str | None = None  # the first-story checkpoint's report, once the first story ended
+    # Residents and the roster (workflows/residents.py).
+    roster: Roster = Roster()
+    roster_seq: int = 0
+    residents: dict[str, str] = Field(default_factory=dict)  # running role -> workflow id, in start order
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)  # role -> why
+    temps: dict[str, str] = Field(default_factory=dict)  # story key -> its agent in flight (roster name)
+    external_temps: list[str] = Field(default_factory=list)  # created by AGENT_CREATE_REQUEST
+    agents_created: int = 0  # residents + Slaves + temps, from the roster bookkeeping
+    agents_destroyed: int = 0
 
 
 class SprintStatusView(_Model):
@@ -251,6 +264,10 @@ class SprintStatusView(_Model):
     runs: int = 1
     checkpoint: str | None = None
     awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question
+    roster: Roster | None = None
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)
+    total_agents_created: int = 0
+    total_agents_destroyed: int = 0
 
 
 class ResumeRequest(_Model):

@@ -40,6 +40,10 @@ class ScriptDefaults(_Script):
 class SimulationScript(_Script):
     default: ScriptDefaults = ScriptDefaults()
     stories: dict[str, StoryScript] = Field(default_factory=dict)
+    # Residents that fail while starting (the sprint degrades; the scrum-master's failure fails it).
+    residents_fail_start: list[Literal["scrum-master", "knowledge-researcher", "debugger", "e2e-live"]] = Field(
+        default_factory=list
+    )
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

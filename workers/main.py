@@ -21,10 +21,11 @@ from activities.agents import run_agent
 from activities.status_file import load_sprint_status, write_story_status
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
+from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
-WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow]
+WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow, ResidentWorkflow]
 SPRINT_ACTIVITIES = [load_sprint_status, write_story_status]
 AGENT_ACTIVITIES = [run_agent]
 

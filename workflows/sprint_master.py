@@ -57,19 +57,17 @@ with workflow.unsafe.imports_passed_through():
         StoryUpdate,
         StoryView,
         TERMINAL_VALUES,
+        short_key,
     )
     from bso.planning import PlanningError, plan_batches
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
+    from bso.roster import slave_name, temp_name
+    from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow
 
-RESIDENT_CONTACTS = {
-    "knowledge-researcher": "knowledge-researcher",
-    "debugger": "debugger",
-    "e2e-live": "e2e-live",
-}
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -77,11 +75,12 @@ def _invalid_input(message: str) -> ApplicationError:
 
 
 @workflow.defn(failure_exception_types=[ValidationError])
-class SprintMasterWorkflow:
+class SprintMasterWorkflow(RosterKeeper):
     @workflow.init
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        self._init_roster()
         self._project_root = inp.project_root
         self._started_batches: set[int] = set()
         self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
@@ -106,6 +105,10 @@ class SprintMasterWorkflow:
             runs=s.runs,
             checkpoint=s.checkpoint,
             awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},
+            roster=s.roster,
+            unavailable_residents=dict(s.unavailable_residents),
+            total_agents_created=s.agents_created,
+            total_agents_destroyed=s.agents_destroyed,
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -118,6 +121,11 @@ class SprintMasterWorkflow:
         s = self._state
         if update.story_key in s.views:
             s.views[update.story_key] = update.view
+            agent = update.view.agent_in_flight
+            self._temp_seen(
+                update.story_key,
+                temp_name(agent, short_key(update.story_key), update.view.agents_dispatched) if agent else None,
+            )
             if update.view.state in TERMINAL_VALUES:
                 self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
@@ -269,21 +277,30 @@ class SprintMasterWorkflow:
     @workflow.run
     async def run(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:
-            await self._start(inp)
+            await self._start(inp)  # validates the input (the simulation script too)
+            simulation = SimulationScript.model_validate(inp.simulation)
+            await self._start_residents(inp.project_root, simulation, inp.agent_backend)
         else:
             self._set_phase(self._state.phase)  # search attributes and details of the new run
-
-        simulation = SimulationScript.model_validate(inp.simulation)
+            simulation = SimulationScript.model_validate(inp.simulation)
         s = self._state
         while True:
             if await self._run_batches(inp, simulation):
                 return await self._continue_as_new(inp)
             await workflow.wait_condition(workflow.all_handlers_finished)
-            # A rearm decision may have queued a batch while the last one ended.
-            if not s.queue or s.shutdown or s.stopped_early:
+            if s.shutdown or s.stopped_early:
                 break
+            if s.queue:  # a rearm decision queued a batch while the last one ended
+                continue
+            if s.paused_reason is None:
+                break
+            # Paused with nothing left to run: the sprint holds (a rearm may still queue a batch) until
+            # resumed or shut down.
+            await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown or bool(s.queue))
         if self._forwards:
             await asyncio.gather(*self._forwards)
+        await self._stop_residents()
+        await self._roster_flushed()
         final = {key: view.state for key, view in s.views.items()}
         report = SprintReport(
             session_id=s.session_id,
@@ -292,6 +309,9 @@ class SprintMasterWorkflow:
             batches=sorted(s.results, key=lambda r: r.batch_id),
             stories=final,
             tokens_used=s.tokens_used,
+            total_agents_created=s.agents_created,
+            total_agents_destroyed=s.agents_destroyed,
+            unavailable_residents=dict(s.unavailable_residents),
         )
         self._set_phase(SprintPhase.COMPLETED)
         return report
@@ -437,6 +457,9 @@ class SprintMasterWorkflow:
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._roster_flushed()  # the residents live on (parent_close_policy ABANDON)
+        if self._forwards:
+            await asyncio.gather(*self._forwards)
         self._state.runs += 1
         workflow.logger.info("continuing as new (run %d) with %d batches left", self._state.runs, len(self._state.queue))
         workflow.continue_as_new(inp.model_copy(update={"carried_state": self._state}))
@@ -460,7 +483,7 @@ class SprintMasterWorkflow:
             config_overrides=inp.config_overrides,
             agent_backend=inp.agent_backend,
             simulation=simulation.model_dump(mode="json") if inp.agent_backend == "simulated" else {},
-            resident_contacts=RESIDENT_CONTACTS,
+            resident_contacts=self._resident_contacts(),
             tokens_used_before=s.tokens_used,
             report_progress_to=workflow.info().workflow_id,
             checkpoint_pending=s.checkpoint is None and s.config.first_story_checkpoint == "pause",
@@ -490,6 +513,7 @@ class SprintMasterWorkflow:
                 ),
             )
             self._started_batches.add(spec.batch_id)
+            self._slave_started(slave_name(spec.batch_id))
             # Dependencies that ended while the Slave was starting (their updates could not reach it yet).
             settled = {
                 dep: state
@@ -505,6 +529,10 @@ class SprintMasterWorkflow:
             result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
+        if spec.batch_id in self._started_batches:
+            for key in spec.stories:  # agents the Slave did not report finished (it ended abnormally)
+                self._temp_seen(key, None)
+            self._slave_finished(slave_name(spec.batch_id))
         self._started_batches.discard(spec.batch_id)
         self._batch_stories.pop(spec.batch_id, None)
         self._show()
