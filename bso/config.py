@@ -86,6 +86,8 @@ class SprintConfig(_Knobs):
     story_review_enabled: bool = True
     # ask_user: how long a story waits for a human decision before needs-intervention (None: for ever).
     decision_timeout_seconds: int | None = Field(None, gt=0)
+    # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
+    max_debug_attempts: int = Field(1, ge=0)
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     e2e_enabled: bool = False

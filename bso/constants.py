@@ -19,6 +19,8 @@ SIGNAL_ROSTER_BROADCAST = "roster_broadcast"  # Master -> each resident: AGENT_R
 SIGNAL_STOP = "stop"  # Master -> resident, at the end of the sprint
 UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CREATED
 UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED
+SIGNAL_DEBUG_REQUEST = "debug_request"  # requester -> debugger resident: DEBUG_REQUEST
+SIGNAL_DEBUG_RESULT = "debug_result"  # debugger resident -> requester: DEBUG_RESULT
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"
 SIGNAL_DECISION = "decision"

@@ -136,6 +136,7 @@ class StoryProgress(_Model):
     pending_agent: AgentType | None = None
     pending_mode: AgentMode | None = None
     awaiting_decision: str | None = None  # the question a human must answer (bso.decisions)
+    debug_attempts: int = 0  # DEBUG_REQUESTs sent for this story (bso.debugging)
 
 
 class StoryResult(_Model):

@@ -30,6 +30,8 @@ class StoryScript(_Script):
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
     duration_ms: int | None = Field(default=None, ge=0)
+    # The simulated debugger's successive analyses of this story's failures; after the list: unfixable.
+    debug: list[Literal["fixable", "unfixable"]] = Field(default_factory=list)
 
 
 class ScriptDefaults(_Script):

@@ -21,8 +21,8 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import TypedSearchAttributes
-from temporalio.exceptions import ApplicationError
+from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -32,12 +32,17 @@ with workflow.unsafe.imports_passed_through():
         QUERY_STATUS,
         SA_PHASE,
         SA_SESSION_ID,
+        SIGNAL_DEBUG_REQUEST,
+        SIGNAL_DEBUG_RESULT,
         SIGNAL_RESIDENT_READY,
         SIGNAL_ROSTER_BROADCAST,
         SIGNAL_STOP,
         UPDATE_AGENT_CREATE,
         UPDATE_AGENT_DESTROY,
+        agents_task_queue_for,
     )
+    from activities.debugger import AnalyzeInput, analyze_failure
+    from bso.debugging import DebugRequest, DebugResult
     from bso.messages import describe_validation_error
     from bso.roster import (
         ESSENTIAL_RESIDENT,
@@ -70,6 +75,18 @@ class ResidentWorkflow:
         self._broadcasts: list[RosterBroadcast] = []
         self._received = 0
         self._served = 0
+        self._debug_requests: list[DebugRequest] = []
+        self._script = SimulationScript.model_validate(inp.simulation)
+
+    @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
+    def debug_request(self, payload: Any) -> None:
+        """DEBUG_REQUEST: served in arrival order; the answer is a `debug_result` signal to `report_to`."""
+        try:
+            request = DebugRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("DEBUG_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        self._debug_requests.append(request)
 
     @workflow.signal(name=SIGNAL_ROSTER_BROADCAST)
     def roster_broadcast(self, payload: Any) -> None:
@@ -106,8 +123,43 @@ class ResidentWorkflow:
         return ResidentSummary(role=inp.role, broadcasts_received=self._received, requests_served=self._served)
 
     async def serve(self) -> None:
-        """Serve the role's requests until stopped (roles with requests extend this)."""
-        await workflow.wait_condition(lambda: self._stopping)
+        """Serve requests until stopped; requests already received are answered first."""
+        while True:
+            await workflow.wait_condition(lambda: self._stopping or bool(self._debug_requests))
+            if not self._debug_requests:
+                return
+            request = self._debug_requests.pop(0)
+            result = await self._debug(request)
+            self._served += 1
+            await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    async def _debug(self, request: DebugRequest) -> DebugResult:
+        if self._input.role != "debugger":
+            return DebugResult(
+                debug_id=request.debug_id, story_key=request.story_key, status="unavailable",
+                error=f"{self._input.role} is not the debugger",
+            )
+        scripted = list(self._script.for_story(request.story_key).debug)
+        outcome = scripted[request.attempt - 1] if request.attempt <= len(scripted) else "unfixable"
+        try:
+            return await workflow.execute_activity(
+                analyze_failure,
+                AnalyzeInput(
+                    project_root=self._input.project_root,
+                    request=request,
+                    backend=self._input.agent_backend,
+                    scripted=outcome,
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(seconds=600),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"debug {request.debug_id} for {request.story_key}",
+            )
+        except ActivityError as err:
+            return DebugResult(
+                debug_id=request.debug_id, story_key=request.story_key, status="unavailable",
+                error=f"analysis failed: {err.cause or err}",
+            )
 
 
 class RosterKeeper:

@@ -24,6 +24,8 @@ with workflow.unsafe.imports_passed_through():
     from bso.constants import (
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
+        SIGNAL_DEBUG_REQUEST,
+        SIGNAL_DEBUG_RESULT,
         SIGNAL_DECISION,
         SIGNAL_DEPENDENCY_UPDATE,
         SIGNAL_PAUSE,
@@ -33,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         agents_task_queue_for,
     )
+    from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
     from bso.dependencies import check_dependencies, skipped_for_dependency
     from bso.decisions import (
         DecisionError,
@@ -118,6 +121,8 @@ class SprintSlaveWorkflow:
         self._closing = False
         self._dep_states: dict[str, str] = dict(inp.dependency_states)
         self._waiting_for: tuple[str, ...] = ()
+        self._open_debug: dict[str, str] = {}  # debug id -> story key
+        self._debug_results: dict[str, DebugResult] = {}
         self._decisions: dict[str, DecisionRequest] = {}  # story key -> the decision not yet applied
         self._current: str | None = None
         self._agents_created = 0
@@ -154,6 +159,19 @@ class SprintSlaveWorkflow:
     def shutdown_request(self) -> None:
         """Finish the story in hand, then report SLAVE_BATCH_COMPLETE (the spec's shutdown protocol)."""
         self._shutdown = True
+
+    @workflow.signal(name=SIGNAL_DEBUG_RESULT)
+    def debug_result(self, payload: Any) -> None:
+        """DEBUG_RESULT from the debugger resident, for a DEBUG_REQUEST this Slave sent."""
+        try:
+            result = DebugResult.model_validate(payload)
+        except ValidationError as err:
+            self._reject("DEBUG_RESULT", f"validation_failed: {describe_validation_error(err)}", None)
+            return
+        if self._open_debug.pop(result.debug_id, None) is None:
+            self._reject("DEBUG_RESULT", f"unknown or answered debug id {result.debug_id!r}", None)
+            return
+        self._debug_results[result.debug_id] = result
 
     @workflow.signal(name=SIGNAL_DEPENDENCY_UPDATE)
     def dependency_update(self, states: Any) -> None:
@@ -319,7 +337,9 @@ class SprintSlaveWorkflow:
             self._publish(meta.key)
             answer = await self._dispatch(meta, progress, step, dispatch_id)
             self._agents_destroyed += 1
-            if isinstance(answer, AgentComplete):
+            if isinstance(answer, AgentComplete) and wants_debug(step, answer, progress, self._input.config):
+                transition = await self._debug(meta, progress, step, answer)
+            elif isinstance(answer, AgentComplete):
                 transition = apply_agent_result(progress, step, answer, self._input.config, meta.tags)
             else:
                 transition = apply_no_answer(progress, step, answer)
@@ -353,6 +373,38 @@ class SprintSlaveWorkflow:
             workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
             return False
         return True
+
+    async def _debug(
+        self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, answer: AgentComplete
+    ) -> Transition:
+        """A dev-runner failed with an error: DEBUG_REQUEST to the debugger resident, wait for its DEBUG_RESULT."""
+        debug_id = debug_id_for(self._input.batch_id, meta.short_key, progress.debug_attempts + 1)
+        debugger = self._input.resident_contacts.get("debugger")
+        if debugger is None:
+            unavailable = DebugResult(
+                debug_id=debug_id, story_key=meta.key, status="unavailable", error="no debugger resident in this sprint"
+            )
+            return after_debug(progress, step, answer, unavailable)
+        request = debug_request_for(
+            progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
+        )
+        self._open_debug[debug_id] = meta.key
+        workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
+        try:
+            await workflow.get_external_workflow_handle(debugger).signal(
+                SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json")
+            )
+        except Exception as err:  # noqa: BLE001 - the debugger is gone
+            self._open_debug.pop(debug_id, None)
+            unavailable = DebugResult(debug_id=debug_id, story_key=meta.key, status="unavailable", error=str(err))
+            return after_debug(progress, step, answer, unavailable)
+        timeout = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
+        try:
+            await workflow.wait_condition(lambda: debug_id in self._debug_results, timeout=timeout)
+        except asyncio.TimeoutError:
+            self._open_debug.pop(debug_id, None)
+            return after_debug(progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s")
+        return after_debug(progress, step, answer, self._debug_results.pop(debug_id))
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
