@@ -88,6 +88,8 @@ class SprintConfig(_Knobs):
     decision_timeout_seconds: int | None = Field(None, gt=0)
     # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
     max_debug_attempts: int = Field(1, ge=0)
+    # repeated_failures course correction after this many needs-intervention stories in a row.
+    consecutive_failure_threshold: int = Field(3, ge=1)
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     e2e_enabled: bool = False

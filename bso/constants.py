@@ -21,6 +21,7 @@ UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CR
 UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED
 SIGNAL_DEBUG_REQUEST = "debug_request"  # requester -> debugger resident: DEBUG_REQUEST
 SIGNAL_DEBUG_RESULT = "debug_result"  # debugger resident -> requester: DEBUG_RESULT
+UPDATE_COURSE_CORRECT = "course_correct"  # CC_TRIGGER -> COURSE_CORRECTION (or CC_REJECTED)
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"
 SIGNAL_DECISION = "decision"

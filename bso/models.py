@@ -249,6 +249,10 @@ class MasterState(_Model):
     external_temps: list[str] = Field(default_factory=list)  # created by AGENT_CREATE_REQUEST
     agents_created: int = 0  # residents + Slaves + temps, from the roster bookkeeping
     agents_destroyed: int = 0
+    # Course correction (workflows/course_corrector.py).
+    outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
+    consecutive_failures: int = 0
+    course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
 
 
 class SprintStatusView(_Model):
@@ -269,6 +273,7 @@ class SprintStatusView(_Model):
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
     total_agents_created: int = 0
     total_agents_destroyed: int = 0
+    course_corrections: list[str] = Field(default_factory=list)
 
 
 class ResumeRequest(_Model):

@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.sprint_status import resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
+    from workflows.course_corrector import CourseCorrector
     from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow
 
@@ -75,12 +76,13 @@ def _invalid_input(message: str) -> ApplicationError:
 
 
 @workflow.defn(failure_exception_types=[ValidationError])
-class SprintMasterWorkflow(RosterKeeper):
+class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
     @workflow.init
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._init_roster()
+        self._init_course_correction()
         self._project_root = inp.project_root
         self._started_batches: set[int] = set()
         self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
@@ -109,6 +111,7 @@ class SprintMasterWorkflow(RosterKeeper):
             unavailable_residents=dict(s.unavailable_residents),
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
+            course_corrections=list(s.course_corrections),
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -127,6 +130,7 @@ class SprintMasterWorkflow(RosterKeeper):
                 temp_name(agent, short_key(update.story_key), update.view.agents_dispatched) if agent else None,
             )
             if update.view.state in TERMINAL_VALUES:
+                self._count_failure(update.view.state)
                 self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
                     # Another story was first: this Slave paused itself for nothing.
@@ -333,6 +337,7 @@ class SprintMasterWorkflow(RosterKeeper):
             raise _invalid_input(str(err)) from None
         workflow.logger.info("BATCH_PLAN_READY: %d stories in %d batches", s.plan.total_stories, len(s.plan.batches))
         s.stories = {story.key: story for story in stories}
+        s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in s.stories}
         for spec in s.plan.batches:
             for key in spec.stories:
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
@@ -393,7 +398,7 @@ class SprintMasterWorkflow(RosterKeeper):
         while s.queue or running:
             if not running and self._history_is_long():
                 return True
-            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early
+            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early and not self._replanning
             while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
                 spec = s.queue.pop(0)
                 self._running_batches[spec.batch_id] = slave_workflow_id(s.session_id, spec.batch_id)
@@ -401,7 +406,9 @@ class SprintMasterWorkflow(RosterKeeper):
             if not running:
                 if s.shutdown or s.stopped_early:
                     break
-                await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown)
+                await workflow.wait_condition(
+                    lambda: (s.paused_reason is None and not self._replanning) or s.shutdown or s.stopped_early
+                )
                 continue
             await workflow.wait_condition(
                 lambda: any(t.done() for t in running.values())
@@ -411,6 +418,7 @@ class SprintMasterWorkflow(RosterKeeper):
                     and not s.shutdown
                     and s.paused_reason is None
                     and not s.stopped_early
+                    and not self._replanning
                 )
             )
             for batch_id in [b for b, t in running.items() if t.done()]:
