@@ -21,6 +21,9 @@ UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CR
 UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED
 SIGNAL_DEBUG_REQUEST = "debug_request"  # requester -> debugger resident: DEBUG_REQUEST
 SIGNAL_DEBUG_RESULT = "debug_result"  # debugger resident -> requester: DEBUG_RESULT
+SIGNAL_RESEARCH_REQUEST = "research_request"  # requester -> knowledge researcher: RESEARCH_REQUEST
+SIGNAL_RESEARCH_RESULT = "research_result"  # knowledge researcher -> report_to: RESEARCH_RESULT
+UPDATE_RESEARCH = "research"  # RESEARCH_REQUEST -> RESEARCH_RESULT in one call (for agents, i.e. activities)
 UPDATE_COURSE_CORRECT = "course_correct"  # CC_TRIGGER -> COURSE_CORRECTION (or CC_REJECTED)
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"

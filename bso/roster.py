@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.config import ResidentSlots
+from bso.config import KnowledgeResearch, ResidentSlots
 from bso.states import AgentType
 
 # Slot order = start order; residents stop in the reverse order.
@@ -71,6 +71,7 @@ class ResidentInput(_Model):
     simulation: dict[str, Any] = Field(default_factory=dict)  # the sprint's simulation script (debugger)
     agent_backend: str = "simulated"
     fail_start: bool = False  # simulation: the resident fails while starting
+    knowledge_research: KnowledgeResearch = KnowledgeResearch()
 
 
 class ResidentStatus(_Model):

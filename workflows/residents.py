@@ -34,6 +34,9 @@ with workflow.unsafe.imports_passed_through():
         SA_SESSION_ID,
         SIGNAL_DEBUG_REQUEST,
         SIGNAL_DEBUG_RESULT,
+        SIGNAL_RESEARCH_REQUEST,
+        SIGNAL_RESEARCH_RESULT,
+        UPDATE_RESEARCH,
         SIGNAL_RESIDENT_READY,
         SIGNAL_ROSTER_BROADCAST,
         SIGNAL_STOP,
@@ -42,6 +45,8 @@ with workflow.unsafe.imports_passed_through():
         agents_task_queue_for,
     )
     from activities.debugger import AnalyzeInput, analyze_failure
+    from activities.researcher import ResearchInput, research
+    from bso.research import ResearchRequest, ResearchResult
     from bso.debugging import DebugRequest, DebugResult
     from bso.messages import describe_validation_error
     from bso.roster import (
@@ -76,6 +81,7 @@ class ResidentWorkflow:
         self._received = 0
         self._served = 0
         self._debug_requests: list[DebugRequest] = []
+        self._research_requests: list[ResearchRequest] = []
         self._script = SimulationScript.model_validate(inp.simulation)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
@@ -87,6 +93,37 @@ class ResidentWorkflow:
             workflow.logger.warning("DEBUG_REQUEST ignored: %s", describe_validation_error(err))
             return
         self._debug_requests.append(request)
+
+    @workflow.signal(name=SIGNAL_RESEARCH_REQUEST)
+    def research_request(self, payload: Any) -> None:
+        """RESEARCH_REQUEST by signal: the answer is a `research_result` signal to `report_to`."""
+        try:
+            request = ResearchRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("RESEARCH_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        if not request.report_to:
+            workflow.logger.warning("RESEARCH_REQUEST %s ignored: no report_to", request.request_id)
+            return
+        self._research_requests.append(request)
+
+    @workflow.update(name=UPDATE_RESEARCH)
+    async def research(self, payload: Any) -> ResearchResult:
+        """RESEARCH_REQUEST -> RESEARCH_RESULT in one call: what an agent (an activity) uses."""
+        result = await self._research(ResearchRequest.model_validate(payload))
+        self._served += 1
+        return result
+
+    @research.validator
+    def _validate_research(self, payload: Any) -> None:
+        if self._input.role != "knowledge-researcher":
+            raise ApplicationError(f"{self._input.role} is not the knowledge researcher", type="InvalidRequest")
+        if self._stopping:
+            raise ApplicationError("the knowledge researcher is stopping", type="InvalidRequest")
+        try:
+            ResearchRequest.model_validate(payload)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid RESEARCH_REQUEST: {describe_validation_error(err)}", type="InvalidRequest")
 
     @workflow.signal(name=SIGNAL_ROSTER_BROADCAST)
     def roster_broadcast(self, payload: Any) -> None:
@@ -125,13 +162,49 @@ class ResidentWorkflow:
     async def serve(self) -> None:
         """Serve requests until stopped; requests already received are answered first."""
         while True:
-            await workflow.wait_condition(lambda: self._stopping or bool(self._debug_requests))
+            await workflow.wait_condition(
+                lambda: self._stopping or bool(self._debug_requests) or bool(self._research_requests)
+            )
+            if self._research_requests:
+                asked = self._research_requests.pop(0)
+                answer = await self._research(asked)
+                self._served += 1
+                await _signal_quietly(asked.report_to or "", SIGNAL_RESEARCH_RESULT, answer.model_dump(mode="json"))
+                continue
             if not self._debug_requests:
+                await workflow.wait_condition(workflow.all_handlers_finished)
                 return
             request = self._debug_requests.pop(0)
             result = await self._debug(request)
             self._served += 1
             await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    async def _research(self, request: ResearchRequest) -> ResearchResult:
+        if self._input.role != "knowledge-researcher":
+            return ResearchResult(
+                request_id=request.request_id, story_key=request.story_key, query=request.query,
+                status="unavailable", error=f"{self._input.role} is not the knowledge researcher",
+            )
+        limits = self._input.knowledge_research
+        try:
+            return await workflow.execute_activity(
+                research,
+                ResearchInput(
+                    project_root=self._input.project_root,
+                    request=request,
+                    limits=limits,
+                    backend=self._input.agent_backend,
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(seconds=limits.call_timeout_seconds + 60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"research {request.request_id} for {request.story_key}",
+            )
+        except ActivityError as err:
+            return ResearchResult(
+                request_id=request.request_id, story_key=request.story_key, query=request.query,
+                status="error", error=f"research failed: {err.cause or err}",
+            )
 
     async def _debug(self, request: DebugRequest) -> DebugResult:
         if self._input.role != "debugger":
@@ -217,6 +290,7 @@ class RosterKeeper:
                     simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
                     agent_backend=backend,
                     fail_start=role in simulation.residents_fail_start,
+                    knowledge_research=s.config.knowledge_research,
                 ),
                 id=workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
