@@ -90,6 +90,8 @@ class SprintConfig(_Knobs):
     max_debug_attempts: int = Field(1, ge=0)
     # repeated_failures course correction after this many needs-intervention stories in a row.
     consecutive_failure_threshold: int = Field(3, ge=1)
+    # The app the e2e-live resident's browser works against (a relative BROWSER_REQUEST url joins it).
+    e2e_live_base_url: str | None = None
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     e2e_enabled: bool = False

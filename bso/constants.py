@@ -24,6 +24,9 @@ SIGNAL_DEBUG_RESULT = "debug_result"  # debugger resident -> requester: DEBUG_RE
 SIGNAL_RESEARCH_REQUEST = "research_request"  # requester -> knowledge researcher: RESEARCH_REQUEST
 SIGNAL_RESEARCH_RESULT = "research_result"  # knowledge researcher -> report_to: RESEARCH_RESULT
 UPDATE_RESEARCH = "research"  # RESEARCH_REQUEST -> RESEARCH_RESULT in one call (for agents, i.e. activities)
+SIGNAL_BROWSER_REQUEST = "browser_request"  # requester -> e2e-live: BROWSER_REQUEST
+SIGNAL_BROWSER_RESULT = "browser_result"  # e2e-live -> report_to: BROWSER_RESULT
+UPDATE_BROWSE = "browse"  # BROWSER_REQUEST -> BROWSER_RESULT in one call (for agents)
 UPDATE_COURSE_CORRECT = "course_correct"  # CC_TRIGGER -> COURSE_CORRECTION (or CC_REJECTED)
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"

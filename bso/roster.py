@@ -72,6 +72,7 @@ class ResidentInput(_Model):
     agent_backend: str = "simulated"
     fail_start: bool = False  # simulation: the resident fails while starting
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
+    e2e_live_base_url: str | None = None
 
 
 class ResidentStatus(_Model):

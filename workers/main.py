@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 
 from activities.agents import run_agent
 from activities.debugger import analyze_failure
+from activities.browser import browse
 from activities.researcher import research
 from activities.status_file import load_sprint_status, write_story_status
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
@@ -29,7 +30,7 @@ from workflows.sprint_slave import SprintSlaveWorkflow
 
 WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow, ResidentWorkflow]
 SPRINT_ACTIVITIES = [load_sprint_status, write_story_status]
-AGENT_ACTIVITIES = [run_agent, analyze_failure, research]
+AGENT_ACTIVITIES = [run_agent, analyze_failure, research, browse]
 
 log = logging.getLogger("bso.worker")
 

@@ -34,6 +34,9 @@ with workflow.unsafe.imports_passed_through():
         SA_SESSION_ID,
         SIGNAL_DEBUG_REQUEST,
         SIGNAL_DEBUG_RESULT,
+        SIGNAL_BROWSER_REQUEST,
+        SIGNAL_BROWSER_RESULT,
+        UPDATE_BROWSE,
         SIGNAL_RESEARCH_REQUEST,
         SIGNAL_RESEARCH_RESULT,
         UPDATE_RESEARCH,
@@ -45,7 +48,9 @@ with workflow.unsafe.imports_passed_through():
         agents_task_queue_for,
     )
     from activities.debugger import AnalyzeInput, analyze_failure
+    from activities.browser import BrowseInput, browse
     from activities.researcher import ResearchInput, research
+    from bso.browser import BrowserRequest, BrowserResult
     from bso.research import ResearchRequest, ResearchResult
     from bso.debugging import DebugRequest, DebugResult
     from bso.messages import describe_validation_error
@@ -82,6 +87,7 @@ class ResidentWorkflow:
         self._served = 0
         self._debug_requests: list[DebugRequest] = []
         self._research_requests: list[ResearchRequest] = []
+        self._browser_requests: list[BrowserRequest] = []
         self._script = SimulationScript.model_validate(inp.simulation)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
@@ -125,6 +131,56 @@ class ResidentWorkflow:
         except ValidationError as err:
             raise ApplicationError(f"invalid RESEARCH_REQUEST: {describe_validation_error(err)}", type="InvalidRequest")
 
+    @workflow.signal(name=SIGNAL_BROWSER_REQUEST)
+    def browser_request(self, payload: Any) -> None:
+        """BROWSER_REQUEST by signal: the answer is a `browser_result` signal to `report_to`."""
+        try:
+            request = BrowserRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("BROWSER_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        if not request.report_to:
+            workflow.logger.warning("BROWSER_REQUEST %s ignored: no report_to", request.request_id)
+            return
+        self._browser_requests.append(request)
+
+    @workflow.update(name=UPDATE_BROWSE)
+    async def browse(self, payload: Any) -> BrowserResult:
+        """BROWSER_REQUEST -> BROWSER_RESULT in one call: what an agent (an activity) uses."""
+        result = await self._browse(BrowserRequest.model_validate(payload))
+        self._served += 1
+        return result
+
+    @browse.validator
+    def _validate_browse(self, payload: Any) -> None:
+        if self._input.role != "e2e-live":
+            raise ApplicationError(f"{self._input.role} is not the e2e-live resident", type="InvalidRequest")
+        if self._stopping:
+            raise ApplicationError("the e2e-live resident is stopping", type="InvalidRequest")
+        try:
+            BrowserRequest.model_validate(payload)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid BROWSER_REQUEST: {describe_validation_error(err)}", type="InvalidRequest")
+
+    async def _browse(self, request: BrowserRequest) -> BrowserResult:
+        if self._input.role != "e2e-live":
+            return BrowserResult(
+                request_id=request.request_id, status="browser_error", error=f"{self._input.role} is not e2e-live"
+            )
+        try:
+            return await workflow.execute_activity(
+                browse,
+                BrowseInput(
+                    project_root=self._input.project_root, request=request, base_url=self._input.e2e_live_base_url
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(milliseconds=request.timeout_ms * 3) + timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary=f"browser {request.operation} ({request.request_id})",
+            )
+        except ActivityError as err:
+            return BrowserResult(request_id=request.request_id, status="browser_error", error=str(err.cause or err))
+
     @workflow.signal(name=SIGNAL_ROSTER_BROADCAST)
     def roster_broadcast(self, payload: Any) -> None:
         try:
@@ -163,8 +219,17 @@ class ResidentWorkflow:
         """Serve requests until stopped; requests already received are answered first."""
         while True:
             await workflow.wait_condition(
-                lambda: self._stopping or bool(self._debug_requests) or bool(self._research_requests)
+                lambda: self._stopping
+                or bool(self._debug_requests)
+                or bool(self._research_requests)
+                or bool(self._browser_requests)
             )
+            if self._browser_requests:
+                wanted = self._browser_requests.pop(0)
+                outcome = await self._browse(wanted)
+                self._served += 1
+                await _signal_quietly(wanted.report_to or "", SIGNAL_BROWSER_RESULT, outcome.model_dump(mode="json"))
+                continue
             if self._research_requests:
                 asked = self._research_requests.pop(0)
                 answer = await self._research(asked)
@@ -291,6 +356,7 @@ class RosterKeeper:
                     agent_backend=backend,
                     fail_start=role in simulation.residents_fail_start,
                     knowledge_research=s.config.knowledge_research,
+                    e2e_live_base_url=s.config.e2e_live_base_url,
                 ),
                 id=workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
@@ -318,6 +384,8 @@ class RosterKeeper:
         """Stop the residents in reverse start order, each after the one started after it."""
         s = self._state
         for role in reversed(list(s.residents)):
+            # Every broadcast already sent reaches the resident before its stop: nothing arrives while it ends.
+            await self._roster_flushed()
             workflow_id = s.residents.pop(role)
             try:
                 await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP)
@@ -349,7 +417,8 @@ class RosterKeeper:
 
     async def _roster_flushed(self) -> None:
         if self._roster_signals:
-            await asyncio.gather(*self._roster_signals)
+            pending, self._roster_signals = self._roster_signals, []
+            await asyncio.gather(*pending)
 
     def _slave_started(self, name: str) -> None:
         self._state.agents_created += 1
