@@ -73,8 +73,6 @@ class ResidentInput(_Model):
     fail_start: bool = False  # simulation: the resident fails while starting
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
     e2e_live_base_url: str | None = None
-    continue_as_new_after_events: int | None = None  # as the Master's knob; None: only when suggested
-    carried: ResidentStatus | None = None  # internal: what a resident carries across continue-as-new
 
 
 class ResidentStatus(_Model):
@@ -84,7 +82,6 @@ class ResidentStatus(_Model):
     broadcasts_received: int = 0
     requests_served: int = 0
     stopping: bool = False
-    runs: int = 1  # 1 + how many times the resident continued as new
 
 
 class ResidentSummary(_Model):
@@ -124,6 +121,3 @@ def with_member(roster: Roster, kind: Literal["residents", "slaves", "temps"], n
 
 def without_member(roster: Roster, kind: Literal["residents", "slaves", "temps"], name: str) -> Roster:
     return roster.model_copy(update={kind: [m for m in getattr(roster, kind) if m != name]})
-
-
-ResidentInput.model_rebuild()

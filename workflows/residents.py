@@ -85,12 +85,6 @@ class ResidentWorkflow:
         self._broadcasts: list[RosterBroadcast] = []
         self._received = 0
         self._served = 0
-        self._runs = 1
-        if inp.carried is not None:
-            self._broadcasts = list(inp.carried.broadcasts)
-            self._received = inp.carried.broadcasts_received
-            self._served = inp.carried.requests_served
-            self._runs = inp.carried.runs + 1
         self._debug_requests: list[DebugRequest] = []
         self._research_requests: list[ResearchRequest] = []
         self._browser_requests: list[BrowserRequest] = []
@@ -210,42 +204,26 @@ class ResidentWorkflow:
             broadcasts_received=self._received,
             requests_served=self._served,
             stopping=self._stopping,
-            runs=self._runs,
         )
 
     @workflow.run
     async def run(self, inp: ResidentInput) -> ResidentSummary:
-        if inp.carried is None:
-            if inp.fail_start:
-                raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
-            await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
-        workflow.set_current_details(f"**Resident {inp.role}** of `{inp.session_id}` (run {self._runs})")
-        if await self.serve():
-            # A long sprint: continue as new before the history grows large (the Master's handle follows).
-            await workflow.wait_condition(workflow.all_handlers_finished)
-            if not self._stopping:
-                workflow.continue_as_new(inp.model_copy(update={"carried": self.status()}))
+        if inp.fail_start:
+            raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
+        await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
+        workflow.set_current_details(f"**Resident {inp.role}** of `{inp.session_id}`")
+        await self.serve()
         return ResidentSummary(role=inp.role, broadcasts_received=self._received, requests_served=self._served)
 
-    def _history_is_long(self) -> bool:
-        info = workflow.info()
-        limit = self._input.continue_as_new_after_events
-        return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
-
-    async def serve(self) -> bool:
-        """Serve requests until stopped (False) or until the history is long (True: continue as new);
-        requests already received are answered first."""
+    async def serve(self) -> None:
+        """Serve requests until stopped; requests already received are answered first."""
         while True:
             await workflow.wait_condition(
                 lambda: self._stopping
                 or bool(self._debug_requests)
                 or bool(self._research_requests)
                 or bool(self._browser_requests)
-                or self._history_is_long()
             )
-            idle = not (self._debug_requests or self._research_requests or self._browser_requests)
-            if idle and not self._stopping:
-                return True
             if self._browser_requests:
                 wanted = self._browser_requests.pop(0)
                 outcome = await self._browse(wanted)
@@ -260,7 +238,7 @@ class ResidentWorkflow:
                 continue
             if not self._debug_requests:
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                return False
+                return
             request = self._debug_requests.pop(0)
             result = await self._debug(request)
             self._served += 1
@@ -379,7 +357,6 @@ class RosterKeeper:
                     fail_start=role in simulation.residents_fail_start,
                     knowledge_research=s.config.knowledge_research,
                     e2e_live_base_url=s.config.e2e_live_base_url,
-                    continue_as_new_after_events=s.config.continue_as_new_after_events,
                 ),
                 id=workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,

@@ -145,19 +145,3 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
         report = await handle.result()
     # 3 residents + 1 Slave + 1 temp + 1 two-phase agent
     assert report.total_agents_created == report.total_agents_destroyed == 6
-
-
-async def test_residents_continue_as_new_in_a_long_sprint(ts_env, tmp_path: Path):
-    stories = {f"1-{n}-story-{n}": "review" for n in range(1, 7)}
-    make_project(tmp_path, stories)
-    overrides = {"batch_size": 1, "continue_as_new_after_events": 100}
-    async with bso_worker(ts_env.client) as queue:
-        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="long-1", config_overrides=overrides))
-        debugger = await ts_env.client.get_workflow_handle(resident_workflow_id("long-1", "debugger")).query(
-            ResidentWorkflow.status
-        )
-    assert report.status is SprintStatus.COMPLETE
-    assert debugger.runs > 1  # it continued as new and kept what it had
-    seqs = [b.seq for b in debugger.broadcasts]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # no broadcast lost across runs
-    assert debugger.broadcasts[-1].change == "slave-batch-6 finished"
