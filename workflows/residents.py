@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_RESEARCH_RESULT,
         UPDATE_RESEARCH,
         SIGNAL_RESIDENT_READY,
+        SIGNAL_RESIDENT_STOPPED,
         SIGNAL_ROSTER_BROADCAST,
         SIGNAL_STOP,
         UPDATE_AGENT_CREATE,
@@ -213,6 +214,8 @@ class ResidentWorkflow:
         await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
         workflow.set_current_details(f"**Resident {inp.role}** of `{inp.session_id}`")
         await self.serve()
+        # Sent with the completion itself: a Master that cannot wait for this run's result waits for this.
+        await _signal_quietly(inp.master_id, SIGNAL_RESIDENT_STOPPED, inp.role)
         return ResidentSummary(role=inp.role, broadcasts_received=self._received, requests_served=self._served)
 
     async def serve(self) -> None:
@@ -309,6 +312,12 @@ class RosterKeeper:
         self._ready_residents: set[str] = set()
         self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._roster_signals: list[asyncio.Task[None]] = []
+        self._stopped_residents: set[str] = set()
+
+    @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
+    def resident_stopped(self, role: Any) -> None:
+        if isinstance(role, str):
+            self._stopped_residents.add(role)
 
     @workflow.signal(name=SIGNAL_RESIDENT_READY)
     def resident_ready(self, role: Any) -> None:
@@ -392,6 +401,8 @@ class RosterKeeper:
                 handle = self._resident_handles.pop(role, None)
                 if handle is not None:  # started by this run: wait until it has stopped
                     await handle
+                else:  # started by an earlier run (continue-as-new): wait for its resident_stopped
+                    await workflow.wait_condition(lambda: role in self._stopped_residents, timeout=RESIDENT_READY_TIMEOUT)
             except Exception as err:  # noqa: BLE001 - already gone: it is stopped either way
                 workflow.logger.warning("resident %s: %s", role, err)
             s.agents_destroyed += 1
