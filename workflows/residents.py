@@ -10,8 +10,9 @@ keeps the roster (residents, Slaves, temps), broadcasts every change to the resi
 (P54), counts the agents created and destroyed, and serves the two-phase AGENT_CREATE_REQUEST /
 AGENT_DESTROY_REQUEST sequence as updates.
 
-The residents are started with `parent_close_policy=ABANDON`, on purpose: a Master that continues as new
-closes its run, and its residents must survive that; the Master stops them itself at the end of the sprint.
+The residents are started with `parent_close_policy=ABANDON`, on purpose: the Master stops them itself, in
+reverse order (also before it continues as new; the new run starts them again), and a Master terminated by
+hand must not cancel them in the middle of a request.
 """
 
 from __future__ import annotations

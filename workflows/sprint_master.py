@@ -287,6 +287,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
         else:
             self._set_phase(self._state.phase)  # search attributes and details of the new run
             simulation = SimulationScript.model_validate(inp.simulation)
+            await self._start_residents(inp.project_root, simulation, inp.agent_backend)  # this run's children
         s = self._state
         while True:
             if await self._run_batches(inp, simulation):
@@ -465,7 +466,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await self._roster_flushed()  # the residents live on (parent_close_policy ABANDON)
+        await self._stop_residents()  # each run owns its residents; the new run starts them again
+        await self._roster_flushed()
         if self._forwards:
             await asyncio.gather(*self._forwards)
         self._state.runs += 1
