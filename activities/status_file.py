@@ -150,11 +150,12 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
         if wanted is not None and entry.key not in wanted:
             continue
         rel_path = posixpath.normpath(posixpath.join(story_rel, f"{entry.key}.md"))
-        title, depends_on, tags = "", [], []
+        title, depends_on, tags, files = "", [], [], []
         info = _read_story_file(os.path.join(story_dir, f"{entry.key}.md"), root_real)
         if info is not None:
             title = info.title
             tags = list(info.tags)
+            files = list(info.files)
             for dep in info.depends_on:
                 try:
                     (full,) = resolve_story_keys([dep], story_keys)
@@ -172,6 +173,7 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
                 story_path=rel_path,
                 depends_on=depends_on,
                 tags=tags,
+                files=files,
             )
         )
     return StatusSnapshot(

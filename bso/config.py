@@ -84,6 +84,14 @@ class SprintConfig(_Knobs):
     max_story_review_rounds: int = Field(3, ge=1)
     story_review_fallback: Literal["ask_user", "force_pass", "skip_story"] = "ask_user"
     story_review_enabled: bool = True
+    # ask_user: how long a story waits for a human decision before needs-intervention (None: for ever).
+    decision_timeout_seconds: int | None = Field(None, gt=0)
+    # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
+    max_debug_attempts: int = Field(1, ge=0)
+    # repeated_failures course correction after this many needs-intervention stories in a row.
+    consecutive_failure_threshold: int = Field(3, ge=1)
+    # The app the e2e-live resident's browser works against (a relative BROWSER_REQUEST url joins it).
+    e2e_live_base_url: str | None = None
     review_strictness: Literal["strict", "normal", "lenient"] = "normal"
     review_degradation: ReviewDegradation = ReviewDegradation()
     # Scored reviews (Gear 2): a review that carries a score passes only from this score up.

@@ -13,6 +13,27 @@ SIGNAL_STORY_UPDATE = "story_update"
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"
+# Residents and the roster (workflows/residents.py).
+SIGNAL_RESIDENT_READY = "resident_ready"  # resident -> Master, once up
+SIGNAL_ROSTER_BROADCAST = "roster_broadcast"  # Master -> each resident: AGENT_ROSTER_BROADCAST
+SIGNAL_STOP = "stop"  # Master -> resident, at the end of the sprint
+SIGNAL_RESIDENT_STOPPED = "resident_stopped"  # resident -> Master, once stopped
+UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CREATED
+UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED
+SIGNAL_DEBUG_REQUEST = "debug_request"  # requester -> debugger resident: DEBUG_REQUEST
+SIGNAL_DEBUG_RESULT = "debug_result"  # debugger resident -> requester: DEBUG_RESULT
+SIGNAL_RESEARCH_REQUEST = "research_request"  # requester -> knowledge researcher: RESEARCH_REQUEST
+SIGNAL_RESEARCH_RESULT = "research_result"  # knowledge researcher -> report_to: RESEARCH_RESULT
+UPDATE_RESEARCH = "research"  # RESEARCH_REQUEST -> RESEARCH_RESULT in one call (for agents, i.e. activities)
+SIGNAL_BROWSER_REQUEST = "browser_request"  # requester -> e2e-live: BROWSER_REQUEST
+SIGNAL_BROWSER_RESULT = "browser_result"  # e2e-live -> report_to: BROWSER_RESULT
+UPDATE_BROWSE = "browse"  # BROWSER_REQUEST -> BROWSER_RESULT in one call (for agents)
+UPDATE_COURSE_CORRECT = "course_correct"  # CC_TRIGGER -> COURSE_CORRECTION (or CC_REJECTED)
+# Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
+UPDATE_DECIDE = "decide"
+SIGNAL_DECISION = "decision"
+# Master -> Slave: the state of stories of other batches that this batch's stories depend on.
+SIGNAL_DEPENDENCY_UPDATE = "dependency_update"
 
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

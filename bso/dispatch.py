@@ -124,6 +124,7 @@ class Outcome(StrEnum):
     FIX_REQUESTED = "fix-requested"
     INTERVENTION = "needs-intervention"
     SKIPPED = "skipped"
+    AWAITING_DECISION = "awaiting-decision"
 
 
 @dataclass(frozen=True)
@@ -309,11 +310,12 @@ def _story_review(
             Outcome.SKIPPED,
             "story skipped (story_review_fallback: skip_story)",
         )
-    return intervention(
-        progress,
-        f"story doc did not pass in {rounds} rounds; a human decision is needed (story_review_fallback: ask_user)",
-        tokens,
+    # ask_user: the story stays where it is and waits for a human decision (bso.decisions).
+    question = (
+        f"story doc did not pass in {rounds} rounds; decide force_pass, skip_story or retry "
+        "(story_review_fallback: ask_user)"
     )
+    return Transition(_settled(progress, tokens, awaiting_decision=question), Outcome.AWAITING_DECISION, question)
 
 
 def review_shortfalls(result: AgentComplete, config: SprintConfig) -> list[str]:

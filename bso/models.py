@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bso.config import SprintConfig
 from bso.improvements import ImprovementRecord
 from bso.messages import BatchPlanReady, BatchSpec, FeedbackItem, Finding, RejectedMessage
+from bso.roster import Roster
 from bso.states import (
     AgentMode,
     AgentType,
@@ -57,6 +58,7 @@ class StoryMeta(_Model):
     story_path: str  # relative to project_root
     depends_on: list[str] = Field(default_factory=list)  # full keys
     tags: list[str] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list)  # files the story touches (story file `Files:` line, P29)
 
 
 class LoadStatusInput(_Model):
@@ -111,6 +113,12 @@ class SlaveInput(_Model):
     resident_contacts: dict[str, str] = Field(default_factory=dict)
     tokens_used_before: int = 0
     report_progress_to: str | None = None  # the Master's workflow id
+    # first_story_checkpoint: pause and no story of the sprint has ended yet: the Slave pauses itself
+    # after its first finished story (no dispatch may slip in before the Master's pause arrives).
+    checkpoint_pending: bool = False
+    # Planned stories of other batches this batch's stories depend on -> their state as the Master knows it;
+    # updated by the `dependency_update` signal. A story waits until its dependencies are done.
+    dependency_states: dict[str, str] = Field(default_factory=dict)
 
 
 class StoryProgress(_Model):
@@ -133,6 +141,8 @@ class StoryProgress(_Model):
     pending_dispatch_id: str | None = None
     pending_agent: AgentType | None = None
     pending_mode: AgentMode | None = None
+    awaiting_decision: str | None = None  # the question a human must answer (bso.decisions)
+    debug_attempts: int = 0  # DEBUG_REQUESTs sent for this story (bso.debugging)
 
 
 class StoryResult(_Model):
@@ -179,6 +189,7 @@ class StoryView(_Model):
     mode_in_flight: str | None = None
     dispatch_id: str | None = None
     error: str | None = None
+    awaiting_decision: str | None = None  # set while the story waits for a human `decide`
 
 
 class SlaveStatus(_Model):
@@ -188,6 +199,7 @@ class SlaveStatus(_Model):
     current_story: str | None = None
     tokens_used: int = 0
     shutdown_requested: bool = False
+    paused: bool = False
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)
 
 
@@ -211,6 +223,10 @@ class SprintReport(_Model):
     tokens_used: int = 0
     error: str | None = None
     improvements: list[ImprovementRecord] = Field(default_factory=list)  # the improvement cycle's stories
+
+    total_agents_created: int = 0  # residents + Slaves + temps (the roster bookkeeping)
+    total_agents_destroyed: int = 0
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)
 
 
 class MasterState(_Model):
@@ -236,6 +252,21 @@ class MasterState(_Model):
     improvements: list[ImprovementRecord] = Field(default_factory=list)
     improvement_cycle_done: bool = False
 
+    checkpoint: str | None = None  # the first-story checkpoint's report, once the first story ended
+    # Residents and the roster (workflows/residents.py).
+    roster: Roster = Roster()
+    roster_seq: int = 0
+    residents: dict[str, str] = Field(default_factory=dict)  # running role -> workflow id, in start order
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)  # role -> why
+    temps: dict[str, str] = Field(default_factory=dict)  # story key -> its agent in flight (roster name)
+    external_temps: list[str] = Field(default_factory=list)  # created by AGENT_CREATE_REQUEST
+    agents_created: int = 0  # residents + Slaves + temps, from the roster bookkeeping
+    agents_destroyed: int = 0
+    # Course correction (workflows/course_corrector.py).
+    outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
+    consecutive_failures: int = 0
+    course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
+
 
 class SprintStatusView(_Model):
     session_id: str
@@ -249,6 +280,13 @@ class SprintStatusView(_Model):
     pause_reason: str | None = None
     errors: list[str] = Field(default_factory=list)
     runs: int = 1
+    checkpoint: str | None = None
+    awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question
+    roster: Roster | None = None
+    unavailable_residents: dict[str, str] = Field(default_factory=dict)
+    total_agents_created: int = 0
+    total_agents_destroyed: int = 0
+    course_corrections: list[str] = Field(default_factory=list)
 
 
 class ResumeRequest(_Model):

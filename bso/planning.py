@@ -30,8 +30,15 @@ def dependency_order(stories: list[StoryMeta]) -> list[StoryMeta]:
     return ordered
 
 
+def shares_files(story: StoryMeta, others: list[StoryMeta]) -> bool:
+    """P29: does `story` touch a file one of `others` touches (its story file's `Files:` line)?"""
+    mine = set(story.files)
+    return bool(mine) and any(mine.intersection(o.files) for o in others)
+
+
 def plan_batches(session_id: str, stories: list[StoryMeta], batch_size: int) -> BatchPlanReady:
     planned = {s.key for s in stories}
+    by_key = {s.key: s for s in stories}
     batches: list[list[str]] = []
     batch_of: dict[str, int] = {}
     for story in dependency_order(stories):
@@ -41,6 +48,7 @@ def plan_batches(session_id: str, stories: list[StoryMeta], batch_size: int) -> 
             current is None
             or len(current) >= batch_size
             or any(batch_of[d] == len(batches) for d in deps)
+            or shares_files(story, [by_key[k] for k in current])  # P29
         )
         if needs_new:
             batches.append([])

@@ -36,6 +36,8 @@ class StoryScript(_Script):
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
     duration_ms: int | None = Field(default=None, ge=0)
+    # The simulated debugger's successive analyses of this story's failures; after the list: unfixable.
+    debug: list[Literal["fixable", "unfixable"]] = Field(default_factory=list)
 
 
 class ScriptDefaults(_Script):
@@ -48,6 +50,11 @@ class SimulationScript(_Script):
     stories: dict[str, StoryScript] = Field(default_factory=dict)
     # What the simulated scrum-master proposes in the improvement cycle (IMPROVEMENT_REQUESTED payloads).
     improvements: list[ImprovementRequestedPayload] = Field(default_factory=list)
+
+    # Residents that fail while starting (the sprint degrades; the scrum-master's failure fails it).
+    residents_fail_start: list[Literal["scrum-master", "knowledge-researcher", "debugger", "e2e-live"]] = Field(
+        default_factory=list
+    )
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

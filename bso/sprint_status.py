@@ -126,6 +126,7 @@ class StoryFileInfo:
     status: str = ""
     depends_on: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # `Files:` line: the files the story touches (P29)
 
 
 @dataclass(frozen=True)
@@ -606,6 +607,7 @@ _DEPENDS_RE = re.compile(
     r"^[\s>*-]*\**\s*depends[ _-]?on\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE
 )
 _TAGS_RE = re.compile(r"^[\s>*-]*\**\s*tags\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE)
+_FILES_RE = re.compile(r"^[\s>*-]*\**\s*files\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE)
 _NONE_WORDS = {"", "none", "-", "n/a", "na", "nothing", "[]"}
 
 
@@ -624,16 +626,18 @@ def _split_list(raw: str) -> list[str]:
 
 
 def parse_story_file(text: str) -> StoryFileInfo:
-    """Lenient: title, Status, `Depends on:` and `Tags:` of a BMAD story file; missing parts are empty."""
+    """Lenient: title, Status, `Depends on:`, `Tags:` and `Files:` of a BMAD story file; missing parts are empty."""
     title_m = _TITLE_RE.search(text)
     status_m = _STATUS_RE.search(text)
     deps_m = _DEPENDS_RE.search(text)
     tags_m = _TAGS_RE.search(text)
+    files_m = _FILES_RE.search(text)
     return StoryFileInfo(
         title=title_m.group(1).strip() if title_m else "",
         status=status_m.group(1).strip() if status_m else "",
         depends_on=_split_list(deps_m.group(1)) if deps_m else [],
         tags=[t.lower() for t in _split_list(tags_m.group(1))] if tags_m else [],
+        files=_split_list(files_m.group(1)) if files_m else [],
     )
 
 

@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from bso.constants import slave_workflow_id  # noqa: E402
 from bso.models import SprintInput  # noqa: E402
+from bso.roster import resident_workflow_id  # noqa: E402
 from bso.temporal_client import ensure_search_attributes  # noqa: E402
 from tests.conftest import EXAMPLE_PROJECT, _binary, bso_worker  # noqa: E402
 from workflows.sprint_master import SprintMasterWorkflow  # noqa: E402
@@ -51,6 +52,7 @@ async def record() -> None:
                     task_queue=queue,
                 )
             ids = [session] + [slave_workflow_id(session, b.batch_id) for b in report.batches]
+            ids += [resident_workflow_id(session, role) for role in ("scrum-master", "knowledge-researcher", "debugger")]
             HISTORIES.mkdir(exist_ok=True)
             for workflow_id in ids:
                 history = await env.client.get_workflow_handle(workflow_id).fetch_history()

@@ -18,17 +18,21 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agents import run_agent
-from activities.improvements import add_improvement_stories, propose_improvements
+from activities.browser import browse
+from activities.debugger import analyze_failure
 from activities.git_ops import finish_story_git
+from activities.improvements import add_improvement_stories, propose_improvements
+from activities.researcher import research
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
 from workers.telemetry import TelemetryInterceptor, configure_logging, runtime_with_prometheus
+from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
-WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow]
+WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow, ResidentWorkflow]
 SPRINT_ACTIVITIES = [
     load_sprint_status,
     write_story_status,
@@ -36,7 +40,7 @@ SPRINT_ACTIVITIES = [
     propose_improvements,
     add_improvement_stories,
 ]
-AGENT_ACTIVITIES = [run_agent, finish_story_git]
+AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, browse]
 
 log = logging.getLogger("bso.worker")
 

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from activities.improvements import add_improvement_stories, propose_improvements
-    from activities.status_file import load_sprint_status
+    from activities.status_file import load_sprint_status, write_story_status
     from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
@@ -30,12 +30,17 @@ with workflow.unsafe.imports_passed_through():
         SA_BATCH_ID,
         SA_PHASE,
         SA_SESSION_ID,
+        SIGNAL_DECISION,
+        SIGNAL_DEPENDENCY_UPDATE,
         SIGNAL_PAUSE,
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        UPDATE_DECIDE,
         slave_workflow_id,
     )
+    from bso.dependencies import UNFINISHED
+    from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, describe_validation_error
     from bso.models import (
@@ -48,10 +53,13 @@ with workflow.unsafe.imports_passed_through():
         SprintReport,
         SprintStatusView,
         StatusSnapshot,
+        StatusWriteInput,
         StoryMeta,
         StoryProgress,
         StoryUpdate,
         StoryView,
+        TERMINAL_VALUES,
+        short_key,
     )
     from bso.improvements import (
         AddStoriesInput,
@@ -67,13 +75,11 @@ with workflow.unsafe.imports_passed_through():
     from bso.simulation import SimulationScript
     from bso.sprint_status import resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
+    from bso.roster import slave_name, temp_name
+    from workflows.course_corrector import CourseCorrector
+    from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow
 
-RESIDENT_CONTACTS = {
-    "knowledge-researcher": "knowledge-researcher",
-    "debugger": "debugger",
-    "e2e-live": "e2e-live",
-}
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -81,11 +87,17 @@ def _invalid_input(message: str) -> ApplicationError:
 
 
 @workflow.defn(failure_exception_types=[ValidationError])
-class SprintMasterWorkflow:
+class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
     @workflow.init
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        self._init_roster()
+        self._init_course_correction()
+        self._project_root = inp.project_root
+        self._started_batches: set[int] = set()
+        self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
+        self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -104,6 +116,13 @@ class SprintMasterWorkflow:
             pause_reason=s.paused_reason,
             errors=list(s.errors),
             runs=s.runs,
+            checkpoint=s.checkpoint,
+            awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},
+            roster=s.roster,
+            unavailable_residents=dict(s.unavailable_residents),
+            total_agents_created=s.agents_created,
+            total_agents_destroyed=s.agents_destroyed,
+            course_corrections=list(s.course_corrections),
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -113,16 +132,51 @@ class SprintMasterWorkflow:
         except ValidationError as err:
             workflow.logger.warning("story_update ignored: %s", describe_validation_error(err))
             return
-        if update.story_key in self._state.views:
-            self._state.views[update.story_key] = update.view
+        s = self._state
+        if update.story_key in s.views:
+            s.views[update.story_key] = update.view
+            agent = update.view.agent_in_flight
+            self._temp_seen(
+                update.story_key,
+                temp_name(agent, short_key(update.story_key), update.view.agents_dispatched) if agent else None,
+            )
+            if update.view.state in TERMINAL_VALUES:
+                self._count_failure(update.view.state)
+                self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
+                if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
+                    # Another story was first: this Slave paused itself for nothing.
+                    self._forward(SIGNAL_RESUME, {}, only=update.batch_id)
             self._show()
+
+    def _first_story_checkpoint(self, key: str, view: StoryView) -> bool:
+        """first_story_checkpoint: `report` logs and shows the first finished story; `pause` also pauses.
+
+        True when the checkpoint had already been taken (this is not the first story)."""
+        s = self._state
+        if s.config.first_story_checkpoint == "skip":
+            return False
+        if s.checkpoint is not None:
+            return s.config.first_story_checkpoint == "pause"
+        s.checkpoint = (
+            f"first story {key} ended {view.state} after {view.agents_dispatched} agent(s), "
+            f"{view.review_round} review round(s), {view.tokens_used} tokens"
+            + (f" ({view.error})" if view.error else "")
+        )
+        workflow.logger.info("first story checkpoint: %s", s.checkpoint)
+        if s.config.first_story_checkpoint == "pause":
+            reason = f"first story checkpoint: {s.checkpoint}; resume to go on"
+            self._pause(reason)
+            self._forward(SIGNAL_PAUSE, reason)
+        return False
 
     @workflow.signal(name=SIGNAL_PAUSE)
     def pause(self, reason: Any = None) -> None:
-        """No new batch starts while paused; batches in flight finish their stories.
+        """No new batch starts and no running Slave dispatches while paused; agents in flight finish.
 
         `reason` is Any: with `str | None` the SDK dropped a pause whose reason was not a string."""
-        self._pause(reason if isinstance(reason, str) and reason else "paused by operator")
+        reason = reason if isinstance(reason, str) and reason else "paused by operator"
+        self._pause(reason)
+        self._forward(SIGNAL_PAUSE, reason)
 
     @workflow.signal(name=SIGNAL_RESUME)
     def resume(self, request: Any = None) -> None:
@@ -136,6 +190,93 @@ class SprintMasterWorkflow:
         self._state.paused_reason = None
         if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
+        self._forward(SIGNAL_RESUME, {})
+
+    @workflow.update(name=UPDATE_DECIDE)
+    async def decide(self, request: Any) -> StoryView:
+        """A human decision: answer a story awaiting one (forwarded to its Slave), or re-arm a
+        needs-intervention story (written to the status file, then run in a new batch)."""
+        parsed = DecisionRequest.model_validate(request)
+        s = self._state
+        key = parsed.story_key
+        if parsed.decision is not Decision.REARM:
+            view = s.views[key]
+            self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=view.batch_id)
+            await workflow.wait_condition(lambda: not s.views[key].awaiting_decision)
+            return s.views[key]
+        target = parsed.rearm_state().value
+        written = await workflow.execute_activity(
+            write_story_status,
+            StatusWriteInput(
+                project_root=self._project_root,
+                status_file=s.status_file,
+                story_key=key,
+                expected=s.views[key].state,
+                new=target,
+            ),
+            summary=f"rearm {key}: {s.views[key].state} -> {target}",
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
+        )
+        if written.outcome == "cas-mismatch":
+            raise ApplicationError(
+                f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
+            )
+        batch_id = s.next_batch_id
+        s.next_batch_id += 1
+        s.stories[key] = s.stories[key].model_copy(update={"state": target})
+        s.views[key] = StoryView(state=target, batch_id=batch_id)
+        s.queue.append(BatchSpec(batch_id=batch_id, stories=[key]))
+        workflow.logger.info("rearmed %s to %s in batch %d%s", key, target, batch_id, f": {parsed.note}" if parsed.note else "")
+        self._show()
+        return s.views[key]
+
+    @decide.validator
+    def _validate_decide(self, request: Any) -> None:
+        try:
+            parsed = DecisionRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+        s = self._state
+        view = s.views.get(parsed.story_key)
+        try:
+            if parsed.decision is Decision.REARM:
+                if s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
+                    raise DecisionError("the sprint is ending: nothing can be rearmed")
+                check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
+            elif view is None:
+                raise DecisionError(f"unknown story {parsed.story_key!r}")
+            elif not view.awaiting_decision:
+                raise DecisionError(f"story {parsed.story_key!r} is not awaiting a decision (state {view.state})")
+            elif view.batch_id not in self._started_batches:
+                raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
+        except DecisionError as err:
+            raise ApplicationError(str(err), type="InvalidDecision") from None
+
+    def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:
+        """DEPENDENCY_UPDATE to each running Slave with a story depending on one of `states`."""
+        for batch_id in sorted(self._batch_stories):
+            if batch_id == from_batch:
+                continue
+            deps = {d for k in self._batch_stories[batch_id] for d in self._state.stories[k].depends_on}
+            relevant = {k: v for k, v in states.items() if k in deps}
+            if relevant:
+                self._forward(SIGNAL_DEPENDENCY_UPDATE, relevant, only=batch_id)
+
+    def _dependency_state(self, key: str) -> str:
+        """A planned story's state for its dependants; `unfinished:<state>` once no batch will finish it."""
+        s = self._state
+        view = s.views[key]
+        pending = view.batch_id in self._running_batches or any(b.batch_id == view.batch_id for b in s.queue)
+        if view.state in TERMINAL_VALUES or pending:
+            return view.state
+        return f"{UNFINISHED}:{view.state}"
+
+    def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
+        """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
+        for batch_id, slave_id in sorted(self._running_batches.items()):
+            if batch_id in self._started_batches and (only is None or batch_id == only):
+                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     async def shutdown_request(self) -> None:
@@ -153,20 +294,34 @@ class SprintMasterWorkflow:
     @workflow.run
     async def run(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:
-            await self._start(inp)
+            await self._start(inp)  # validates the input (the simulation script too)
+            simulation = SimulationScript.model_validate(inp.simulation)
+            await self._start_residents(inp.project_root, simulation, inp.agent_backend)
         else:
             self._set_phase(self._state.phase)  # search attributes and details of the new run
-
-        simulation = SimulationScript.model_validate(inp.simulation)
-        if await self._run_batches(inp, simulation):
-            return await self._continue_as_new(inp)
-        if self._improvement_cycle_due():
-            await self._improvement_cycle(inp, simulation)
+            simulation = SimulationScript.model_validate(inp.simulation)
+            await self._start_residents(inp.project_root, simulation, inp.agent_backend)  # this run's children
+        s = self._state
+        while True:
             if await self._run_batches(inp, simulation):
                 return await self._continue_as_new(inp)
-
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        s = self._state
+            if self._improvement_cycle_due():  # runs once: it queues the improvement stories' batch
+                await self._improvement_cycle(inp, simulation)
+                continue
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if s.shutdown or s.stopped_early:
+                break
+            if s.queue:  # a rearm decision queued a batch while the last one ended
+                continue
+            if s.paused_reason is None:
+                break
+            # Paused with nothing left to run: the sprint holds (a rearm may still queue a batch) until
+            # resumed or shut down.
+            await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown or bool(s.queue))
+        if self._forwards:
+            await asyncio.gather(*self._forwards)
+        await self._stop_residents()
+        await self._roster_flushed()
         final = {key: view.state for key, view in s.views.items()}
         report = SprintReport(
             session_id=s.session_id,
@@ -176,6 +331,9 @@ class SprintMasterWorkflow:
             stories=final,
             tokens_used=s.tokens_used,
             improvements=list(s.improvements),
+            total_agents_created=s.agents_created,
+            total_agents_destroyed=s.agents_destroyed,
+            unavailable_residents=dict(s.unavailable_residents),
         )
         if workflow.patched("execution-summary"):
             await self._write_summary(inp, report)
@@ -287,6 +445,7 @@ class SprintMasterWorkflow:
             raise _invalid_input(str(err)) from None
         workflow.logger.info("BATCH_PLAN_READY: %d stories in %d batches", s.plan.total_stories, len(s.plan.batches))
         s.stories = {story.key: story for story in stories}
+        s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in s.stories}
         for spec in s.plan.batches:
             for key in spec.stories:
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
@@ -349,22 +508,43 @@ class SprintMasterWorkflow:
                 return True
             # A long history stops new batches: with max_concurrent_slaves > 1 the running set would
             # otherwise never empty, and the Master would never reach a point where it may continue as new.
-            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early
+            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early and not self._replanning
             may_start = may_start and not self._history_is_long()
             while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
                 spec = s.queue.pop(0)
+                self._running_batches[spec.batch_id] = slave_workflow_id(s.session_id, spec.batch_id)
                 running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))
             if not running:
                 if s.shutdown or s.stopped_early:
                     break
-                await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown)
+                await workflow.wait_condition(
+                    lambda: (s.paused_reason is None and not self._replanning) or s.shutdown or s.stopped_early
+                )
                 continue
-            await workflow.wait_condition(lambda: any(t.done() for t in running.values()))
+            await workflow.wait_condition(
+                lambda: any(t.done() for t in running.values())
+                or (
+                    bool(s.queue)
+                    and len(running) < s.config.max_concurrent_slaves
+                    and not s.shutdown
+                    and s.paused_reason is None
+                    and not s.stopped_early
+                    and not self._replanning
+                )
+            )
             for batch_id in [b for b, t in running.items() if t.done()]:
                 result = running.pop(batch_id).result()
                 self._settle(result)
                 if result.fatal_error is not None:
                     await self._stop_running(list(running))
+                # Stories this batch did not finish and no batch will: their dependants must not wait.
+                unfinished = {
+                    r.story_key: self._dependency_state(r.story_key)
+                    for r in result.results.story_results
+                    if r.story_key in s.views and self._dependency_state(r.story_key).startswith(UNFINISHED)
+                }
+                if unfinished:
+                    self._tell_dependants(unfinished, batch_id)
         return False
 
     def _settle(self, result: SlaveResult) -> None:
@@ -413,6 +593,10 @@ class SprintMasterWorkflow:
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._stop_residents()  # each run owns its residents; the new run starts them again
+        await self._roster_flushed()
+        if self._forwards:
+            await asyncio.gather(*self._forwards)
         self._state.runs += 1
         workflow.logger.info("continuing as new (run %d) with %d batches left", self._state.runs, len(self._state.queue))
         workflow.continue_as_new(inp.model_copy(update={"carried_state": self._state}))
@@ -436,14 +620,22 @@ class SprintMasterWorkflow:
             config_overrides=inp.config_overrides,
             agent_backend=inp.agent_backend,
             simulation=simulation.model_dump(mode="json") if inp.agent_backend == "simulated" else {},
-            resident_contacts=RESIDENT_CONTACTS,
+            resident_contacts=self._resident_contacts(),
             tokens_used_before=s.tokens_used,
             report_progress_to=workflow.info().workflow_id,
+            checkpoint_pending=s.checkpoint is None and s.config.first_story_checkpoint == "pause",
+            dependency_states={
+                dep: self._dependency_state(dep)
+                for key in spec.stories
+                for dep in s.stories[key].depends_on
+                if dep in s.views and dep not in spec.stories
+            },
         )
         self._running_batches[spec.batch_id] = slave_id
+        self._batch_stories[spec.batch_id] = list(spec.stories)
         self._show()
         try:
-            result = await workflow.execute_child_workflow(
+            child = await workflow.start_child_workflow(
                 SprintSlaveWorkflow.run,
                 slave_input,
                 id=slave_id,
@@ -457,10 +649,29 @@ class SprintMasterWorkflow:
                     ]
                 ),
             )
+            self._started_batches.add(spec.batch_id)
+            self._slave_started(slave_name(spec.batch_id))
+            # Dependencies that ended while the Slave was starting (their updates could not reach it yet).
+            settled = {
+                dep: state
+                for dep, state in ((d, self._dependency_state(d)) for d in slave_input.dependency_states)
+                if state != slave_input.dependency_states[dep]
+            }
+            if settled:
+                self._forward(SIGNAL_DEPENDENCY_UPDATE, settled, only=spec.batch_id)
+            if s.paused_reason is not None:  # paused while the Slave was starting
+                self._forward(SIGNAL_PAUSE, s.paused_reason, only=spec.batch_id)
+            result = await child
         except ChildWorkflowError as err:
             result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
+        if spec.batch_id in self._started_batches:
+            for key in spec.stories:  # agents the Slave did not report finished (it ended abnormally)
+                self._temp_seen(key, None)
+            self._slave_finished(slave_name(spec.batch_id))
+        self._started_batches.discard(spec.batch_id)
+        self._batch_stories.pop(spec.batch_id, None)
         self._show()
         return result
 
@@ -503,6 +714,11 @@ class SprintMasterWorkflow:
             if v.batch_id in self._running_batches
         )
         pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason else ""
+        if s.checkpoint:
+            pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
+        waiting = [f"{k} ({v.awaiting_decision})" for k, v in s.views.items() if v.awaiting_decision]
+        if waiting:
+            pause += "\n\nAwaiting a human decision (`decide` update): " + "; ".join(waiting)
         workflow.set_current_details(
             f"**Sprint `{s.session_id}`**: {s.phase.value}, {done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
@@ -522,3 +738,11 @@ def _progress_from_view(key: str, view: StoryView) -> StoryProgress:
         started=view.agents_dispatched > 0,
         error=view.error,
     )
+
+
+async def _signal_quietly(workflow_id: str, signal: str, arg: Any) -> None:
+    """A forwarded signal; a Slave that has just ended cannot take it, which is not an error."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)
+    except Exception as err:  # noqa: BLE001 - the target is gone; nothing to do
+        workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)

@@ -25,9 +25,25 @@ with workflow.unsafe.imports_passed_through():
     from bso.constants import (
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
+        SIGNAL_DEBUG_REQUEST,
+        SIGNAL_DEBUG_RESULT,
+        SIGNAL_DECISION,
+        SIGNAL_DEPENDENCY_UPDATE,
+        SIGNAL_PAUSE,
+        SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        UPDATE_DECIDE,
         agents_task_queue_for,
+    )
+    from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
+    from bso.dependencies import check_dependencies, skipped_for_dependency
+    from bso.decisions import (
+        DecisionError,
+        DecisionRequest,
+        apply_decision,
+        check_waiting_decision,
+        decision_timed_out,
     )
     from bso.dispatch import (
         DispatchStep,
@@ -97,6 +113,7 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
         mode_in_flight=progress.pending_mode.value if progress.pending_mode else None,
         dispatch_id=progress.pending_dispatch_id,
         error=progress.error,
+        awaiting_decision=progress.awaiting_decision,
     )
 
 
@@ -113,6 +130,13 @@ class SprintSlaveWorkflow:
         self._rejected: list[RejectedMessage] = []
         self._rejected_total = 0
         self._shutdown = False
+        self._paused = False
+        self._closing = False
+        self._dep_states: dict[str, str] = dict(inp.dependency_states)
+        self._waiting_for: tuple[str, ...] = ()
+        self._open_debug: dict[str, str] = {}  # debug id -> story key
+        self._debug_results: dict[str, DebugResult] = {}
+        self._decisions: dict[str, DecisionRequest] = {}  # story key -> the decision not yet applied
         self._current: str | None = None
         self._agents_created = 0
         self._agents_destroyed = 0
@@ -177,6 +201,71 @@ class SprintSlaveWorkflow:
         """Finish the story in hand, then report SLAVE_BATCH_COMPLETE (the spec's shutdown protocol)."""
         self._shutdown = True
 
+    @workflow.signal(name=SIGNAL_DEBUG_RESULT)
+    def debug_result(self, payload: Any) -> None:
+        """DEBUG_RESULT from the debugger resident, for a DEBUG_REQUEST this Slave sent."""
+        try:
+            result = DebugResult.model_validate(payload)
+        except ValidationError as err:
+            self._reject("DEBUG_RESULT", f"validation_failed: {describe_validation_error(err)}", None)
+            return
+        if self._open_debug.pop(result.debug_id, None) is None:
+            self._reject("DEBUG_RESULT", f"unknown or answered debug id {result.debug_id!r}", None)
+            return
+        self._debug_results[result.debug_id] = result
+
+    @workflow.signal(name=SIGNAL_DEPENDENCY_UPDATE)
+    def dependency_update(self, states: Any) -> None:
+        """The Master tells the state of stories of other batches this batch depends on."""
+        if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
+            self._reject("DEPENDENCY_UPDATE", "expected an object of story key: state", None)
+            return
+        self._dep_states.update(states)
+
+    @workflow.signal(name=SIGNAL_PAUSE)
+    def pause(self, reason: str | None = None) -> None:
+        """No new dispatch while paused; the agent in flight finishes."""
+        self._paused = True
+        self._show()
+
+    @workflow.signal(name=SIGNAL_RESUME)
+    def resume(self, request: Any = None) -> None:
+        self._paused = False
+        self._show()
+
+    @workflow.update(name=UPDATE_DECIDE)
+    async def decide(self, request: Any) -> StoryView:
+        """A human's answer to a story waiting for a decision; returns the story once it is applied."""
+        parsed = DecisionRequest.model_validate(request)
+        self._decisions[parsed.story_key] = parsed
+        await workflow.wait_condition(lambda: parsed.story_key not in self._decisions or self._closing)
+        return story_view(self._progress[parsed.story_key], self._input.batch_id)
+
+    @decide.validator
+    def _validate_decide(self, request: Any) -> None:
+        try:
+            parsed = DecisionRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+        try:
+            check_waiting_decision(parsed, self._progress.get(parsed.story_key))
+        except DecisionError as err:
+            raise ApplicationError(str(err), type="InvalidDecision") from None
+        if parsed.story_key in self._decisions:
+            raise ApplicationError(f"story {parsed.story_key!r} already has a decision", type="InvalidDecision")
+
+    @workflow.signal(name=SIGNAL_DECISION)
+    def decision(self, request: Any) -> None:
+        """The same decision, forwarded by the Master (which validated it against its own view)."""
+        try:
+            parsed = DecisionRequest.model_validate(request)
+            check_waiting_decision(parsed, self._progress.get(parsed.story_key))
+        except (ValidationError, DecisionError) as err:
+            reason = describe_validation_error(err) if isinstance(err, ValidationError) else str(err)
+            self._reject("DECISION", reason, None)
+            return
+        self._decisions.setdefault(parsed.story_key, parsed)
+
     @workflow.query(name=QUERY_STATUS)
     def status(self) -> SlaveStatus:
         return SlaveStatus(
@@ -186,6 +275,7 @@ class SprintSlaveWorkflow:
             current_story=self._current,
             tokens_used=self._tokens_used(),
             shutdown_requested=self._shutdown,
+            paused=self._paused,
             rejected_messages=list(self._rejected),
         )
 
@@ -218,14 +308,21 @@ class SprintSlaveWorkflow:
                 workflow.logger.warning("[Slave] fail_fast: %s not started", meta.key)
                 continue
             self._current = meta.key
-            await self._drive_story(meta)
-            if inp.agent_backend == "command" and self._progress[meta.key].state == "done":
+            if is_terminal(self._progress[meta.key]) or await self._await_dependencies(meta):
+                await self._drive_story(meta)
+            story = self._progress[meta.key]
+            if inp.agent_backend == "command" and story.started and story.state == "done":
                 await self._finish_story_git(meta)
             self._current = None
+            if self._input.checkpoint_pending and is_terminal(self._progress[meta.key]):
+                self._input = self._input.model_copy(update={"checkpoint_pending": False})
+                self._paused = True  # the Master pauses the sprint on this story's update; resume goes on
+                self._show()
             if budget_level(inp.tokens_used_before + self._tokens_used(), inp.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
+        self._closing = True  # a decision that came too late (shutdown) is answered as it stands
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._notifications:
             await asyncio.gather(*self._notifications, return_exceptions=True)
@@ -270,6 +367,15 @@ class SprintSlaveWorkflow:
 
     async def _drive_story(self, meta: StoryMeta) -> None:
         while not is_terminal(progress := self._progress[meta.key]):
+            if progress.awaiting_decision:
+                if not await self._await_decision(progress):
+                    return  # shutdown while waiting: the story stays where it is
+                continue
+            if self._paused:
+                await workflow.wait_condition(lambda: not self._paused or self._shutdown)
+                if self._shutdown:
+                    workflow.logger.info("[Slave] shutdown while paused: %s stays %s", meta.key, progress.state)
+                    return
             step = next_dispatch(progress)
             if step is None:
                 await self._commit(
@@ -283,12 +389,96 @@ class SprintSlaveWorkflow:
             self._publish(meta.key)
             answer = await self._dispatch(meta, progress, step, dispatch_id)
             self._agents_destroyed += 1
-            if isinstance(answer, AgentComplete):
+            if isinstance(answer, AgentComplete) and wants_debug(step, answer, progress, self._input.config):
+                transition = await self._debug(meta, progress, step, answer)
+            elif isinstance(answer, AgentComplete):
                 transition = apply_agent_result(progress, step, answer, self._input.config, meta.tags)
                 self._fatal = self._fatal or fatal_error(answer, self._input.config)
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
+
+    def _dependency_states(self, meta: StoryMeta) -> dict[str, str]:
+        states = dict(self._dep_states)
+        states.update({k: p.state for k, p in self._progress.items() if k != meta.key})
+        return states
+
+    async def _await_dependencies(self, meta: StoryMeta) -> bool:
+        """A story starts only once the stories it depends on are done (waiting, not failing); when one of
+        them will never be done, the story is skipped (U4) with that reason. False: do not drive it."""
+        check = check_dependencies(meta.depends_on, self._dependency_states(meta))
+        if not check.ready and check.blocked_by is None:
+            self._waiting_for = check.waiting_for
+            workflow.logger.info("[Slave] %s waits for %s", meta.key, ", ".join(check.waiting_for))
+            self._show()
+            await workflow.wait_condition(
+                lambda: self._shutdown
+                or (c := check_dependencies(meta.depends_on, self._dependency_states(meta))).ready
+                or c.blocked_by is not None
+            )
+            self._waiting_for = ()
+            check = check_dependencies(meta.depends_on, self._dependency_states(meta))
+        if check.blocked_by is not None:
+            dep, state = check.blocked_by
+            await self._commit(self._progress[meta.key], skipped_for_dependency(self._progress[meta.key], dep, state))
+            return False
+        if not check.ready:  # shutdown while waiting: the story was never started
+            workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
+            return False
+        return True
+
+    async def _debug(
+        self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, answer: AgentComplete
+    ) -> Transition:
+        """A dev-runner failed with an error: DEBUG_REQUEST to the debugger resident, wait for its DEBUG_RESULT."""
+        debug_id = debug_id_for(self._input.batch_id, meta.short_key, progress.debug_attempts + 1)
+        debugger = self._input.resident_contacts.get("debugger")
+        if debugger is None:
+            unavailable = DebugResult(
+                debug_id=debug_id, story_key=meta.key, status="unavailable", error="no debugger resident in this sprint"
+            )
+            return after_debug(progress, step, answer, unavailable)
+        request = debug_request_for(
+            progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
+        )
+        self._open_debug[debug_id] = meta.key
+        workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
+        try:
+            await workflow.get_external_workflow_handle(debugger).signal(
+                SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json")
+            )
+        except Exception as err:  # noqa: BLE001 - the debugger is gone
+            self._open_debug.pop(debug_id, None)
+            unavailable = DebugResult(debug_id=debug_id, story_key=meta.key, status="unavailable", error=str(err))
+            return after_debug(progress, step, answer, unavailable)
+        timeout = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
+        try:
+            await workflow.wait_condition(lambda: debug_id in self._debug_results, timeout=timeout)
+        except asyncio.TimeoutError:
+            self._open_debug.pop(debug_id, None)
+            return after_debug(progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s")
+        return after_debug(progress, step, answer, self._debug_results.pop(debug_id))
+
+    async def _await_decision(self, progress: StoryProgress) -> bool:
+        """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
+
+        False when a shutdown ended the wait first."""
+        key = progress.key
+        timeout_s = self._input.config.decision_timeout_seconds
+        workflow.logger.info("[Slave] %s awaits a human decision: %s", key, progress.awaiting_decision)
+        try:
+            await workflow.wait_condition(
+                lambda: key in self._decisions or self._shutdown,
+                timeout=timedelta(seconds=timeout_s) if timeout_s else None,
+            )
+        except asyncio.TimeoutError:
+            await self._commit(progress, decision_timed_out(progress, timeout_s or 0))
+            return True
+        if key not in self._decisions:
+            return False
+        await self._commit(progress, apply_decision(progress, self._decisions[key]))
+        del self._decisions[key]  # answers the update: the decision is applied and written
+        return True
 
     async def _dispatch(
         self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, dispatch_id: str
@@ -434,12 +624,15 @@ class SprintSlaveWorkflow:
     def _show(self) -> None:
         rows = [
             f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
-            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''} |"
+            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''}"
+            f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''} |"
             for k, p in self._progress.items()
         ]
         workflow.set_current_details(
             f"**Batch {self._input.batch_id}** of `{self._input.session_id}`"
             + (" (shutting down)" if self._shutdown else "")
+            + (" (paused: no new dispatch)" if self._paused else "")
+            + (f" ({self._current} waits for {', '.join(self._waiting_for)})" if self._waiting_for else "")
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )

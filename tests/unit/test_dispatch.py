@@ -301,18 +301,20 @@ def test_story_review_loops_until_max_story_review_rounds_then_asks_user(max_rou
     p, states, outcome = _story_review_loop(config(max_story_review_rounds=max_rounds))
     # max_rounds reviews: each but the last sends the doc back for improvement.
     assert states.count("story-doc-improved") == max_rounds - 1
-    assert states.count("story-doc-review") == max_rounds - 1  # each revise goes back to review
+    # each revise goes back to review; the last review leaves the story in review, waiting
+    assert states.count("story-doc-review") == max_rounds
     assert p.story_review_rounds == max_rounds
-    assert p.state == "needs-intervention"
-    assert outcome is Outcome.INTERVENTION
-    assert "human decision" in p.error
+    # ask_user: the story stays in story-doc-review and waits for a human decision.
+    assert p.state == "story-doc-review"
+    assert outcome is Outcome.AWAITING_DECISION
+    assert "force_pass, skip_story or retry" in p.awaiting_decision
 
 
 def test_story_review_default_allows_three_rounds():
     p, states, _ = _story_review_loop(config())
     assert p.story_review_rounds == 3
     assert states.count("story-doc-improved") == 2
-    assert p.state == "needs-intervention"
+    assert p.state == "story-doc-review" and p.awaiting_decision
 
 
 def test_story_review_fallback_force_pass():

@@ -1,0 +1,77 @@
+"""The debugger resident's analysis activity: known error patterns from the debug journal first, then a
+new analysis (the simulated debugger follows the simulation script); every analysis is appended to
+`.sprint-session/debug-journal.md` (P49) with its DBG id. Idempotent: a retried activity whose analysis is
+already in the journal returns it instead of appending it again."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from datetime import datetime, timezone
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+
+from activities.session_files import session_path
+from bso.debugging import JOURNAL, DebugRequest, DebugResult, known_result, render_entry, simulated_analysis
+
+JOURNAL_HEADER = "# Debug journal\n\nEvery analysis of the debugger resident, newest last (P49).\n\n"
+
+
+class AnalyzeInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project_root: str
+    request: DebugRequest
+    backend: str = "simulated"
+    scripted: Literal["fixable", "unfixable"] = "unfixable"  # the simulated debugger's answer
+
+
+@activity.defn
+async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
+    path = session_path(inp.project_root, JOURNAL)
+    entry_id = f"{inp.request.debug_id}-{inp.request.session_id or 'sprint'}"
+    with open(path.with_name(f".{JOURNAL}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        if f"## {entry_id}\n" in text:  # a retry: this analysis is journaled already
+            return _entry_result(text, entry_id, inp.request)
+        result = known_result(text, inp.request)
+        if result is None:
+            if inp.backend != "simulated":
+                return DebugResult(
+                    debug_id=inp.request.debug_id,
+                    story_key=inp.request.story_key,
+                    status="unavailable",
+                    error=f"no debugger analysis for agent backend {inp.backend!r} (simulated only)",
+                )
+            result = simulated_analysis(inp.request, inp.scripted)
+        result = result.model_copy(update={"journal_entry_id": entry_id})
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with open(path, "a", encoding="utf-8") as fh:
+            if not text:
+                fh.write(JOURNAL_HEADER)
+            fh.write(render_entry(entry_id, inp.request, result, when))
+            fh.flush()
+            os.fsync(fh.fileno())
+        return result
+
+
+def _entry_result(text: str, entry_id: str, request: DebugRequest) -> DebugResult:
+    """The result recorded under `entry_id` (a retried activity)."""
+    body = text.split(f"## {entry_id}\n", 1)[1].split("\n## ", 1)[0]
+    fields = dict(
+        line[2:].split(": ", 1) for line in body.splitlines() if line.startswith("- ") and ": " in line
+    )
+    confidence = fields.get("confidence", "low")
+    return DebugResult(
+        debug_id=request.debug_id,
+        story_key=request.story_key,
+        root_cause=fields.get("root_cause", ""),
+        fix_suggestion=fields.get("fix_suggestion", ""),
+        confidence=confidence if confidence in ("high", "medium", "low", "none") else "low",
+        severity=fields.get("severity", "HIGH"),
+        known_pattern=fields.get("known_pattern") == "yes",
+        journal_entry_id=entry_id,
+    )

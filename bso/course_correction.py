@@ -1,0 +1,122 @@
+"""Course correction (CC_TRIGGER -> COURSE_CORRECTION | CC_REJECTED), as pure rules.
+
+A `course_correct` update on the Master (or the Master itself after `consecutive_failure_threshold`
+stories in a row ended needs-intervention) changes the sprint mid-way: done stories are untouched, stories
+of running batches finish, the pending ones (queued batches) are re-planned with batch ids continuing after
+the last one; dropped stories become `skipped` in the status file, added ones join the plan (a story whose
+value has no dispatch-table row, e.g. skipped, is written `backlog` first).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bso.dispatch import normalize_state
+from bso.messages import BatchSpec
+from bso.models import StoryMeta
+from bso.planning import plan_batches
+from bso.sprint_status import resolve_story_keys
+from bso.states import StoryState
+
+
+class CCReason(StrEnum):
+    USER_REQUEST = "user_request"
+    REPEATED_FAILURES = "repeated_failures"
+    NEW_REQUIREMENTS = "new_requirements"
+
+
+class CourseCorrectionRequest(BaseModel):
+    """CC_TRIGGER: the `course_correct` update's argument."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: CCReason
+    add_stories: list[str] = Field(default_factory=list)
+    drop_stories: list[str] = Field(default_factory=list)
+    text: str = Field("", max_length=4000)
+
+
+class CourseCorrection(BaseModel):
+    """COURSE_CORRECTION: the impact analysis and the new plan of the pending stories."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    msg_type: Literal["COURSE_CORRECTION"] = "COURSE_CORRECTION"
+    reason: CCReason
+    text: str = ""
+    added: list[str] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    untouched_done: list[str] = Field(default_factory=list)
+    in_flight: list[str] = Field(default_factory=list)  # stories of running batches: they finish as planned
+    replanned: list[str] = Field(default_factory=list)
+    batches: list[BatchSpec] = Field(default_factory=list)  # the new plan of the pending stories
+    impact: str = ""
+
+
+class CCRejected(ValueError):
+    """CC_REJECTED: the message says why."""
+
+
+def resolve_keys(requested: list[str], known: list[str], what: str) -> list[str]:
+    if not requested:
+        return []
+    try:
+        return resolve_story_keys(requested, known)
+    except ValueError as err:
+        raise CCRejected(f"CC_REJECTED: {what}: {err}") from None
+
+
+def check_request(
+    request: CourseCorrectionRequest,
+    sprint_states: dict[str, str],
+    pending: list[str],
+    outside: dict[str, str],
+) -> tuple[list[str], list[str]]:
+    """The full keys to add and to drop; CCRejected when the correction cannot be applied.
+
+    `sprint_states`: the sprint's stories and their state; `pending`: those in queued batches (not started);
+    `outside`: stories of the status file not in the sprint, with their value."""
+    drop = resolve_keys(request.drop_stories, [*sprint_states, *outside], "drop_stories")
+    add = resolve_keys(request.add_stories, [*sprint_states, *outside], "add_stories")
+    for key in drop:
+        if key not in sprint_states:
+            raise CCRejected(f"CC_REJECTED: {key} is not in this sprint: nothing to drop")
+        if sprint_states[key] == StoryState.DONE:
+            raise CCRejected(f"CC_REJECTED: {key} is done: done stories are untouched")
+        if key not in pending:
+            raise CCRejected(f"CC_REJECTED: {key} is in a running batch or has ended: it finishes as planned")
+    for key in add:
+        if key in sprint_states:
+            raise CCRejected(f"CC_REJECTED: {key} is already in this sprint")
+        if outside.get(key) == StoryState.DONE:
+            raise CCRejected(f"CC_REJECTED: {key} is done already")
+    if set(add) & set(drop):
+        raise CCRejected("CC_REJECTED: a story cannot be both added and dropped")
+    return add, drop
+
+
+def start_value(file_value: str) -> str | None:
+    """The value to write for an added story before it runs, or None to keep its value."""
+    state = normalize_state(file_value)
+    if state is None or state in (StoryState.SKIPPED, StoryState.NEEDS_INTERVENTION, StoryState.DONE):
+        return StoryState.BACKLOG.value
+    return None
+
+
+def replan(session_id: str, pending: list[StoryMeta], batch_size: int, next_batch_id: int) -> list[BatchSpec]:
+    """The pending stories in new batches (dependencies first, P29), numbered from `next_batch_id`."""
+    plan = plan_batches(session_id, pending, batch_size)
+    return [BatchSpec(batch_id=next_batch_id + i, stories=list(b.stories)) for i, b in enumerate(plan.batches)]
+
+
+def impact_text(cc: CourseCorrection, old_batches: list[BatchSpec]) -> str:
+    before = "; ".join(f"{b.batch_id}: {', '.join(b.stories)}" for b in old_batches) or "none"
+    after = "; ".join(f"{b.batch_id}: {', '.join(b.stories)}" for b in cc.batches) or "none"
+    return (
+        f"{cc.reason.value}: {len(cc.added)} added, {len(cc.dropped)} dropped (skipped), "
+        f"{len(cc.untouched_done)} done untouched, {len(cc.in_flight)} in flight finish as planned, "
+        f"{len(cc.replanned)} pending re-planned. Pending batches before: {before}. After: {after}."
+    )

@@ -1,0 +1,209 @@
+"""The debugger's protocol (DEBUG_REQUEST / DEBUG_RESULT) and rules, pure.
+
+When a dev-runner (dev or fix) reports failure with an error, the Slave does not give the story up at
+once: it sends a DEBUG_REQUEST to the debugger resident (a signal), which analyses the failure (an
+activity; known error patterns are matched from the debug journal first) and answers with a DEBUG_RESULT
+signal (`debug_result`). A fixable result sends the story to `needs-fix`: the dev-runner is dispatched in
+fix mode with the root cause and the fix suggestion among its findings. At most `max_debug_attempts` per
+story; after that, or when the debugger finds no fix or is unavailable, the story needs intervention.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bso.config import SprintConfig
+from bso.dispatch import DEV, FIX, DispatchStep, Outcome, Transition, _settled, intervention
+from bso.messages import AgentComplete, Finding
+from bso.models import StoryProgress
+from bso.states import AgentStatus, Severity, StoryState
+
+JOURNAL = "debug-journal.md"  # in .sprint-session/ (P49)
+MAX_TEXT = 4000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class DebugRequest(_Message):
+    msg_type: Literal["DEBUG_REQUEST"] = "DEBUG_REQUEST"
+    debug_id: str = Field(min_length=1, max_length=200)
+    story_key: str = Field(min_length=1)
+    agent_type: str = "dev-runner"
+    error_summary: str = Field("", max_length=MAX_TEXT)
+    stack_trace: str = Field("", max_length=MAX_TEXT)
+    test_output: str = Field("", max_length=MAX_TEXT)
+    severity_hint: Severity = Severity.HIGH
+    report_to: str = Field(min_length=1)  # the requester's workflow id: DEBUG_RESULT goes there
+    session_id: str = ""
+    attempt: int = Field(1, ge=1)  # the story's debug attempt (the simulated debugger's script index)
+
+
+class DebugResult(_Message):
+    msg_type: Literal["DEBUG_RESULT"] = "DEBUG_RESULT"
+    debug_id: str
+    story_key: str
+    root_cause: str = ""
+    fix_suggestion: str = ""
+    severity: Severity = Severity.HIGH
+    confidence: Literal["high", "medium", "low", "none"] = "medium"
+    journal_entry_id: str | None = None
+    known_pattern: bool = False  # matched from the journal, no new analysis
+    status: Literal["analysed", "unavailable"] = "analysed"
+    error: str | None = None
+
+    @property
+    def fixable(self) -> bool:
+        return self.status == "analysed" and self.confidence != "none" and bool(self.fix_suggestion)
+
+
+def debug_id_for(batch_id: int, story_short_key: str, attempt: int) -> str:
+    return f"DBG-b{batch_id}-{story_short_key}-{attempt:03d}"
+
+
+def wants_debug(step: DispatchStep, answer: AgentComplete, progress: StoryProgress, config: SprintConfig) -> bool:
+    """A dev-runner failure with an error, and debug attempts left for the story."""
+    return (
+        step in (DEV, FIX)
+        and answer.status is AgentStatus.FAILURE
+        and bool(answer.error or answer.summary)
+        and progress.debug_attempts < config.max_debug_attempts
+    )
+
+
+def debug_request_for(
+    progress: StoryProgress, step: DispatchStep, answer: AgentComplete, debug_id: str, report_to: str, session_id: str
+) -> DebugRequest:
+    error = answer.error or answer.summary or "agent reported failure"
+    return DebugRequest(
+        debug_id=debug_id,
+        story_key=progress.key,
+        agent_type=step.agent_type.value,
+        error_summary=error[:MAX_TEXT],
+        test_output=(answer.summary or "")[:MAX_TEXT],
+        report_to=report_to,
+        session_id=session_id,
+        attempt=progress.debug_attempts + 1,
+    )
+
+
+def after_debug(
+    progress: StoryProgress, step: DispatchStep, answer: AgentComplete, result: DebugResult | None, why_none: str = ""
+) -> Transition:
+    """The story after its debug round: a fix dispatch with the analysis, or needs-intervention."""
+    failure = f"{step.agent_type.value}/{step.mode.value} failed: {answer.error or answer.summary}"
+    progress = progress.model_copy(update={"debug_attempts": progress.debug_attempts + 1})
+    if result is None:
+        return intervention(progress, f"{failure}; debugger gave no answer ({why_none})", answer.tokens_used)
+    if result.status == "unavailable":
+        return intervention(progress, f"{failure}; debugger unavailable: {result.error}", answer.tokens_used)
+    if not result.fixable:
+        return intervention(
+            progress,
+            f"{failure}; debugger {result.debug_id} found no fix ({result.root_cause or 'root cause unknown'})",
+            answer.tokens_used,
+        )
+    finding = Finding(
+        severity=result.severity,
+        summary=(
+            f"{result.debug_id} root cause: {result.root_cause}. Fix suggestion: {result.fix_suggestion}"
+        )[:2000],
+    )
+    return Transition(
+        _settled(
+            progress,
+            answer.tokens_used,
+            state=StoryState.NEEDS_FIX.value,
+            fix_pending=False,
+            fix_findings=[finding],
+            fix_rounds=progress.fix_rounds + 1,
+        ),
+        Outcome.FIX_REQUESTED,
+        f"{failure}; debugger {result.debug_id}: {result.root_cause} -> fix",
+    )
+
+
+# --- the journal (pure text; the activity does the file I/O) ---------------------------------------
+
+
+def error_signature(error_summary: str) -> str:
+    """The error with its volatile parts (numbers, hex ids, paths' line numbers, quotes) normalised, so the
+    same failure matches across runs."""
+    text = error_summary.strip().lower()
+    text = re.sub(r"0x[0-9a-f]+", "<hex>", text)
+    text = re.sub(r"\d+", "<n>", text)
+    text = re.sub(r"\s+", " ", text)
+    return text[:300]
+
+
+_ENTRY_RE = re.compile(
+    r"^## (?P<entry>\S+)\n(?P<body>.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL
+)
+_FIELD_RE = re.compile(r"^- (?P<key>[a-z_]+): (?P<value>.*)$", re.MULTILINE)
+
+
+def render_entry(entry_id: str, request: DebugRequest, result: DebugResult, when: str) -> str:
+    lines = [
+        f"## {entry_id}",
+        f"- debug_id: {result.debug_id}",
+        f"- when: {when}",
+        f"- session: {request.session_id}",
+        f"- story: {request.story_key}",
+        f"- agent: {request.agent_type}",
+        f"- signature: {error_signature(request.error_summary)}",
+        f"- error: {' '.join(request.error_summary.split())[:500]}",
+        f"- root_cause: {' '.join(result.root_cause.split())}",
+        f"- fix_suggestion: {' '.join(result.fix_suggestion.split())}",
+        f"- severity: {result.severity.value}",
+        f"- confidence: {result.confidence}",
+        f"- known_pattern: {'yes' if result.known_pattern else 'no'}",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def known_result(journal_text: str, request: DebugRequest) -> DebugResult | None:
+    """The latest analysis in the journal of an error with the same signature, as this request's result."""
+    signature = error_signature(request.error_summary)
+    found: dict[str, str] | None = None
+    for match in _ENTRY_RE.finditer(journal_text):
+        fields = {m.group("key"): m.group("value").strip() for m in _FIELD_RE.finditer(match.group("body"))}
+        if fields.get("signature") == signature and fields.get("known_pattern") == "no":
+            found = fields | {"entry": match.group("entry")}
+    if found is None:
+        return None
+    confidence = found.get("confidence", "low")
+    return DebugResult(
+        debug_id=request.debug_id,
+        story_key=request.story_key,
+        root_cause=found.get("root_cause", ""),
+        fix_suggestion=found.get("fix_suggestion", ""),
+        severity=Severity(found.get("severity", "HIGH")),
+        confidence=confidence if confidence in ("high", "medium", "low", "none") else "low",  # type: ignore[arg-type]
+        known_pattern=True,
+        journal_entry_id=found["entry"],
+    )
+
+
+def simulated_analysis(request: DebugRequest, outcome: Literal["fixable", "unfixable"]) -> DebugResult:
+    if outcome == "fixable":
+        return DebugResult(
+            debug_id=request.debug_id,
+            story_key=request.story_key,
+            root_cause=f"simulated root cause of: {request.error_summary[:200]}",
+            fix_suggestion="apply the simulated fix (guard the failing call and cover it with a test)",
+            severity=request.severity_hint,
+            confidence="high",
+        )
+    return DebugResult(
+        debug_id=request.debug_id,
+        story_key=request.story_key,
+        root_cause=f"simulated analysis could not find the cause of: {request.error_summary[:200]}",
+        fix_suggestion="",
+        severity=request.severity_hint,
+        confidence="none",
+    )

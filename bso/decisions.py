@@ -1,0 +1,119 @@
+"""Human decisions on a story, as pure rules.
+
+A story waits for a decision when its story review rounds are exhausted and `story_review_fallback` is
+`ask_user`; an operator answers with the `decide` update (on the Slave, or on the Master, which forwards it).
+A story that ended in needs-intervention can be re-armed the same way (`rearm`, to a chosen state), through
+the Master, which starts a new batch for it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bso.dispatch import Outcome, Transition, intervention
+from bso.models import StoryProgress
+from bso.states import StoryState
+
+
+class Decision(StrEnum):
+    FORCE_PASS = "force_pass"  # the story doc is accepted as it is: ready-for-dev
+    SKIP_STORY = "skip_story"  # the story is skipped for this sprint
+    RETRY = "retry"  # the story doc is revised again, with fresh story-review rounds
+    REARM = "rearm"  # a needs-intervention story goes back to `state` (Master only)
+
+
+# Decisions that answer a story waiting for one; `rearm` answers a needs-intervention story instead.
+WAITING_DECISIONS = (Decision.FORCE_PASS, Decision.SKIP_STORY, Decision.RETRY)
+
+# The states a needs-intervention story may be re-armed to: any state the dispatch table has a row for.
+REARM_STATES = (
+    StoryState.BACKLOG,
+    StoryState.STORY_DOC_IMPROVED,
+    StoryState.STORY_DOC_REVIEW,
+    StoryState.READY_FOR_DEV,
+    StoryState.REVIEW,
+    StoryState.E2E_VERIFY,
+    StoryState.NEEDS_FIX,
+)
+
+
+class DecisionRequest(BaseModel):
+    """The `decide` update's argument."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    story_key: str = Field(min_length=1)
+    decision: Decision
+    state: StoryState | None = None  # rearm only: where the story starts again (default ready-for-dev)
+    note: str = Field("", max_length=2000)
+
+    def rearm_state(self) -> StoryState:
+        return self.state or StoryState.READY_FOR_DEV
+
+
+class DecisionError(ValueError):
+    """A decision that cannot be applied; the message says why (the update is rejected)."""
+
+
+def check_waiting_decision(request: DecisionRequest, progress: StoryProgress | None) -> None:
+    """Raise DecisionError unless `request` answers a story that is waiting for a decision."""
+    if request.decision not in WAITING_DECISIONS:
+        raise DecisionError(
+            f"decision {request.decision.value!r} does not answer a waiting story; use one of: "
+            + ", ".join(d.value for d in WAITING_DECISIONS)
+        )
+    if progress is None:
+        raise DecisionError(f"unknown story {request.story_key!r}")
+    if not progress.awaiting_decision:
+        raise DecisionError(f"story {request.story_key!r} is not awaiting a decision (state {progress.state})")
+
+
+def check_rearm(request: DecisionRequest, current_state: str | None, in_running_batch: bool) -> None:
+    if current_state is None:
+        raise DecisionError(f"unknown story {request.story_key!r}")
+    if current_state != StoryState.NEEDS_INTERVENTION:
+        raise DecisionError(f"story {request.story_key!r} is {current_state}, not needs-intervention: nothing to rearm")
+    if request.rearm_state() not in REARM_STATES:
+        raise DecisionError(
+            f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(s.value for s in REARM_STATES)
+        )
+    if in_running_batch:
+        raise DecisionError(f"story {request.story_key!r} is still in a running batch; decide again when it ends")
+
+
+def apply_decision(progress: StoryProgress, request: DecisionRequest) -> Transition:
+    """The story's progress once a human answered its waiting decision."""
+    base = {"awaiting_decision": None, "error": None}
+    note = f" ({request.note})" if request.note else ""
+    if request.decision is Decision.FORCE_PASS:
+        return Transition(
+            progress.model_copy(update={**base, "state": StoryState.READY_FOR_DEV.value}),
+            Outcome.ADVANCED,
+            f"decision force_pass -> ready-for-dev{note}",
+        )
+    if request.decision is Decision.SKIP_STORY:
+        return Transition(
+            progress.model_copy(
+                update={**base, "state": StoryState.SKIPPED.value, "error": f"skipped by a human decision{note}"}
+            ),
+            Outcome.SKIPPED,
+            f"decision skip_story -> skipped{note}",
+        )
+    if request.decision is Decision.RETRY:
+        return Transition(
+            progress.model_copy(
+                update={**base, "state": StoryState.STORY_DOC_IMPROVED.value, "story_review_rounds": 0}
+            ),
+            Outcome.ADVANCED,
+            f"decision retry -> story-doc-improved, story review rounds reset{note}",
+        )
+    raise DecisionError(f"decision {request.decision.value!r} does not answer a waiting story")
+
+
+def decision_timed_out(progress: StoryProgress, seconds: int) -> Transition:
+    return intervention(
+        progress.model_copy(update={"awaiting_decision": None}),
+        f"no human decision within decision_timeout_seconds ({seconds}s): {progress.awaiting_decision}",
+    )

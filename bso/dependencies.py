@@ -1,0 +1,79 @@
+"""Dependencies between stories across parallel batches, as pure rules.
+
+A story never starts before the stories it depends on are done: the Slave waits (it does not fail) while a
+dependency is still on its way; when a dependency ends in needs-intervention or skipped (or its batch ended
+without finishing it), the dependant is skipped with that reason. Also the dependency graph's critical
+path, against which a plan's makespan is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bso.dispatch import Outcome, Transition
+from bso.models import StoryMeta, StoryProgress
+from bso.states import StoryState
+
+# A dependency whose batch ended without bringing it to a terminal state (shutdown, budget, crash).
+UNFINISHED = "unfinished"
+
+
+@dataclass(frozen=True)
+class DependencyCheck:
+    ready: bool  # every dependency is done
+    blocked_by: tuple[str, str] | None = None  # (dependency, its final state) when one will never be done
+    waiting_for: tuple[str, ...] = ()
+
+
+def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:
+    """Where `depends_on` stands, given the known `states` (keys absent from `states` are not planned in
+    this sprint and do not count)."""
+    waiting: list[str] = []
+    for dep in depends_on:
+        if dep not in states:
+            continue
+        state = states[dep]
+        if state == StoryState.DONE:
+            continue
+        if state in (StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED) or state.startswith(UNFINISHED):
+            return DependencyCheck(ready=False, blocked_by=(dep, state))
+        waiting.append(dep)
+    return DependencyCheck(ready=not waiting, waiting_for=tuple(waiting))
+
+
+def skipped_for_dependency(progress: StoryProgress, dependency: str, dep_state: str) -> Transition:
+    reason = f"dependency {dependency} ended {dep_state}: story skipped"
+    return Transition(
+        progress.model_copy(update={"state": StoryState.SKIPPED.value, "error": reason}),
+        Outcome.SKIPPED,
+        reason,
+    )
+
+
+def critical_path(stories: list[StoryMeta], cost: dict[str, float]) -> tuple[float, list[str]]:
+    """The longest chain of planned dependencies, weighted by each story's `cost`: no schedule can finish
+    the stories sooner than its length."""
+    planned = {s.key for s in stories}
+    finish: dict[str, tuple[float, list[str]]] = {}
+
+    def longest(key: str, seen: tuple[str, ...]) -> tuple[float, list[str]]:
+        if key in finish:
+            return finish[key]
+        if key in seen:
+            raise ValueError(f"dependency cycle through {key}")
+        meta = next(s for s in stories if s.key == key)
+        best: tuple[float, list[str]] = (0.0, [])
+        for dep in meta.depends_on:
+            if dep in planned:
+                candidate = longest(dep, (*seen, key))
+                if candidate[0] > best[0]:
+                    best = candidate
+        finish[key] = (best[0] + cost.get(key, 0.0), [*best[1], key])
+        return finish[key]
+
+    result: tuple[float, list[str]] = (0.0, [])
+    for story in stories:
+        candidate = longest(story.key, ())
+        if candidate[0] > result[0]:
+            result = candidate
+    return result

@@ -1,0 +1,84 @@
+"""Course correction on the time-skipping server: add and drop stories mid-sprint (COURSE_CORRECTION),
+rejected corrections (CC_REJECTED), and the Master's own repeated_failures correction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from bso.states import SprintPhase, SprintStatus
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values
+from tests.workflow.test_operator_control import wait_status
+from workflows.sprint_master import SprintMasterWorkflow
+
+K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile-page"
+OTHER = "2-1-search"
+
+
+async def rejected(update, match: str) -> None:
+    with pytest.raises(WorkflowUpdateFailedError) as info:
+        await update
+    assert "CC_REJECTED" in str(info.value.cause) and match in str(info.value.cause), info.value.cause
+
+
+async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review", OTHER: "skipped"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-1", epic=1, config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["9-9"]}),
+            "add_stories",
+        )
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": [K1]}),
+            "done stories are untouched",
+        )
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "whim"}),
+            "reason",
+        )
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct,
+            {"reason": "new_requirements", "add_stories": ["2-1"], "drop_stories": ["1-3"], "text": "search first"},
+        )
+        assert cc.msg_type == "COURSE_CORRECTION"
+        assert (cc.added, cc.dropped, cc.untouched_done) == ([OTHER], [K3], [K1])
+        assert [(b.batch_id, b.stories) for b in cc.batches] == [(4, [K2]), (5, [OTHER])]
+        assert "1 added, 1 dropped" in cc.impact and "Pending batches before: 2: 1-2-logout; 3: 1-3-profile-page" in cc.impact
+        values = status_values(tmp_path)
+        assert (values[K3], values[OTHER]) == ("skipped", "backlog")
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.course_corrections == [cc.impact]
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done", K3: "skipped", OTHER: "done"}
+    assert [b.batch_id for b in report.batches] == [1, 4, 5]
+    values = status_values(tmp_path)
+    assert (values[K1], values[K2], values[K3], values[OTHER]) == ("done", "done", "skipped", "done")
+    assert report.status is SprintStatus.PARTIAL  # a story was dropped
+
+
+async def test_repeated_failures_trigger_a_course_correction_and_a_pause(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "review"})
+    overrides = {"batch_size": 1, "consecutive_failure_threshold": 2}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id="cc-2", config_overrides=overrides, simulation=simulation),
+        )
+        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "repeated failures pause")
+        assert status.course_corrections[0].startswith("repeated_failures:")
+        assert "repeated failures: 2 stories in a row ended needs-intervention" in status.pause_reason
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "needs-intervention", K2: "needs-intervention", K3: "done"}
+    assert [b.batch_id for b in report.batches] == [1, 2, 4]  # 1-3 re-planned after batch 3

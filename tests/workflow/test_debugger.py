@@ -1,0 +1,122 @@
+"""The debugger resident on the time-skipping server: a dev-runner failure goes through DEBUG_REQUEST /
+DEBUG_RESULT; a fixable analysis rescues the story (fix dispatch with the root cause), an unfixable one
+does not, max_debug_attempts caps the rounds, known error patterns come from the journal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+
+from bso.constants import SIGNAL_DEBUG_RESULT, slave_workflow_id
+from bso.roster import resident_workflow_id
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, status_values
+from workflows.residents import ResidentWorkflow
+
+K1, K2 = "1-1-login-form", "1-2-logout"
+
+
+def journal(root: Path) -> str:
+    path = root / ".sprint-session" / "debug-journal.md"
+    return path.read_text() if path.exists() else ""
+
+
+def story_error(report, key):
+    return next(r.error for b in report.batches for r in b.results.story_results if r.story_key == key)
+
+
+async def fix_assignments(client, slave_id: str) -> list[dict]:
+    history = await client.get_workflow_handle(slave_id).fetch_history()
+    out = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "run_agent":
+                assignment = json.loads(attrs.input.payloads[0].data)
+                if assignment["mode"] == "fix":
+                    out.append(assignment)
+    return out
+
+
+async def test_a_fixable_analysis_rescues_the_story(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-1", simulation=simulation))
+        fixes = await fix_assignments(ts_env.client, slave_workflow_id("dbg-1", 1))
+        debugger = await ts_env.client.get_workflow_handle(resident_workflow_id("dbg-1", "debugger")).query(
+            ResidentWorkflow.status
+        )
+        history = await ts_env.client.get_workflow_handle(slave_workflow_id("dbg-1", 1)).fetch_history()
+    assert report.stories == {K1: "done"}
+    assert status_values(tmp_path)[K1] == "done"
+    # dev (failed), fix (with the analysis), code review
+    assert report.batches[0].results.story_results[0].agents_dispatched == 3
+    assert len(fixes) == 1
+    summary = fixes[0]["fix_findings"][0]["summary"]
+    assert summary.startswith("DBG-b1-1-1-001 root cause: simulated root cause of: simulated dev agent error")
+    assert "Fix suggestion:" in summary
+    assert debugger.requests_served == 1
+    signals = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+    assert SIGNAL_DEBUG_RESULT in signals  # DEBUG_RESULT came back as a signal
+    text = journal(tmp_path)
+    assert "## DBG-b1-1-1-001-dbg-1" in text and "- confidence: high" in text and "- known_pattern: no" in text
+
+
+async def test_an_unfixable_analysis_gives_needs_intervention(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["unfixable"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-2", simulation=simulation))
+    assert report.stories == {K1: "needs-intervention"}
+    error = story_error(report, K1)
+    assert "simulated dev agent error" in error and "debugger DBG-b1-1-1-001 found no fix" in error
+    assert "- confidence: none" in journal(tmp_path)
+
+
+async def test_max_debug_attempts_caps_the_rounds(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    # The fix fails too: the one debug attempt is spent, so the story needs intervention.
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error", "fix": "error"}, "debug": ["fixable", "fixable"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+        assert report.stories == {K1: "needs-intervention"}
+        assert "simulated fix agent error" in story_error(report, K1)
+        assert journal(tmp_path).count("## DBG-") == 1
+        # With two attempts the second failure is analysed too.
+        other = tmp_path / "two"
+        make_project(other, {K1: "ready-for-dev"})
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(other, simulation=simulation, config_overrides={"max_debug_attempts": 2}),
+        )
+    assert report.stories == {K1: "needs-intervention"}
+    assert journal(other).count("## DBG-") == 2
+
+
+async def test_known_error_pattern_is_matched_from_the_journal(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    # Both dev runs fail with the same error; only 1-1's analysis is scripted fixable (1-2's would not be).
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}, "1-2": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-4", simulation=simulation))
+    assert report.stories == {K1: "done", K2: "done"}
+    text = journal(tmp_path)
+    assert text.count("## DBG-") == 2
+    assert text.count("- known_pattern: yes") == 1
+
+
+async def test_without_a_debugger_the_failure_needs_intervention(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"residents_fail_start": ["debugger"], "stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
+    assert report.stories == {K1: "needs-intervention"}
+    assert "debugger unavailable: no debugger resident in this sprint" in story_error(report, K1)

@@ -1,0 +1,237 @@
+"""Operator control and human decisions on the time-skipping server: pause/resume (no new dispatch while
+paused, the agent in flight finishes), the first-story checkpoint, `story_review_fallback: ask_user`
+answered by the `decide` update (on the Master or the Slave), decision timeout, rearm of a
+needs-intervention story, shutdown mid-batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+
+from bso.constants import slave_workflow_id
+from bso.models import SprintStatusView
+from bso.states import SprintPhase, SprintStatus
+from tests.conftest import bso_worker
+from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values
+from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
+
+K1 = "1-1-login-form"
+K2 = "1-2-logout"
+K3 = "1-3-profile-page"
+
+
+async def wait_status(
+    handle: WorkflowHandle, check: Callable[[SprintStatusView], bool], what: str, tries: int = 300
+) -> SprintStatusView:
+    """Poll the Master's status query (real time, no time skipping) until `check` holds."""
+    for _ in range(tries):
+        try:
+            status = await handle.query(SprintMasterWorkflow.status)
+        except Exception:  # not started yet
+            status = None
+        try:
+            if status is not None and check(status):
+                return status
+        except KeyError:  # the plan is not there yet
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never reached: {what}")
+
+
+async def rejected(update, match: str) -> None:
+    """The update is rejected (by its validator) and the reason says `match`."""
+    with pytest.raises(WorkflowUpdateFailedError) as info:
+        await update
+    assert match in str(info.value.cause), info.value.cause
+
+
+def started(root: Path) -> list[str]:
+    return [e["dispatch_id"] for e in ledger(root) if e["event"] == "started"]
+
+
+async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"default": {"duration_ms": 600}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="pause-1", simulation=simulation)
+        )
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        await handle.signal(SprintMasterWorkflow.pause, "lunch")
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("pause-1", 1))
+        # The agent in flight finishes (its answer is applied), then nothing new is dispatched.
+        await wait_status(handle, lambda s: s.stories[K1].state == "review" and not s.stories[K1].agent_in_flight, "dev done")
+        assert (await slave.query(SprintSlaveWorkflow.status)).paused
+        seen = started(tmp_path)
+        await asyncio.sleep(1.5)
+        assert started(tmp_path) == seen
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.phase is SprintPhase.PAUSED and status.pause_reason == "lunch"
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == {K1: "done", K2: "done"}
+    assert len(started(tmp_path)) == 4
+
+
+async def test_first_story_checkpoint_pause_waits_for_resume(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    overrides = {"first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="ckpt-1", config_overrides=overrides)
+        )
+        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "checkpoint pause")
+        assert status.checkpoint and status.checkpoint.startswith(f"first story {K1} ended done")
+        await asyncio.sleep(1.0)
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.stories[K2].agents_dispatched == 0 and status_values(tmp_path)[K2] == "review"
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done"}
+
+
+async def test_first_story_checkpoint_report_only_reports(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="ckpt-2"))
+        report = await handle.result()
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert report.status is SprintStatus.COMPLETE
+    assert status.checkpoint is not None and K1 in status.checkpoint
+
+
+ASK = {"max_story_review_rounds": 1}  # story_review_fallback defaults to ask_user
+NEEDS_IMPROVE = {"stories": {"1-1": {"story_review": ["needs-improve", "needs-improve"]}}}
+
+
+async def _awaiting(handle: WorkflowHandle) -> SprintStatusView:
+    return await wait_status(handle, lambda s: K1 in s.awaiting_decision, "awaiting decision")
+
+
+@pytest.mark.parametrize(
+    "decision, after, final, story_reviews",
+    [
+        ("force_pass", "ready-for-dev", "done", 1),
+        ("skip_story", "skipped", "skipped", 1),
+        ("retry", "story-doc-improved", "story-doc-review", 2),  # revised, reviewed again, waits again
+    ],
+)
+async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Path, decision, after, final, story_reviews):
+    make_project(tmp_path, {K1: "story-doc-review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id=f"ask-{decision}", config_overrides=ASK, simulation=NEEDS_IMPROVE),
+        )
+        status = await _awaiting(handle)
+        assert status.stories[K1].state == "story-doc-review"
+        assert "force_pass, skip_story or retry" in status.awaiting_decision[K1]
+        # Bad decisions are rejected by the validator and change nothing.
+        for bad, why in (
+            ({"story_key": "9-9-nope", "decision": "force_pass"}, "unknown story"),
+            ({"story_key": K1, "decision": "maybe"}, "invalid decision"),
+            ({"story_key": K1, "decision": "rearm"}, "not needs-intervention"),
+            ("not an object", "invalid decision"),
+        ):
+            await rejected(handle.execute_update(SprintMasterWorkflow.decide, bad), why)
+        view = await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": decision})
+        assert view.state == after and view.awaiting_decision is None
+        if decision == "retry":
+            # A fresh round of story review, which needs improvement again: asks again; skip it this time.
+            await _awaiting(handle)
+            slave = ts_env.client.get_workflow_handle(slave_workflow_id(f"ask-{decision}", 1))
+            view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "skip_story"})
+            assert view.state == "skipped" and view.story_review_rounds == 1
+            final = "skipped"
+        report = await handle.result()
+    assert report.stories == {K1: final}
+    assert status_values(tmp_path)[K1] == final
+
+
+async def test_slave_decide_validator_rejects_a_story_not_waiting(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "story-doc-review", K2: "ready-for-dev"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id="ask-slave", config_overrides=ASK, simulation=NEEDS_IMPROVE),
+        )
+        await _awaiting(handle)
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("ask-slave", 1))
+        await rejected(
+            slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K2, "decision": "force_pass"}),
+            "not awaiting a decision",
+        )
+        view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
+        assert view.state == "ready-for-dev"
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done"}
+
+
+async def test_decision_timeout_gives_needs_intervention(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "story-doc-review"})
+    overrides = {**ASK, "decision_timeout_seconds": 3600}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=NEEDS_IMPROVE)
+        )
+        report = await handle.result()  # time skips over the hour
+    assert report.stories == {K1: "needs-intervention"}
+    error = report.batches[0].results.story_results[0].error
+    assert "decision_timeout_seconds (3600s)" in error
+
+
+async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id="rearm-1", config_overrides=overrides, simulation=simulation),
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        assert status_values(tmp_path)[K1] == "needs-intervention"
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K2, "decision": "rearm"}),
+            "not needs-intervention",
+        )
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "done"}),
+            "cannot rearm to 'done'",
+        )
+        view = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"}
+        )
+        assert view.state == "review" and view.batch_id == 3
+        assert status_values(tmp_path)[K1] == "review"
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == {K1: "done", K2: "done"}
+    assert [b.batch_id for b in report.batches] == [1, 2, 3]
+
+
+async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
+    simulation = {"default": {"duration_ms": 500}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="stop-1", simulation=simulation)
+        )
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        await handle.signal(SprintMasterWorkflow.shutdown_request)
+        report = await handle.result()
+    assert report.status is SprintStatus.PARTIAL
+    assert report.stories == {K1: "done", K2: "ready-for-dev", K3: "ready-for-dev"}
+    assert status_values(tmp_path)[K1] == "done"
+    assert status_values(tmp_path)[K2] == "ready-for-dev"
+    assert len(started(tmp_path)) == 2  # dev and code review of the story in hand, nothing else

@@ -1,0 +1,125 @@
+"""Parallel, dependency-aware batches on the time-skipping server: a story waits for its dependencies in
+other batches, is skipped when one fails, stories touching the same files are not batched together
+(P29), parallel Slaves never lose a status-file update, and the makespan against the critical path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bso.dependencies import critical_path
+from bso.models import StoryMeta
+from bso.states import SprintStatus
+from tests.conftest import bso_worker
+from tests.workflow.helpers import ledger, make_project, run_sprint, sprint_input, start_sprint, status_values
+
+K1, K2, K3, K4 = "1-1-login-form", "1-2-logout", "1-3-profile-page", "1-4-settings"
+
+
+def story_doc(num: str, title: str, depends_on: str = "", files: str = "") -> str:
+    lines = [f"# Story 1.{num}: {title}", "", "Status: ready-for-dev", ""]
+    if depends_on:
+        lines.append(f"Depends on: {depends_on}")
+    if files:
+        lines.append(f"Files: {files}")
+    return "\n".join(lines) + "\n"
+
+
+def story_of(dispatch_id: str) -> str:
+    return dispatch_id.split("/")[-2]  # `<session>/batch-N/<short key>/<n>`
+
+
+def events(root: Path) -> list[tuple[str, str]]:
+    return [(story_of(e["dispatch_id"]), e["event"]) for e in ledger(root)]
+
+
+async def test_dependant_in_a_parallel_batch_waits_for_its_dependency(ts_env, tmp_path: Path):
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"},
+        {K2: story_doc("2", "Logout", depends_on="1-1")},
+    )
+    overrides = {"batch_size": 2, "max_concurrent_slaves": 2}
+    simulation = {"default": {"duration_ms": 300}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
+        )
+    assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2, K3]]
+    assert report.status is SprintStatus.COMPLETE
+    assert all(status_values(tmp_path)[k] == "done" for k in (K1, K2, K3))
+    log = events(tmp_path)
+    last_of_1 = max(i for i, (story, event) in enumerate(log) if story == "1-1" and event == "finished")
+    first_of_2 = min(i for i, (story, event) in enumerate(log) if story == "1-2")
+    assert first_of_2 > last_of_1, log  # 1-2 never started before 1-1 was done
+
+
+async def test_dependants_of_a_failed_story_are_skipped(ts_env, tmp_path: Path):
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev", K4: "ready-for-dev"},
+        {K2: story_doc("2", "Logout", depends_on="1-1"), K4: story_doc("4", "Settings", depends_on="1-2")},
+    )
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 3}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "duration_ms": 200}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
+        )
+    assert report.status is SprintStatus.PARTIAL
+    assert report.stories == {K1: "needs-intervention", K2: "skipped", K3: "done", K4: "skipped"}
+    values = status_values(tmp_path)
+    assert (values[K1], values[K2], values[K3], values[K4]) == ("needs-intervention", "skipped", "done", "skipped")
+    errors = {r.story_key: r.error for b in report.batches for r in b.results.story_results}
+    assert errors[K2] == f"dependency {K1} ended needs-intervention: story skipped"
+    assert errors[K4] == f"dependency {K2} ended skipped: story skipped"
+    assert not [e for e in ledger(tmp_path) if story_of(e["dispatch_id"]) in ("1-2", "1-4")]
+
+
+async def test_stories_touching_the_same_files_go_to_different_batches(ts_env, tmp_path: Path):
+    make_project(
+        tmp_path,
+        {K1: "review", K2: "review", K3: "review"},
+        {
+            K1: story_doc("1", "Login form", files="src/auth.py"),
+            K2: story_doc("2", "Logout", files="src/auth.py, src/session.py"),
+            K3: story_doc("3", "Profile page", files="src/profile.py"),
+        },
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, config_overrides={"batch_size": 3}))
+    assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2, K3]]
+    assert report.status is SprintStatus.COMPLETE
+
+
+async def test_makespan_against_the_critical_path(ts_env, tmp_path: Path):
+    """1-1 -> 1-3 -> 1-4 is the critical path (3 stories of 2 agents); 1-2 runs beside it."""
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev", K4: "ready-for-dev"},
+        {K3: story_doc("3", "Profile page", depends_on="1-1"), K4: story_doc("4", "Settings", depends_on="1-3")},
+    )
+    agent_s = 0.4
+    overrides = {"batch_size": 2, "max_concurrent_slaves": 2}
+    simulation = {"default": {"duration_ms": int(agent_s * 1000)}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
+        )
+        report = await handle.result()
+        history = await handle.fetch_history()
+    assert report.status is SprintStatus.COMPLETE
+    assert all(v == "done" for v in report.stories.values())
+    stories = [
+        StoryMeta(key=k, epic="epic-1", short_key=k[:3], state="ready-for-dev", story_path="", depends_on=d)
+        for k, d in ((K1, []), (K2, []), (K3, [K1]), (K4, [K3]))
+    ]
+    length, path = critical_path(stories, {k: 2 * agent_s for k in (K1, K2, K3, K4)})
+    assert path == [K1, K3, K4]
+    first, last = history.events[0].event_time.ToDatetime(), history.events[-1].event_time.ToDatetime()
+    makespan = (last - first).total_seconds()
+    serial = 4 * 2 * agent_s
+    print(
+        f"\nmakespan {makespan:.2f}s, critical path {length:.2f}s ({' -> '.join(path)}), serial {serial:.2f}s: "
+        f"makespan / critical path = {makespan / length:.2f}"
+    )
+    assert makespan > 0

@@ -1,0 +1,147 @@
+"""Residents and the roster on the time-skipping server: residents start with the sprint and stop in reverse
+order, every roster change reaches each resident (and no Slave), agent counts come from the roster, a
+resident that fails to start degrades the sprint (the scrum-master's failure fails it), and the two-phase
+AGENT_CREATE_REQUEST / AGENT_DESTROY_REQUEST sequence."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+
+from bso.constants import SIGNAL_ROSTER_BROADCAST, slave_workflow_id
+from bso.roster import resident_workflow_id
+from bso.states import SprintStatus
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint
+from workflows.residents import ResidentWorkflow
+from workflows.sprint_master import SprintMasterWorkflow
+
+K1, K2 = "1-1-login-form", "1-2-logout"
+
+
+async def signal_names(client, workflow_id: str) -> list[str]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+
+
+async def completed_at(client, workflow_id: str):
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return history.events[-1].event_id, history.events[-1].event_time.ToDatetime()
+
+
+async def test_roster_broadcasts_follow_every_change_and_reach_residents_only(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="roster-1", config_overrides={"batch_size": 1})
+        )
+        debugger = ts_env.client.get_workflow_handle(resident_workflow_id("roster-1", "debugger"))
+        status = await debugger.query(ResidentWorkflow.status)
+        scrum_master = await ts_env.client.get_workflow_handle(
+            resident_workflow_id("roster-1", "scrum-master")
+        ).query(ResidentWorkflow.status)
+        slave_signals = await signal_names(ts_env.client, slave_workflow_id("roster-1", 1))
+        stops = [await completed_at(ts_env.client, resident_workflow_id("roster-1", r))
+                 for r in ("scrum-master", "knowledge-researcher", "debugger")]
+    assert report.status is SprintStatus.COMPLETE
+    changes = [(b.seq, b.change) for b in status.broadcasts]
+    # The debugger (third resident) hears from its own start on; every change after it, in order.
+    assert changes == [
+        (3, "resident debugger started"),
+        (4, "slave-batch-1 started"),
+        (5, f"review-runner-1-1-1 dispatched"),
+        (6, f"review-runner-1-1-1 finished"),
+        (7, "slave-batch-1 finished"),
+        (8, "slave-batch-2 started"),
+        (9, f"review-runner-1-2-1 dispatched"),
+        (10, f"review-runner-1-2-1 finished"),
+        (11, "slave-batch-2 finished"),
+    ]
+    rosters = {b.seq: b.roster for b in status.broadcasts}
+    assert rosters[3].residents == ["scrum-master", "knowledge-researcher", "debugger"]
+    assert rosters[5].model_dump() == {
+        "residents": ["scrum-master", "knowledge-researcher", "debugger"],
+        "slaves": ["slave-batch-1"],
+        "temps": ["review-runner-1-1-1"],
+    }
+    assert rosters[11].slaves == [] and rosters[11].temps == []
+    # Stopping in reverse order: the debugger hears nothing of its own stop; the scrum-master, last, hears
+    # the others stop.
+    assert [b.change for b in scrum_master.broadcasts[-2:]] == ["resident debugger stopped", "resident knowledge-researcher stopped"]
+    assert stops[2][1] <= stops[1][1] <= stops[0][1]
+    assert SIGNAL_ROSTER_BROADCAST not in slave_signals  # P54: never to Slaves
+    # 3 residents + 2 Slaves + 2 temps, all created and destroyed.
+    assert report.total_agents_created == report.total_agents_destroyed == 7
+
+
+async def test_a_failed_resident_degrades_the_sprint(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id="degraded-1", simulation={"residents_fail_start": ["debugger"]}),
+        )
+    assert report.status is SprintStatus.COMPLETE
+    assert list(report.unavailable_residents) == ["debugger"]
+    assert "failed to start (simulated)" in report.unavailable_residents["debugger"]
+
+
+async def test_the_sprint_fails_without_its_scrum_master(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        with pytest.raises(WorkflowFailureError) as info:
+            await run_sprint(
+                ts_env.client,
+                queue,
+                sprint_input(tmp_path, session_id="no-sm-1", simulation={"residents_fail_start": ["scrum-master"]}),
+            )
+    assert "cannot run without its scrum-master" in str(info.value.cause)
+
+
+async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    overrides = {"first_story_checkpoint": "pause"}  # keeps the sprint open while the test talks to it
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="two-phase-1", config_overrides=overrides)
+        )
+        for _ in range(300):
+            status = await handle.query(SprintMasterWorkflow.status)
+            if status.phase == "paused" and status.batches_done == 1:
+                break
+            await asyncio.sleep(0.1)
+        created = await handle.execute_update(
+            SprintMasterWorkflow.agent_create_request,
+            {"msg_type": "AGENT_CREATE_REQUEST", "agent_type": "dev-runner", "role_hint": "Dev", "requested_by": "ext-slave"},
+        )
+        assert created.msg_type == "AGENT_CREATED" and created.agent_name.startswith("dev-runner-")
+        assert created.agent_name in (await handle.query(SprintMasterWorkflow.status)).roster.temps
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update(SprintMasterWorkflow.agent_destroy_request, {"agent_name": "nobody"})
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update(SprintMasterWorkflow.agent_create_request, {"agent_type": "wizard"})
+        destroyed = await handle.execute_update(
+            SprintMasterWorkflow.agent_destroy_request, {"agent_name": created.agent_name, "requested_by": "ext-slave"}
+        )
+        assert destroyed.agent_name == created.agent_name
+        debugger = ts_env.client.get_workflow_handle(resident_workflow_id("two-phase-1", "debugger"))
+        wanted = {f"{created.agent_name} created for ext-slave", f"{created.agent_name} destroyed"}
+        for _ in range(100):  # the broadcasts are signals: they arrive shortly after the updates
+            changes = [b.change for b in (await debugger.query(ResidentWorkflow.status)).broadcasts]
+            if wanted <= set(changes):
+                break
+            await asyncio.sleep(0.1)
+        assert f"{created.agent_name} created for ext-slave" in changes and f"{created.agent_name} destroyed" in changes
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    # 3 residents + 1 Slave + 1 temp + 1 two-phase agent
+    assert report.total_agents_created == report.total_agents_destroyed == 6

@@ -1,0 +1,507 @@
+"""Resident agents and the roster.
+
+`ResidentWorkflow` is one resident (scrum-master, knowledge-researcher, debugger, e2e-live): a long-lived
+child workflow of the Master, started when the sprint starts and stopped (the `stop` signal), in reverse
+order, when it ends. It reports `resident_ready` to the Master once up, keeps the last AGENT_ROSTER_BROADCAST
+(`roster_broadcast` signal) and serves its role's requests.
+
+`RosterKeeper` is the Master's side, mixed into SprintMasterWorkflow: it starts and stops the residents,
+keeps the roster (residents, Slaves, temps), broadcasts every change to the residents and only to them
+(P54), counts the agents created and destroyed, and serves the two-phase AGENT_CREATE_REQUEST /
+AGENT_DESTROY_REQUEST sequence as updates.
+
+The residents are started with `parent_close_policy=ABANDON`, on purpose: the Master stops them itself, in
+reverse order (also before it continues as new; the new run starts them again), and a Master terminated by
+hand must not cancel them in the middle of a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from bso.constants import (
+        QUERY_STATUS,
+        SA_PHASE,
+        SA_SESSION_ID,
+        SIGNAL_DEBUG_REQUEST,
+        SIGNAL_DEBUG_RESULT,
+        SIGNAL_BROWSER_REQUEST,
+        SIGNAL_BROWSER_RESULT,
+        UPDATE_BROWSE,
+        SIGNAL_RESEARCH_REQUEST,
+        SIGNAL_RESEARCH_RESULT,
+        UPDATE_RESEARCH,
+        SIGNAL_RESIDENT_READY,
+        SIGNAL_RESIDENT_STOPPED,
+        SIGNAL_ROSTER_BROADCAST,
+        SIGNAL_STOP,
+        UPDATE_AGENT_CREATE,
+        UPDATE_AGENT_DESTROY,
+        agents_task_queue_for,
+    )
+    from activities.debugger import AnalyzeInput, analyze_failure
+    from activities.browser import BrowseInput, browse
+    from activities.researcher import ResearchInput, research
+    from bso.browser import BrowserRequest, BrowserResult
+    from bso.research import ResearchRequest, ResearchResult
+    from bso.debugging import DebugRequest, DebugResult
+    from bso.messages import describe_validation_error
+    from bso.roster import (
+        ESSENTIAL_RESIDENT,
+        MAX_BROADCASTS_KEPT,
+        AgentCreated,
+        AgentCreateRequest,
+        AgentDestroyed,
+        AgentDestroyRequest,
+        ResidentInput,
+        ResidentStatus,
+        ResidentSummary,
+        Roster,
+        RosterBroadcast,
+        enabled_roles,
+        resident_workflow_id,
+        with_member,
+        without_member,
+    )
+    from bso.simulation import SimulationScript
+
+RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
+
+
+@workflow.defn
+class ResidentWorkflow:
+    @workflow.init
+    def __init__(self, inp: ResidentInput) -> None:
+        self._input = inp
+        self._stopping = False
+        self._broadcasts: list[RosterBroadcast] = []
+        self._received = 0
+        self._served = 0
+        self._debug_requests: list[DebugRequest] = []
+        self._research_requests: list[ResearchRequest] = []
+        self._browser_requests: list[BrowserRequest] = []
+        self._script = SimulationScript.model_validate(inp.simulation)
+
+    @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
+    def debug_request(self, payload: Any) -> None:
+        """DEBUG_REQUEST: served in arrival order; the answer is a `debug_result` signal to `report_to`."""
+        try:
+            request = DebugRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("DEBUG_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        self._debug_requests.append(request)
+
+    @workflow.signal(name=SIGNAL_RESEARCH_REQUEST)
+    def research_request(self, payload: Any) -> None:
+        """RESEARCH_REQUEST by signal: the answer is a `research_result` signal to `report_to`."""
+        try:
+            request = ResearchRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("RESEARCH_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        if not request.report_to:
+            workflow.logger.warning("RESEARCH_REQUEST %s ignored: no report_to", request.request_id)
+            return
+        self._research_requests.append(request)
+
+    @workflow.update(name=UPDATE_RESEARCH)
+    async def research(self, payload: Any) -> ResearchResult:
+        """RESEARCH_REQUEST -> RESEARCH_RESULT in one call: what an agent (an activity) uses."""
+        result = await self._research(ResearchRequest.model_validate(payload))
+        self._served += 1
+        return result
+
+    @research.validator
+    def _validate_research(self, payload: Any) -> None:
+        if self._input.role != "knowledge-researcher":
+            raise ApplicationError(f"{self._input.role} is not the knowledge researcher", type="InvalidRequest")
+        if self._stopping:
+            raise ApplicationError("the knowledge researcher is stopping", type="InvalidRequest")
+        try:
+            ResearchRequest.model_validate(payload)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid RESEARCH_REQUEST: {describe_validation_error(err)}", type="InvalidRequest")
+
+    @workflow.signal(name=SIGNAL_BROWSER_REQUEST)
+    def browser_request(self, payload: Any) -> None:
+        """BROWSER_REQUEST by signal: the answer is a `browser_result` signal to `report_to`."""
+        try:
+            request = BrowserRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("BROWSER_REQUEST ignored: %s", describe_validation_error(err))
+            return
+        if not request.report_to:
+            workflow.logger.warning("BROWSER_REQUEST %s ignored: no report_to", request.request_id)
+            return
+        self._browser_requests.append(request)
+
+    @workflow.update(name=UPDATE_BROWSE)
+    async def browse(self, payload: Any) -> BrowserResult:
+        """BROWSER_REQUEST -> BROWSER_RESULT in one call: what an agent (an activity) uses."""
+        result = await self._browse(BrowserRequest.model_validate(payload))
+        self._served += 1
+        return result
+
+    @browse.validator
+    def _validate_browse(self, payload: Any) -> None:
+        if self._input.role != "e2e-live":
+            raise ApplicationError(f"{self._input.role} is not the e2e-live resident", type="InvalidRequest")
+        if self._stopping:
+            raise ApplicationError("the e2e-live resident is stopping", type="InvalidRequest")
+        try:
+            BrowserRequest.model_validate(payload)
+        except ValidationError as err:
+            raise ApplicationError(f"invalid BROWSER_REQUEST: {describe_validation_error(err)}", type="InvalidRequest")
+
+    async def _browse(self, request: BrowserRequest) -> BrowserResult:
+        if self._input.role != "e2e-live":
+            return BrowserResult(
+                request_id=request.request_id, status="browser_error", error=f"{self._input.role} is not e2e-live"
+            )
+        try:
+            return await workflow.execute_activity(
+                browse,
+                BrowseInput(
+                    project_root=self._input.project_root, request=request, base_url=self._input.e2e_live_base_url
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(milliseconds=request.timeout_ms * 3) + timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary=f"browser {request.operation} ({request.request_id})",
+            )
+        except ActivityError as err:
+            return BrowserResult(request_id=request.request_id, status="browser_error", error=str(err.cause or err))
+
+    @workflow.signal(name=SIGNAL_ROSTER_BROADCAST)
+    def roster_broadcast(self, payload: Any) -> None:
+        try:
+            message = RosterBroadcast.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("AGENT_ROSTER_BROADCAST ignored: %s", describe_validation_error(err))
+            return
+        self._received += 1
+        self._broadcasts = [*self._broadcasts, message][-MAX_BROADCASTS_KEPT:]
+
+    @workflow.signal(name=SIGNAL_STOP)
+    def stop(self) -> None:
+        self._stopping = True
+
+    @workflow.query(name=QUERY_STATUS)
+    def status(self) -> ResidentStatus:
+        return ResidentStatus(
+            role=self._input.role,
+            roster=self._broadcasts[-1].roster if self._broadcasts else None,
+            broadcasts=list(self._broadcasts),
+            broadcasts_received=self._received,
+            requests_served=self._served,
+            stopping=self._stopping,
+        )
+
+    @workflow.run
+    async def run(self, inp: ResidentInput) -> ResidentSummary:
+        if inp.fail_start:
+            raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
+        await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
+        workflow.set_current_details(f"**Resident {inp.role}** of `{inp.session_id}`")
+        await self.serve()
+        # Sent with the completion itself: a Master that cannot wait for this run's result waits for this.
+        await _signal_quietly(inp.master_id, SIGNAL_RESIDENT_STOPPED, inp.role)
+        return ResidentSummary(role=inp.role, broadcasts_received=self._received, requests_served=self._served)
+
+    async def serve(self) -> None:
+        """Serve requests until stopped; requests already received are answered first."""
+        while True:
+            await workflow.wait_condition(
+                lambda: self._stopping
+                or bool(self._debug_requests)
+                or bool(self._research_requests)
+                or bool(self._browser_requests)
+            )
+            if self._browser_requests:
+                wanted = self._browser_requests.pop(0)
+                outcome = await self._browse(wanted)
+                self._served += 1
+                await _signal_quietly(wanted.report_to or "", SIGNAL_BROWSER_RESULT, outcome.model_dump(mode="json"))
+                continue
+            if self._research_requests:
+                asked = self._research_requests.pop(0)
+                answer = await self._research(asked)
+                self._served += 1
+                await _signal_quietly(asked.report_to or "", SIGNAL_RESEARCH_RESULT, answer.model_dump(mode="json"))
+                continue
+            if not self._debug_requests:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return
+            request = self._debug_requests.pop(0)
+            result = await self._debug(request)
+            self._served += 1
+            await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    async def _research(self, request: ResearchRequest) -> ResearchResult:
+        if self._input.role != "knowledge-researcher":
+            return ResearchResult(
+                request_id=request.request_id, story_key=request.story_key, query=request.query,
+                status="unavailable", error=f"{self._input.role} is not the knowledge researcher",
+            )
+        limits = self._input.knowledge_research
+        try:
+            return await workflow.execute_activity(
+                research,
+                ResearchInput(
+                    project_root=self._input.project_root,
+                    request=request,
+                    limits=limits,
+                    backend=self._input.agent_backend,
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(seconds=limits.call_timeout_seconds + 60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"research {request.request_id} for {request.story_key}",
+            )
+        except ActivityError as err:
+            return ResearchResult(
+                request_id=request.request_id, story_key=request.story_key, query=request.query,
+                status="error", error=f"research failed: {err.cause or err}",
+            )
+
+    async def _debug(self, request: DebugRequest) -> DebugResult:
+        if self._input.role != "debugger":
+            return DebugResult(
+                debug_id=request.debug_id, story_key=request.story_key, status="unavailable",
+                error=f"{self._input.role} is not the debugger",
+            )
+        scripted = list(self._script.for_story(request.story_key).debug)
+        outcome = scripted[request.attempt - 1] if request.attempt <= len(scripted) else "unfixable"
+        try:
+            return await workflow.execute_activity(
+                analyze_failure,
+                AnalyzeInput(
+                    project_root=self._input.project_root,
+                    request=request,
+                    backend=self._input.agent_backend,
+                    scripted=outcome,
+                ),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                start_to_close_timeout=timedelta(seconds=600),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"debug {request.debug_id} for {request.story_key}",
+            )
+        except ActivityError as err:
+            return DebugResult(
+                debug_id=request.debug_id, story_key=request.story_key, status="unavailable",
+                error=f"analysis failed: {err.cause or err}",
+            )
+
+
+class RosterKeeper:
+    """The Master's side of the residents and the roster (mixed into SprintMasterWorkflow)."""
+
+    _state: Any  # MasterState
+
+    def _init_roster(self) -> None:
+        self._ready_residents: set[str] = set()
+        self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
+        self._roster_signals: list[asyncio.Task[None]] = []
+        self._stopped_residents: set[str] = set()
+
+    @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
+    def resident_stopped(self, role: Any) -> None:
+        if isinstance(role, str):
+            self._stopped_residents.add(role)
+
+    @workflow.signal(name=SIGNAL_RESIDENT_READY)
+    def resident_ready(self, role: Any) -> None:
+        if isinstance(role, str):
+            self._ready_residents.add(role)
+
+    # --- residents -------------------------------------------------------------------------------
+
+    async def _start_residents(self, project_root: str, simulation: SimulationScript, backend: str) -> None:
+        """Start the configured residents in slot order. One that fails degrades the sprint (its requests
+        are answered "unavailable"); the scrum-master's failure fails the sprint."""
+        s = self._state
+        for role in enabled_roles(s.config.resident_slots):
+            workflow_id = resident_workflow_id(s.session_id, role)
+            failure = await self._start_resident(role, workflow_id, project_root, simulation, backend)
+            if failure is None:
+                s.residents[role] = workflow_id
+                s.agents_created += 1
+                self._roster_changed(with_member(s.roster, "residents", role), f"resident {role} started")
+                continue
+            reason = f"resident {role} unavailable: {failure}"
+            workflow.logger.error(reason)
+            if role == ESSENTIAL_RESIDENT:
+                await self._stop_residents()
+                raise ApplicationError(
+                    f"the sprint cannot run without its scrum-master: {reason}", type="ResidentUnavailable",
+                    non_retryable=True,
+                )
+            s.unavailable_residents[role] = reason
+            s.errors.append(reason)
+
+    async def _start_resident(
+        self, role: str, workflow_id: str, project_root: str, simulation: SimulationScript, backend: str
+    ) -> str | None:
+        s = self._state
+        try:
+            handle = await workflow.start_child_workflow(
+                ResidentWorkflow.run,
+                ResidentInput(
+                    role=role,
+                    session_id=s.session_id,
+                    master_id=workflow.info().workflow_id,
+                    project_root=project_root,
+                    simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
+                    agent_backend=backend,
+                    fail_start=role in simulation.residents_fail_start,
+                    knowledge_research=s.config.knowledge_research,
+                    e2e_live_base_url=s.config.e2e_live_base_url,
+                ),
+                id=workflow_id,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                static_summary=f"Resident {role} of sprint {s.session_id}",
+                search_attributes=TypedSearchAttributes(
+                    [SA_SESSION_ID.value_set(s.session_id), SA_PHASE.value_set("resident")]
+                ),
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. a workflow with this id already running
+            return f"could not start: {err}"
+        try:
+            await workflow.wait_condition(
+                lambda: role in self._ready_residents or handle.done(), timeout=RESIDENT_READY_TIMEOUT
+            )
+        except asyncio.TimeoutError:
+            return f"not ready within {int(RESIDENT_READY_TIMEOUT.total_seconds())}s"
+        if role not in self._ready_residents:
+            err = handle.exception() if not handle.cancelled() else None
+            cause = err.__cause__ if err is not None and err.__cause__ is not None else err
+            return str(cause.message if isinstance(cause, ApplicationError) else cause or "ended while starting")
+        self._resident_handles[role] = handle
+        return None
+
+    async def _stop_residents(self) -> None:
+        """Stop the residents in reverse start order, each after the one started after it."""
+        s = self._state
+        for role in reversed(list(s.residents)):
+            # Every broadcast already sent reaches the resident before its stop: nothing arrives while it ends.
+            await self._roster_flushed()
+            workflow_id = s.residents.pop(role)
+            try:
+                await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP)
+                handle = self._resident_handles.pop(role, None)
+                if handle is not None:  # started by this run: wait until it has stopped
+                    await handle
+                else:  # started by an earlier run (continue-as-new): wait for its resident_stopped
+                    await workflow.wait_condition(lambda: role in self._stopped_residents, timeout=RESIDENT_READY_TIMEOUT)
+            except Exception as err:  # noqa: BLE001 - already gone: it is stopped either way
+                workflow.logger.warning("resident %s: %s", role, err)
+            s.agents_destroyed += 1
+            self._roster_changed(without_member(s.roster, "residents", role), f"resident {role} stopped")
+
+    def _resident_contacts(self) -> dict[str, str]:
+        """TASK_ASSIGNMENT's resident_contacts: the running residents an agent may ask (workflow ids)."""
+        return {role: wid for role, wid in self._state.residents.items() if role != ESSENTIAL_RESIDENT}
+
+    # --- the roster --------------------------------------------------------------------------------
+
+    def _roster_changed(self, roster: Roster, change: str) -> None:
+        """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54)."""
+        s = self._state
+        s.roster = roster
+        s.roster_seq += 1
+        message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change=change, roster=roster)
+        payload = message.model_dump(mode="json")
+        for workflow_id in s.residents.values():
+            self._roster_signals.append(
+                asyncio.create_task(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload))
+            )
+
+    async def _roster_flushed(self) -> None:
+        if self._roster_signals:
+            pending, self._roster_signals = self._roster_signals, []
+            await asyncio.gather(*pending)
+
+    def _slave_started(self, name: str) -> None:
+        self._state.agents_created += 1
+        self._roster_changed(with_member(self._state.roster, "slaves", name), f"{name} started")
+
+    def _slave_finished(self, name: str) -> None:
+        self._state.agents_destroyed += 1
+        self._roster_changed(without_member(self._state.roster, "slaves", name), f"{name} finished")
+
+    def _temp_seen(self, story_key: str, name: str | None) -> None:
+        """A story's agent in flight, from the Slave's story_update: a new temp, or its end."""
+        s = self._state
+        current = s.temps.get(story_key)
+        if current == name:
+            return
+        if current is not None:
+            del s.temps[story_key]
+            s.agents_destroyed += 1
+            self._roster_changed(without_member(s.roster, "temps", current), f"{current} finished")
+        if name is not None:
+            s.temps[story_key] = name
+            s.agents_created += 1
+            self._roster_changed(with_member(s.roster, "temps", name), f"{name} dispatched")
+
+    # --- the two-phase creation protocol -------------------------------------------------------------
+
+    @workflow.update(name=UPDATE_AGENT_CREATE)
+    def agent_create_request(self, request: Any) -> AgentCreated:
+        """AGENT_CREATE_REQUEST -> AGENT_CREATED (the agent joins the roster's temps)."""
+        parsed = AgentCreateRequest.model_validate(request)
+        s = self._state
+        name = f"{parsed.agent_type.value}-{s.agents_created + 1}"
+        s.agents_created += 1
+        s.external_temps.append(name)
+        self._roster_changed(with_member(s.roster, "temps", name), f"{name} created for {parsed.requested_by}")
+        return AgentCreated(agent_name=name, agent_type=parsed.agent_type)
+
+    @agent_create_request.validator
+    def _validate_agent_create(self, request: Any) -> None:
+        try:
+            AgentCreateRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"AGENT_CREATE_REQUEST rejected: {describe_validation_error(err)}") from None
+
+    @workflow.update(name=UPDATE_AGENT_DESTROY)
+    def agent_destroy_request(self, request: Any) -> AgentDestroyed:
+        """AGENT_DESTROY_REQUEST -> AGENT_DESTROYED (the agent leaves the roster)."""
+        parsed = AgentDestroyRequest.model_validate(request)
+        s = self._state
+        s.external_temps.remove(parsed.agent_name)
+        s.agents_destroyed += 1
+        self._roster_changed(without_member(s.roster, "temps", parsed.agent_name), f"{parsed.agent_name} destroyed")
+        return AgentDestroyed(agent_name=parsed.agent_name)
+
+    @agent_destroy_request.validator
+    def _validate_agent_destroy(self, request: Any) -> None:
+        try:
+            parsed = AgentDestroyRequest.model_validate(request)
+        except ValidationError as err:
+            raise ApplicationError(f"AGENT_DESTROY_REQUEST rejected: {describe_validation_error(err)}") from None
+        if parsed.agent_name not in self._state.external_temps:
+            raise ApplicationError(
+                f"AGENT_DESTROY_REQUEST rejected: no agent {parsed.agent_name!r} was created by AGENT_CREATE_REQUEST"
+            )
+
+
+async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:
+    try:
+        if arg is None:
+            await workflow.get_external_workflow_handle(workflow_id).signal(signal)
+        else:
+            await workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)
+    except Exception as err:  # noqa: BLE001 - the resident is gone
+        workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)
