@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bso.states import AgentType, Strictness
 
@@ -96,7 +96,6 @@ class SprintConfig(_Knobs):
     review_degradation: ReviewDegradation = ReviewDegradation()
     # Scored reviews (Gear 2): a review that carries a score passes only from this score up.
     approval_score: int = Field(80, ge=0, le=100)
-    # Message priority per story (full or short key): the Temporal task priority of its agent activities.
     # Gear 2's AGENT_ERROR: an agent failure marked `recoverable: false` stops the sprint when set
     # (no further story, no further batch); otherwise it only marks its story needs-intervention.
     fail_fast: bool = False
@@ -104,6 +103,7 @@ class SprintConfig(_Knobs):
     # priority_score) become stories of the sprint's last epic and run through the same pipeline.
     improvement_cycle: bool = False
     max_improvements: int = Field(1, ge=0)
+    # Message priority per story (full or short key): the Temporal task priority of its agent activities.
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])
@@ -120,6 +120,13 @@ class SprintConfig(_Knobs):
     continue_as_new_after_events: int | None = Field(None, ge=100)
     resident_slots: ResidentSlots = ResidentSlots()
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
+
+    @field_validator("git_squash_strategy")
+    @classmethod
+    def _squash_supported(cls, value: str) -> str:
+        if value == "per_phase":
+            raise ValueError("per_phase squashing is not implemented yet; use per_story or none")
+        return value
 
     @property
     def strictness(self) -> Strictness:

@@ -230,9 +230,14 @@ def test_every_first_story_checkpoint_is_accepted(value):
     assert resolve_config({"first_story_checkpoint": value}).first_story_checkpoint == value
 
 
-@pytest.mark.parametrize("value", ["per_story", "per_phase", "none"])
-def test_every_git_squash_strategy_is_accepted(value):
+@pytest.mark.parametrize("value", ["per_story", "none"])
+def test_every_implemented_git_squash_strategy_is_accepted(value):
     assert resolve_config({"git_squash_strategy": value}).git_squash_strategy == value
+
+
+def test_per_phase_squash_is_refused_until_it_exists():
+    with pytest.raises(ConfigError, match="git_squash_strategy.*per_phase squashing is not implemented"):
+        resolve_config({"git_squash_strategy": "per_phase"})
 
 
 def test_config_is_frozen():
