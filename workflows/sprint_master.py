@@ -506,11 +506,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
         while s.queue or running:
             if not running and self._history_is_long():
                 return True
-            # A long history stops new batches: with max_concurrent_slaves > 1 the running set would
-            # otherwise never empty, and the Master would never reach a point where it may continue as new.
-            may_start = not s.shutdown and s.paused_reason is None and not s.stopped_early and not self._replanning
-            may_start = may_start and not self._history_is_long()
-            while may_start and s.queue and len(running) < s.config.max_concurrent_slaves:
+            while self._may_start_batch() and s.queue and len(running) < s.config.max_concurrent_slaves:
                 spec = s.queue.pop(0)
                 self._running_batches[spec.batch_id] = slave_workflow_id(s.session_id, spec.batch_id)
                 running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))
@@ -523,14 +519,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
                 continue
             await workflow.wait_condition(
                 lambda: any(t.done() for t in running.values())
-                or (
-                    bool(s.queue)
-                    and len(running) < s.config.max_concurrent_slaves
-                    and not s.shutdown
-                    and s.paused_reason is None
-                    and not s.stopped_early
-                    and not self._replanning
-                )
+                or (bool(s.queue) and len(running) < s.config.max_concurrent_slaves and self._may_start_batch())
             )
             for batch_id in [b for b, t in running.items() if t.done()]:
                 result = running.pop(batch_id).result()
@@ -546,6 +535,19 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
                 if unfinished:
                     self._tell_dependants(unfinished, batch_id)
         return False
+
+    def _may_start_batch(self) -> bool:
+        """Whether a queued batch may start now. A long history stops new batches too: with
+        max_concurrent_slaves > 1 the running set would otherwise never empty, and the Master would
+        never reach a point where it may continue as new."""
+        s = self._state
+        return (
+            not s.shutdown
+            and s.paused_reason is None
+            and not s.stopped_early
+            and not self._replanning
+            and not self._history_is_long()
+        )
 
     def _settle(self, result: SlaveResult) -> None:
         """A batch ended: count its tokens and apply the budget rule (P26)."""
