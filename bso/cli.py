@@ -39,12 +39,14 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
+    WorkflowUpdateFailedError,
 )
 from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from bso.config import ConfigError, resolve_config
+from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
     AGENTS_TASK_QUEUE,
     QUERY_STATUS,
@@ -55,6 +57,8 @@ from bso.constants import (
     SIGNAL_RESUME,
     SIGNAL_SHUTDOWN,
     SPRINT_TASK_QUEUE,
+    UPDATE_COURSE_CORRECT,
+    UPDATE_DECIDE,
 )
 from bso.message_flow import (
     MESSAGE_TYPES,
@@ -63,6 +67,7 @@ from bso.message_flow import (
     filter_messages,
     message_flow,
 )
+from bso.decisions import DecisionRequest
 from bso.messages import describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
@@ -744,6 +749,57 @@ def sprint_shutdown(sprint_id: Annotated[str, typer.Argument()]) -> None:
 def sprint_cancel(sprint_id: Annotated[str, typer.Argument()]) -> None:
     """Cancel the sprint's workflow (Temporal cancellation; prefer `shutdown` for a graceful stop)."""
     _operator_action(sprint_id, lambda h: h.cancel(), f"cancellation requested for sprint {sprint_id}")
+
+
+@sprint_app.command("cc")
+def sprint_cc(
+    sprint_id: Annotated[str, typer.Argument()],
+    reason: Annotated[str, typer.Option(help="user_request | repeated_failures | new_requirements")] = "user_request",
+    add: Annotated[list[str] | None, typer.Option("--add", help="a story key to add (repeatable)")] = None,
+    drop: Annotated[list[str] | None, typer.Option("--drop", help="a story key to drop (repeatable)")] = None,
+    text: Annotated[str, typer.Option(help="why, in a sentence")] = "",
+) -> None:
+    """Course correction (CC_TRIGGER, update `course_correct`): prints COURSE_CORRECTION or CC_REJECTED."""
+    try:
+        request = CourseCorrectionRequest(reason=reason, add_stories=add or [], drop_stories=drop or [], text=text)
+    except ValidationError as err:
+        raise _fail(f"invalid course correction: {describe_validation_error(err)}", 2) from None
+
+    async def act(handle: WorkflowHandle[Any, Any]) -> None:
+        answer = await _update(handle, UPDATE_COURSE_CORRECT, request.model_dump(mode="json"))
+        out.print(json.dumps(answer, indent=2, default=str), markup=False)
+
+    _operator_action(sprint_id, act, f"course correction applied to sprint {sprint_id}")
+
+
+@sprint_app.command("decide")
+def sprint_decide(
+    sprint_id: Annotated[str, typer.Argument()],
+    story: Annotated[str, typer.Argument(help="the story key (full or short)")],
+    decision: Annotated[str, typer.Argument(help="force_pass | skip_story | retry | rearm")],
+    state: Annotated[str | None, typer.Option(help="rearm only: the state the story starts again from")] = None,
+    note: Annotated[str, typer.Option()] = "",
+) -> None:
+    """A human decision for a story waiting on one, or a re-arm of a needs-intervention story (update `decide`)."""
+    try:
+        request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
+    except ValidationError as err:
+        raise _fail(f"invalid decision: {describe_validation_error(err)}", 2) from None
+
+    async def act(handle: WorkflowHandle[Any, Any]) -> None:
+        view = await _update(handle, UPDATE_DECIDE, request.model_dump(mode="json", exclude_none=True))
+        out.print(f"{story}: {view.get('state') if isinstance(view, dict) else view}", markup=False)
+
+    _operator_action(sprint_id, act, f"decision {decision} applied to {story} in sprint {sprint_id}")
+
+
+async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
+    """Execute an update; a rejection (validator or handler) becomes the operator's one-line error."""
+    try:
+        return await handle.execute_update(name, arg, result_type=dict)
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
 
 
 # --- bso messages -------------------------------------------------------------------------------

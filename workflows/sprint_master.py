@@ -196,7 +196,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
     async def decide(self, request: Any) -> StoryView:
         """A human decision: answer a story awaiting one (forwarded to its Slave), or re-arm a
         needs-intervention story (written to the status file, then run in a new batch)."""
-        parsed = DecisionRequest.model_validate(request)
+        parsed = self._decision(request)
         s = self._state
         key = parsed.story_key
         if parsed.decision is not Decision.REARM:
@@ -231,10 +231,18 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
         self._show()
         return s.views[key]
 
+    def _decision(self, request: Any) -> DecisionRequest:
+        """The decision with its story key made full (`1-2` -> `1-2-login-form`) when it is unambiguous."""
+        parsed = DecisionRequest.model_validate(request)
+        if parsed.story_key in self._state.views:
+            return parsed
+        matches = [k for k in self._state.views if short_key(k) == parsed.story_key]
+        return parsed.model_copy(update={"story_key": matches[0]}) if len(matches) == 1 else parsed
+
     @decide.validator
     def _validate_decide(self, request: Any) -> None:
         try:
-            parsed = DecisionRequest.model_validate(request)
+            parsed = self._decision(request)
         except ValidationError as err:
             raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
         s = self._state

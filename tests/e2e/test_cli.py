@@ -281,3 +281,45 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
                 proc.wait(timeout=30)
     assert "## Results Overview" in (tmp_path / "watch.out").read_text()
     assert "Traceback" not in (tmp_path / "watch.err").read_text()
+
+
+def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):
+    project, sim = _project(tmp_path, duration_ms=300)
+    script = json.loads(sim.read_text())
+    # 1-2's story doc never passes its review: with ask_user it waits for a human decision.
+    script["stories"]["1-2"] = {"story_review": ["needs-improve"] * 5}
+    sim.write_text(json.dumps(script))
+    sprint_id = f"cc-{uuid.uuid4().hex[:6]}"
+    started = bso(
+        cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id, "--set", "batch_size=1"
+    )
+    assert started.returncode == 0, started.stderr
+
+    rejected = bso(cli_env, "sprint", "cc", sprint_id, "--drop", "9-9-no-such-story")
+    assert rejected.returncode == 1
+    assert rejected.stderr.count("\n") == 1 and "CC_REJECTED" in rejected.stderr and "9-9" in rejected.stderr
+
+    dropped = bso(cli_env, "sprint", "cc", sprint_id, "--drop", "2-2", "--text", "reminders move to next sprint")
+    assert dropped.returncode == 0, dropped.stderr
+    correction = json.loads(dropped.stdout.split("\ncourse correction applied")[0])
+    assert correction["msg_type"] == "COURSE_CORRECTION"
+    assert correction["dropped"] == ["2-2-expiry-reminder-emails"]
+
+    waiting = _wait_for(
+        lambda: (s := _status(cli_env, sprint_id))["stories"]["1-2-pantry-item-model-and-storage"]["awaiting_decision"]
+        and s,
+        "the story-review decision",
+        timeout=120,
+    )
+    assert waiting["stories"]["1-2-pantry-item-model-and-storage"]["state"] == "story-doc-review"
+    wrong = bso(cli_env, "sprint", "decide", sprint_id, "1-3", "force_pass")
+    # 1-3 waits for no decision: the update's validator refuses it, in one line.
+    assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1 and "1-3" in wrong.stderr
+    decided = bso(cli_env, "sprint", "decide", sprint_id, "1-2", "force_pass")
+    assert decided.returncode == 0, decided.stderr
+
+    watched = bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3")
+    assert watched.returncode == 0, watched.stderr
+    final = _status(cli_env, sprint_id)["stories"]
+    assert final["1-2-pantry-item-model-and-storage"]["state"] == "done"
+    assert final["2-2-expiry-reminder-emails"]["state"] == "skipped"
