@@ -49,7 +49,25 @@ MESSAGE_TYPES = (
     "CONTINUED_AS_NEW",
     "SPRINT_REPORT",
     "SPRINT_FAILED",
+    # residents (workflows/residents.py) and the messages they exchange
+    "RESIDENT_READY",
+    "RESIDENT_STOPPED",
+    "ROSTER_BROADCAST",
+    "STOP",
+    "DEBUG_REQUEST",
+    "DEBUG_RESULT",
+    "RESEARCH_REQUEST",
+    "RESEARCH_RESULT",
+    "BROWSER_REQUEST",
+    "BROWSER_RESULT",
+    "DECISION",
+    "DEPENDENCY_UPDATE",
 )
+
+# Signals a resident receives from the Master (the rest come from agents or Slaves, named in the payload).
+_FROM_MASTER_TO_RESIDENT = {"roster_broadcast", "stop"}
+# Signals the Master receives from its residents.
+_FROM_RESIDENT = {"resident_ready", "resident_stopped"}
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
@@ -107,6 +125,10 @@ def _time(event: HistoryEvent) -> datetime:
     return event.event_time.ToDatetime().replace(tzinfo=None)
 
 
+def _is_resident(workflow_id: str) -> bool:
+    return "/resident-" in workflow_id
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -147,6 +169,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 add(event, type="BATCH_PLAN_READY", sender=MASTER, recipient=MASTER, detail="batch plan ready")
         elif et == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             attrs = event.start_child_workflow_execution_initiated_event_attributes
+            if attrs.workflow_type.name == "ResidentWorkflow":
+                continue  # a resident, not a batch: its own history shows what it received
             inp = _dict(decode(attrs.input))
             children[attrs.workflow_id] = inp
             batch = inp.get("batch_id", _batch_from_workflow_id(attrs.workflow_id))
@@ -162,6 +186,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             )
         elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
             attrs = event.child_workflow_execution_completed_event_attributes
+            if _is_resident(attrs.workflow_execution.workflow_id):
+                continue
             result = _dict(decode(attrs.result))
             batch = result.get("batch_id", _batch_from_workflow_id(attrs.workflow_execution.workflow_id))
             results = _dict(result.get("results"))
@@ -199,6 +225,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 "terminated": event.child_workflow_execution_terminated_event_attributes,
                 "canceled": event.child_workflow_execution_canceled_event_attributes,
             }[which]
+            if _is_resident(attrs.workflow_execution.workflow_id):
+                continue
             batch = _batch_from_workflow_id(attrs.workflow_execution.workflow_id)
             add(
                 event,
@@ -232,10 +260,13 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 )
             else:
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
+                sender = OPERATOR
+                if attrs.signal_name in _FROM_RESIDENT:
+                    sender = str(_dict(value).get("role") or "resident")
                 add(
                     event,
                     type=kind,
-                    sender=OPERATOR,
+                    sender=sender,
                     recipient=MASTER,
                     detail=json.dumps(value) if value not in (None, {}) else "",
                     payload=_dict(value),
@@ -391,6 +422,41 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     return out
 
 
+def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
+    """What a resident received: the Master's broadcasts and stop, and the requests agents and Slaves sent."""
+    role = workflow_id.rsplit("/resident-", 1)[-1]
+    out: list[FlowMessage] = []
+    for event in events:
+        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            continue
+        attrs = event.workflow_execution_signaled_event_attributes
+        value = _dict(decode(attrs.input))
+        if attrs.signal_name in _FROM_MASTER_TO_RESIDENT:
+            sender = MASTER
+        else:
+            sender = str(value.get("requested_by") or value.get("report_to") or value.get("agent_type") or "agent")
+        detail = ""
+        if attrs.signal_name == "roster_broadcast":
+            roster = _dict(value.get("roster"))
+            detail = ", ".join(f"{len(v)} {k}" for k, v in roster.items() if isinstance(v, list))
+        elif value.get("error_summary"):
+            detail = str(value["error_summary"])[:120]
+        out.append(
+            FlowMessage(
+                time=_time(event),
+                workflow_id=workflow_id,
+                event_id=event.event_id,
+                type=attrs.signal_name.upper(),
+                sender=sender,
+                recipient=role,
+                story=value.get("story_key"),
+                detail=detail,
+                payload=value,
+            )
+        )
+    return out
+
+
 def message_flow(histories: Iterable[WorkflowHistory]) -> list[FlowMessage]:
     """All messages of a sprint's histories (Master runs and Slaves, in any order), by time."""
     messages: list[FlowMessage] = []
@@ -401,6 +467,8 @@ def message_flow(histories: Iterable[WorkflowHistory]) -> list[FlowMessage]:
         start = events[0].workflow_execution_started_event_attributes
         if start.workflow_type.name == "SprintSlaveWorkflow":
             messages.extend(_slave_messages(history.workflow_id, events))
+        elif start.workflow_type.name == "ResidentWorkflow":
+            messages.extend(_resident_messages(history.workflow_id, events))
         else:
             messages.extend(_master_messages(history.workflow_id, events))
     return sorted(messages, key=lambda m: (m.time, m.workflow_id, m.event_id))
