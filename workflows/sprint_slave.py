@@ -389,11 +389,13 @@ class SprintSlaveWorkflow:
             self._publish(meta.key)
             answer = await self._dispatch(meta, progress, step, dispatch_id)
             self._agents_destroyed += 1
-            if isinstance(answer, AgentComplete) and wants_debug(step, answer, progress, self._input.config):
+            fatal = isinstance(answer, AgentComplete) and fatal_error(answer, self._input.config)
+            if isinstance(answer, AgentComplete) and not fatal and wants_debug(step, answer, progress, self._input.config):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
+                # fail_fast: an unrecoverable agent error stops the sprint; no debug round first.
                 transition = apply_agent_result(progress, step, answer, self._input.config, meta.tags)
-                self._fatal = self._fatal or fatal_error(answer, self._input.config)
+                self._fatal = self._fatal or fatal
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
