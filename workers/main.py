@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import contextlib
 import logging
 import signal
@@ -79,13 +80,31 @@ def build_workers(
     return workers
 
 
+CONNECT_PATIENCE_SECONDS = float(os.environ.get("BSO_WORKER_CONNECT_SECONDS", "120"))
+
+
+async def _connect_patiently(runtime):
+    """A worker started while the server is (re)starting waits for it instead of dying."""
+    deadline = asyncio.get_running_loop().time() + CONNECT_PATIENCE_SECONDS
+    delay = 0.5
+    while True:
+        try:
+            return await connect(runtime=runtime)
+        except RuntimeError as err:  # the SDK's "Failed client connect"
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            log.warning("Temporal server not reachable at %s yet (%s); retrying", address_from_env(), err)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 async def run(
     queues: Sequence[str], max_concurrent_agents: int, metrics_address: str | None = None, queue_prefix: str = ""
 ) -> None:
     """Serve `queues` until SIGINT/SIGTERM; Prometheus metrics on `metrics_address` (host:port) if given."""
     configure_logging()
     runtime = runtime_with_prometheus(metrics_address) if metrics_address else None
-    client = await connect(runtime=runtime)
+    client = await _connect_patiently(runtime)
     if metrics_address:
         log.info("Prometheus metrics on http://%s/metrics", metrics_address)
     added = await ensure_search_attributes(client)
