@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE
 from tests.conftest import bso_worker
 from tests.workflow.helpers import make_project, run_sprint, sprint_input
@@ -29,6 +30,17 @@ Files: src/login.py, tests/test_login.py
 def _gates(root: Path, gate: str) -> list[dict]:
     path = root / ".sprint-session" / "gates" / f"{K1}-{gate}.json"
     return json.loads(path.read_text())["decisions"] if path.exists() else []
+
+
+async def _assignments(ts_env, session_id: str) -> list[dict]:
+    slave = ts_env.client.get_workflow_handle(slave_workflow_id(session_id, 1))
+    out = []
+    async for event in slave.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "run_agent":
+                out.append(json.loads(attrs.input.payloads[0].data))
+    return out
 
 
 async def _run(ts_env, root: Path, po: dict, **overrides):
@@ -64,6 +76,9 @@ async def test_feedback_then_go(ts_env, tmp_path: Path):
     assert [d["outcome"] for d in go] == ["FEEDBACK", "FEEDBACK", "GO"]
     assert go[0]["issues"][0]["ac_id"] == "AC-2"
     assert go[1]["issues"][0]["type"] == "file_out_of_scope"
+    plans = [a["po"] for a in await _assignments(ts_env, report.session_id) if a["po"].get("phase") == "plan"]
+    assert [p["feedback"] is None for p in plans] == [True, False, False]
+    assert plans[1]["feedback"]["status"] == "NEEDS_REVISION"
     assert (batch.gates_go_issued, batch.gates_next_issued) == (1, 1)
 
 
@@ -82,6 +97,13 @@ async def test_fix_then_next(ts_env, tmp_path: Path):
     nxt = _gates(tmp_path, "next")
     assert [d["outcome"] for d in nxt] == ["FIX", "FIX", "NEXT"]
     assert nxt[1]["directive"]["retry"]["count"] == 2
+    impl = [a["po"] for a in await _assignments(ts_env, report.session_id) if a["po"].get("phase") in ("implement", "fix")]
+    assert [(p["phase"], p["fresh_context"]) for p in impl] == [("implement", False), ("fix", False), ("fix", True)]
+    assert impl[1]["fix"]["validation"]["issues"][0]["type"] == "tests_failed"
+    assert impl[2]["anti_patterns"] == [
+        "attempt 1: 1 test(s) failed",
+        "attempt 2: somewhere/else/unrelated.py was changed without authorization",
+    ]
     assert (batch.gates_go_issued, batch.gates_next_issued) == (1, 1)
 
 
