@@ -57,9 +57,15 @@ class StoryScope(BaseModel):
     files: list[str] = Field(default_factory=list)  # empty: no scope declared, any file allowed
 
 
+# Backends whose agents are told the PO phase (plan / implement / fix) and answer with a PO message.
+# The command backend is meant to join (issue 6: default on for it) once it passes `assignment.po` to
+# its agent (prompt + env) and checks files_changed against the real diff; until then its default is off.
+PO_CAPABLE_BACKENDS: frozenset[str] = frozenset()
+
+
 def gates_active(enabled: bool | None, backend: str) -> bool:
-    """`po_gates_enabled`: explicit true/false, or None = on for the command backend only."""
-    return backend == "command" if enabled is None else enabled
+    """`po_gates_enabled`: explicit true/false, or None = on for the backends in PO_CAPABLE_BACKENDS."""
+    return backend in PO_CAPABLE_BACKENDS if enabled is None else enabled
 
 
 # --- the story file ------------------------------------------------------------------------------

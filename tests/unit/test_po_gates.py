@@ -56,7 +56,8 @@ def test_story_acs_and_scope() -> None:
 
 def test_knob_default_depends_on_backend() -> None:
     assert resolve_config().po_gates_enabled is None
-    assert gates_active(None, "command") and not gates_active(None, "simulated")
+    # The command backend does not yet tell its agent the PO phase: its default stays off until it does.
+    assert not gates_active(None, "command") and not gates_active(None, "simulated")
     assert gates_active(True, "simulated") and not gates_active(False, "command")
     assert resolve_config().po_max_revisions == 2 and resolve_config().po_max_retries == 2
 
