@@ -105,6 +105,12 @@ class SprintConfig(_Knobs):
     max_improvements: int = Field(1, ge=0)
     # Message priority per story (full or short key): the Temporal task priority of its agent activities.
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
+    # Agent-PO gates on the dev-runner's work (bso/po_gates.py): a plan (GO gate) before the
+    # implementation, a completion report (NEXT gate) after it. None: resolved per backend by the Slave
+    # (bso.po_gates.gates_active; today off for every backend, see README "PO gates (Agent-PO)").
+    po_gates_enabled: bool | None = None
+    po_max_revisions: int = Field(2, ge=0)  # FEEDBACK rounds on a plan before BLOCKED
+    po_max_retries: int = Field(2, ge=0)  # FIX_DIRECTIVEs on a completion report before BLOCKED
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])
     agent_timeout_seconds: AgentTimeouts = AgentTimeouts()

@@ -102,6 +102,9 @@ class AgentComplete(_Message):
     # Gear 2's AGENT_ERROR, for a failure: what kind of error, and whether a retry or a human could fix it.
     error_type: str | None = Field(None, max_length=200)
     recoverable: bool = True
+    # Agent-PO gates: the dev-runner's PLAN_SUBMISSION (plan phase) or COMPLETION_REPORT (implementation),
+    # the seed's flat payload; validated by the Slave against PlanSubmissionPayload / CompletionReportPayload.
+    po_message: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -160,6 +163,9 @@ class TaskAssignment(_Message):
     backend: str = "simulated"
     # The part of the simulation script that concerns this story (small by construction).
     simulation: dict[str, Any] = Field(default_factory=dict)
+    # Agent-PO gates (empty when off): phase (plan | implement | fix), attempt, the story's AC ids and file
+    # scope, and the PO's last directive (FEEDBACK, GO_DIRECTIVE, FIX_DIRECTIVE + anti-patterns).
+    po: dict[str, Any] = Field(default_factory=dict)
 
 
 class DispatchReceipt(_Message):

@@ -173,6 +173,9 @@ class SlaveResult(_Model):
     tokens_used: int = 0
     budget_exhausted: bool = False
     fatal_error: str | None = None  # fail_fast: an unrecoverable agent error stopped the batch
+    # Agent-PO gates: GO_DIRECTIVEs and NEXT_DIRECTIVEs issued in this batch (GO >= NEXT).
+    gates_go_issued: int = 0
+    gates_next_issued: int = 0
 
 
 class StoryView(_Model):

@@ -22,6 +22,13 @@ class _Script(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PoScript(_Script):
+    """The simulated dev-runner's PLAN_SUBMISSIONs and COMPLETION_REPORTs, one per attempt (then: good)."""
+
+    plan: list[Literal["good", "missing_ac", "out_of_scope", "no_tests"]] = Field(default_factory=list)
+    report: list[Literal["good", "missing_ac", "out_of_scope", "failing_tests"]] = Field(default_factory=list)
+
+
 class StoryScript(_Script):
     story_review: list[Literal["passed", "needs-improve"]] = Field(default_factory=list)
     review: list[Literal["LOW", "MEDIUM", "HIGH", "CRITICAL", "none"]] = Field(default_factory=list)
@@ -38,6 +45,8 @@ class StoryScript(_Script):
     duration_ms: int | None = Field(default=None, ge=0)
     # The simulated debugger's successive analyses of this story's failures; after the list: unfixable.
     debug: list[Literal["fixable", "unfixable"]] = Field(default_factory=list)
+    # Agent-PO gates (when on): what the dev-runner submits per plan revision / per implementation attempt.
+    po: PoScript = PoScript()
 
 
 class ScriptDefaults(_Script):
@@ -134,3 +143,8 @@ def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int) -> Scr
             findings=findings, score=score, blocking_issues=blocking, feedback=feedback, **common
         )
     return ScriptedAnswer(**common)
+
+
+def po_kind(kinds: list[str], attempt: int) -> str:
+    """The scripted plan/report kind of this attempt (1-based); past the end of the list: good."""
+    return _nth(list(kinds), attempt, "good")

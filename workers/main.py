@@ -23,6 +23,7 @@ from activities.browser import browse
 from activities.debugger import analyze_failure
 from activities.git_ops import finish_story_git
 from activities.improvements import add_improvement_stories, propose_improvements
+from activities.po_gates import load_story_scope, record_gate
 from activities.researcher import research
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import write_execution_summary
@@ -40,6 +41,8 @@ SPRINT_ACTIVITIES = [
     write_execution_summary,
     propose_improvements,
     add_improvement_stories,
+    load_story_scope,
+    record_gate,
 ]
 AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, browse]
 

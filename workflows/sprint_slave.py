@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.agents import run_agent
     from activities.git_ops import finish_story_git
+    from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
     from activities.status_file import load_sprint_status, write_story_status
     from bso.constants import (
         QUERY_STATUS,
@@ -82,6 +83,16 @@ with workflow.unsafe.imports_passed_through():
         StoryView,
         short_key,
     )
+    from bso.po_gates import (
+        StoryScope,
+        anti_patterns,
+        gates_active,
+        go_gate,
+        next_gate,
+        plan_sha256,
+    )
+    from bso.messages import CompletionReportPayload, GateIssue, PlanSubmissionPayload
+    from bso.states import AgentStatus, AgentType
     from bso.report import build_slave_result
     from bso.git_rules import FinishStoryInput
     from bso.simulation import SimulationScript
@@ -143,6 +154,10 @@ class SprintSlaveWorkflow:
         self._notifications: list[asyncio.Task[None]] = []
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
+        # Agent-PO gates on the dev-runner's work (po_gates_enabled; None: on for the command backend).
+        self._po_gates = gates_active(inp.config.po_gates_enabled, inp.agent_backend)
+        self._gates_go = 0
+        self._gates_next = 0
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -330,6 +345,12 @@ class SprintSlaveWorkflow:
         return self._result(errors, budget_exhausted)
 
     def _result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
+        result = self._built_result(errors, budget_exhausted)
+        if not self._po_gates:
+            return result
+        return result.model_copy(update={"gates_go_issued": self._gates_go, "gates_next_issued": self._gates_next})
+
+    def _built_result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         return build_slave_result(
             batch_id=self._input.batch_id,
             session_id=self._input.session_id,
@@ -387,10 +408,15 @@ class SprintSlaveWorkflow:
             self._progress[meta.key] = progress
             self._agents_created += 1
             self._publish(meta.key)
-            answer = await self._dispatch(meta, progress, step, dispatch_id)
+            if self._po_gates and step.agent_type is AgentType.DEV_RUNNER:
+                answer = await self._po_gated(meta, progress, step, dispatch_id)
+            else:
+                answer = await self._dispatch(meta, progress, step, dispatch_id)
             self._agents_destroyed += 1
             fatal = isinstance(answer, AgentComplete) and fatal_error(answer, self._input.config)
-            if isinstance(answer, AgentComplete) and not fatal and wants_debug(step, answer, progress, self._input.config):
+            if isinstance(answer, Transition):
+                transition = answer
+            elif isinstance(answer, AgentComplete) and not fatal and wants_debug(step, answer, progress, self._input.config):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
                 # fail_fast: an unrecoverable agent error stops the sprint; no debug round first.
@@ -482,8 +508,139 @@ class SprintSlaveWorkflow:
         del self._decisions[key]  # answers the update: the decision is applied and written
         return True
 
-    async def _dispatch(
+    async def _po_gated(
         self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, dispatch_id: str
+    ) -> AgentComplete | str | Transition:
+        """The dev-runner's work under the Agent-PO gates: plan -> GO gate (FEEDBACK revisions) ->
+        implementation -> NEXT gate (FIX retries). The implementation's AGENT_COMPLETE after NEXT, a
+        failure as it came, or needs-intervention (BLOCKED, or no valid PO message)."""
+        config = self._input.config
+        scope: StoryScope = await workflow.execute_activity(
+            load_story_scope,
+            StoryScopeInput(project_root=self._input.project_root, story_path=meta.story_path),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            summary=f"PO gates: scope of story {meta.key}",
+        )
+        base = {"ac_ids": list(scope.ac_ids), "scope": list(scope.files)}
+        timeout_minutes = max(1, config.agent_timeout_seconds.dev_execution // 60)
+        go_records: list[dict[str, Any]] = []
+        feedback: dict[str, Any] | None = None
+        revision = 1
+        while True:  # GO gate
+            answer = await self._dispatch(
+                meta, progress, step, f"{dispatch_id}/plan-{revision}",
+                po={**base, "phase": "plan", "attempt": revision, "feedback": feedback},
+            )
+            if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
+                return answer
+            try:
+                plan = PlanSubmissionPayload.model_validate(answer.po_message or {})
+            except ValidationError as err:
+                return intervention(
+                    progress, f"PO gate: no valid PLAN_SUBMISSION ({describe_validation_error(err)})", answer.tokens_used
+                )
+            decision = go_gate(
+                plan, scope, revision=revision, max_revisions=config.po_max_revisions,
+                timeout_minutes=timeout_minutes, task_id=meta.key,
+            )
+            go_records.append(
+                {
+                    "revision": revision,
+                    "outcome": decision.outcome,
+                    "plan_sha256": plan_sha256(plan),
+                    "issues": [i.model_dump(mode="json") for i in decision.issues],
+                    "directive": (decision.go or decision.feedback or decision.blocked).model_dump(mode="json"),  # type: ignore[union-attr]
+                }
+            )
+            await self._record_gate(meta.key, "go", go_records)
+            if decision.outcome == "GO":
+                self._gates_go += 1
+                break
+            if decision.outcome == "BLOCKED":
+                assert decision.blocked is not None
+                return intervention(progress, f"PO gate BLOCKED: {decision.blocked.reason}: {decision.blocked.details.issue}")
+            feedback = decision.feedback.model_dump(mode="json") if decision.feedback else None
+            revision += 1
+        assert decision.go is not None
+        authorized = list(decision.go.authorization.authorized_files)
+        go_directive = decision.go.model_dump(mode="json")
+        next_records: list[dict[str, Any]] = []
+        earlier: list[list[GateIssue]] = []
+        fix: dict[str, Any] | None = None
+        attempt = 1
+        while True:  # NEXT gate
+            fresh = attempt >= 3  # the second retry starts with fresh context and the earlier anti-patterns
+            answer = await self._dispatch(
+                meta, progress, step, f"{dispatch_id}/impl-{attempt}",
+                po={
+                    **base,
+                    "phase": "implement" if attempt == 1 else "fix",
+                    "attempt": attempt,
+                    "go": go_directive,
+                    "authorized_files": authorized,
+                    "fix": fix,
+                    "fresh_context": fresh,
+                    "anti_patterns": anti_patterns(earlier) if fresh else [],
+                },
+            )
+            if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
+                return answer
+            try:
+                report = CompletionReportPayload.model_validate(answer.po_message or {})
+            except ValidationError as err:
+                return intervention(
+                    progress, f"PO gate: no valid COMPLETION_REPORT ({describe_validation_error(err)})",
+                    answer.tokens_used,
+                )
+            outcome = next_gate(
+                report, scope, authorized, retries_used=attempt - 1, max_retries=config.po_max_retries,
+                task_id=meta.key,
+            )
+            next_records.append(
+                {
+                    "attempt": attempt,
+                    "outcome": outcome.outcome,
+                    "issues": [i.model_dump(mode="json") for i in outcome.issues],
+                    "directive": (outcome.next or outcome.fix or outcome.blocked).model_dump(mode="json"),  # type: ignore[union-attr]
+                }
+            )
+            await self._record_gate(meta.key, "next", next_records)
+            if outcome.outcome == "NEXT":
+                self._gates_next += 1
+                return answer
+            if outcome.outcome == "BLOCKED":
+                assert outcome.blocked is not None
+                return intervention(
+                    progress, f"PO gate BLOCKED: {outcome.blocked.reason}: {outcome.blocked.details.issue}",
+                    answer.tokens_used,
+                )
+            earlier.append(list(outcome.issues))
+            fix = outcome.fix.model_dump(mode="json") if outcome.fix else None
+            attempt += 1
+
+    async def _record_gate(self, story_key: str, gate: str, decisions: list[dict[str, Any]]) -> None:
+        await workflow.execute_activity(
+            record_gate,
+            GateRecordInput(
+                project_root=self._input.project_root,
+                session_id=self._input.session_id,
+                story_key=story_key,
+                gate=gate,  # type: ignore[arg-type]
+                decisions=decisions,
+            ),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5),
+            summary=f"PO gate {gate} of story {story_key}",
+        )
+
+    async def _dispatch(
+        self,
+        meta: StoryMeta,
+        progress: StoryProgress,
+        step: DispatchStep,
+        dispatch_id: str,
+        po: dict[str, Any] | None = None,
     ) -> AgentComplete | str:
         """Run one agent; its AGENT_COMPLETE, or why there is none."""
         config = self._input.config
@@ -513,6 +670,7 @@ class SprintSlaveWorkflow:
             simulation=script.model_dump(mode="json")
             if self._input.agent_backend == "simulated"
             else {},
+            po=po or {},
         )
         self._open_dispatches[dispatch_id] = meta.key
         retry = config.agent_retry

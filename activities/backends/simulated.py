@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from temporalio import activity
@@ -14,7 +15,8 @@ from activities.session_files import append_jsonl, dispatch_answer_path, session
 from bso.dispatch import SCRIPT_KEYS
 from bso.messages import AgentComplete, TaskAssignment
 from bso.models import short_key
-from bso.simulation import ScriptedAnswer, StoryScript, scripted_answer
+from bso.po_gates import StoryScope, simulated_plan, simulated_report
+from bso.simulation import ScriptedAnswer, StoryScript, po_kind, scripted_answer
 from bso.sprint_status import parse_story_file, render_story_file, resolve_inside, title_from_slug
 from bso.states import AgentMode, AgentType
 
@@ -57,6 +59,24 @@ async def _work_for(duration_ms: int, assignment: TaskAssignment) -> None:
         await asyncio.sleep(min(left, HEARTBEAT_EVERY_SECONDS))
 
 
+def _po_message(script: StoryScript, assignment: TaskAssignment) -> dict | None:
+    """With PO gates on: the scripted PLAN_SUBMISSION (plan phase) or COMPLETION_REPORT (implement / fix)."""
+    phase = assignment.po.get("phase")
+    if not phase:
+        return None
+    scope = StoryScope(ac_ids=assignment.po.get("ac_ids", []), files=assignment.po.get("scope", []))
+    attempt = int(assignment.po.get("attempt", 1))
+    if phase == "plan":
+        kind = po_kind(list(script.po.plan), attempt)
+        plan = simulated_plan(kind, scope, assignment.agent_type.value, assignment.story_key, attempt)
+        return {"type": "PLAN_SUBMISSION", **plan.model_dump(mode="json")}
+    authorized = assignment.po.get("authorized_files", [])
+    kind = po_kind(list(script.po.report), attempt)
+    at = datetime.now(UTC).isoformat()
+    report = simulated_report(kind, scope, authorized, assignment.agent_type.value, assignment.story_key, at)
+    return {"type": "COMPLETION_REPORT", **report.model_dump(mode="json")}
+
+
 async def run(assignment: TaskAssignment) -> AgentComplete | None:
     script = StoryScript.model_validate(assignment.simulation)
     key = SCRIPT_KEYS[(assignment.agent_type, assignment.mode)]
@@ -96,6 +116,7 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
         feedback=answer.feedback,
         recoverable=answer.recoverable,
         error_type=answer.error_type,
+        po_message=_po_message(script, assignment) if answer.status.value == "success" else None,
     )
     # The answer is recorded before the work counts as finished: a worker killed between the two
     # re-delivers the recorded answer on the retry instead of doing the work (and finishing) again.
