@@ -28,6 +28,8 @@ UPDATE_RESEARCH = "research"  # RESEARCH_REQUEST -> RESEARCH_RESULT in one call 
 SIGNAL_BROWSER_REQUEST = "browser_request"  # requester -> e2e-live: BROWSER_REQUEST
 SIGNAL_BROWSER_RESULT = "browser_result"  # e2e-live -> report_to: BROWSER_RESULT
 UPDATE_BROWSE = "browse"  # BROWSER_REQUEST -> BROWSER_RESULT in one call (for agents)
+SIGNAL_PLAN_REQUEST = "plan_request"  # Master -> scrum-master: plan (BATCH_PLAN_READY) or re-plan (COURSE_CORRECTION)
+SIGNAL_PLAN_RESULT = "plan_result"  # scrum-master -> Master: the answer (bso/scrum_master.py)
 UPDATE_COURSE_CORRECT = "course_correct"  # CC_TRIGGER -> COURSE_CORRECTION (or CC_REJECTED)
 # Human decisions (bso.decisions): an update on the Master or the Slave; the Master forwards by signal.
 UPDATE_DECIDE = "decide"

@@ -54,6 +54,7 @@ class CourseCorrection(BaseModel):
     replanned: list[str] = Field(default_factory=list)
     batches: list[BatchSpec] = Field(default_factory=list)  # the new plan of the pending stories
     impact: str = ""
+    planner: str = ""  # who re-planned: "scrum-master" (the resident) or "fallback" (the Master itself)
 
 
 class CCRejected(ValueError):

@@ -230,6 +230,7 @@ class SprintReport(_Model):
     total_agents_created: int = 0  # residents + Slaves + temps (the roster bookkeeping)
     total_agents_destroyed: int = 0
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
+    planner: str | None = None  # who planned the batches: "scrum-master" (the resident) or "fallback"
 
 
 class MasterState(_Model):
@@ -269,6 +270,9 @@ class MasterState(_Model):
     outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
     consecutive_failures: int = 0
     course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
+    # Planning by the scrum-master resident (bso/scrum_master.py).
+    planner: str | None = None  # who planned the sprint's batches: "scrum-master" or "fallback"
+    plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)
 
 
 class SprintStatusView(_Model):

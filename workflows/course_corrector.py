@@ -5,6 +5,7 @@ bso/course_correction.py."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -23,10 +24,9 @@ with workflow.unsafe.imports_passed_through():
         CourseCorrection,
         CourseCorrectionRequest,
         check_request,
-        impact_text,
-        replan,
         start_value,
     )
+    from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error
     from bso.models import LoadStatusInput, StatusWriteInput, StoryView
     from bso.states import SprintPhase, StoryState
@@ -44,6 +44,7 @@ class CourseCorrector:
 
     def _init_course_correction(self) -> None:
         self._replanning = False  # no batch starts while a course correction is being applied
+        self._auto_corrections: list[asyncio.Task[None]] = []  # repeated_failures re-plans in progress
 
     @workflow.update(name=UPDATE_COURSE_CORRECT)
     async def course_correct(self, request: Any) -> CourseCorrection:
@@ -103,7 +104,9 @@ class CourseCorrector:
             s.stories[key] = meta
             s.views[key] = StoryView(state=meta.state)
             s.outside_stories.pop(key, None)
-        cc = self._replan_pending(request.reason, request.text, add, drop)
+        cc = await self._replan_pending(request.reason, request.text, add, drop)
+        if cc is None:
+            raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED")
         if drop:
             self._tell_dependants({key: s.views[key].state for key in drop}, None)
         return cc
@@ -122,31 +125,40 @@ class CourseCorrector:
             self._state.errors.append(f"course correction: {key} was {written.current!r}, not {expected!r}; left as is")
         return written.current
 
-    def _replan_pending(self, reason: CCReason, text: str, added: list[str], dropped: list[str]) -> CourseCorrection:
-        """Re-plan the queued stories (and the added ones) into new batches; COURSE_CORRECTION."""
+    async def _replan_pending(
+        self, reason: CCReason, text: str, added: list[str], dropped: list[str]
+    ) -> CourseCorrection | None:
+        """Re-plan the queued stories (and the added ones) into new batches: COURSE_CORRECTION, asked of the
+        scrum-master resident (the Master's fallback without one). None when they cannot be planned."""
         s = self._state
         old = list(s.queue)
         pending = [k for spec in old for k in spec.stories if k not in dropped] + added
-        batches = replan(s.session_id, [s.stories[k] for k in pending], s.config.batch_size, s.next_batch_id)
-        s.next_batch_id += len(batches)
-        s.queue = batches
-        for spec in batches:
-            for key in spec.stories:
-                s.views[key] = s.views[key].model_copy(update={"batch_id": spec.batch_id})
-        in_flight = [k for k, v in s.views.items() if v.batch_id in self._running_batches]
-        cc = CourseCorrection(
+        ctx = ReplanContext(
             reason=reason,
             text=text,
             added=added,
             dropped=dropped,
             untouched_done=[k for k, v in s.views.items() if v.state == StoryState.DONE],
-            in_flight=in_flight,
-            replanned=pending,
-            batches=batches,
+            in_flight=[k for k, v in s.views.items() if v.batch_id in self._running_batches],
+            old_batches=old,
+            next_batch_id=s.next_batch_id,
         )
-        cc.impact = impact_text(cc, old)
+        answer = await self._ask_planner([s.stories[k] for k in pending], ctx)
+        cc = answer.course_correction
+        if cc is None:
+            s.errors.append(f"course correction not applied: {answer.error}")
+            workflow.logger.error("course correction not applied: %s", answer.error)
+            return None
+        cc = cc.model_copy(update={"planner": answer.planner})
+        # The queue may have changed while the scrum-master planned only if a batch started: none does
+        # while `_replanning` is set.
+        s.next_batch_id += len(cc.batches)
+        s.queue = list(cc.batches)
+        for spec in cc.batches:
+            for key in spec.stories:
+                s.views[key] = s.views[key].model_copy(update={"batch_id": spec.batch_id})
         s.course_corrections.append(cc.impact)
-        workflow.logger.info("COURSE_CORRECTION %s", cc.impact)
+        workflow.logger.info("COURSE_CORRECTION by %s: %s", answer.planner, cc.impact)
         self._show()
         return cc
 
@@ -160,9 +172,22 @@ class CourseCorrector:
             s.consecutive_failures += 1
             if s.consecutive_failures >= s.config.consecutive_failure_threshold:
                 count, s.consecutive_failures = s.consecutive_failures, 0
-                cc = self._replan_pending(
-                    CCReason.REPEATED_FAILURES, f"{count} stories in a row ended needs-intervention", [], []
-                )
-                reason = f"repeated failures: {cc.text}; course_correct, then resume"
-                self._pause(reason)
-                self._forward("pause", reason)
+                text = f"{count} stories in a row ended needs-intervention"
+                reason = f"repeated failures: {text}; course_correct, then resume"
+                self._forward("pause", reason)  # the running Slaves dispatch no more from now on
+                self._replanning = True  # and no batch starts until the re-plan is in
+                self._auto_corrections.append(asyncio.create_task(self._auto_correct(text, reason)))
+
+    async def _auto_correct(self, text: str, reason: str) -> None:
+        """The Master's own repeated_failures course correction: re-planned by the scrum-master, then paused."""
+        try:
+            await self._replan_pending(CCReason.REPEATED_FAILURES, text, [], [])
+        finally:
+            self._replanning = False
+        self._pause(reason)
+
+    async def _course_corrections_settled(self) -> None:
+        """Wait for the Master's own course corrections in progress (before the sprint ends or continues)."""
+        if self._auto_corrections:
+            pending, self._auto_corrections = self._auto_corrections, []
+            await asyncio.gather(*pending)

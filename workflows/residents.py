@@ -35,6 +35,8 @@ with workflow.unsafe.imports_passed_through():
         SA_SESSION_ID,
         SIGNAL_DEBUG_REQUEST,
         SIGNAL_DEBUG_RESULT,
+        SIGNAL_PLAN_REQUEST,
+        SIGNAL_PLAN_RESULT,
         SIGNAL_BROWSER_REQUEST,
         SIGNAL_BROWSER_RESULT,
         UPDATE_BROWSE,
@@ -73,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         with_member,
         without_member,
     )
+    from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer
     from bso.simulation import SimulationScript
 
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
@@ -90,6 +93,7 @@ class ResidentWorkflow:
         self._debug_requests: list[DebugRequest] = []
         self._research_requests: list[ResearchRequest] = []
         self._browser_requests: list[BrowserRequest] = []
+        self._plan_requests: list[PlanRequest] = []
         self._script = SimulationScript.model_validate(inp.simulation)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
@@ -101,6 +105,16 @@ class ResidentWorkflow:
             workflow.logger.warning("DEBUG_REQUEST ignored: %s", describe_validation_error(err))
             return
         self._debug_requests.append(request)
+
+    @workflow.signal(name=SIGNAL_PLAN_REQUEST)
+    def plan_request(self, payload: Any) -> None:
+        """The Master's plan request (sprint start or course correction): answered by a `plan_result` signal."""
+        try:
+            request = PlanRequest.model_validate(payload)
+        except ValidationError as err:
+            workflow.logger.warning("plan request ignored: %s", describe_validation_error(err))
+            return
+        self._plan_requests.append(request)
 
     @workflow.signal(name=SIGNAL_RESEARCH_REQUEST)
     def research_request(self, payload: Any) -> None:
@@ -227,7 +241,14 @@ class ResidentWorkflow:
                 or bool(self._debug_requests)
                 or bool(self._research_requests)
                 or bool(self._browser_requests)
+                or bool(self._plan_requests)
             )
+            if self._plan_requests:
+                wanted_plan = self._plan_requests.pop(0)
+                planned = self._plan(wanted_plan)
+                self._served += 1
+                await _signal_quietly(wanted_plan.report_to, SIGNAL_PLAN_RESULT, planned.model_dump(mode="json"))
+                continue
             if self._browser_requests:
                 wanted = self._browser_requests.pop(0)
                 outcome = await self._browse(wanted)
@@ -247,6 +268,17 @@ class ResidentWorkflow:
             result = await self._debug(request)
             self._served += 1
             await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    def _plan(self, request: PlanRequest) -> PlanAnswer:
+        """BATCH_PLAN_READY or COURSE_CORRECTION, computed here by the pure rules (no I/O needed)."""
+        if self._input.role != SCRUM_MASTER:
+            return PlanAnswer(
+                request_id=request.request_id, planner=FALLBACK, error=f"{self._input.role} is not the scrum-master"
+            )
+        planned = answer(request, SCRUM_MASTER)
+        what = "COURSE_CORRECTION" if request.course_correction is not None else "BATCH_PLAN_READY"
+        workflow.logger.info("%s for %s%s", what, request.request_id, f": {planned.error}" if planned.error else "")
+        return planned
 
     async def _research(self, request: ResearchRequest) -> ResearchResult:
         if self._input.role != "knowledge-researcher":

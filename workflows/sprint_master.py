@@ -70,13 +70,13 @@ with workflow.unsafe.imports_passed_through():
         last_epic,
         select_improvements,
     )
-    from bso.planning import PlanningError, plan_batches
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
+    from workflows.planner import ScrumMasterPlanning
     from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow
 
@@ -87,13 +87,14 @@ def _invalid_input(message: str) -> ApplicationError:
 
 
 @workflow.defn(failure_exception_types=[ValidationError])
-class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
+class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     @workflow.init
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._init_roster()
         self._init_course_correction()
+        self._init_planning()
         self._project_root = inp.project_root
         self._started_batches: set[int] = set()
         self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
@@ -302,9 +303,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
     @workflow.run
     async def run(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:
-            await self._start(inp)  # validates the input (the simulation script too)
+            stories = await self._start(inp)  # validates the input (the simulation script too)
             simulation = SimulationScript.model_validate(inp.simulation)
             await self._start_residents(inp.project_root, simulation, inp.agent_backend)
+            await self._plan(stories)  # by the scrum-master resident (BATCH_PLAN_READY)
         else:
             self._set_phase(self._state.phase)  # search attributes and details of the new run
             simulation = SimulationScript.model_validate(inp.simulation)
@@ -317,6 +319,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
                 await self._improvement_cycle(inp, simulation)
                 continue
             await workflow.wait_condition(workflow.all_handlers_finished)
+            await self._course_corrections_settled()
             if s.shutdown or s.stopped_early:
                 break
             if s.queue:  # a rearm decision queued a batch while the last one ended
@@ -342,6 +345,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
             unavailable_residents=dict(s.unavailable_residents),
+            planner=s.planner,
         )
         if workflow.patched("execution-summary"):
             await self._write_summary(inp, report)
@@ -436,8 +440,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
         except ActivityError as err:
             workflow.logger.warning("execution summary not written: %s", err.cause or err)
 
-    async def _start(self, inp: SprintInput) -> None:
-        """Validate the input, read the status file, plan the batches (BATCH_PLAN_READY)."""
+    async def _start(self, inp: SprintInput) -> list[StoryMeta]:
+        """Validate the input, read the status file: the sprint's stories, to plan once the residents run."""
         s = self._state
         self._set_phase(SprintPhase.STARTING)
         s.config = self._validate(inp)
@@ -447,13 +451,24 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
         snapshot = await self._load(inp)
         s.status_file = snapshot.status_file
         stories = self._select(inp, snapshot)
-        try:
-            s.plan = plan_batches(s.session_id, stories, s.config.batch_size)
-        except PlanningError as err:
-            raise _invalid_input(str(err)) from None
-        workflow.logger.info("BATCH_PLAN_READY: %d stories in %d batches", s.plan.total_stories, len(s.plan.batches))
+        selected = {story.key for story in stories}
+        s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in selected}
+        return stories
+
+    async def _plan(self, stories: list[StoryMeta]) -> None:
+        """BATCH_PLAN_READY: asked of the scrum-master resident (the Master's fallback plan without one)."""
+        s = self._state
+        answer = await self._ask_planner(stories)
+        if answer.plan is None:
+            await self._stop_residents()
+            self._set_phase(SprintPhase.FAILED)
+            raise _invalid_input(answer.error or "no batch plan")
+        s.plan = answer.plan
+        s.planner = answer.planner
+        workflow.logger.info(
+            "BATCH_PLAN_READY by %s: %d stories in %d batches", s.planner, s.plan.total_stories, len(s.plan.batches)
+        )
         s.stories = {story.key: story for story in stories}
-        s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in s.stories}
         for spec in s.plan.batches:
             for key in spec.stories:
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
@@ -603,6 +618,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector):
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._course_corrections_settled()
         await self._stop_residents()  # each run owns its residents; the new run starts them again
         await self._roster_flushed()
         if self._forwards:

@@ -1,0 +1,54 @@
+"""The scrum-master's planning answers (bso/scrum_master.py): BATCH_PLAN_READY, COURSE_CORRECTION, errors."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bso.messages import BatchSpec
+from bso.models import StoryMeta
+from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, ReplanContext, answer
+
+
+def meta(key: str, *deps: str) -> StoryMeta:
+    return StoryMeta(key=key, epic="epic-1", short_key=key[:3], state="backlog", story_path="", depends_on=list(deps))
+
+
+def request(stories: list[StoryMeta], ctx: ReplanContext | None = None) -> PlanRequest:
+    return PlanRequest(
+        request_id="plan-1", session_id="s", report_to="s", stories=stories, batch_size=2, course_correction=ctx
+    )
+
+
+def test_the_sprint_plan_is_batch_plan_ready_by_the_planner():
+    got = answer(request([meta("1-1-a"), meta("1-2-b"), meta("1-3-c")]))
+    assert got.planner == SCRUM_MASTER and got.course_correction is None and got.error is None
+    assert got.plan.msg_type == "BATCH_PLAN_READY"
+    assert [(b.batch_id, b.stories) for b in got.plan.batches] == [(1, ["1-1-a", "1-2-b"]), (2, ["1-3-c"])]
+    assert answer(request([meta("1-1-a")]), FALLBACK).planner == FALLBACK
+
+
+def test_a_replan_is_a_course_correction_numbered_after_the_last_batch():
+    ctx = ReplanContext(
+        reason="user_request", added=["2-1-d"], dropped=["1-3-c"], untouched_done=["1-1-a"],
+        old_batches=[BatchSpec(batch_id=2, stories=["1-2-b"]), BatchSpec(batch_id=3, stories=["1-3-c"])],
+        next_batch_id=4,
+    )
+    got = answer(request([meta("1-2-b"), meta("2-1-d", "1-2-b")], ctx))
+    cc = got.course_correction
+    assert got.plan is None and cc.msg_type == "COURSE_CORRECTION"
+    assert [(b.batch_id, b.stories) for b in cc.batches] == [(4, ["1-2-b"]), (5, ["2-1-d"])]  # dependency first
+    assert cc.replanned == ["1-2-b", "2-1-d"] and cc.untouched_done == ["1-1-a"]
+    assert "Pending batches before: 2: 1-2-b; 3: 1-3-c. After: 4: 1-2-b; 5: 2-1-d." in cc.impact
+
+
+def test_a_dependency_cycle_is_answered_with_an_error_not_raised():
+    got = answer(request([meta("1-1-a", "1-2-b"), meta("1-2-b", "1-1-a")]))
+    assert got.plan is None and "dependency cycle" in got.error
+
+
+def test_malformed_requests_and_answers_are_refused():
+    with pytest.raises(ValidationError):
+        PlanRequest.model_validate({"request_id": "", "session_id": "s", "report_to": "s", "stories": [], "batch_size": 1})
+    with pytest.raises(ValidationError):
+        PlanAnswer.model_validate({"request_id": "plan-1", "planner": "someone"})

@@ -1,0 +1,89 @@
+"""Planning by the scrum-master resident on the time-skipping server: the sprint's batch plan
+(BATCH_PLAN_READY) and a course correction's re-plan (COURSE_CORRECTION) are answered by the resident
+(plan_request -> plan_result); with resident_slots.scrum_master off the Master's fallback plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
+from bso.roster import resident_workflow_id
+from bso.states import SprintPhase
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint
+from tests.workflow.test_operator_control import wait_status
+from tests.workflow.test_residents import signal_names
+from workflows.sprint_master import SprintMasterWorkflow
+
+K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile-page"
+OTHER = "2-1-search"
+
+
+async def test_the_plan_comes_from_the_scrum_master_resident(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="sm-1", config_overrides={"batch_size": 2})
+        )
+    assert report.planner == "scrum-master"
+    assert [b.stories for b in report.batch_plan.batches] == [[K1, K2], [K3]]
+    assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    resident_signals = await signal_names(ts_env.client, resident_workflow_id("sm-1", "scrum-master"))
+    assert resident_signals.count(SIGNAL_PLAN_REQUEST) == 1
+    master_signals = await signal_names(ts_env.client, "sm-1")
+    assert master_signals.count(SIGNAL_PLAN_RESULT) == 1
+    # The resident was up (it reported ready) before the plan was asked of it.
+    assert master_signals.index("resident_ready") < master_signals.index(SIGNAL_PLAN_RESULT)
+
+
+async def test_without_a_scrum_master_the_fallback_plans(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    overrides = {"batch_size": 2, "resident_slots.scrum_master": False}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="sm-2", config_overrides=overrides)
+        )
+    assert report.planner == "fallback"
+    assert [b.stories for b in report.batch_plan.batches] == [[K1, K2], [K3]]
+    assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    assert SIGNAL_PLAN_RESULT not in await signal_names(ts_env.client, "sm-2")
+    with pytest.raises(RPCError, match="not found"):  # no scrum-master resident ran
+        await ts_env.client.get_workflow_handle(resident_workflow_id("sm-2", "scrum-master")).describe()
+    await ts_env.client.get_workflow_handle(resident_workflow_id("sm-2", "debugger")).describe()  # the others did
+
+
+async def run_course_correction(ts_env, tmp_path: Path, session: str, overrides: dict):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review", OTHER: "skipped"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause", **overrides}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id=session, epic=1, config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct,
+            {"reason": "new_requirements", "add_stories": ["2-1"], "drop_stories": ["1-3"]},
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+        assert (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED
+    assert [(b.batch_id, b.stories) for b in cc.batches] == [(4, [K2]), (5, [OTHER])]
+    assert report.stories == {K1: "done", K2: "done", K3: "skipped", OTHER: "done"}
+    return cc, report
+
+
+async def test_a_course_correction_is_replanned_by_the_scrum_master(ts_env, tmp_path: Path):
+    cc, report = await run_course_correction(ts_env, tmp_path, "sm-3", {})
+    assert cc.planner == "scrum-master" and report.planner == "scrum-master"
+    assert "1 added, 1 dropped" in cc.impact
+    resident_signals = await signal_names(ts_env.client, resident_workflow_id("sm-3", "scrum-master"))
+    assert resident_signals.count(SIGNAL_PLAN_REQUEST) == 2  # the sprint's plan, then the re-plan
+
+
+async def test_a_course_correction_without_a_scrum_master_is_replanned_by_the_fallback(ts_env, tmp_path: Path):
+    cc, report = await run_course_correction(ts_env, tmp_path, "sm-4", {"resident_slots.scrum_master": False})
+    assert cc.planner == "fallback" and report.planner == "fallback"
