@@ -62,12 +62,14 @@ MESSAGE_TYPES = (
     "BROWSER_RESULT",
     "DECISION",
     "DEPENDENCY_UPDATE",
+    "PLAN_REQUEST",
+    "PLAN_RESULT",
 )
 
 # Signals a resident receives from the Master (the rest come from agents or Slaves, named in the payload).
-_FROM_MASTER_TO_RESIDENT = {"roster_broadcast", "stop"}
+_FROM_MASTER_TO_RESIDENT = {"roster_broadcast", "stop", "plan_request"}
 # Signals the Master receives from its residents.
-_FROM_RESIDENT = {"resident_ready", "resident_stopped"}
+_FROM_RESIDENT = {"resident_ready", "resident_stopped", "plan_result"}
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
