@@ -190,20 +190,15 @@ def known_result(journal_text: str, request: DebugRequest) -> DebugResult | None
 
 
 def simulated_analysis(request: DebugRequest, outcome: Literal["fixable", "unfixable"]) -> DebugResult:
-    if outcome == "fixable":
-        return DebugResult(
-            debug_id=request.debug_id,
-            story_key=request.story_key,
-            root_cause=f"simulated root cause of: {request.error_summary[:200]}",
-            fix_suggestion="apply the simulated fix (guard the failing call and cover it with a test)",
-            severity=request.severity_hint,
-            confidence="high",
-        )
+    fixable = outcome == "fixable"
+    cause = request.error_summary[:200]
     return DebugResult(
         debug_id=request.debug_id,
         story_key=request.story_key,
-        root_cause=f"simulated analysis could not find the cause of: {request.error_summary[:200]}",
-        fix_suggestion="",
+        root_cause=f"simulated root cause of: {cause}"
+        if fixable
+        else f"simulated analysis could not find the cause of: {cause}",
+        fix_suggestion="apply the simulated fix (guard the failing call and cover it with a test)" if fixable else "",
         severity=request.severity_hint,
-        confidence="none",
+        confidence="high" if fixable else "none",
     )
