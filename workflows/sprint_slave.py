@@ -728,6 +728,7 @@ class SprintSlaveWorkflow:
                     story_title=meta.title,
                     story_path=meta.story_path,
                     squash=self._input.config.git_squash_strategy == "per_story",
+                    clear_track=self._input.config.auto_clear_git_track,
                 ),
                 task_queue=agents_task_queue_for(workflow.info().task_queue),
                 start_to_close_timeout=timedelta(minutes=10),

@@ -36,6 +36,43 @@ async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path)
     agents = [line for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert len(agents) == 4  # create, story review, dev, code review
     assert await workflow_task_failures(ts_env.client, "cmd-sprint") == 0
+    # auto_clear_git_track (default true): the merged story's branch and process scratch files are gone,
+    # its transcripts stay.
+    assert git(root, "branch", "--list", f"bso/cmd-sprint/{STORY}").strip() == ""
+    runs = list((root / ".sprint-session" / "agents").glob("*/command.json"))
+    assert len(runs) == 4
+    for run in runs:
+        assert (run.parent / "stdout.log").exists() and (run.parent / "complete.json").exists()
+        assert not (run.parent / "pid.json").exists() and not (run.parent / "exit.json").exists()
+
+
+async def test_auto_clear_git_track_false_keeps_the_story_track(ts_env, tmp_path: Path) -> None:
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.git_ops import finish_story_git
+    from bso.git_rules import FinishStoryInput
+
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev"})
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue,
+            sprint_input(root, session_id="cmd-keep", agent_backend="command",
+                         config_overrides={"auto_clear_git_track": False}),
+        )
+    assert report.stories == {STORY: "done"}, report
+    assert git(root, "log", "-1", "--format=%s").strip() == "feat: Story 1.1: Hello"
+    wt = worktree_path(str(root), "cmd-keep", STORY)
+    assert wt.exists() and git(root, "branch", "--list", f"bso/cmd-keep/{STORY}").strip()
+    assert list((root / ".sprint-session" / "agents").glob("*/exit.json"))
+    # The merge is recorded: finishing the story again (a retried activity) reports it, changes nothing.
+    head = git(root, "rev-parse", "HEAD").strip()
+    again = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="cmd-keep", story_key=STORY)
+    )
+    assert again.merged and again.commit == head and git(root, "rev-parse", "HEAD").strip() == head
 
 
 async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
