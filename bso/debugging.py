@@ -117,9 +117,8 @@ def after_debug(
     progress = progress.model_copy(update={"debug_attempts": progress.debug_attempts + 1})
     if config is not None and failed_verification(step, answer):
         if result is not None and result.fixable:
-            return fix_after_failed_verification(
-                progress, step, answer, config, [_debug_finding(result)], f"; debugger {result.debug_id}: {result.root_cause}"
-            )
+            note = f"; debugger {result.debug_id}: {result.root_cause}"
+            return fix_after_failed_verification(progress, step, answer, config, [_debug_finding(result)], note)
         why = why_none if result is None else (result.error or f"{result.debug_id} found no fix")
         return fix_after_failed_verification(progress, step, answer, config, note=f"; debugger: {why}")
     if result is None:

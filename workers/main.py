@@ -144,9 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     metrics = f"{args.metrics_host}:{args.metrics_port}" if args.metrics_port else None
-    asyncio.run(
-        run(args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE], args.max_concurrent_agents, metrics, args.queue_prefix)
-    )
+    queues = args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
+    asyncio.run(run(queues, args.max_concurrent_agents, metrics, args.queue_prefix))
 
 
 if __name__ == "__main__":

@@ -227,8 +227,8 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data["dispatch_id"] != dispatch_id:
-            return None
+        if data["dispatch_id"] != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
+            return None  # another run of a workflow with the same id (a session id used again)
         run = AgentRun(data["returncode"], bool(data["timed_out"]), float(data["elapsed"]), str(data["last_line"]))
         return run, data.get("before"), data.get("passing_before")
     except (ValueError, KeyError, TypeError):
@@ -401,8 +401,11 @@ async def run(a: TaskAssignment) -> AgentComplete:
         )
         write_json_atomic(
             run_dir / "exit.json",
-            {"dispatch_id": a.dispatch_id, "returncode": run.returncode, "timed_out": run.timed_out,
-             "elapsed": run.elapsed, "last_line": run.last_line, "before": before, "passing_before": passing_before},
+            {
+                "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
+                "returncode": run.returncode, "timed_out": run.timed_out, "elapsed": run.elapsed,
+                "last_line": run.last_line, "before": before, "passing_before": passing_before,
+            },
         )
     else:
         run = exited[0]

@@ -7,7 +7,8 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, out-of-scope, break-tests, break-tests-in-dev (only the
-dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER: a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
+dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
+a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
 """
 

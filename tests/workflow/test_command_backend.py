@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -87,6 +88,13 @@ async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None
     checked_again = await ActivityEnvironment().run(command.run, a)
     assert checked_again.status is AgentStatus.SUCCESS and checked_again.tokens_used == done.tokens_used
     assert len(runs(tmp_path)) == 1
+    # Another run of a workflow with the same id (a session id used again) is a new dispatch: the agent runs.
+    for path in marker.iterdir():
+        path.unlink()
+    other = ActivityEnvironment()
+    other.info = dataclasses.replace(other.info, workflow_run_id="another-run")
+    await other.run(command.run, a)
+    assert len(runs(tmp_path)) == 2
 
 
 async def test_secrets_are_redacted_from_files_on_disk(tmp_path: Path) -> None:

@@ -38,7 +38,9 @@ STORY_TEXT = (
 SPRINT_TIMEOUT = 240
 
 
-def ready_project(tmp_path: Path, agents_toml: str = "", verification: list[list[str]] | None = None, **env: str) -> Path:
+def ready_project(
+    tmp_path: Path, agents_toml: str = "", verification: list[list[str]] | None = None, **env: str
+) -> Path:
     """A git project whose one story is ready for dev (no story-creator / story-review round)."""
     root = make_git_project(
         tmp_path / "proj", stories={STORY: "ready-for-dev"}, agents_toml=agents_toml, verification=verification,
