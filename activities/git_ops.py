@@ -223,11 +223,64 @@ def _title(inp: FinishStoryInput) -> str:
     return inp.story_title
 
 
+def _merged_record(project_root: str, session_id: str, story_key: str) -> Path:
+    return session_path(project_root, "git", "merged", safe_name(session_id), f"{story_key}.json")
+
+
+async def clear_story_track(project_root: str, session_id: str, story_key: str, branch: str) -> list[str]:
+    """auto_clear_git_track (the Slave's Track Cleanup): a merged story's worktree, its branch and its
+    scratch files under `.sprint-session/` (the last verification output; the process files of its
+    dispatches: pid, exit, raw result) go. Transcripts (prompt, command, stdout/stderr, the checked
+    AGENT_COMPLETE) and the pre-squash originals (refs/bso-originals) stay. What was removed."""
+    removed: list[str] = []
+    path = worktree_path(project_root, session_id, story_key)
+    if (path / ".git").exists():
+        await git(project_root, "worktree", "remove", "--force", str(path), check=False)
+        removed.append(os.path.relpath(path, project_root))
+    await git(project_root, "worktree", "prune", check=False)
+    if (await git(project_root, "branch", "--list", branch)).strip():
+        await git(project_root, "branch", "-D", branch)  # merged: its commits are reachable from HEAD
+        removed.append(f"branch {branch}")
+    scratch = session_path(project_root, "agents", "stories", story_key)
+    if scratch.is_dir():
+        shutil.rmtree(scratch)
+        removed.append(os.path.relpath(scratch, project_root))
+    agents = Path(project_root, SESSION_DIR, "agents")
+    for command_file in sorted(agents.glob("*/command.json")) if agents.is_dir() else []:
+        try:
+            env = json.loads(command_file.read_text(encoding="utf-8")).get("env", {})
+        except ValueError:
+            continue
+        if env.get("BSO_STORY_KEY") != story_key:
+            continue
+        for name in ("pid.json", "exit.json", "result.json"):
+            target = command_file.with_name(name)
+            if target.exists():
+                target.unlink()
+                removed.append(os.path.relpath(target, project_root))
+    return removed
+
+
 @activity.defn
 async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     """The story is done: squash its commits into `feat: Story N.M: <title>` (P28) and merge the branch
-    into the project's checked-out branch (ff or merge commit). Idempotent; on conflict nothing changes
-    (the original commits stay) and the worktree is kept."""
+    into the project's checked-out branch (ff or merge commit), then clear its track (auto_clear_git_track).
+    Idempotent (a merge is recorded before the track is cleared); on conflict nothing changes (the original
+    commits stay) and the worktree is kept."""
+    record = _merged_record(inp.project_root, inp.session_id, inp.story_key)
+    if record.exists():
+        return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
+    result = await _squash_and_merge(inp)
+    if result.merged:
+        write_json_atomic(record, result.model_dump(mode="json"))
+        if inp.clear_track:
+            branch = story_branch(inp.session_id, inp.story_key)
+            cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
+            activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
+    return result
+
+
+async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     settings = _git_settings(inp.project_root)
     path = worktree_path(inp.project_root, inp.session_id, inp.story_key)
     try:
@@ -241,8 +294,6 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     tip = (await git(root, "rev-parse", branch)).strip()
     ancestor = await run_command(["git", "-C", root, "merge-base", "--is-ancestor", tip, "HEAD"], cwd=root)
     if ancestor.returncode == 0:
-        if (path / ".git").exists():
-            await git(root, "worktree", "remove", "--force", str(path), check=False)
         return FinishStoryResult(story_key=inp.story_key, merged=True, commit=tip, note="already merged")
     base = await sprint_base(root, inp.session_id)
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
@@ -277,7 +328,6 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
                 merged=False,
                 note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
             )
-    await git(root, "worktree", "remove", "--force", str(path), check=False)
     merged_head = (await head(root)).strip()
     return FinishStoryResult(
         story_key=inp.story_key, merged=True, squashed=squashed, commit=merged_head or new_tip,

@@ -16,7 +16,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import SprintConfig
-from bso.dispatch import DEV, FIX, DispatchStep, Outcome, Transition, _settled, intervention
+from bso.dispatch import (
+    DEV,
+    FIX,
+    DispatchStep,
+    Outcome,
+    Transition,
+    _settled,
+    failed_verification,
+    fix_after_failed_verification,
+    intervention,
+)
 from bso.messages import AgentComplete, Finding
 from bso.models import StoryProgress
 from bso.states import AgentStatus, Severity, StoryState
@@ -92,11 +102,25 @@ def debug_request_for(
 
 
 def after_debug(
-    progress: StoryProgress, step: DispatchStep, answer: AgentComplete, result: DebugResult | None, why_none: str = ""
+    progress: StoryProgress,
+    step: DispatchStep,
+    answer: AgentComplete,
+    result: DebugResult | None,
+    why_none: str = "",
+    config: SprintConfig | None = None,
 ) -> Transition:
-    """The story after its debug round: a fix dispatch with the analysis, or needs-intervention."""
+    """The story after its debug round: a fix dispatch with the analysis, or needs-intervention.
+
+    A failed verification (bso.dispatch.failed_verification; needs `config`) goes to a fix whatever the
+    debugger said: with the debugger's finding when it has one, always with the failing output."""
     failure = f"{step.agent_type.value}/{step.mode.value} failed: {answer.error or answer.summary}"
     progress = progress.model_copy(update={"debug_attempts": progress.debug_attempts + 1})
+    if config is not None and failed_verification(step, answer):
+        if result is not None and result.fixable:
+            note = f"; debugger {result.debug_id}: {result.root_cause}"
+            return fix_after_failed_verification(progress, step, answer, config, [_debug_finding(result)], note)
+        why = why_none if result is None else (result.error or f"{result.debug_id} found no fix")
+        return fix_after_failed_verification(progress, step, answer, config, note=f"; debugger: {why}")
     if result is None:
         return intervention(progress, f"{failure}; debugger gave no answer ({why_none})", answer.tokens_used)
     if result.status == "unavailable":
@@ -107,12 +131,7 @@ def after_debug(
             f"{failure}; debugger {result.debug_id} found no fix ({result.root_cause or 'root cause unknown'})",
             answer.tokens_used,
         )
-    finding = Finding(
-        severity=result.severity,
-        summary=(
-            f"{result.debug_id} root cause: {result.root_cause}. Fix suggestion: {result.fix_suggestion}"
-        )[:2000],
-    )
+    finding = _debug_finding(result)
     return Transition(
         _settled(
             progress,
@@ -124,6 +143,15 @@ def after_debug(
         ),
         Outcome.FIX_REQUESTED,
         f"{failure}; debugger {result.debug_id}: {result.root_cause} -> fix",
+    )
+
+
+def _debug_finding(result: DebugResult) -> Finding:
+    return Finding(
+        severity=result.severity,
+        summary=(
+            f"{result.debug_id} root cause: {result.root_cause}. Fix suggestion: {result.fix_suggestion}"
+        )[:2000],
     )
 
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bso.config import ReviewDegradation, SprintConfig
-from bso.messages import AgentComplete, AgentErrorPayload, FeedbackItem, Finding, MessagePriority
+from bso.messages import MAX_SUMMARY_CHARS, AgentComplete, AgentErrorPayload, FeedbackItem, Finding, MessagePriority
 from bso.models import StoryProgress
 from bso.states import (
     LEGACY_STORY_VALUES,
     AgentMode,
     AgentStatus,
     AgentType,
+    Severity,
     StoryState,
     Strictness,
     Verdict,
@@ -213,6 +214,64 @@ def agent_error_to_complete(
     )
 
 
+# --- trust-nothing verification (the command backend's own checks after a dev or fix) -------------
+
+# AgentComplete.error_type of a dev/fix dispatch whose work failed BSO's verification commands, whatever
+# the agent claimed (or whose fix lowered the passing tests, P20, and was rolled back).
+VERIFICATION_FAILED = "verification_failed"
+
+
+def failed_verification(step: DispatchStep, result: AgentComplete) -> bool:
+    """A dev or fix dispatch that failed BSO's verification: routed to the debugger, then to a fix."""
+    return (
+        step in (DEV, FIX)
+        and result.status is AgentStatus.FAILURE
+        and result.error_type == VERIFICATION_FAILED
+        and result.recoverable
+    )
+
+
+def verification_finding(result: AgentComplete) -> Finding:
+    """The failing verification output, as a finding of the next fix assignment."""
+    return Finding(
+        severity=Severity.HIGH,
+        summary=f"BSO's verification failed: {result.error or result.summary or 'no output'}"[:MAX_SUMMARY_CHARS],
+    )
+
+
+def fix_after_failed_verification(
+    progress: StoryProgress,
+    step: DispatchStep,
+    result: AgentComplete,
+    config: SprintConfig,
+    findings: list[Finding] | None = None,
+    note: str = "",
+) -> Transition:
+    """A failed verification sends the story to a fix (in `review`, fix pending) with the failing output
+    (and any debugger finding) among the fix findings; needs-intervention once max_review_rounds fixes
+    have been spent."""
+    failure = f"{step.agent_type.value}/{step.mode.value} failed verification{note}"
+    if progress.fix_rounds + 1 > config.max_review_rounds:
+        return intervention(
+            progress,
+            f"{failure}; max_review_rounds ({config.max_review_rounds}) reached: {result.error or result.summary}",
+            result.tokens_used,
+        )
+    return Transition(
+        _settled(
+            progress,
+            result.tokens_used,
+            state=StoryState.REVIEW.value,
+            fix_pending=True,
+            fix_rounds=progress.fix_rounds + 1,
+            fix_findings=[*(findings or []), verification_finding(result)],
+            fix_feedback=[],
+        ),
+        Outcome.FIX_REQUESTED,
+        f"{failure} -> fix (round {progress.fix_rounds + 1})",
+    )
+
+
 def apply_no_answer(progress: StoryProgress, step: DispatchStep, reason: str) -> Transition:
     """No AGENT_COMPLETE (timeout) or the agent activity failed for good."""
     return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {reason}")
@@ -228,6 +287,8 @@ def apply_agent_result(
     """The dispatch table's success/failure columns, for one AGENT_COMPLETE."""
     tokens = result.tokens_used
     if result.status is AgentStatus.FAILURE:
+        if failed_verification(step, result):
+            return fix_after_failed_verification(progress, step, result, config)
         reason = result.error or result.summary or "agent reported failure"
         if not result.recoverable:
             reason = f"unrecoverable {result.error_type or 'error'}: {reason}"

@@ -155,6 +155,9 @@ class FinishStoryInput(BaseModel):
     story_title: str = ""
     story_path: str = ""  # relative: the story file's current title wins over story_title
     squash: bool = True  # git_squash_strategy == per_story
+    # auto_clear_git_track: once merged, the story's worktree, branch and scratch files go (the merge is
+    # recorded); false keeps them for inspection.
+    clear_track: bool = True
 
 
 class FinishStoryResult(BaseModel):

@@ -139,9 +139,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-concurrent-agents", type=int, default=8)
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (e.g. 9464)")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    parser.add_argument(
+        "--queue-prefix", default="", help="prefix of both task queue names (tests: a worker of its own)"
+    )
     args = parser.parse_args(argv)
     metrics = f"{args.metrics_host}:{args.metrics_port}" if args.metrics_port else None
-    asyncio.run(run(args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE], args.max_concurrent_agents, metrics))
+    queues = args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
+    asyncio.run(run(queues, args.max_concurrent_agents, metrics, args.queue_prefix))
 
 
 if __name__ == "__main__":

@@ -465,7 +465,7 @@ class SprintSlaveWorkflow:
             unavailable = DebugResult(
                 debug_id=debug_id, story_key=meta.key, status="unavailable", error="no debugger resident in this sprint"
             )
-            return after_debug(progress, step, answer, unavailable)
+            return after_debug(progress, step, answer, unavailable, config=self._input.config)
         request = debug_request_for(
             progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
         )
@@ -478,14 +478,17 @@ class SprintSlaveWorkflow:
         except Exception as err:  # noqa: BLE001 - the debugger is gone
             self._open_debug.pop(debug_id, None)
             unavailable = DebugResult(debug_id=debug_id, story_key=meta.key, status="unavailable", error=str(err))
-            return after_debug(progress, step, answer, unavailable)
+            return after_debug(progress, step, answer, unavailable, config=self._input.config)
         timeout = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
         try:
             await workflow.wait_condition(lambda: debug_id in self._debug_results, timeout=timeout)
         except asyncio.TimeoutError:
             self._open_debug.pop(debug_id, None)
-            return after_debug(progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s")
-        return after_debug(progress, step, answer, self._debug_results.pop(debug_id))
+            return after_debug(
+                progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s",
+                config=self._input.config,
+            )
+        return after_debug(progress, step, answer, self._debug_results.pop(debug_id), config=self._input.config)
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
@@ -725,6 +728,7 @@ class SprintSlaveWorkflow:
                     story_title=meta.title,
                     story_path=meta.story_path,
                     squash=self._input.config.git_squash_strategy == "per_story",
+                    clear_track=self._input.config.auto_clear_git_track,
                 ),
                 task_queue=agents_task_queue_for(workflow.info().task_queue),
                 start_to_close_timeout=timedelta(minutes=10),

@@ -9,7 +9,12 @@ command) run as a child process of the agent activity, in the story's git worktr
 - Prompt, command (env redacted), stdout/stderr and the result go to `.sprint-session/agents/<dispatch>/`;
   the AGENT_COMPLETE (history) carries only a short summary, the transcript's path and its hash.
 - Idempotency: a marker (dispatch id, commit) in the worktree's git dir; a retried activity whose agent
-  already finished (and whose commit is still the worktree's HEAD) reports the recorded answer.
+  already finished (and whose commit is still the worktree's HEAD) reports the recorded answer. An agent
+  that exited before the worker died (BSO was still checking its work) is never run again: `exit.json` in
+  its run directory records the exit, and the retry only checks the work again. The activity heartbeats
+  through the checks too.
+- A failed verification is an AGENT_COMPLETE failure with error_type `verification_failed`
+  (bso.dispatch routes it to the debugger, then a fix with the output among its findings).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +59,7 @@ from bso.agent_profiles import (
     resolve_profile,
 )
 from bso.config import ConfigError, resolve_config
+from bso.dispatch import VERIFICATION_FAILED
 from bso.git_rules import (
     GitRuleError,
     check_ref_part,
@@ -130,14 +138,19 @@ async def _pump(stream: asyncio.StreamReader | None, path: Path, last: list[str]
                 last[0] = text.strip()[:LAST_LINE_CHARS]
 
 
+def _beat_every(agents: AgentsFile) -> float:
+    timeout = activity.info().heartbeat_timeout
+    if timeout:
+        return min(agents.heartbeat_seconds, max(timeout.total_seconds() / 3, 0.5))
+    return agents.heartbeat_seconds
+
+
 async def _run_process(
     argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, timeout: float,
     run_dir: Path, agents: AgentsFile, dispatch_id: str,
 ) -> AgentRun:
     info = activity.info()
-    beat_every = agents.heartbeat_seconds
-    if info.heartbeat_timeout:
-        beat_every = min(beat_every, max(info.heartbeat_timeout.total_seconds() / 3, 0.5))
+    beat_every = _beat_every(agents)
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -204,6 +217,38 @@ def _kill_previous_attempt(run_dir: Path) -> None:
         if group_alive(pgid):
             activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
             kill_group_now(pgid)
+
+
+def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None, int | None] | None:
+    """The agent of this dispatch already exited in an earlier attempt (the worker died while BSO checked
+    its work): its run, the commit before it, the fix snapshot; None when it must run."""
+    path = run_dir / "exit.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data["dispatch_id"] != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
+            return None  # another run of a workflow with the same id (a session id used again)
+        run = AgentRun(data["returncode"], bool(data["timed_out"]), float(data["elapsed"]), str(data["last_line"]))
+        return run, data.get("before"), data.get("passing_before")
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@asynccontextmanager
+async def _beating(dispatch_id: str, phase: str, every: float) -> AsyncIterator[None]:
+    """Heartbeat while BSO checks the agent's work (the verification can take minutes)."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat({"dispatch_id": dispatch_id, "phase": phase})
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
 
 
 async def _marker_path(wt: Worktree | None, run_dir: Path, dispatch_id: str) -> Path:
@@ -276,11 +321,16 @@ async def run(a: TaskAssignment) -> AgentComplete:
     if recorded is not None:
         activity.logger.info("dispatch %s already finished: recorded answer reported", a.dispatch_id)
         return recorded
-    _kill_previous_attempt(run_dir)
-    before = await head(wt.path) if wt else None
-    passing_before: int | None = None
+    exited = _exit_record(run_dir, a.dispatch_id)
+    if exited is None:
+        _kill_previous_attempt(run_dir)
+        before = await head(wt.path) if wt else None
+    else:  # the agent finished in an earlier attempt: check its work, never run it again
+        activity.logger.info("dispatch %s: agent already exited; checking its work again", a.dispatch_id)
+        before = exited[1]
+    passing_before: int | None = exited[2] if exited else None
     checks = agents.verification
-    if wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
+    if exited is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
         # P20: the fix snapshot: how many tests pass before the fix.
         snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
         passing_before = count_passed(snapshot.output, checks.passed_pattern)
@@ -289,7 +339,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
     scope = parse_file_scope(story_text)
     verification_file = _verification_file(root, a.story_key)
     result_file = run_dir / "result.json"
-    result_file.unlink(missing_ok=True)
+    if exited is None:
+        result_file.unlink(missing_ok=True)
     ctx = PromptContext(
         assignment=a,
         story_file=story_file,
@@ -306,7 +357,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
     template, common = load_templates(root, a.agent_type)
     prompt = redact_text(render_prompt(template, common, ctx), env)
     prompt_file = run_dir / "prompt.md"
-    prompt_file.write_text(prompt, encoding="utf-8")
+    if exited is None:
+        prompt_file.write_text(prompt, encoding="utf-8")
     bso_env = {
         "BSO_RESULT_FILE": str(result_file),
         "BSO_DISPATCH_ID": a.dispatch_id,
@@ -342,16 +394,42 @@ async def run(a: TaskAssignment) -> AgentComplete:
             "attempt": activity.info().attempt,
         },
     )
-    run = await _run_process(
-        argv, workdir, env, prompt.encode() if profile.prompt_via == "stdin" else None,
-        timeout, run_dir, agents, a.dispatch_id,
-    )
+    if exited is None:
+        run = await _run_process(
+            argv, workdir, env, prompt.encode() if profile.prompt_via == "stdin" else None,
+            timeout, run_dir, agents, a.dispatch_id,
+        )
+        write_json_atomic(
+            run_dir / "exit.json",
+            {
+                "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
+                "returncode": run.returncode, "timed_out": run.timed_out, "elapsed": run.elapsed,
+                "last_line": run.last_line, "before": before, "passing_before": passing_before,
+            },
+        )
+    else:
+        run = exited[0]
+    async with _beating(a.dispatch_id, "checking", _beat_every(agents)):
+        return await _checked(
+            a, profile, agents, env, wt, root, run_dir, marker, result_file, run, timeout, before,
+            passing_before, scope, verification_file,
+        )
+
+
+async def _checked(
+    a: TaskAssignment, profile: ResolvedProfile, agents: AgentsFile, env: dict[str, str], wt: Worktree | None,
+    root: str, run_dir: Path, marker: Path, result_file: Path, run: AgentRun, timeout: float,
+    before: str | None, passing_before: int | None, scope: list[str], verification_file: Path,
+) -> AgentComplete:
+    """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
+    checks = agents.verification
     stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
     complete = _agent_answer(a, result_file, stdout, run, timeout)
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
     failure: str | None = None
+    failure_type: str | None = None
 
     if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None:
         gate = await exit_gate(
@@ -372,6 +450,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
             else:
                 verification_file.write_text(redact_text(checked.output, env), encoding="utf-8")
                 failure = "verification failed whatever the agent claimed: " + redact_text(checked.output, env)[-600:]
+                failure_type = VERIFICATION_FAILED
             passing_after = count_passed(checked.output, checks.passed_pattern)
             if passing_before is not None and (passing_after or 0) < passing_before:
                 await git(wt.path, "reset", "-q", "--hard", before)  # P20: roll the fix back
@@ -379,6 +458,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
                     f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
                     f"the fix was rolled back to {before[:12]}. " + (failure or "")
                 )
+                failure_type = VERIFICATION_FAILED
 
     elif wt is not None and a.agent_type is not AgentType.DEV_RUNNER:
         left = await changed_paths(wt.path)
@@ -401,7 +481,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         "tokens_used": cli_tokens or complete.tokens_used,
     }
     if failure is not None:
-        update.update(status=AgentStatus.FAILURE, error=failure[:1900])
+        update.update(status=AgentStatus.FAILURE, error=failure[:1900], error_type=failure_type)
     complete = complete.model_copy(update=update)
     write_json_atomic(run_dir / "complete.json", complete.model_dump(mode="json"))
     write_json_atomic(

@@ -6,8 +6,9 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 `usage`) plus, unless told otherwise, an AGENT_COMPLETE in $BSO_RESULT_FILE.
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
-`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, out-of-scope, break-tests, no-commit, no-changes,
-no-result-file. $FAKE_AGENT_LEDGER: a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
+`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, out-of-scope, break-tests, break-tests-in-dev (only the
+dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
+a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
 """
 
@@ -68,12 +69,13 @@ def main():
     elif agent in ("review-runner", "e2e-inspector"):
         result["verdict"] = "success"
     elif dev and "no-changes" not in behavior:
+        broken = "break-tests" in behavior or ("break-tests-in-dev" in behavior and mode == "dev")
         Path("src").mkdir(exist_ok=True)
         Path("tests").mkdir(exist_ok=True)
         Path(f"src/{module}.py").write_text("def greet():\n    return 'hello'\n")
         Path(f"tests/test_{module}.py").write_text(
             f"import sys; sys.path.insert(0, 'src')\nfrom {module} import greet\n\n"
-            "def test_greet():\n    assert greet() == " + ("'goodbye'" if "break-tests" in behavior else "'hello'") + "\n"
+            "def test_greet():\n    assert greet() == " + ("'goodbye'" if broken else "'hello'") + "\n"
         )
         if "leak-env" in behavior:
             Path(".env").write_text("OPENAI_API_KEY=sk-fake-leaked\n")

@@ -39,7 +39,13 @@ def git(root: Path, *args: str) -> str:
     ).stdout
 
 
-def make_git_project(root: Path, stories: dict[str, str] | None = None, agents_toml: str = "", **env: str) -> Path:
+def make_git_project(
+    root: Path,
+    stories: dict[str, str] | None = None,
+    agents_toml: str = "",
+    verification: list[list[str]] | None = None,
+    **env: str,
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     make_project(root, stories or {STORY: "backlog"})
     (root / ".gitignore").write_text(".sprint-session/\n")
@@ -55,7 +61,7 @@ def make_git_project(root: Path, stories: dict[str, str] | None = None, agents_t
         'prompt_via = "file"\n\n'
         "[profiles.fake.env]\n" + env_lines + "\n"
         "[verification]\n"
-        'commands = [["python3", "run_checks.py"]]\n' + agents_toml
+        f"commands = {json.dumps(verification or [['python3', 'run_checks.py']])}\n" + agents_toml
     )
     subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
     git(root, "add", "-A")

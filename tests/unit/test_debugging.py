@@ -13,7 +13,16 @@ from bso.debugging import (
     simulated_analysis,
     wants_debug,
 )
-from bso.dispatch import CODE_REVIEW, DEV, FIX, Outcome, next_dispatch
+from bso.dispatch import (
+    CODE_REVIEW,
+    DEV,
+    FIX,
+    VERIFICATION_FAILED,
+    Outcome,
+    apply_agent_result,
+    failed_verification,
+    next_dispatch,
+)
 from bso.messages import AgentComplete
 from bso.models import StoryProgress
 from bso.states import AgentStatus
@@ -68,3 +77,62 @@ def test_known_result_comes_from_a_journal_entry_with_the_same_signature():
     found = known_result("# Debug journal\n\n" + entry, request("Boom at line 40", attempt=2))
     assert found is not None and found.known_pattern and found.fixable and found.journal_entry_id == "E1"
     assert known_result(entry, request("something else entirely")) is None
+
+
+# --- trust-nothing verification: a failed verification goes to the debugger, then to a fix ------------
+
+
+def failed_verification_of(step, output="FAIL tests/test_x.py test_greet\n0 passed, 1 failed") -> AgentComplete:
+    return failed(step, "verification failed whatever the agent claimed: " + output).model_copy(
+        update={"error_type": VERIFICATION_FAILED}
+    )
+
+
+def test_failed_verification_goes_to_a_fix_with_its_output_whatever_the_debugger_says():
+    p = StoryProgress(key="1-1-x", state="ready-for-dev")
+    config = resolve_config({})
+    answer = failed_verification_of(DEV)
+    assert wants_debug(DEV, answer, p, config)  # the debugger is asked first
+    unavailable = DebugResult(debug_id="D", story_key="1-1-x", status="unavailable", error="no analysis")
+    for result in (unavailable, simulated_analysis(request(), "unfixable"), None):
+        t = after_debug(p, DEV, answer, result, "no answer", config=config)
+        assert t.outcome is Outcome.FIX_REQUESTED, t.note
+        assert t.progress.state == "review" and t.progress.fix_pending and next_dispatch(t.progress) == FIX
+        assert t.progress.debug_attempts == 1 and t.progress.fix_rounds == 1
+        assert [f.summary for f in t.progress.fix_findings] == [
+            "BSO's verification failed: " + answer.error
+        ]
+    # A fixable analysis comes first among the findings, the failing output after it.
+    t = after_debug(p, DEV, answer, simulated_analysis(request(), "fixable"), config=config)
+    assert t.outcome is Outcome.FIX_REQUESTED and next_dispatch(t.progress) == FIX
+    assert "root cause" in t.progress.fix_findings[0].summary
+    assert "0 passed, 1 failed" in t.progress.fix_findings[1].summary
+    # Without the config (an old caller) the debugger's rule stands as it was.
+    assert after_debug(p, DEV, answer, None, "no answer").progress.state == "needs-intervention"
+
+
+def test_failed_verification_without_the_debugger_is_a_fix_bounded_by_max_review_rounds():
+    config = resolve_config({"max_review_rounds": 2})
+    p = StoryProgress(key="1-1-x", state="review", fix_rounds=1, fix_pending=True, debug_attempts=1)
+    answer = failed_verification_of(FIX)
+    assert not wants_debug(FIX, answer, p, config)  # debug attempts spent: straight to the rule
+    t = apply_agent_result(p, FIX, answer, config, [])
+    assert t.outcome is Outcome.FIX_REQUESTED and t.progress.fix_rounds == 2
+    assert t.progress.fix_findings[-1].severity.value == "HIGH"
+    assert "test_greet" in t.progress.fix_findings[-1].summary
+    t2 = apply_agent_result(t.progress, FIX, answer, config, [])
+    assert t2.outcome is Outcome.INTERVENTION and "max_review_rounds (2)" in t2.progress.error
+    assert "test_greet" in t2.progress.error  # the output is kept for the human
+
+
+def test_only_a_recoverable_dev_runner_verification_failure_is_routed_to_a_fix():
+    config = resolve_config({})
+    p = StoryProgress(key="1-1-x", state="ready-for-dev")
+    assert failed_verification(DEV, failed_verification_of(DEV))
+    assert not failed_verification(DEV, failed(DEV))  # any other failure: the dispatch table's column
+    assert apply_agent_result(p, DEV, failed(DEV), config, []).outcome is Outcome.INTERVENTION
+    unrecoverable = failed_verification_of(DEV).model_copy(update={"recoverable": False})
+    assert apply_agent_result(p, DEV, unrecoverable, config, []).outcome is Outcome.INTERVENTION
+    review = failed_verification_of(CODE_REVIEW)
+    assert not failed_verification(CODE_REVIEW, review)
+    assert apply_agent_result(p, CODE_REVIEW, review, config, []).outcome is Outcome.INTERVENTION

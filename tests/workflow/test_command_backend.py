@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.backends import command
 from activities.git_ops import worktree_path
+from bso.dispatch import VERIFICATION_FAILED
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.fake_agent.project import STORY, git, make_git_project
@@ -77,6 +79,23 @@ async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None
     assert again == done
     assert len(runs(tmp_path)) == 1
 
+    # The worker died after the agent exited but before BSO finished checking its work (no marker yet):
+    # the retry checks the work again and still never reruns the agent.
+    marker = Path(git(wt, "rev-parse", "--absolute-git-dir").strip(), "bso-dispatches")
+    for path in marker.iterdir():
+        path.unlink()
+    assert (run_dir / "exit.json").exists()
+    checked_again = await ActivityEnvironment().run(command.run, a)
+    assert checked_again.status is AgentStatus.SUCCESS and checked_again.tokens_used == done.tokens_used
+    assert len(runs(tmp_path)) == 1
+    # Another run of a workflow with the same id (a session id used again) is a new dispatch: the agent runs.
+    for path in marker.iterdir():
+        path.unlink()
+    other = ActivityEnvironment()
+    other.info = dataclasses.replace(other.info, workflow_run_id="another-run")
+    await other.run(command.run, a)
+    assert len(runs(tmp_path)) == 2
+
 
 async def test_secrets_are_redacted_from_files_on_disk(tmp_path: Path) -> None:
     root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123")
@@ -102,6 +121,7 @@ async def test_verification_overrides_a_false_success(tmp_path: Path) -> None:
     done = await ActivityEnvironment().run(command.run, assignment(root))
     assert done.status is AgentStatus.FAILURE
     assert "verification failed" in done.error and "FAIL" in done.error
+    assert done.error_type == VERIFICATION_FAILED and done.recoverable  # bso.dispatch routes it to a fix
     # ... and the output goes into the next fix assignment's prompt.
     fix = assignment(root, n=2, mode=AgentMode.FIX)
     (root / ".bso" / "agents.toml").write_text(
@@ -148,7 +168,9 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     env.on_heartbeat = lambda *details: beats.append(details[0])
     done = await env.run(command.run, assignment(root))
     assert done.status is AgentStatus.FAILURE and "timed out" in done.error
-    assert beats and {"elapsed_s", "last_line", "pid"} <= set(beats[-1])
+    agent_beats = [b for b in beats if "pid" in b]  # while the agent runs; then {"phase": "checking"}
+    assert agent_beats and {"elapsed_s", "last_line", "pid"} <= set(agent_beats[-1])
+    assert beats[-1].get("phase") == "checking"
     assert any(b["last_line"] == "working very hard" for b in beats)
     recorded = json.loads(pids.read_text())
     assert len(recorded) == 2

@@ -36,6 +36,43 @@ async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path)
     agents = [line for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert len(agents) == 4  # create, story review, dev, code review
     assert await workflow_task_failures(ts_env.client, "cmd-sprint") == 0
+    # auto_clear_git_track (default true): the merged story's branch and process scratch files are gone,
+    # its transcripts stay.
+    assert git(root, "branch", "--list", f"bso/cmd-sprint/{STORY}").strip() == ""
+    runs = list((root / ".sprint-session" / "agents").glob("*/command.json"))
+    assert len(runs) == 4
+    for run in runs:
+        assert (run.parent / "stdout.log").exists() and (run.parent / "complete.json").exists()
+        assert not (run.parent / "pid.json").exists() and not (run.parent / "exit.json").exists()
+
+
+async def test_auto_clear_git_track_false_keeps_the_story_track(ts_env, tmp_path: Path) -> None:
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.git_ops import finish_story_git
+    from bso.git_rules import FinishStoryInput
+
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev"})
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue,
+            sprint_input(root, session_id="cmd-keep", agent_backend="command",
+                         config_overrides={"auto_clear_git_track": False}),
+        )
+    assert report.stories == {STORY: "done"}, report
+    assert git(root, "log", "-1", "--format=%s").strip() == "feat: Story 1.1: Hello"
+    wt = worktree_path(str(root), "cmd-keep", STORY)
+    assert wt.exists() and git(root, "branch", "--list", f"bso/cmd-keep/{STORY}").strip()
+    assert list((root / ".sprint-session" / "agents").glob("*/exit.json"))
+    # The merge is recorded: finishing the story again (a retried activity) reports it, changes nothing.
+    head = git(root, "rev-parse", "HEAD").strip()
+    again = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="cmd-keep", story_key=STORY)
+    )
+    assert again.merged and again.commit == head and git(root, "rev-parse", "HEAD").strip() == head
 
 
 async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
@@ -117,3 +154,37 @@ async def test_worker_shutdown_kills_the_running_agent(ts_env, tmp_path: Path) -
                 await ts_env.client.get_workflow_handle(wf_id).terminate("test over")
             except Exception:  # already closed or never started
                 pass
+
+
+async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_env, tmp_path: Path) -> None:
+    import json
+
+    ledger = tmp_path / "ledger.jsonl"
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, FAKE_AGENT_BEHAVIOR="break-tests-in-dev",
+        FAKE_AGENT_LEDGER=str(ledger),
+    )
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-verify", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done"}, report
+    runs = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [(r["agent"], r["mode"]) for r in runs] == [
+        ("dev-runner", "dev"), ("dev-runner", "fix"), ("review-runner", "review")
+    ]
+    assert report.batches[0].results.review_fix_rounds == {STORY: 1}
+    # The debugger was asked first (the command backend has no analysis of its own: unavailable).
+    from temporalio.api.enums.v1 import EventType
+
+    history = await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-verify", 1)).fetch_history()
+    signals = [
+        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert signals.count("debug_request") == 1
+    assert await workflow_task_failures(ts_env.client, "cmd-verify") == 0

@@ -1,0 +1,194 @@
+"""The command backend in real sprints on the local dev server (the real Temporal server, not the
+time-skipping one): the fake agent CLI in a real temporary git repository.
+
+A full story from backlog to done (squashed and merged back), an agent hanging past its timeout (its process
+group killed), a worker killed -9 while BSO checked a finished agent's work (the retry does not rerun the
+agent), a leaked `.env` refused, and BSO's verification overriding the agent's false success (the failing
+output goes to a fix, and the fix makes the story done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from activities.backends import command
+from bench.infra import WorkerProcess
+from bso.constants import SPRINT_TASK_QUEUE
+from bso.models import SprintReport
+from bso.states import SprintStatus
+from tests.conftest import bso_worker
+from tests.fake_agent.project import STORY, git, make_git_project
+from tests.workflow.helpers import run_sprint, sprint_input, start_sprint, status_values, workflow_task_failures
+from tests.workflow.test_command_backend import alive
+
+pytestmark = pytest.mark.e2e
+
+STORY_DIR = Path("_bmad-output") / "implementation-artifacts"
+STORY_TEXT = (
+    "# Story 1.1: Hello\n\nStatus: ready-for-dev\n\nFile scope: src/**, tests/**\n\n"
+    "## Acceptance Criteria\n\n1. greet() says hello\n2. tests cover it\n"
+)
+# A sprint on a shared, slow machine: generous, never asserted on.
+SPRINT_TIMEOUT = 240
+
+
+def ready_project(
+    tmp_path: Path, agents_toml: str = "", verification: list[list[str]] | None = None, **env: str
+) -> Path:
+    """A git project whose one story is ready for dev (no story-creator / story-review round)."""
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, agents_toml=agents_toml, verification=verification,
+        FAKE_AGENT_LEDGER=str(tmp_path / "ledger.jsonl"), **env,
+    )
+    (root / STORY_DIR / f"{STORY}.md").write_text(STORY_TEXT)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "story file")
+    return root
+
+
+def agent_runs(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "ledger.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def story_error(report: SprintReport, key: str = STORY) -> str:
+    for batch in report.batches:
+        for result in batch.results.story_results:
+            if result.story_key == key:
+                return result.error or ""
+    return ""
+
+
+async def sprint(local_env, root: Path, session: str, **overrides) -> SprintReport:
+    async with bso_worker(local_env.client) as queue:
+        inp = sprint_input(root, session_id=session, agent_backend="command", config_overrides=overrides)
+        return await asyncio.wait_for(run_sprint(local_env.client, queue, inp), SPRINT_TIMEOUT)
+
+
+async def test_story_from_backlog_to_done_squashed_and_merged(local_env, tmp_path: Path) -> None:
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_LEDGER=str(tmp_path / "ledger.jsonl"))
+    base = git(root, "rev-parse", "HEAD").strip()
+    session = f"cmd-local-{uuid.uuid4().hex[:6]}"
+    report = await sprint(local_env, root, session)
+    assert report.status is SprintStatus.COMPLETE, report
+    assert report.stories == {STORY: "done"} and status_values(root)[STORY] == "done"
+    assert git(root, "log", "--format=%s", f"{base}..HEAD").splitlines() == ["feat: Story 1.1: Hello"]
+    assert "src/story_1_1_hello_world.py" in git(root, "show", "--name-only", "--format=", "HEAD").split()
+    assert [(r["agent"], r["mode"]) for r in agent_runs(tmp_path)] == [
+        ("story-creator", "create"), ("story-reviewer", "review"), ("dev-runner", "dev"), ("review-runner", "review"),
+    ]
+    assert await workflow_task_failures(local_env.client, session) == 0
+
+
+async def test_agent_hanging_past_its_timeout_is_killed_with_its_group(local_env, tmp_path: Path) -> None:
+    pids = tmp_path / "pids.json"
+    root = ready_project(
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 3\n",
+        FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids),
+    )
+    base = git(root, "rev-parse", "HEAD").strip()
+    report = await sprint(local_env, root, f"cmd-hang-{uuid.uuid4().hex[:6]}")
+    assert report.stories == {STORY: "needs-intervention"}, report
+    assert "timed out after 3s; process group killed" in story_error(report)
+    recorded = json.loads(pids.read_text())  # the agent and the child it started
+    assert len(recorded) == 2
+    assert not any(alive(pid) for pid in recorded), recorded
+    assert git(root, "rev-parse", "HEAD").strip() == base
+
+
+async def test_leaked_env_file_is_refused_and_never_committed(local_env, tmp_path: Path) -> None:
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="leak-env")
+    base = git(root, "rev-parse", "HEAD").strip()
+    report = await sprint(local_env, root, f"cmd-leak-{uuid.uuid4().hex[:6]}")
+    assert report.stories == {STORY: "needs-intervention"}, report
+    error = story_error(report)
+    assert "secret-looking files refused by the Git Exit Gate: .env" in error
+    assert git(root, "rev-parse", "HEAD").strip() == base
+    assert ".env" not in git(root, "log", "--all", "--name-only", "--format=").split()
+
+
+async def test_verification_overrides_a_false_success_and_its_output_goes_to_the_fix(
+    local_env, tmp_path: Path
+) -> None:
+    # The dev-runner breaks the story's test and claims success; the fix (told the failing output) repairs it.
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="break-tests-in-dev")
+    base = git(root, "rev-parse", "HEAD").strip()
+    session = f"cmd-verify-{uuid.uuid4().hex[:6]}"
+    report = await sprint(local_env, root, session)
+    assert report.stories == {STORY: "done"}, report
+    assert [(r["agent"], r["mode"]) for r in agent_runs(tmp_path)] == [
+        ("dev-runner", "dev"), ("dev-runner", "fix"), ("review-runner", "review"),
+    ]
+    fix = next(r for r in agent_runs(tmp_path) if r["mode"] == "fix")
+    fix_prompt = (command.run_dir_for(str(root), fix["dispatch_id"]) / "prompt.md").read_text()
+    # The failing output reached the fix: among its findings, and as the last verification run.
+    assert "## Findings to fix" in fix_prompt and "BSO's verification failed" in fix_prompt
+    assert "FAIL tests/test_story_1_1_hello_world.py" in fix_prompt
+    assert "the last verification run failed" in fix_prompt
+    merged_test = git(root, "show", "HEAD:tests/test_story_1_1_hello_world.py")
+    assert "'hello'" in merged_test and "'goodbye'" not in merged_test
+    assert git(root, "log", "--format=%s", f"{base}..HEAD").splitlines() == ["feat: Story 1.1: Hello"]
+    assert await workflow_task_failures(local_env.client, session) == 0
+
+
+SLOW_CHECK = '''import os, sys, time
+with open(os.environ["CHECK_LOG"], "a") as fh:
+    fh.write(f"{os.getpid()}\\n")
+deadline = time.monotonic() + 120
+while os.path.exists(os.environ["CHECK_HOLD"]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("1 passed, 0 failed")
+'''
+
+
+async def test_worker_killed_while_checking_a_finished_agent_does_not_rerun_it(local_env, tmp_path: Path) -> None:
+    """kill -9 of the worker process after the agent finished and committed, while BSO's verification ran;
+    a restarted worker's retry checks the work again and the agent ran exactly once."""
+    check, check_log, hold = tmp_path / "slow_check.py", tmp_path / "checks.log", tmp_path / "hold"
+    check.write_text(SLOW_CHECK)
+    hold.touch()
+    root = ready_project(
+        tmp_path, verification=[["python3", "run_checks.py"], [sys.executable, str(check)]],
+        CHECK_LOG=str(check_log), CHECK_HOLD=str(hold),
+    )
+
+    prefix = f"crash-{uuid.uuid4().hex[:6]}-"
+    address = local_env.client.service_client.config.target_host
+    logs = tmp_path / "worker.log"
+    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    session = f"cmd-crash-{uuid.uuid4().hex[:6]}"
+    inp = sprint_input(
+        root, session_id=session, agent_backend="command",
+        config_overrides={"agent_retry": {"heartbeat_timeout_seconds": 5, "initial_interval_seconds": 0.5}},
+    )
+    first_worker.start()
+    try:
+        handle = await start_sprint(local_env.client, prefix + SPRINT_TASK_QUEUE, inp)
+        for _ in range(1800):  # the dev agent finished and committed; BSO's slow check runs
+            if check_log.exists() and check_log.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"verification never started; worker log:\n{logs.read_text()[-3000:]}")
+        first_worker.kill9()
+        hold.unlink()  # the orphaned check of the dead worker ends; the retry's check is quick
+        second_worker.start()
+        report = await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
+    finally:
+        first_worker.kill9()
+        second_worker.stop()
+        hold.unlink(missing_ok=True)
+    assert report.stories == {STORY: "done"}, report
+    devs = [r for r in agent_runs(tmp_path) if r["agent"] == "dev-runner"]
+    assert len(devs) == 1, devs  # the agent ran once for its dispatch ...
+    run_dir = command.run_dir_for(str(root), devs[0]["dispatch_id"])
+    assert json.loads((run_dir / "command.json").read_text())["attempt"] >= 2  # ... though its activity ran twice
+    assert len(check_log.read_text().split()) >= 2  # the retry verified the work again
+    assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
