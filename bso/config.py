@@ -107,7 +107,7 @@ class SprintConfig(_Knobs):
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
     # Agent-PO gates on the dev-runner's work (bso/po_gates.py): a plan (GO gate) before the
     # implementation, a completion report (NEXT gate) after it. None: resolved per backend by the Slave
-    # (bso.po_gates.gates_active; today off for every backend, see README "PO gates (Agent-PO)").
+    # (bso.po_gates.gates_active: on for the command backend, off for simulated / external; README "PO gates").
     po_gates_enabled: bool | None = None
     po_max_revisions: int = Field(2, ge=0)  # FEEDBACK rounds on a plan before BLOCKED
     po_max_retries: int = Field(2, ge=0)  # FIX_DIRECTIVEs on a completion report before BLOCKED

@@ -527,19 +527,24 @@ class SprintSlaveWorkflow:
         go_records: list[dict[str, Any]] = []
         feedback: dict[str, Any] | None = None
         revision = 1
+        spent = 0  # tokens of the earlier dispatches of this gated step (plans, rejected attempts): they count too
         while True:  # GO gate
             answer = await self._dispatch(
                 meta, progress, step, f"{dispatch_id}/plan-{revision}",
                 po={**base, "phase": "plan", "attempt": revision, "feedback": feedback},
             )
             if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
-                return answer
+                return _with_spent(progress, step, answer, spent)
             try:
                 plan = PlanSubmissionPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
+                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                self._reject("PLAN_SUBMISSION", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
-                    progress, f"PO gate: no valid PLAN_SUBMISSION ({describe_validation_error(err)})", answer.tokens_used
+                    progress, f"PO gate: no valid PLAN_SUBMISSION ({why})",
+                    spent + answer.tokens_used,
                 )
+            spent += answer.tokens_used
             decision = go_gate(
                 plan, scope, revision=revision, max_revisions=config.po_max_revisions,
                 timeout_minutes=timeout_minutes, task_id=meta.key,
@@ -559,7 +564,9 @@ class SprintSlaveWorkflow:
                 break
             if decision.outcome == "BLOCKED":
                 assert decision.blocked is not None
-                return intervention(progress, f"PO gate BLOCKED: {decision.blocked.reason}: {decision.blocked.details.issue}")
+                return intervention(
+                    progress, f"PO gate BLOCKED: {decision.blocked.reason}: {decision.blocked.details.issue}", spent
+                )
             feedback = decision.feedback.model_dump(mode="json") if decision.feedback else None
             revision += 1
         assert decision.go is not None
@@ -585,13 +592,15 @@ class SprintSlaveWorkflow:
                 },
             )
             if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
-                return answer
+                return _with_spent(progress, step, answer, spent)
             try:
                 report = CompletionReportPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
+                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                self._reject("COMPLETION_REPORT", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
-                    progress, f"PO gate: no valid COMPLETION_REPORT ({describe_validation_error(err)})",
-                    answer.tokens_used,
+                    progress, f"PO gate: no valid COMPLETION_REPORT ({why})",
+                    spent + answer.tokens_used,
                 )
             outcome = next_gate(
                 report, scope, authorized, retries_used=attempt - 1, max_retries=config.po_max_retries,
@@ -608,13 +617,14 @@ class SprintSlaveWorkflow:
             await self._record_gate(meta.key, "next", next_records)
             if outcome.outcome == "NEXT":
                 self._gates_next += 1
-                return answer
+                return _with_spent(progress, step, answer, spent)
             if outcome.outcome == "BLOCKED":
                 assert outcome.blocked is not None
                 return intervention(
                     progress, f"PO gate BLOCKED: {outcome.blocked.reason}: {outcome.blocked.details.issue}",
-                    answer.tokens_used,
+                    spent + answer.tokens_used,
                 )
+            spent += answer.tokens_used
             earlier.append(list(outcome.issues))
             fix = outcome.fix.model_dump(mode="json") if outcome.fix else None
             attempt += 1
@@ -796,6 +806,17 @@ class SprintSlaveWorkflow:
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )
+
+
+def _with_spent(
+    progress: StoryProgress, step: DispatchStep, answer: AgentComplete | str, spent: int
+) -> AgentComplete | str | Transition:
+    """A gated step's last answer, carrying the tokens of its earlier dispatches (they count toward the budget)."""
+    if spent <= 0:
+        return answer
+    if isinstance(answer, AgentComplete):
+        return answer.model_copy(update={"tokens_used": answer.tokens_used + spent})
+    return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {answer}", spent)
 
 
 def _consume_outcome(task: asyncio.Task[Any]) -> None:

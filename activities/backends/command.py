@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from temporalio import activity
 
+from activities import po_command
 from activities.agent_config import config_error, load_agents_file, load_templates
 from activities.git_ops import (
     Worktree,
@@ -278,6 +279,9 @@ async def run(a: TaskAssignment) -> AgentComplete:
         return recorded
     _kill_previous_attempt(run_dir)
     before = await head(wt.path) if wt else None
+    po_base = None  # Agent-PO completion phases: the NEXT gate's changed files are the diff since this
+    if wt and before and po_command.is_completion(a):
+        po_base = await po_command.remember_diff_base(wt.path, a, before)
     passing_before: int | None = None
     checks = agents.verification
     if wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
@@ -304,7 +308,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
         else "",
     )
     template, common = load_templates(root, a.agent_type)
-    prompt = redact_text(render_prompt(template, common, ctx), env)
+    po_section = po_command.prompt_section(root, a, str(result_file))  # Agent-PO phase, if any
+    prompt = redact_text(render_prompt(template, common, ctx) + po_section, env)
     prompt_file = run_dir / "prompt.md"
     prompt_file.write_text(prompt, encoding="utf-8")
     bso_env = {
@@ -317,6 +322,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         "BSO_WORKDIR": workdir,
         "BSO_PROMPT_FILE": str(prompt_file),
         "BSO_PROJECT_ROOT": root,
+        **po_command.env(a),
     }
     env.update(bso_env)
     argv = render_argv(
@@ -347,18 +353,20 @@ async def run(a: TaskAssignment) -> AgentComplete:
         timeout, run_dir, agents, a.dispatch_id,
     )
     stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
-    complete = _agent_answer(a, result_file, stdout, run, timeout)
+    complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
+        a, result_file, stdout, run, timeout
+    )
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
     failure: str | None = None
 
-    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None:
+    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None and not po_command.is_plan(a):
         gate = await exit_gate(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,
         )
-        changed = await committed_paths(wt.path, before)
+        changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19
             findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))
         if gate.refused:  # P21
@@ -380,9 +388,9 @@ async def run(a: TaskAssignment) -> AgentComplete:
                     f"the fix was rolled back to {before[:12]}. " + (failure or "")
                 )
 
-    elif wt is not None and a.agent_type is not AgentType.DEV_RUNNER:
+    elif wt is not None and (a.agent_type is not AgentType.DEV_RUNNER or po_command.is_plan(a)):
         left = await changed_paths(wt.path)
-        if left:  # a reviewer changes nothing: its edits are stashed (kept, out of the way) and reported
+        if left:  # a reviewer (or a plan) changes nothing: its edits are stashed (kept, out of the way) and reported
             who = await identity_args(wt.path)
             await git(wt.path, *who, "stash", "push", "-q", "-u", "-m", f"bso: left by {a.dispatch_id}")
             findings.append(
@@ -392,6 +400,10 @@ async def run(a: TaskAssignment) -> AgentComplete:
                 )
             )
 
+    if po_base is not None and wt is not None and failure is None:  # the NEXT gate sees the real diff
+        complete = complete.model_copy(update={"findings": findings})
+        complete = await po_command.with_real_changes(complete, wt.path, po_base, run_dir)
+        findings = list(complete.findings)
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)
     summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"

@@ -52,12 +52,16 @@ def test_story_acs_and_scope() -> None:
     assert in_scope("src/login.py", SCOPE.files) and in_scope("src/templates/a.html", SCOPE.files)
     assert not in_scope("src/other.py", SCOPE.files)
     assert in_scope("anything.py", [])  # no scope declared: any file
+    # `File scope:` globs, as the command backend's scope guard reads them
+    assert in_scope("src/a/b.py", ["src/**"]) and in_scope("tests/test_x.py", ["tests/test_*.py"])
+    assert not in_scope("docs/notes.md", ["src/**", "tests/**"]) and not in_scope("srcx/a.py", ["src/**"])
+    assert in_scope("./.github/ci.yml", [".github/"]) and not in_scope("github/ci.yml", [".github/"])
 
 
 def test_knob_default_depends_on_backend() -> None:
     assert resolve_config().po_gates_enabled is None
-    # The command backend does not yet tell its agent the PO phase: its default stays off until it does.
-    assert not gates_active(None, "command") and not gates_active(None, "simulated")
+    # The command backend tells its agent the PO phase and checks the real diff: on by default for it.
+    assert gates_active(None, "command") and not gates_active(None, "simulated")
     assert gates_active(True, "simulated") and not gates_active(False, "command")
     assert resolve_config().po_max_revisions == 2 and resolve_config().po_max_retries == 2
 

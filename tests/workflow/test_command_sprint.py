@@ -34,7 +34,7 @@ async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path)
     assert not worktree_path(str(root), "cmd-sprint", STORY).exists()
     assert git(root, "for-each-ref", "refs/bso-originals").strip()
     agents = [line for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
-    assert len(agents) == 4  # create, story review, dev, code review
+    assert len(agents) == 5  # create, story review, dev plan (PO gates: on by default), dev, code review
     assert await workflow_task_failures(ts_env.client, "cmd-sprint") == 0
 
 
