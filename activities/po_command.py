@@ -18,6 +18,7 @@ from pathlib import Path
 from activities.agent_config import load_template
 from activities.git_ops import git
 from activities.session_files import safe_name, write_json_atomic
+from bso.agent_progress import percent_of, progress_update
 from bso.messages import AgentComplete, Finding, TaskAssignment
 from bso.po_agent import (
     PoPhase,
@@ -34,7 +35,7 @@ from bso.po_agent import (
 from bso.states import AgentStatus, Severity
 
 __all__ = ["po_phase", "is_plan", "is_completion", "env", "prompt_section", "read_answer", "remember_diff_base",
-           "with_real_changes"]
+           "with_real_changes", "heartbeat_detail"]
 
 
 def is_plan(a: TaskAssignment) -> bool:
@@ -121,3 +122,23 @@ async def with_real_changes(complete: AgentComplete, wt: str, base: str, run_dir
             )
         )
     return complete.model_copy(update={"po_message": report, "findings": findings[:200]})
+
+
+def heartbeat_detail(
+    env: dict[str, str], dispatch_id: str, pid: int, elapsed: float, timeout: float, last_line: str
+) -> dict[str, object]:
+    """The command backend's heartbeat detail: a PROGRESS_UPDATE (percent = share of the agent's time used,
+    current activity = its last output line) plus pid, elapsed seconds and the last line."""
+    phase = env.get("BSO_PO_PHASE")
+    return progress_update(
+        agent_id=env.get("BSO_AGENT_TYPE", "agent"),
+        task_id=env.get("BSO_STORY_KEY", dispatch_id),
+        at=datetime.now(UTC),
+        percent=percent_of(elapsed, timeout),
+        current_activity=last_line or (f"PO {phase} phase" if phase else "working"),
+        eta_seconds=max(0.0, timeout - elapsed),
+        dispatch_id=dispatch_id,
+        pid=pid,
+        elapsed_s=int(elapsed),
+        last_line=last_line,
+    )

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from temporalio import activity
 
 from activities import po_command
+from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
 from activities.git_ops import (
     Worktree,
@@ -171,9 +172,7 @@ async def _run_process(
             elapsed = time.monotonic() - started
             if done:
                 break
-            activity.heartbeat(
-                {"dispatch_id": dispatch_id, "pid": proc.pid, "elapsed_s": int(elapsed), "last_line": last[0]}
-            )
+            activity.heartbeat(heartbeat_detail(env, dispatch_id, proc.pid, elapsed, timeout, last[0]))
             if elapsed >= timeout:
                 timed_out = True
                 await kill_group(pgid, agents.kill_grace_seconds)
