@@ -176,6 +176,9 @@ class SlaveResult(_Model):
     # Agent-PO gates: GO_DIRECTIVEs and NEXT_DIRECTIVEs issued in this batch (GO >= NEXT).
     gates_go_issued: int = 0
     gates_next_issued: int = 0
+    gates_feedback_issued: int = 0  # FEEDBACK on plans
+    gates_fix_issued: int = 0  # FIX_DIRECTIVEs on completion reports
+    gates_blocked: int = 0  # BLOCKED by either gate
 
 
 class StoryView(_Model):
@@ -217,6 +220,16 @@ class StoryUpdate(_Model):
 # --- the Master ---------------------------------------------------------------------------------
 
 
+class GateCounts(_Model):
+    """Agent-PO gate decisions of a sprint: the sum over its Slaves' batches (GO >= NEXT always)."""
+
+    go_issued: int = 0
+    next_issued: int = 0
+    feedback_issued: int = 0
+    fix_issued: int = 0
+    blocked: int = 0
+
+
 class SprintReport(_Model):
     session_id: str
     status: SprintStatus
@@ -231,6 +244,7 @@ class SprintReport(_Model):
     total_agents_destroyed: int = 0
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
     planner: str | None = None  # who planned the batches: "scrum-master" (the resident) or "fallback"
+    po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions, summed over the batches
 
 
 class MasterState(_Model):
@@ -294,6 +308,7 @@ class SprintStatusView(_Model):
     total_agents_created: int = 0
     total_agents_destroyed: int = 0
     course_corrections: list[str] = Field(default_factory=list)
+    po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions of the finished batches
 
 
 class ResumeRequest(_Model):

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bso.models import GateCounts, SlaveResult
 from bso.messages import (
     AcMapping,
     AcVerification,
@@ -63,6 +64,17 @@ class StoryScope(BaseModel):
 # PLAN_SUBMISSION / COMPLETION_REPORT and gives the NEXT gate the real git diff (bso/po_agent.py).
 # The simulated backend answers PO phases too, but only when asked (`po_gates_enabled: true`).
 PO_CAPABLE_BACKENDS: frozenset[str] = frozenset({"command"})
+
+
+def gate_totals(results: list[SlaveResult]) -> GateCounts:
+    """The Master's sum of its Slaves' gate counters (each batch keeps GO >= NEXT, so the sum does)."""
+    return GateCounts(
+        go_issued=sum(r.gates_go_issued for r in results),
+        next_issued=sum(r.gates_next_issued for r in results),
+        feedback_issued=sum(r.gates_feedback_issued for r in results),
+        fix_issued=sum(r.gates_fix_issued for r in results),
+        blocked=sum(r.gates_blocked for r in results),
+    )
 
 
 def gates_active(enabled: bool | None, backend: str) -> bool:

@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         last_epic,
         select_improvements,
     )
+    from bso.po_gates import gate_totals
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import resolve_story_keys
@@ -124,6 +125,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
             course_corrections=list(s.course_corrections),
+            po_gates=gate_totals(s.results),
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -346,6 +348,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             total_agents_destroyed=s.agents_destroyed,
             unavailable_residents=dict(s.unavailable_residents),
             planner=s.planner,
+            po_gates=gate_totals(s.results),
         )
         if workflow.patched("execution-summary"):
             await self._write_summary(inp, report)

@@ -158,6 +158,7 @@ class SprintSlaveWorkflow:
         self._po_gates = gates_active(inp.config.po_gates_enabled, inp.agent_backend)
         self._gates_go = 0
         self._gates_next = 0
+        self._gates_other = {"FEEDBACK": 0, "FIX": 0, "BLOCKED": 0}
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -348,7 +349,15 @@ class SprintSlaveWorkflow:
         result = self._built_result(errors, budget_exhausted)
         if not self._po_gates:
             return result
-        return result.model_copy(update={"gates_go_issued": self._gates_go, "gates_next_issued": self._gates_next})
+        return result.model_copy(
+            update={
+                "gates_go_issued": self._gates_go,
+                "gates_next_issued": self._gates_next,
+                "gates_feedback_issued": self._gates_other["FEEDBACK"],
+                "gates_fix_issued": self._gates_other["FIX"],
+                "gates_blocked": self._gates_other["BLOCKED"],
+            }
+        )
 
     def _built_result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         return build_slave_result(
@@ -562,6 +571,7 @@ class SprintSlaveWorkflow:
             if decision.outcome == "GO":
                 self._gates_go += 1
                 break
+            self._gates_other[decision.outcome] += 1  # FEEDBACK or BLOCKED
             if decision.outcome == "BLOCKED":
                 assert decision.blocked is not None
                 return intervention(
@@ -618,6 +628,7 @@ class SprintSlaveWorkflow:
             if outcome.outcome == "NEXT":
                 self._gates_next += 1
                 return _with_spent(progress, step, answer, spent)
+            self._gates_other[outcome.outcome] += 1  # FIX or BLOCKED
             if outcome.outcome == "BLOCKED":
                 assert outcome.blocked is not None
                 return intervention(

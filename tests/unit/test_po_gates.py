@@ -117,3 +117,20 @@ def test_script_po_kinds_are_validated() -> None:
         pass
     else:
         raise AssertionError("an unknown plan kind must be refused")
+
+
+def test_gate_totals_sum_the_batches() -> None:
+    from bso.models import GateCounts, SlaveResult, SlaveResults
+    from bso.po_gates import gate_totals
+
+    def batch(i: int, go: int, nxt: int, fb: int, fix: int, blocked: int) -> SlaveResult:
+        results = SlaveResults(stories_total=0, stories_completed=0, stories_failed=0, stories_skipped=0,
+                               story_results=[], total_agents_created=0, total_agents_destroyed=0,
+                               review_fix_rounds={})
+        return SlaveResult(status="batch-complete", batch_id=i, session_id="s", results=results, gates_go_issued=go,
+                           gates_next_issued=nxt, gates_feedback_issued=fb, gates_fix_issued=fix, gates_blocked=blocked)
+
+    assert gate_totals([]) == GateCounts()
+    assert gate_totals([batch(1, 2, 1, 0, 3, 1), batch(2, 1, 1, 2, 0, 0)]) == GateCounts(
+        go_issued=3, next_issued=2, feedback_issued=2, fix_issued=3, blocked=1
+    )
