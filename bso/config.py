@@ -88,6 +88,11 @@ class SprintConfig(_Knobs):
     decision_timeout_seconds: int | None = Field(None, gt=0)
     # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
     max_debug_attempts: int = Field(1, ge=0)
+    # message-schemas: the `timeout_ms` of the Master's and Slaves' queries to residents (PLAN_REQUEST to the
+    # scrum-master, DEBUG_REQUEST to the debugger; the query schema's bounds 1000-30000). Past it the requester
+    # records response_timeout and goes on without the answer. None: no message timeout (the requester's own
+    # wait: 5 minutes for a plan, agent_timeout_seconds.dev_execution for a debug analysis).
+    resident_query_timeout_ms: int | None = Field(None, ge=1000, le=30000)
     # repeated_failures course correction after this many needs-intervention stories in a row.
     consecutive_failure_threshold: int = Field(3, ge=1)
     # The app the e2e-live resident's browser works against (a relative BROWSER_REQUEST url joins it).

@@ -179,6 +179,8 @@ class SlaveResult(_Model):
     gates_feedback_issued: int = 0  # FEEDBACK on plans
     gates_fix_issued: int = 0  # FIX_DIRECTIVEs on completion reports
     gates_blocked: int = 0  # BLOCKED by either gate
+    # message-schemas' delivery_failed / response_timeout errors of this batch's messages (seed shape)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class StoryView(_Model):
@@ -207,6 +209,7 @@ class SlaveStatus(_Model):
     shutdown_requested: bool = False
     paused: bool = False
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)  # delivery_failed / response_timeout
 
 
 class StoryUpdate(_Model):
@@ -245,6 +248,8 @@ class SprintReport(_Model):
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
     planner: str | None = None  # who planned the batches: "scrum-master" (the resident) or "fallback"
     po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions, summed over the batches
+    # message-schemas' delivery_failed / response_timeout errors: the Master's own, then each batch's
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class MasterState(_Model):
@@ -287,6 +292,8 @@ class MasterState(_Model):
     # Planning by the scrum-master resident (bso/scrum_master.py).
     planner: str | None = None  # who planned the sprint's batches: "scrum-master" or "fallback"
     plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)
+    # message-schemas' delivery_failed / response_timeout errors of the Master's own messages (seed shape)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class SprintStatusView(_Model):
@@ -309,6 +316,7 @@ class SprintStatusView(_Model):
     total_agents_destroyed: int = 0
     course_corrections: list[str] = Field(default_factory=list)
     po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions of the finished batches
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)  # the Master's and finished batches'
 
 
 class ResumeRequest(_Model):

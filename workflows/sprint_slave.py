@@ -38,6 +38,9 @@ with workflow.unsafe.imports_passed_through():
         agents_task_queue_for,
     )
     from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
+    from bso.delivery import describe as describe_delivery, keep_error, query_timeout
+    from bso.messages import DeliveryFailed, ResponseTimeout
+    from workflows.delivery import await_answer, deliver
     from bso.dependencies import check_dependencies, skipped_for_dependency
     from bso.decisions import (
         DecisionError,
@@ -159,6 +162,7 @@ class SprintSlaveWorkflow:
         self._gates_go = 0
         self._gates_next = 0
         self._gates_other = {"FEEDBACK": 0, "FIX": 0, "BLOCKED": 0}
+        self._message_errors: list[dict[str, Any]] = []  # delivery_failed / response_timeout (seed shape)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -293,6 +297,7 @@ class SprintSlaveWorkflow:
             shutdown_requested=self._shutdown,
             paused=self._paused,
             rejected_messages=list(self._rejected),
+            message_errors=list(self._message_errors),
         )
 
     def _reject(self, msg_type: str, reason: str, dispatch_id: str | None) -> None:
@@ -347,6 +352,8 @@ class SprintSlaveWorkflow:
 
     def _result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         result = self._built_result(errors, budget_exhausted)
+        if self._message_errors:
+            result = result.model_copy(update={"message_errors": list(self._message_errors)})
         if not self._po_gates:
             return result
         return result.model_copy(
@@ -477,24 +484,34 @@ class SprintSlaveWorkflow:
             return after_debug(progress, step, answer, unavailable)
         request = debug_request_for(
             progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
-        )
+        ).model_copy(update={"timeout_ms": self._input.config.resident_query_timeout_ms})
         self._open_debug[debug_id] = meta.key
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
-        try:
-            await workflow.get_external_workflow_handle(debugger).signal(
-                SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json")
+        sent = request.model_dump(mode="json", exclude_none=True)
+        failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent)  # retried, then delivery_failed
+        if failed is not None:  # the debugger is gone
+            self._open_debug.pop(debug_id, None)
+            self._message_error(failed)
+            unavailable = DebugResult(
+                debug_id=debug_id, story_key=meta.key, status="unavailable", error=describe_delivery(failed)
             )
-        except Exception as err:  # noqa: BLE001 - the debugger is gone
-            self._open_debug.pop(debug_id, None)
-            unavailable = DebugResult(debug_id=debug_id, story_key=meta.key, status="unavailable", error=str(err))
             return after_debug(progress, step, answer, unavailable)
-        timeout = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
-        try:
-            await workflow.wait_condition(lambda: debug_id in self._debug_results, timeout=timeout)
-        except asyncio.TimeoutError:
+        default = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
+        timeout = query_timeout(request.timeout_ms, default)  # the query's timeout_ms, when it has one
+        late = await await_answer(lambda: debug_id in self._debug_results, timeout, request=sent, recipient=debugger)
+        if late is not None:
             self._open_debug.pop(debug_id, None)
-            return after_debug(progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s")
+            self._message_error(late)
+            return after_debug(
+                progress, step, answer, None,
+                f"no DEBUG_RESULT within {int(timeout.total_seconds())}s: {describe_delivery(late)}",
+            )
         return after_debug(progress, step, answer, self._debug_results.pop(debug_id))
+
+    def _message_error(self, error: DeliveryFailed | ResponseTimeout) -> None:
+        """message-schemas' delivery_failed / response_timeout: recorded (status query, batch result), logged."""
+        self._message_errors = keep_error(self._message_errors, error)
+        workflow.logger.warning("[Slave] %s", describe_delivery(error))
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
