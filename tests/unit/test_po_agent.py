@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bso.messages import FileChanged, TaskAssignment
 from bso.po_agent import gated_id, parse_name_status, parse_po_answer, po_complete, render_po_section, with_real_diff
 from bso.prompting import BUILTIN_PROMPTS_DIR
@@ -77,3 +80,30 @@ def test_name_status_and_real_diff() -> None:
     assert [f["path"] for f in merged["files_changed"]] == ["src/new.py", "docs/n.md"]
     assert merged["files_changed"][0]["lines_added"] == 5
     assert unclaimed == ["docs/n.md"] and unchanged == ["x.py"]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+_keys = st.sampled_from(["agent_id", "task_id", "plan", "revision", "summary", "ac_verification", "test_results",
+                         "files_changed", "timestamp", "reason"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["PLAN_SUBMISSION", "COMPLETION_REPORT", "BLOCKED_NOTIFICATION"]),
+    st.dictionaries(_keys, _json, max_size=6),
+    st.sampled_from(["plan", "implement", "fix"]),
+)
+def test_any_result_file_content_is_answered_never_raised(message_type, body, phase) -> None:
+    """Whatever an agent writes, the answer is a valid message, a blocker, or validation_failed naming fields."""
+    raw = {"message_type": message_type, **body}
+    got = parse_po_answer(raw, phase, AT)
+    assert got.kind in ("valid", "blocked", "invalid")
+    if got.kind == "invalid":
+        assert got.failure.errors and all(e.field for e in got.failure.errors)
+        assert got.error_message["error"]["code"] == "INVALID_MESSAGE"
+    done = po_complete(_a({"phase": phase}), got, "s")
+    assert (done.po_message is not None) == (got.kind == "valid")
