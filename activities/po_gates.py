@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
 from activities.session_files import safe_name, session_path, write_json_atomic
+from bso.git_rules import parse_file_scope
 from bso.po_gates import StoryScope, acceptance_criteria_ids
 from bso.sprint_status import parse_story_file, resolve_inside
 
@@ -43,7 +44,9 @@ def _read_scope(inp: StoryScopeInput) -> StoryScope:
     if not target.is_file():
         return StoryScope()
     text = target.read_text(encoding="utf-8", errors="replace")
-    return StoryScope(ac_ids=acceptance_criteria_ids(text), files=parse_story_file(text).files)
+    # `Files:` (P29), else a `File scope:` line / section (the command backend's scope guard reads the same)
+    files = parse_story_file(text).files or parse_file_scope(text)
+    return StoryScope(ac_ids=acceptance_criteria_ids(text), files=files)
 
 
 @activity.defn

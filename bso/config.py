@@ -88,6 +88,11 @@ class SprintConfig(_Knobs):
     decision_timeout_seconds: int | None = Field(None, gt=0)
     # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
     max_debug_attempts: int = Field(1, ge=0)
+    # message-schemas: the `timeout_ms` of the Master's and Slaves' queries to residents (PLAN_REQUEST to the
+    # scrum-master, DEBUG_REQUEST to the debugger; the query schema's bounds 1000-30000). Past it the requester
+    # records response_timeout and goes on without the answer. None: no message timeout (the requester's own
+    # wait: 5 minutes for a plan, agent_timeout_seconds.dev_execution for a debug analysis).
+    resident_query_timeout_ms: int | None = Field(None, ge=1000, le=30000)
     # repeated_failures course correction after this many needs-intervention stories in a row.
     consecutive_failure_threshold: int = Field(3, ge=1)
     # The app the e2e-live resident's browser works against (a relative BROWSER_REQUEST url joins it).
@@ -107,7 +112,7 @@ class SprintConfig(_Knobs):
     story_priorities: dict[str, Literal["critical", "high", "normal", "low"]] = Field(default_factory=dict)
     # Agent-PO gates on the dev-runner's work (bso/po_gates.py): a plan (GO gate) before the
     # implementation, a completion report (NEXT gate) after it. None: resolved per backend by the Slave
-    # (bso.po_gates.gates_active; today off for every backend, see README "PO gates (Agent-PO)").
+    # (bso.po_gates.gates_active: on for the command backend, off for simulated / external; README "PO gates").
     po_gates_enabled: bool | None = None
     po_max_revisions: int = Field(2, ge=0)  # FEEDBACK rounds on a plan before BLOCKED
     po_max_retries: int = Field(2, ge=0)  # FIX_DIRECTIVEs on a completion report before BLOCKED

@@ -51,6 +51,7 @@ class DebugRequest(_Message):
     report_to: str = Field(min_length=1)  # the requester's workflow id: DEBUG_RESULT goes there
     session_id: str = ""
     attempt: int = Field(1, ge=1)  # the story's debug attempt (the simulated debugger's script index)
+    timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
 
 
 class DebugResult(_Message):

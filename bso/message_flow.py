@@ -26,6 +26,7 @@ from bso.constants import (
     SIGNAL_SHUTDOWN,
     SIGNAL_STORY_UPDATE,
 )
+from bso.messages import TerminateDirectivePayload
 
 MASTER = "sprint-master"
 OPERATOR = "operator"
@@ -64,6 +65,8 @@ MESSAGE_TYPES = (
     "DEPENDENCY_UPDATE",
     "PLAN_REQUEST",
     "PLAN_RESULT",
+    # Agent-PO: a cancelled agent dispatch (its time is up, or the sprint was cancelled)
+    "TERMINATE_DIRECTIVE",
 )
 
 # Signals a resident receives from the Master (the rest come from agents or Slaves, named in the payload).
@@ -329,6 +332,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     me = slave_name(batch)
     scheduled: dict[int, tuple[str, dict[str, Any]]] = {}  # event id -> (activity type, input)
     writes: dict[int, int] = {}  # scheduled event id -> index in out
+    cancelling = False  # the Slave itself was asked to cancel (the sprint was cancelled)
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
@@ -398,6 +402,13 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                     dispatch_id=inp.get("dispatch_id"),
                     detail=attrs.failure.message or EventType.Name(et).lower(),
                 )
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
+            cancelling = True
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
+            attrs = event.activity_task_cancel_requested_event_attributes
+            name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            if name == "run_agent":
+                add(event, **terminate_directive(me, inp, cancelling))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
             value = _dict(decode(attrs.input))
@@ -422,6 +433,28 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
     return out
+
+
+def terminate_directive(slave: str, assignment: dict[str, Any], sprint_cancelled: bool) -> dict[str, Any]:
+    """A cancelled agent dispatch as Agent-PO's TERMINATE_DIRECTIVE (payload validated with the model)."""
+    agent = str(assignment.get("agent_type") or "agent")
+    reason = "the sprint was cancelled" if sprint_cancelled else "the agent's time is up: no AGENT_COMPLETE in time"
+    payload = TerminateDirectivePayload(
+        agent_id=agent,
+        task_id=str(assignment.get("story_key") or assignment.get("dispatch_id") or "task"),
+        reason=reason,
+        message=f"dispatch {assignment.get('dispatch_id', '?')} cancelled; its process is stopped",
+    )
+    return {
+        "type": "TERMINATE_DIRECTIVE",
+        "sender": slave,
+        "recipient": agent,
+        "story": assignment.get("story_key"),
+        "agent": assignment.get("agent_type"),
+        "dispatch_id": assignment.get("dispatch_id"),
+        "detail": reason,
+        "payload": payload.model_dump(mode="json"),
+    }
 
 
 def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:

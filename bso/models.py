@@ -176,6 +176,11 @@ class SlaveResult(_Model):
     # Agent-PO gates: GO_DIRECTIVEs and NEXT_DIRECTIVEs issued in this batch (GO >= NEXT).
     gates_go_issued: int = 0
     gates_next_issued: int = 0
+    gates_feedback_issued: int = 0  # FEEDBACK on plans
+    gates_fix_issued: int = 0  # FIX_DIRECTIVEs on completion reports
+    gates_blocked: int = 0  # BLOCKED by either gate
+    # message-schemas' delivery_failed / response_timeout errors of this batch's messages (seed shape)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class StoryView(_Model):
@@ -204,6 +209,7 @@ class SlaveStatus(_Model):
     shutdown_requested: bool = False
     paused: bool = False
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)  # delivery_failed / response_timeout
 
 
 class StoryUpdate(_Model):
@@ -215,6 +221,16 @@ class StoryUpdate(_Model):
 
 
 # --- the Master ---------------------------------------------------------------------------------
+
+
+class GateCounts(_Model):
+    """Agent-PO gate decisions of a sprint: the sum over its Slaves' batches (GO >= NEXT always)."""
+
+    go_issued: int = 0
+    next_issued: int = 0
+    feedback_issued: int = 0
+    fix_issued: int = 0
+    blocked: int = 0
 
 
 class SprintReport(_Model):
@@ -231,6 +247,9 @@ class SprintReport(_Model):
     total_agents_destroyed: int = 0
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
     planner: str | None = None  # who planned the batches: "scrum-master" (the resident) or "fallback"
+    po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions, summed over the batches
+    # message-schemas' delivery_failed / response_timeout errors: the Master's own, then each batch's
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class MasterState(_Model):
@@ -273,6 +292,8 @@ class MasterState(_Model):
     # Planning by the scrum-master resident (bso/scrum_master.py).
     planner: str | None = None  # who planned the sprint's batches: "scrum-master" or "fallback"
     plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)
+    # message-schemas' delivery_failed / response_timeout errors of the Master's own messages (seed shape)
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class SprintStatusView(_Model):
@@ -294,6 +315,8 @@ class SprintStatusView(_Model):
     total_agents_created: int = 0
     total_agents_destroyed: int = 0
     course_corrections: list[str] = Field(default_factory=list)
+    po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions of the finished batches
+    message_errors: list[dict[str, Any]] = Field(default_factory=list)  # the Master's and finished batches'
 
 
 class ResumeRequest(_Model):

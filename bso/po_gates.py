@@ -11,6 +11,7 @@ The workflow calls these (deterministic); an activity records the decisions unde
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -18,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bso.models import GateCounts, SlaveResult
 from bso.messages import (
     AcMapping,
     AcVerification,
@@ -57,10 +59,22 @@ class StoryScope(BaseModel):
     files: list[str] = Field(default_factory=list)  # empty: no scope declared, any file allowed
 
 
-# Backends whose agents are told the PO phase (plan / implement / fix) and answer with a PO message.
-# The command backend is meant to join (issue 6: default on for it) once it passes `assignment.po` to
-# its agent (prompt + env) and checks files_changed against the real diff; until then its default is off.
-PO_CAPABLE_BACKENDS: frozenset[str] = frozenset()
+# Backends whose agents are told the PO phase (plan / implement / fix) and answer with a PO message: the
+# command backend renders `assignment.po` into the prompt (+ BSO_PO_PHASE), validates the agent's
+# PLAN_SUBMISSION / COMPLETION_REPORT and gives the NEXT gate the real git diff (bso/po_agent.py).
+# The simulated backend answers PO phases too, but only when asked (`po_gates_enabled: true`).
+PO_CAPABLE_BACKENDS: frozenset[str] = frozenset({"command"})
+
+
+def gate_totals(results: list[SlaveResult]) -> GateCounts:
+    """The Master's sum of its Slaves' gate counters (each batch keeps GO >= NEXT, so the sum does)."""
+    return GateCounts(
+        go_issued=sum(r.gates_go_issued for r in results),
+        next_issued=sum(r.gates_next_issued for r in results),
+        feedback_issued=sum(r.gates_feedback_issued for r in results),
+        fix_issued=sum(r.gates_fix_issued for r in results),
+        blocked=sum(r.gates_blocked for r in results),
+    )
 
 
 def gates_active(enabled: bool | None, backend: str) -> bool:
@@ -97,14 +111,24 @@ def normalize_ac(ac_id: str) -> str:
     return f"AC-{int(m.group(1))}" if m else ac_id.strip()
 
 
+def _strip_dot(path: str) -> str:
+    path = path.strip()
+    return path[2:] if path.startswith("./") else path
+
+
 def in_scope(path: str, scope: list[str]) -> bool:
-    """A path is in scope when no scope is declared, or it is a scope file, or under a scope directory."""
+    """A path is in scope when no scope is declared, or it is a scope file, under a scope directory, or
+    matches a scope glob (`src/**`, `tests/test_*.py`)."""
     if not scope:
         return True
-    clean = path.strip().lstrip("./")
+    clean = _strip_dot(path)
     for entry in scope:
-        e = entry.strip().lstrip("./")
+        e = _strip_dot(entry)
         if clean == e or (e.endswith("/") and clean.startswith(e)) or clean.startswith(e.rstrip("/") + "/"):
+            return True
+        if e.endswith("/**") and clean.startswith(e[:-2]):
+            return True
+        if any(c in e for c in "*?[") and fnmatch.fnmatchcase(clean, e):
             return True
     return False
 
@@ -221,9 +245,8 @@ def report_issues(
             issues.append(GateIssue(type="ac_failed", message=f"{ac} does not pass", ac_id=ac))
     if report.test_results.failed:
         issues.append(GateIssue(type="tests_failed", message=f"{report.test_results.failed} test(s) failed"))
-    allowed = set(authorized_files)
-    for f in report.files_changed:
-        if f.path not in allowed:
+    for f in report.files_changed:  # authorized: the plan's files (a directory or glob there covers its files)
+        if not authorized_files or not in_scope(f.path, authorized_files):
             issues.append(
                 GateIssue(type="unauthorized_file", message=f"{f.path} was changed without authorization", file=f.path)
             )

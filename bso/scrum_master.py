@@ -51,6 +51,7 @@ class PlanRequest(_Model):
     stories: list[StoryMeta]
     batch_size: int = Field(ge=1)
     course_correction: ReplanContext | None = None  # None: the sprint's first plan
+    timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
 
 
 class PlanAnswer(_Model):

@@ -83,6 +83,12 @@ def render_summary(
         f"| batches | {len(report.batches)} |",
         f"| tokens used | {report.tokens_used} / {config.token_budget.limit} |",
     ]
+    g = report.po_gates
+    if g.go_issued or g.feedback_issued or g.blocked:  # Agent-PO gates ran
+        lines.append(
+            f"| PO gates | GO {g.go_issued}, NEXT {g.next_issued}, FEEDBACK {g.feedback_issued}, "
+            f"FIX {g.fix_issued}, BLOCKED {g.blocked} |"
+        )
     if started:
         lines.append(f"| started | {started} |")
     if finished:

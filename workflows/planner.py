@@ -22,6 +22,8 @@ with workflow.unsafe.imports_passed_through():
     from bso.messages import describe_validation_error
     from bso.models import StoryMeta
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, ReplanContext, answer
+    from bso.delivery import describe as describe_delivery, keep_error, query_timeout
+    from workflows.delivery import await_answer, deliver
 
 PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
@@ -53,6 +55,7 @@ class ScrumMasterPlanning:
             stories=stories,
             batch_size=s.config.batch_size,
             course_correction=ctx,
+            timeout_ms=s.config.resident_query_timeout_ms,
         )
         what = "re-plan" if ctx is not None else "plan"
         resident = s.residents.get(SCRUM_MASTER)
@@ -60,17 +63,20 @@ class ScrumMasterPlanning:
             why = s.unavailable_residents.get(SCRUM_MASTER) or "resident_slots.scrum_master is off"
             workflow.logger.info("%s %s: no scrum-master resident (%s): the Master's fallback plan", what, request.request_id, why)
             return answer(request, FALLBACK)
-        try:
-            await workflow.get_external_workflow_handle(resident).signal(
-                SIGNAL_PLAN_REQUEST, request.model_dump(mode="json")
+        sent = request.model_dump(mode="json", exclude_none=True)
+        failed = await deliver(resident, SIGNAL_PLAN_REQUEST, sent)  # retried, then delivery_failed
+        if failed is not None:  # the resident is gone
+            s.message_errors = keep_error(s.message_errors, failed)
+            return self._planner_failed(request, f"request not delivered ({describe_delivery(failed)})")
+        timeout = query_timeout(request.timeout_ms, PLAN_ANSWER_TIMEOUT)  # the query's timeout_ms, if any
+        late = await await_answer(
+            lambda: request.request_id in self._plan_answers, timeout, request=sent, recipient=resident
+        )
+        if late is not None:
+            s.message_errors = keep_error(s.message_errors, late)
+            return self._planner_failed(
+                request, f"no answer within {int(timeout.total_seconds())}s ({describe_delivery(late)})"
             )
-            await workflow.wait_condition(
-                lambda: request.request_id in self._plan_answers, timeout=PLAN_ANSWER_TIMEOUT
-            )
-        except asyncio.TimeoutError:
-            return self._planner_failed(request, f"no answer within {int(PLAN_ANSWER_TIMEOUT.total_seconds())}s")
-        except Exception as err:  # noqa: BLE001 - the resident is gone
-            return self._planner_failed(request, f"request not delivered ({err})")
         got = self._plan_answers.pop(request.request_id)
         if got.error is None and (got.plan if ctx is None else got.course_correction) is None:
             return self._planner_failed(request, "its answer has no plan")

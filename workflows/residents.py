@@ -77,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer
     from bso.simulation import SimulationScript
+    from workflows.delivery import deliver
 
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
 
@@ -530,10 +531,10 @@ class RosterKeeper:
 
 
 async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:
-    try:
-        if arg is None:
-            await workflow.get_external_workflow_handle(workflow_id).signal(signal)
-        else:
-            await workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)
-    except Exception as err:  # noqa: BLE001 - the resident is gone
-        workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)
+    """A signal whose failure must not stop the sender: retried with message-schemas' bound, then logged as
+    delivery_failed (workflows/delivery.py)."""
+    if arg is None:
+        await deliver(workflow_id, signal)
+    else:
+        await deliver(workflow_id, signal, arg)
+

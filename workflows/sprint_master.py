@@ -70,6 +70,8 @@ with workflow.unsafe.imports_passed_through():
         last_epic,
         select_improvements,
     )
+    from bso.po_gates import gate_totals
+    from bso.delivery import sprint_message_errors
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import resolve_story_keys
@@ -124,6 +126,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
             course_corrections=list(s.course_corrections),
+            po_gates=gate_totals(s.results),
+            message_errors=sprint_message_errors(
+                s.message_errors, [r.message_errors for r in sorted(s.results, key=lambda r: r.batch_id)]
+            ),
         )
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
@@ -346,6 +352,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             total_agents_destroyed=s.agents_destroyed,
             unavailable_residents=dict(s.unavailable_residents),
             planner=s.planner,
+            po_gates=gate_totals(s.results),
+            message_errors=sprint_message_errors(
+                s.message_errors, [r.message_errors for r in sorted(s.results, key=lambda r: r.batch_id)]
+            ),
         )
         if workflow.patched("execution-summary"):
             await self._write_summary(inp, report)

@@ -38,6 +38,9 @@ with workflow.unsafe.imports_passed_through():
         agents_task_queue_for,
     )
     from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
+    from bso.delivery import describe as describe_delivery, keep_error, query_timeout
+    from bso.messages import DeliveryFailed, ResponseTimeout
+    from workflows.delivery import await_answer, deliver
     from bso.dependencies import check_dependencies, skipped_for_dependency
     from bso.decisions import (
         DecisionError,
@@ -158,6 +161,8 @@ class SprintSlaveWorkflow:
         self._po_gates = gates_active(inp.config.po_gates_enabled, inp.agent_backend)
         self._gates_go = 0
         self._gates_next = 0
+        self._gates_other = {"FEEDBACK": 0, "FIX": 0, "BLOCKED": 0}
+        self._message_errors: list[dict[str, Any]] = []  # delivery_failed / response_timeout (seed shape)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -292,6 +297,7 @@ class SprintSlaveWorkflow:
             shutdown_requested=self._shutdown,
             paused=self._paused,
             rejected_messages=list(self._rejected),
+            message_errors=list(self._message_errors),
         )
 
     def _reject(self, msg_type: str, reason: str, dispatch_id: str | None) -> None:
@@ -346,9 +352,19 @@ class SprintSlaveWorkflow:
 
     def _result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         result = self._built_result(errors, budget_exhausted)
+        if self._message_errors:
+            result = result.model_copy(update={"message_errors": list(self._message_errors)})
         if not self._po_gates:
             return result
-        return result.model_copy(update={"gates_go_issued": self._gates_go, "gates_next_issued": self._gates_next})
+        return result.model_copy(
+            update={
+                "gates_go_issued": self._gates_go,
+                "gates_next_issued": self._gates_next,
+                "gates_feedback_issued": self._gates_other["FEEDBACK"],
+                "gates_fix_issued": self._gates_other["FIX"],
+                "gates_blocked": self._gates_other["BLOCKED"],
+            }
+        )
 
     def _built_result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         return build_slave_result(
@@ -468,27 +484,35 @@ class SprintSlaveWorkflow:
             return after_debug(progress, step, answer, unavailable, config=self._input.config)
         request = debug_request_for(
             progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
-        )
+        ).model_copy(update={"timeout_ms": self._input.config.resident_query_timeout_ms})
         self._open_debug[debug_id] = meta.key
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
-        try:
-            await workflow.get_external_workflow_handle(debugger).signal(
-                SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json")
+        sent = request.model_dump(mode="json", exclude_none=True)
+        failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent)  # retried, then delivery_failed
+        if failed is not None:  # the debugger is gone
+            self._open_debug.pop(debug_id, None)
+            self._message_error(failed)
+            unavailable = DebugResult(
+                debug_id=debug_id, story_key=meta.key, status="unavailable", error=describe_delivery(failed)
             )
-        except Exception as err:  # noqa: BLE001 - the debugger is gone
-            self._open_debug.pop(debug_id, None)
-            unavailable = DebugResult(debug_id=debug_id, story_key=meta.key, status="unavailable", error=str(err))
             return after_debug(progress, step, answer, unavailable, config=self._input.config)
-        timeout = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
-        try:
-            await workflow.wait_condition(lambda: debug_id in self._debug_results, timeout=timeout)
-        except asyncio.TimeoutError:
+        default = timedelta(seconds=self._input.config.agent_timeout_seconds.dev_execution)
+        timeout = query_timeout(request.timeout_ms, default)  # the query's timeout_ms, when it has one
+        late = await await_answer(lambda: debug_id in self._debug_results, timeout, request=sent, recipient=debugger)
+        if late is not None:
             self._open_debug.pop(debug_id, None)
+            self._message_error(late)
             return after_debug(
-                progress, step, answer, None, f"no DEBUG_RESULT within {int(timeout.total_seconds())}s",
+                progress, step, answer, None,
+                f"no DEBUG_RESULT within {int(timeout.total_seconds())}s: {describe_delivery(late)}",
                 config=self._input.config,
             )
         return after_debug(progress, step, answer, self._debug_results.pop(debug_id), config=self._input.config)
+
+    def _message_error(self, error: DeliveryFailed | ResponseTimeout) -> None:
+        """message-schemas' delivery_failed / response_timeout: recorded (status query, batch result), logged."""
+        self._message_errors = keep_error(self._message_errors, error)
+        workflow.logger.warning("[Slave] %s", describe_delivery(error))
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
@@ -530,19 +554,24 @@ class SprintSlaveWorkflow:
         go_records: list[dict[str, Any]] = []
         feedback: dict[str, Any] | None = None
         revision = 1
+        spent = 0  # tokens of the earlier dispatches of this gated step (plans, rejected attempts): they count too
         while True:  # GO gate
             answer = await self._dispatch(
                 meta, progress, step, f"{dispatch_id}/plan-{revision}",
                 po={**base, "phase": "plan", "attempt": revision, "feedback": feedback},
             )
             if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
-                return answer
+                return _with_spent(progress, step, answer, spent)
             try:
                 plan = PlanSubmissionPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
+                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                self._reject("PLAN_SUBMISSION", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
-                    progress, f"PO gate: no valid PLAN_SUBMISSION ({describe_validation_error(err)})", answer.tokens_used
+                    progress, f"PO gate: no valid PLAN_SUBMISSION ({why})",
+                    spent + answer.tokens_used,
                 )
+            spent += answer.tokens_used
             decision = go_gate(
                 plan, scope, revision=revision, max_revisions=config.po_max_revisions,
                 timeout_minutes=timeout_minutes, task_id=meta.key,
@@ -560,9 +589,12 @@ class SprintSlaveWorkflow:
             if decision.outcome == "GO":
                 self._gates_go += 1
                 break
+            self._gates_other[decision.outcome] += 1  # FEEDBACK or BLOCKED
             if decision.outcome == "BLOCKED":
                 assert decision.blocked is not None
-                return intervention(progress, f"PO gate BLOCKED: {decision.blocked.reason}: {decision.blocked.details.issue}")
+                return intervention(
+                    progress, f"PO gate BLOCKED: {decision.blocked.reason}: {decision.blocked.details.issue}", spent
+                )
             feedback = decision.feedback.model_dump(mode="json") if decision.feedback else None
             revision += 1
         assert decision.go is not None
@@ -588,13 +620,15 @@ class SprintSlaveWorkflow:
                 },
             )
             if not isinstance(answer, AgentComplete) or answer.status is not AgentStatus.SUCCESS:
-                return answer
+                return _with_spent(progress, step, answer, spent)
             try:
                 report = CompletionReportPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
+                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                self._reject("COMPLETION_REPORT", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
-                    progress, f"PO gate: no valid COMPLETION_REPORT ({describe_validation_error(err)})",
-                    answer.tokens_used,
+                    progress, f"PO gate: no valid COMPLETION_REPORT ({why})",
+                    spent + answer.tokens_used,
                 )
             outcome = next_gate(
                 report, scope, authorized, retries_used=attempt - 1, max_retries=config.po_max_retries,
@@ -611,13 +645,15 @@ class SprintSlaveWorkflow:
             await self._record_gate(meta.key, "next", next_records)
             if outcome.outcome == "NEXT":
                 self._gates_next += 1
-                return answer
+                return _with_spent(progress, step, answer, spent)
+            self._gates_other[outcome.outcome] += 1  # FIX or BLOCKED
             if outcome.outcome == "BLOCKED":
                 assert outcome.blocked is not None
                 return intervention(
                     progress, f"PO gate BLOCKED: {outcome.blocked.reason}: {outcome.blocked.details.issue}",
-                    answer.tokens_used,
+                    spent + answer.tokens_used,
                 )
+            spent += answer.tokens_used
             earlier.append(list(outcome.issues))
             fix = outcome.fix.model_dump(mode="json") if outcome.fix else None
             attempt += 1
@@ -800,6 +836,17 @@ class SprintSlaveWorkflow:
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )
+
+
+def _with_spent(
+    progress: StoryProgress, step: DispatchStep, answer: AgentComplete | str, spent: int
+) -> AgentComplete | str | Transition:
+    """A gated step's last answer, carrying the tokens of its earlier dispatches (they count toward the budget)."""
+    if spent <= 0:
+        return answer
+    if isinstance(answer, AgentComplete):
+        return answer.model_copy(update={"tokens_used": answer.tokens_used + spent})
+    return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {answer}", spent)
 
 
 def _consume_outcome(task: asyncio.Task[Any]) -> None:

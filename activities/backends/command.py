@@ -28,11 +28,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 from temporalio import activity
 
+from activities import po_command
+from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
 from activities.git_ops import (
     Worktree,
@@ -48,6 +51,7 @@ from activities.git_ops import (
 from activities.process import group_alive, kill_group, kill_group_now
 from activities.session_files import safe_name, session_path, write_json_atomic
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
+from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,
     AgentsFile,
@@ -183,9 +187,7 @@ async def _run_process(
             elapsed = time.monotonic() - started
             if done:
                 break
-            activity.heartbeat(
-                {"dispatch_id": dispatch_id, "pid": proc.pid, "elapsed_s": int(elapsed), "last_line": last[0]}
-            )
+            activity.heartbeat(heartbeat_detail(env, dispatch_id, proc.pid, elapsed, timeout, last[0]))
             if elapsed >= timeout:
                 timed_out = True
                 await kill_group(pgid, agents.kill_grace_seconds)
@@ -236,12 +238,17 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
 
 
 @asynccontextmanager
-async def _beating(dispatch_id: str, phase: str, every: float) -> AsyncIterator[None]:
-    """Heartbeat while BSO checks the agent's work (the verification can take minutes)."""
+async def _beating(a: TaskAssignment, phase: str, every: float) -> AsyncIterator[None]:
+    """Heartbeat (a PROGRESS_UPDATE) while BSO checks the agent's work (the verification can take minutes)."""
 
     async def beat() -> None:
         while True:
-            activity.heartbeat({"dispatch_id": dispatch_id, "phase": phase})
+            activity.heartbeat(
+                progress_update(
+                    agent_id=a.agent_type.value, task_id=a.story_key, at=datetime.now(UTC), percent=99,
+                    current_activity=f"BSO {phase} the agent's work", dispatch_id=a.dispatch_id, phase=phase,
+                )
+            )
             await asyncio.sleep(every)
 
     task = asyncio.create_task(beat())
@@ -328,6 +335,9 @@ async def run(a: TaskAssignment) -> AgentComplete:
     else:  # the agent finished in an earlier attempt: check its work, never run it again
         activity.logger.info("dispatch %s: agent already exited; checking its work again", a.dispatch_id)
         before = exited[1]
+    po_base = None  # Agent-PO completion phases: the NEXT gate's changed files are the diff since this
+    if wt and before and po_command.is_completion(a):
+        po_base = await po_command.remember_diff_base(wt.path, a, before)
     passing_before: int | None = exited[2] if exited else None
     checks = agents.verification
     if exited is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
@@ -355,7 +365,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
         else "",
     )
     template, common = load_templates(root, a.agent_type)
-    prompt = redact_text(render_prompt(template, common, ctx), env)
+    po_section = po_command.prompt_section(root, a, str(result_file))  # Agent-PO phase, if any
+    prompt = redact_text(render_prompt(template, common, ctx) + po_section, env)
     prompt_file = run_dir / "prompt.md"
     if exited is None:
         prompt_file.write_text(prompt, encoding="utf-8")
@@ -369,6 +380,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         "BSO_WORKDIR": workdir,
         "BSO_PROMPT_FILE": str(prompt_file),
         "BSO_PROJECT_ROOT": root,
+        **po_command.env(a),
     }
     env.update(bso_env)
     argv = render_argv(
@@ -409,10 +421,10 @@ async def run(a: TaskAssignment) -> AgentComplete:
         )
     else:
         run = exited[0]
-    async with _beating(a.dispatch_id, "checking", _beat_every(agents)):
+    async with _beating(a, "checking", _beat_every(agents)):
         return await _checked(
             a, profile, agents, env, wt, root, run_dir, marker, result_file, run, timeout, before,
-            passing_before, scope, verification_file,
+            passing_before, scope, verification_file, po_base,
         )
 
 
@@ -420,23 +432,26 @@ async def _checked(
     a: TaskAssignment, profile: ResolvedProfile, agents: AgentsFile, env: dict[str, str], wt: Worktree | None,
     root: str, run_dir: Path, marker: Path, result_file: Path, run: AgentRun, timeout: float,
     before: str | None, passing_before: int | None, scope: list[str], verification_file: Path,
+    po_base: str | None,
 ) -> AgentComplete:
     """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
     checks = agents.verification
     stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
-    complete = _agent_answer(a, result_file, stdout, run, timeout)
+    complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
+        a, result_file, stdout, run, timeout
+    )
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
     failure: str | None = None
     failure_type: str | None = None
 
-    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None:
+    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None and not po_command.is_plan(a):
         gate = await exit_gate(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,
         )
-        changed = await committed_paths(wt.path, before)
+        changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19
             findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))
         if gate.refused:  # P21
@@ -460,9 +475,9 @@ async def _checked(
                 )
                 failure_type = VERIFICATION_FAILED
 
-    elif wt is not None and a.agent_type is not AgentType.DEV_RUNNER:
+    elif wt is not None and (a.agent_type is not AgentType.DEV_RUNNER or po_command.is_plan(a)):
         left = await changed_paths(wt.path)
-        if left:  # a reviewer changes nothing: its edits are stashed (kept, out of the way) and reported
+        if left:  # a reviewer (or a plan) changes nothing: its edits are stashed (kept, out of the way) and reported
             who = await identity_args(wt.path)
             await git(wt.path, *who, "stash", "push", "-q", "-u", "-m", f"bso: left by {a.dispatch_id}")
             findings.append(
@@ -472,6 +487,10 @@ async def _checked(
                 )
             )
 
+    if po_base is not None and wt is not None and failure is None:  # the NEXT gate sees the real diff
+        complete = complete.model_copy(update={"findings": findings})
+        complete = await po_command.with_real_changes(complete, wt.path, po_base, run_dir)
+        findings = list(complete.findings)
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)
     summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"

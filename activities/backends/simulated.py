@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.session_files import append_jsonl, dispatch_answer_path, session_path, write_json_atomic
+from bso.agent_progress import percent_of, progress_update
 from bso.dispatch import SCRIPT_KEYS
 from bso.messages import AgentComplete, TaskAssignment
 from bso.models import short_key
@@ -55,7 +56,18 @@ async def _work_for(duration_ms: int, assignment: TaskAssignment) -> None:
     """Take the scripted time, heartbeating so a lost worker is noticed early."""
     deadline = time.monotonic() + duration_ms / 1000
     while (left := deadline - time.monotonic()) > 0:
-        activity.heartbeat({"dispatch_id": assignment.dispatch_id, "remaining_ms": int(left * 1000)})
+        activity.heartbeat(  # Agent-PO's PROGRESS_UPDATE as the heartbeat's detail
+            progress_update(
+                agent_id=assignment.agent_type.value,
+                task_id=assignment.story_key,
+                at=datetime.now(UTC),
+                percent=percent_of(duration_ms - left * 1000, duration_ms),
+                current_activity=f"simulated {assignment.agent_type.value}/{assignment.mode.value}",
+                eta_seconds=left,
+                dispatch_id=assignment.dispatch_id,
+                remaining_ms=int(left * 1000),
+            )
+        )
         await asyncio.sleep(min(left, HEARTBEAT_EVERY_SECONDS))
 
 

@@ -10,6 +10,13 @@ Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or 
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
+
+Agent-PO gates ($BSO_PO_PHASE set): in the plan phase it changes nothing and writes a PLAN_SUBMISSION; in
+the completion phases (implement / fix) it implements as above and writes a COMPLETION_REPORT. What kind,
+per attempt ($BSO_PO_ATTEMPT; the last entry repeats), from $FAKE_AGENT_PO_PLAN (good, missing-ac,
+out-of-scope, invalid) and $FAKE_AGENT_PO_REPORT (good, missing-ac, out-of-scope, fewer-files: changes
+docs/notes.md but claims only the planned files, invalid). The AC ids and authorized files come from the
+prompt's PO section, as a real agent would read them. A fix attempt removes docs/notes.md.
 """
 
 import json
@@ -34,6 +41,55 @@ def git(*args):
                    capture_output=True)
 
 
+def po_kind(var, attempt):
+    kinds = [k.strip() for k in os.environ.get(var, "good").split(",") if k.strip()] or ["good"]
+    return kinds[min(attempt, len(kinds)) - 1]
+
+
+def section(prompt, heading):
+    m = re.search(r"^### " + re.escape(heading) + r"\s*$(.*?)(?=^#|\Z)", prompt, re.M | re.S)
+    return [x.strip() for x in re.findall(r"^- `?([^`\n]+?)`?\s*$", m.group(1), re.M)] if m else []
+
+
+def now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def po_plan(kind, prompt, key, module, attempt):
+    acs = [a for a in section(prompt, "Acceptance criteria to map") if a.startswith("AC-")]
+    if kind == "missing-ac":
+        acs = acs[:-1]
+    files = [f"src/{module}.py", f"src/{module}_extra.py", f"tests/test_{module}.py"]
+    if kind == "out-of-scope":
+        files.append("docs/notes.md")
+    plan = {"approach": f"fake plan ({kind})",
+            "ac_mapping": [{"ac_id": ac, "implementation": f"greet() for {ac}", "file": files[0]} for ac in acs],
+            "files_to_modify": [{"path": f, "changes": "add"} for f in files],
+            "test_approach": {"unit_tests": [files[2]]}}
+    if kind == "invalid":
+        del plan["ac_mapping"]
+    return {"message_type": "PLAN_SUBMISSION", "timestamp": now(), "agent_id": "dev-runner", "task_id": key,
+            "revision": attempt, "plan": plan}
+
+
+def po_report(kind, prompt, key):
+    acs = [a for a in section(prompt, "Acceptance criteria to verify") if a.startswith("AC-")]
+    if kind == "missing-ac":
+        acs = acs[:-1]
+    files = section(prompt, "Authorized files")
+    if kind == "out-of-scope":
+        files.append("docs/notes.md")
+    report = {"message_type": "COMPLETION_REPORT", "timestamp": now(), "agent_id": "dev-runner", "task_id": key,
+              "summary": {"started_at": now(), "completed_at": now(), "duration_minutes": 1},
+              "ac_verification": [{"ac_id": ac, "status": "PASS", "evidence": f"test_greet ({ac})", "tested": True}
+                                  for ac in acs],
+              "test_results": {"passed": 1, "failed": 0},
+              "files_changed": [{"path": f, "action": "added"} for f in files]}
+    if kind == "invalid":
+        report["test_results"] = {"passed": -1}
+    return report
+
+
 def main():
     prompt = read_prompt(sys.argv[1:])
     agent = os.environ["BSO_AGENT_TYPE"]
@@ -46,8 +102,24 @@ def main():
     if os.environ.get("FAKE_AGENT_LEDGER"):
         with open(os.environ["FAKE_AGENT_LEDGER"], "a") as fh:
             fh.write(json.dumps({"dispatch_id": os.environ["BSO_DISPATCH_ID"], "agent": agent, "mode": mode,
-                                 "pid": os.getpid(), "prompt_chars": len(prompt)}) + "\n")
+                                 "phase": os.environ.get("BSO_PO_PHASE", ""), "pid": os.getpid(),
+                                 "prompt_chars": len(prompt)}) + "\n")
     dev = agent == "dev-runner"
+    phase = os.environ.get("BSO_PO_PHASE", "")
+    attempt = int(os.environ.get("BSO_PO_ATTEMPT", "1") or 1)
+    module = "story_" + key.replace("-", "_")
+    if dev and phase == "plan":
+        plan = po_plan(po_kind("FAKE_AGENT_PO_PLAN", attempt), prompt, key, module, attempt)
+        Path(os.environ["BSO_RESULT_FILE"]).write_text(json.dumps(plan))
+        print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "Plan submitted.",
+                          "usage": {"input_tokens": 300, "output_tokens": 100}}))
+        return
+    report_kind = po_kind("FAKE_AGENT_PO_REPORT", attempt) if dev and phase else ""
+    if report_kind in ("out-of-scope", "fewer-files"):
+        behavior.add("out-of-scope")
+    if dev and phase == "fix" and Path("docs/notes.md").exists():
+        git("rm", "-q", "docs/notes.md")
+        git("commit", "-q", "-m", f"fix {key}: remove docs/notes.md")
     if dev and "hang" in behavior:
         child = subprocess.Popen(["sleep", "300"])
         Path(os.environ["FAKE_AGENT_PIDS"]).write_text(json.dumps([os.getpid(), child.pid]))
@@ -58,7 +130,6 @@ def main():
         sys.exit(3)
 
     result = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": f"fake {agent}/{mode}"}
-    module = "story_" + key.replace("-", "_")
     if agent == "story-creator":
         Path(os.environ["BSO_STORY_FILE"]).write_text(
             f"# Story 1.1: Hello\n\nStatus: story-doc-review\n\nFile scope: src/**, tests/**\n\n"
@@ -84,10 +155,13 @@ def main():
             Path("docs/notes.md").write_text("outside the scope\n")
         if "no-commit" not in behavior:
             git("add", "src", "tests")
-            git("commit", "-q", "-m", f"implement {key}")
+            if subprocess.run(["git", "diff", "--cached", "--quiet"]).returncode:  # something staged
+                git("commit", "-q", "-m", f"implement {key}")
             Path(f"src/{module}_extra.py").write_text("EXTRA = 1\n")  # left for BSO's exit gate
     usage = {"input_tokens": 1000, "output_tokens": 200, "cache_read_input_tokens": 5000,
              "cache_creation_input_tokens": 0}
+    if report_kind:
+        result = po_report(report_kind, prompt, key)
     if "no-result-file" in behavior:
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
     else:

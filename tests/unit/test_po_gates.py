@@ -52,12 +52,16 @@ def test_story_acs_and_scope() -> None:
     assert in_scope("src/login.py", SCOPE.files) and in_scope("src/templates/a.html", SCOPE.files)
     assert not in_scope("src/other.py", SCOPE.files)
     assert in_scope("anything.py", [])  # no scope declared: any file
+    # `File scope:` globs, as the command backend's scope guard reads them
+    assert in_scope("src/a/b.py", ["src/**"]) and in_scope("tests/test_x.py", ["tests/test_*.py"])
+    assert not in_scope("docs/notes.md", ["src/**", "tests/**"]) and not in_scope("srcx/a.py", ["src/**"])
+    assert in_scope("./.github/ci.yml", [".github/"]) and not in_scope("github/ci.yml", [".github/"])
 
 
 def test_knob_default_depends_on_backend() -> None:
     assert resolve_config().po_gates_enabled is None
-    # The command backend does not yet tell its agent the PO phase: its default stays off until it does.
-    assert not gates_active(None, "command") and not gates_active(None, "simulated")
+    # The command backend tells its agent the PO phase and checks the real diff: on by default for it.
+    assert gates_active(None, "command") and not gates_active(None, "simulated")
     assert gates_active(True, "simulated") and not gates_active(False, "command")
     assert resolve_config().po_max_revisions == 2 and resolve_config().po_max_retries == 2
 
@@ -113,3 +117,20 @@ def test_script_po_kinds_are_validated() -> None:
         pass
     else:
         raise AssertionError("an unknown plan kind must be refused")
+
+
+def test_gate_totals_sum_the_batches() -> None:
+    from bso.models import GateCounts, SlaveResult, SlaveResults
+    from bso.po_gates import gate_totals
+
+    def batch(i: int, go: int, nxt: int, fb: int, fix: int, blocked: int) -> SlaveResult:
+        results = SlaveResults(stories_total=0, stories_completed=0, stories_failed=0, stories_skipped=0,
+                               story_results=[], total_agents_created=0, total_agents_destroyed=0,
+                               review_fix_rounds={})
+        return SlaveResult(status="batch-complete", batch_id=i, session_id="s", results=results, gates_go_issued=go,
+                           gates_next_issued=nxt, gates_feedback_issued=fb, gates_fix_issued=fix, gates_blocked=blocked)
+
+    assert gate_totals([]) == GateCounts()
+    assert gate_totals([batch(1, 2, 1, 0, 3, 1), batch(2, 1, 1, 2, 0, 0)]) == GateCounts(
+        go_issued=3, next_issued=2, feedback_issued=2, fix_issued=3, blocked=1
+    )

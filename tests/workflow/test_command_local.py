@@ -80,8 +80,9 @@ async def test_story_from_backlog_to_done_squashed_and_merged(local_env, tmp_pat
     assert report.stories == {STORY: "done"} and status_values(root)[STORY] == "done"
     assert git(root, "log", "--format=%s", f"{base}..HEAD").splitlines() == ["feat: Story 1.1: Hello"]
     assert "src/story_1_1_hello_world.py" in git(root, "show", "--name-only", "--format=", "HEAD").split()
-    assert [(r["agent"], r["mode"]) for r in agent_runs(tmp_path)] == [
-        ("story-creator", "create"), ("story-reviewer", "review"), ("dev-runner", "dev"), ("review-runner", "review"),
+    assert [(r["agent"], r["mode"], r["phase"]) for r in agent_runs(tmp_path)] == [  # PO gates on: plan first
+        ("story-creator", "create", ""), ("story-reviewer", "review", ""),
+        ("dev-runner", "dev", "plan"), ("dev-runner", "dev", "implement"), ("review-runner", "review", ""),
     ]
     assert await workflow_task_failures(local_env.client, session) == 0
 
@@ -122,10 +123,11 @@ async def test_verification_overrides_a_false_success_and_its_output_goes_to_the
     session = f"cmd-verify-{uuid.uuid4().hex[:6]}"
     report = await sprint(local_env, root, session)
     assert report.stories == {STORY: "done"}, report
-    assert [(r["agent"], r["mode"]) for r in agent_runs(tmp_path)] == [
-        ("dev-runner", "dev"), ("dev-runner", "fix"), ("review-runner", "review"),
+    assert [(r["agent"], r["mode"], r["phase"]) for r in agent_runs(tmp_path)] == [
+        ("dev-runner", "dev", "plan"), ("dev-runner", "dev", "implement"),
+        ("dev-runner", "fix", "plan"), ("dev-runner", "fix", "implement"), ("review-runner", "review", ""),
     ]
-    fix = next(r for r in agent_runs(tmp_path) if r["mode"] == "fix")
+    fix = next(r for r in agent_runs(tmp_path) if r["mode"] == "fix" and r["phase"] == "implement")
     fix_prompt = (command.run_dir_for(str(root), fix["dispatch_id"]) / "prompt.md").read_text()
     # The failing output reached the fix: among its findings, and as the last verification run.
     assert "## Findings to fix" in fix_prompt and "BSO's verification failed" in fix_prompt
@@ -186,7 +188,7 @@ async def test_worker_killed_while_checking_a_finished_agent_does_not_rerun_it(l
         second_worker.stop()
         hold.unlink(missing_ok=True)
     assert report.stories == {STORY: "done"}, report
-    devs = [r for r in agent_runs(tmp_path) if r["agent"] == "dev-runner"]
+    devs = [r for r in agent_runs(tmp_path) if r["agent"] == "dev-runner" and r["phase"] == "implement"]
     assert len(devs) == 1, devs  # the agent ran once for its dispatch ...
     run_dir = command.run_dir_for(str(root), devs[0]["dispatch_id"])
     assert json.loads((run_dir / "command.json").read_text())["attempt"] >= 2  # ... though its activity ran twice

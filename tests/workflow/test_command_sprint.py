@@ -34,13 +34,13 @@ async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path)
     assert not worktree_path(str(root), "cmd-sprint", STORY).exists()
     assert git(root, "for-each-ref", "refs/bso-originals").strip()
     agents = [line for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
-    assert len(agents) == 4  # create, story review, dev, code review
+    assert len(agents) == 5  # create, story review, dev plan (PO gates: on by default), dev, code review
     assert await workflow_task_failures(ts_env.client, "cmd-sprint") == 0
     # auto_clear_git_track (default true): the merged story's branch and process scratch files are gone,
     # its transcripts stay.
     assert git(root, "branch", "--list", f"bso/cmd-sprint/{STORY}").strip() == ""
     runs = list((root / ".sprint-session" / "agents").glob("*/command.json"))
-    assert len(runs) == 4
+    assert len(runs) == len(agents)  # one transcript directory per agent run
     for run in runs:
         assert (run.parent / "stdout.log").exists() and (run.parent / "complete.json").exists()
         assert not (run.parent / "pid.json").exists() and not (run.parent / "exit.json").exists()
@@ -173,8 +173,9 @@ async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_en
         )
     assert report.stories == {STORY: "done"}, report
     runs = [json.loads(line) for line in ledger.read_text().splitlines()]
-    assert [(r["agent"], r["mode"]) for r in runs] == [
-        ("dev-runner", "dev"), ("dev-runner", "fix"), ("review-runner", "review")
+    assert [(r["agent"], r["mode"], r["phase"]) for r in runs] == [  # PO gates (on): a plan before each
+        ("dev-runner", "dev", "plan"), ("dev-runner", "dev", "implement"),
+        ("dev-runner", "fix", "plan"), ("dev-runner", "fix", "implement"), ("review-runner", "review", ""),
     ]
     assert report.batches[0].results.review_fix_rounds == {STORY: 1}
     # The debugger was asked first (the command backend has no analysis of its own: unavailable).

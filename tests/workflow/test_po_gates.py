@@ -113,3 +113,43 @@ async def test_blocked_after_max_retries(ts_env, tmp_path: Path):
     assert [d["outcome"] for d in _gates(tmp_path, "next")] == ["FIX", "BLOCKED"]
     assert "completion rejected after 1 fix retry" in (story.error or "")
     assert (batch.gates_go_issued, batch.gates_next_issued) == (1, 0)
+
+
+def _story(key: str) -> str:
+    return STORY.replace("Story 1.1: Login form", f"Story {key[0]}.{key[2]}: Story {key}")
+
+
+async def test_master_sums_the_gate_counters_of_its_slaves(ts_env, tmp_path: Path):
+    """Four stories in several batches, one per gate path: the report and the status sum the Slaves' counters."""
+    keys = ["1-1-login-form", "1-2-logout", "1-3-profile", "1-4-settings"]
+    make_project(tmp_path, {k: "ready-for-dev" for k in keys}, {k: _story(k) for k in keys})
+    po = {
+        "1-1": {},  # GO, NEXT
+        "1-2": {"plan": ["no_tests"] * 3},  # FEEDBACK, FEEDBACK, BLOCKED
+        "1-3": {"report": ["failing_tests", "good"]},  # GO, FIX, NEXT
+        "1-4": {"plan": ["missing_ac", "good"], "report": ["failing_tests"] * 3},  # FEEDBACK, GO, FIX, BLOCKED
+    }
+    inp = sprint_input(
+        tmp_path,
+        session_id="gate-totals",
+        simulation={"stories": {k: {"po": v} for k, v in po.items()}},
+        config_overrides={"po_gates_enabled": True, "story_review_enabled": False, "po_max_retries": 1},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, inp)
+        status = await ts_env.client.get_workflow_handle("gate-totals").query("status")
+    assert report.stories == {keys[0]: "done", keys[1]: "needs-intervention", keys[2]: "done", keys[3]: "needs-intervention"}
+    assert len(report.batches) >= 2  # they share their Files: scope, so the planner keeps them apart
+    totals = report.po_gates
+    assert (totals.go_issued, totals.next_issued, totals.feedback_issued, totals.fix_issued, totals.blocked) == (
+        3, 2, 3, 2, 2,
+    )
+    for name, field in (("go_issued", "gates_go_issued"), ("next_issued", "gates_next_issued"),
+                        ("feedback_issued", "gates_feedback_issued"), ("fix_issued", "gates_fix_issued"),
+                        ("blocked", "gates_blocked")):
+        assert getattr(totals, name) == sum(getattr(b, field) for b in report.batches)
+    assert all(b.gates_go_issued >= b.gates_next_issued for b in report.batches)
+    assert totals.go_issued >= totals.next_issued  # the invariant, sprint-wide
+    assert status["po_gates"] == totals.model_dump(mode="json")
+    summary = (tmp_path / ".sprint-session" / "execution-summary-gate-totals.md").read_text()
+    assert "| PO gates | GO 3, NEXT 2, FEEDBACK 3, FIX 2, BLOCKED 2 |" in summary

@@ -1,0 +1,121 @@
+"""message-schemas' delivery_failed and response_timeout on the time-skipping server: a Slave's DEBUG_REQUEST
+to a debugger that does not exist (retried with the schema's bound, then delivery_failed) or that never
+answers within the query's timeout_ms (response_timeout); the Master's PLAN_REQUEST carries timeout_ms."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from bso.config import resolve_config
+from bso.constants import slave_workflow_id
+from bso.models import DEFAULT_STATUS_FILE, SlaveInput, SlaveResult, StoryMeta
+from bso.roster import resident_workflow_id
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, workflow_task_failures
+from workflows.sprint_slave import SprintSlaveWorkflow
+
+K1 = "1-1-login-form"
+
+
+@workflow.defn(name="SilentResident")
+class SilentResident:
+    """A resident that receives requests and never answers them."""
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+def slave_input(root: Path, session: str, debugger: str, **overrides) -> SlaveInput:
+    make_project(root, {K1: "ready-for-dev"})
+    return SlaveInput(
+        batch_id=1, session_id=session, project_root=str(root), status_file=DEFAULT_STATUS_FILE,
+        stories=[StoryMeta(key=K1, epic="1", short_key="1-1", state="ready-for-dev",
+                           story_path=f"_bmad-output/implementation-artifacts/{K1}.md")],
+        config=resolve_config(overrides), config_overrides=overrides,
+        simulation={"stories": {"1-1": {"fail": {"dev": "error"}}}},
+        resident_contacts={"debugger": debugger},
+    )
+
+
+async def run_slave(client, queue: str, inp: SlaveInput) -> SlaveResult:
+    return await client.execute_workflow(
+        SprintSlaveWorkflow.run, inp, id=slave_workflow_id(inp.session_id, 1), task_queue=queue
+    )
+
+
+async def events(client, workflow_id: str) -> list:
+    return [e async for e in client.get_workflow_handle(workflow_id).fetch_history_events()]
+
+
+async def test_an_undeliverable_request_is_retried_then_delivery_failed(ts_env, tmp_path: Path) -> None:
+    async with bso_worker(ts_env.client) as queue:
+        result = await run_slave(ts_env.client, queue, slave_input(tmp_path, "dlv-gone", "dlv-gone/no-such-debugger"))
+    [story] = result.results.story_results
+    assert story.final_state == "needs-intervention"
+    assert "debugger unavailable: delivery_failed: agent_unavailable" in story.error
+    assert "(after 3 of 3 retries)" in story.error
+    [error] = result.message_errors
+    assert (error["type"], error["error_type"], error["retry_count"], error["max_retries"]) == (
+        "error", "delivery_failed", 3, 3,
+    )
+    history = await events(ts_env.client, slave_workflow_id("dlv-gone", 1))
+    tries = [e for e in history if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED]
+    timers = [
+        e.timer_started_event_attributes.start_to_fire_timeout.seconds
+        for e in history
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.event_id > tries[0].event_id
+    ]
+    assert len(tries) == 4 and timers == [1, 2, 4]  # the first try and 3 retries, a backoff before each retry
+    assert await workflow_task_failures(ts_env.client, slave_workflow_id("dlv-gone", 1)) == 0
+
+
+async def test_an_unanswered_query_is_a_response_timeout(ts_env, tmp_path: Path) -> None:
+    silent_queue = f"silent-{uuid.uuid4().hex[:8]}"
+    silent_id = f"dlv-silent/resident-debugger-{uuid.uuid4().hex[:6]}"
+    async with Worker(ts_env.client, task_queue=silent_queue, workflows=[SilentResident],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        silent = await ts_env.client.start_workflow("SilentResident", id=silent_id, task_queue=silent_queue)
+        try:
+            async with bso_worker(ts_env.client) as queue:
+                inp = slave_input(tmp_path, "dlv-silent", silent_id, resident_query_timeout_ms=2000)
+                result = await run_slave(ts_env.client, queue, inp)
+                status = await ts_env.client.get_workflow_handle(slave_workflow_id("dlv-silent", 1)).query("status")
+        finally:
+            await silent.terminate("test over")
+    [story] = result.results.story_results
+    assert story.final_state == "needs-intervention"
+    assert "no DEBUG_RESULT within 2s: response_timeout" in story.error
+    [error] = result.message_errors
+    assert (error["error_type"], error["waited_ms"], error["recipient"]) == ("response_timeout", 2000, silent_id)
+    assert status["message_errors"] == result.message_errors
+    # The request was delivered, with its timeout_ms.
+    received = [
+        e for e in await events(ts_env.client, silent_id)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+    [request] = [json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data) for e in received]
+    assert request["msg_type"] == "DEBUG_REQUEST" and request["timeout_ms"] == 2000
+
+
+async def test_the_plan_request_carries_timeout_ms_and_is_answered_in_time(ts_env, tmp_path: Path) -> None:
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    inp = sprint_input(tmp_path, session_id="dlv-plan", config_overrides={"resident_query_timeout_ms": 5000})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, inp)
+    assert report.stories == {K1: "done"} and report.planner == "scrum-master"
+    assert report.message_errors == []
+    sm = await events(ts_env.client, resident_workflow_id("dlv-plan", "scrum-master"))
+    plans = [
+        json.loads(e.workflow_execution_signaled_event_attributes.input.payloads[0].data)
+        for e in sm
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == "plan_request"
+    ]
+    assert [p["timeout_ms"] for p in plans] == [5000]

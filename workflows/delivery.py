@@ -1,0 +1,58 @@
+"""message-schemas' delivery and query rules inside workflows (the rules: bso/delivery.py).
+
+`deliver` sends a signal to another workflow (a resident, or a requester), retrying a failed delivery up to
+the schema's bound with durable timers between tries, and returns the `delivery_failed` error when it gives
+up. `await_answer` waits for an answer within the query's `timeout_ms` and returns `response_timeout`
+when it passes. Neither raises for a missing peer; no command is added when delivery succeeds at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from bso.delivery import MAX_DELIVERY_RETRIES, delivery_backoff, delivery_failed, response_timeout
+    from bso.messages import DeliveryFailed, ResponseTimeout
+
+_NO_ARG = object()
+
+
+async def deliver(
+    workflow_id: str, signal: str, arg: Any = _NO_ARG, *, max_retries: int = MAX_DELIVERY_RETRIES
+) -> DeliveryFailed | None:
+    """Signal `workflow_id`; None once delivered, the delivery_failed error after `max_retries` retries."""
+    retries = 0
+    while True:
+        try:
+            handle = workflow.get_external_workflow_handle(workflow_id)
+            if arg is _NO_ARG:
+                await handle.signal(signal)
+            else:
+                await handle.signal(signal, arg)
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the peer is gone or unreachable: retried, then reported
+            if retries >= max_retries:
+                message = {"signal": signal, "to": workflow_id, "arg": None if arg is _NO_ARG else arg}
+                failed = delivery_failed(message, err, retry_count=retries, max_retries=max_retries)
+                workflow.logger.warning("signal %s to %s: %s", signal, workflow_id, failed.reason)
+                return failed
+            retries += 1
+            await workflow.sleep(delivery_backoff(retries))
+
+
+async def await_answer(
+    answered: Callable[[], bool], timeout: timedelta, *, request: Any, recipient: str
+) -> ResponseTimeout | None:
+    """Wait until `answered()`; the response_timeout error when `timeout` passes first."""
+    try:
+        await workflow.wait_condition(answered, timeout=timeout)
+    except asyncio.TimeoutError:
+        return response_timeout(request, timeout, recipient)
+    return None
