@@ -344,7 +344,8 @@ class RosterKeeper:
     def _init_roster(self) -> None:
         self._ready_residents: set[str] = set()
         self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
-        self._roster_signals: list[asyncio.Task[None]] = []
+        self._roster_changes: list[str] = []  # changes not yet broadcast
+        self._roster_sender: asyncio.Task[None] | None = None
         self._stopped_residents: set[str] = set()
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
@@ -448,21 +449,33 @@ class RosterKeeper:
     # --- the roster --------------------------------------------------------------------------------
 
     def _roster_changed(self, roster: Roster, change: str) -> None:
-        """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54)."""
+        """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54).
+
+        One broadcast at a time: the first change goes out with the workflow task that made it; the
+        changes made while it is on its way go out together in the next one (the latest full roster,
+        `change` naming each change in order). A broadcast per change cost every resident a workflow
+        task and the Master two events per resident for each agent dispatched and finished."""
+        self._state.roster = roster
+        self._roster_changes.append(change)
+        if self._roster_sender is None or self._roster_sender.done():
+            self._roster_sender = asyncio.create_task(self._send_roster())
+
+    async def _send_roster(self) -> None:
         s = self._state
-        s.roster = roster
-        s.roster_seq += 1
-        message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change=change, roster=roster)
-        payload = message.model_dump(mode="json")
-        for workflow_id in s.residents.values():
-            self._roster_signals.append(
-                asyncio.create_task(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload))
+        while self._roster_changes:
+            changes, self._roster_changes = self._roster_changes, []
+            if not s.residents:
+                continue
+            s.roster_seq += 1
+            message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change="; ".join(changes), roster=s.roster)
+            payload = message.model_dump(mode="json")
+            await asyncio.gather(
+                *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
             )
 
     async def _roster_flushed(self) -> None:
-        if self._roster_signals:
-            pending, self._roster_signals = self._roster_signals, []
-            await asyncio.gather(*pending)
+        while self._roster_sender is not None and not self._roster_sender.done():
+            await self._roster_sender
 
     def _slave_started(self, name: str) -> None:
         self._state.agents_created += 1

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        SIGNAL_STORY_UPDATES,
         UPDATE_DECIDE,
         slave_workflow_id,
     )
@@ -125,6 +126,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             total_agents_destroyed=s.agents_destroyed,
             course_corrections=list(s.course_corrections),
         )
+
+    @workflow.signal(name=SIGNAL_STORY_UPDATES)
+    def story_updates(self, payload: Any) -> None:
+        """Several story_update payloads in one signal (a Slave batches what it has to tell), in order."""
+        updates = payload.get("updates") if isinstance(payload, dict) else None
+        if not isinstance(updates, list):
+            workflow.logger.warning("story_updates ignored: expected an object with a list of updates")
+            return
+        for update in updates:
+            self.story_update(update)
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
     def story_update(self, payload: Any) -> None:
