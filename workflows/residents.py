@@ -79,6 +79,9 @@ with workflow.unsafe.imports_passed_through():
     from bso.simulation import SimulationScript
 
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
+# Roster changes that keep coming while a broadcast is on its way (an agent dispatched and one finished per
+# story) are held this long after it, then broadcast together: residents hear of a change within ~1 s.
+ROSTER_BROADCAST_HOLD = timedelta(seconds=1)
 
 
 @workflow.defn
@@ -451,10 +454,10 @@ class RosterKeeper:
     def _roster_changed(self, roster: Roster, change: str) -> None:
         """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54).
 
-        One broadcast at a time: the first change goes out with the workflow task that made it; the
-        changes made while it is on its way go out together in the next one (the latest full roster,
-        `change` naming each change in order). A broadcast per change cost every resident a workflow
-        task and the Master two events per resident for each agent dispatched and finished."""
+        One broadcast at a time: the first change goes out with the workflow task that made it; changes
+        made while it is on its way are held ROSTER_BROADCAST_HOLD more, then go out together (the latest
+        full roster, `change` naming each change in order). A broadcast per change cost every resident a
+        workflow task and the Master two events per resident for each agent dispatched and finished."""
         self._state.roster = roster
         self._roster_changes.append(change)
         if self._roster_sender is None or self._roster_sender.done():
@@ -472,6 +475,8 @@ class RosterKeeper:
             await asyncio.gather(
                 *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
             )
+            if self._roster_changes:  # changes keep coming: gather them a little longer
+                await workflow.sleep(ROSTER_BROADCAST_HOLD)
 
     async def _roster_flushed(self) -> None:
         while self._roster_sender is not None and not self._roster_sender.done():

@@ -143,7 +143,8 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
         debugger = ts_env.client.get_workflow_handle(resident_workflow_id("two-phase-1", "debugger"))
         wanted = {f"{created.agent_name} created for ext-slave", f"{created.agent_name} destroyed"}
         for _ in range(100):  # the broadcasts are signals: they arrive shortly after the updates
-            changes = [b.change for b in (await debugger.query(ResidentWorkflow.status)).broadcasts]
+            broadcasts = (await debugger.query(ResidentWorkflow.status)).broadcasts
+            changes = [c for b in broadcasts for c in b.change.split("; ")]  # changes may go out together
             if wanted <= set(changes):
                 break
             await asyncio.sleep(0.1)
