@@ -340,7 +340,12 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
 
 
 def parse_status_text(text: str, source: str) -> ParsedStatus:
-    """Parse a BMAD sprint-status.yaml; any problem raises StatusFileError (never another exception)."""
+    """Parse a BMAD sprint-status.yaml; any problem raises StatusFileError (never another exception).
+
+    A file in BMAD's plain layout is read by a line scan (same result; see `_fast_scan`)."""
+    fast = _fast_parsed(text)
+    if fast is not None:
+        return fast
     return _parse_doc(text, source)[1]
 
 
@@ -592,14 +597,17 @@ class _FastFile:
     lines: list[str]
     entries: dict[str, tuple[int, int, int, str]]  # key -> (line index, value start, value end, value)
     last_updated: tuple[int, int, int] | None  # (line index, token start, token end) of a non-empty value
+    top: dict[str, str | None]  # top-level key -> its raw value token (None: no value)
 
 
 def _fast_scan(text: str) -> _FastFile | None:
     """The file's entries if it is in the plain BMAD layout, else None (then the YAML path decides)."""
-    if len(text) > MAX_STATUS_BYTES or _FAST_ODD_CHARS_RE.search(text):
+    if len(text) > MAX_STATUS_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
+        return None
+    if _FAST_ODD_CHARS_RE.search(text):
         return None
     lines = text.split("\n")
-    top: set[str] = set()
+    top: dict[str, str | None] = {}
     entries: dict[str, tuple[int, int, int, str]] = {}
     last_updated = None
     in_block = False
@@ -615,7 +623,7 @@ def _fast_scan(text: str) -> _FastFile | None:
             key, val = m["key"], m["val"]
             if val is not None and not val.startswith(("'", '"')) and (val.endswith(":") or ": " in val):
                 return None
-            top.add(key)
+            top[key] = val
             in_block = key == "development_status"
             if in_block and val is not None:
                 return None
@@ -634,7 +642,44 @@ def _fast_scan(text: str) -> _FastFile | None:
         entries[key] = (i, m.start("val"), m.end("val"), val)
     if not entries:
         return None
-    return _FastFile(lines, entries, last_updated)
+    return _FastFile(lines, entries, last_updated, top)
+
+
+_FAST_STR_RE = re.compile(r"[A-Za-z_/][A-Za-z0-9_ ./:()+-]*")  # a plain scalar YAML reads as this string
+_FAST_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")  # read as a date, shown as the same text
+
+
+def _fast_top_text(raw: str | None) -> str | None:
+    """What the YAML path makes of a top-level value (`_top_scalar`), or None when unsure."""
+    if raw is None:
+        return ""
+    if raw.startswith("'"):
+        return raw[1:-1].replace("''", "'")
+    if raw.startswith('"'):
+        return None if "\\" in raw else raw[1:-1]
+    if _FAST_DATE_RE.fullmatch(raw):
+        return raw
+    if _FAST_STR_RE.fullmatch(raw) and raw.lower() not in _FAST_NOT_STRINGS and ": " not in raw:
+        return raw
+    return None
+
+
+def _fast_parsed(text: str) -> ParsedStatus | None:
+    """parse_status_text for the plain BMAD layout (same result), or None: not that layout."""
+    fast = _fast_scan(text)
+    if fast is None:
+        return None
+    fields = {}
+    for key in ("project", "project_key", "story_location", "last_updated"):
+        value = _fast_top_text(fast.top.get(key)) if key in fast.top else ""
+        if value is None:
+            return None
+        fields[key] = value
+    entries = [
+        StatusEntry(key=k, kind=classify_key(k), value=v[3], line=v[0] + 1)  # type: ignore[arg-type]
+        for k, v in fast.entries.items()
+    ]
+    return ParsedStatus(entries=entries, **fields)
 
 
 def story_value(text: str, key: str, source: str) -> str | None:

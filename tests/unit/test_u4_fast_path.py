@@ -1,6 +1,6 @@
-"""U4's fast path (bso.sprint_status._fast_transition): for a status file in BMAD's plain layout it must
-give exactly what the round-trip YAML path gives (outcome, values, epic changes, bytes); anything else
-must be left to the YAML path."""
+"""U4's fast path (bso.sprint_status._fast_transition) and the fast parse (_fast_parsed): for a status
+file in BMAD's plain layout they must give exactly what the round-trip YAML path gives (outcome, values,
+epic changes, bytes; the parsed entries and fields); anything else must be left to the YAML path."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from bench.infra import make_project, many_stories
 from bso.sprint_status import (
     StatusFileError,
     StoryKeyError,
+    _fast_parsed,
     _fast_scan,
     _fast_transition,
+    _parse_doc,
     _yaml_transition,
     apply_story_transition,
     parse_status_text,
@@ -43,6 +45,12 @@ def test_the_example_file_takes_the_fast_path_with_the_same_bytes():
             assert fast is not None and fast == slow
         mismatch, slow = both(text, entry.key, "not-this", "done")
         assert mismatch == slow
+
+
+def test_the_example_and_bench_files_are_parsed_fast_with_the_same_result(tmp_path: Path):
+    for text in (EXAMPLE.read_text(encoding="utf-8"), make_project(tmp_path, many_stories(120)).read_text()):
+        fast = _fast_parsed(text)
+        assert fast is not None and fast == _parse_doc(text, "s.yaml")[1]
 
 
 def test_a_written_file_stays_on_the_fast_path(tmp_path: Path):
@@ -91,7 +99,7 @@ BASE = "last_updated: 2026-01-05\nproject: P\ndevelopment_status:\n  epic-1: bac
     ],
 )
 def test_anything_else_takes_the_yaml_path(text: str):
-    assert _fast_scan(text) is None
+    assert _fast_scan(text) is None and _fast_parsed(text) is None
     try:
         slow = _yaml_transition(text, "1-1-a", "review", "done", NOW, "s.yaml")
     except (StatusFileError, StoryKeyError) as err:
@@ -148,3 +156,27 @@ def test_fast_and_yaml_paths_agree_on_plain_files(generated, data):
     new = data.draw(st.sampled_from(STATES))
     fast, slow = both(text, key, expected, new)
     assert fast == slow
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_files())
+def test_fast_and_yaml_parses_agree_on_plain_files(generated):
+    text, _ = generated
+    fast = _fast_parsed(text)
+    if fast is not None:  # None: a top-level value the line scan is unsure of (a timestamp)
+        assert fast == _parse_doc(text, "s.yaml")[1]
+    assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]
+
+
+@pytest.mark.parametrize("value", ["'it''s'", '"plain"', "2026-01-05", "Bench Project", "", "x:y"])
+def test_top_level_values_read_the_same(value: str):
+    text = BASE.replace("project: P", f"project: {value}".rstrip())
+    fast = _fast_parsed(text)
+    assert fast is not None and fast == _parse_doc(text, "s.yaml")[1]
+
+
+@pytest.mark.parametrize("value", ["true", "12", "1.5", "2026-01-05T10:00:00Z", '"a\\tb"', "~", "on"])
+def test_top_level_values_yaml_would_convert_take_the_yaml_path(value: str):
+    text = BASE.replace("project: P", f"project: {value}")
+    assert _fast_parsed(text) is None
+    assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]
