@@ -143,6 +143,7 @@ class TransitionResult:
 # --- keys ----------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure; a U4 write classifies every key of the file
 def classify_key(key: str) -> EntryKind | None:
     if EPIC_KEY_RE.match(key):
         return "epic"
@@ -153,6 +154,7 @@ def classify_key(key: str) -> EntryKind | None:
     return None
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure; the epic roll-up asks it for every story of the file
 def epic_key_of(story_key: str) -> str:
     """`3-2-chunk-manager` (or `3-2`) -> `epic-3`."""
     m = STORY_KEY_RE.match(story_key) or SHORT_KEY_RE.match(story_key)
