@@ -485,7 +485,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
         s.queue = list(s.plan.batches)
         s.next_batch_id = len(s.plan.batches) + 1
-        self._set_phase(SprintPhase.RUNNING)
+        # A pause that came while planning holds: the phase must say so (resume sets running).
+        self._set_phase(SprintPhase.PAUSED if s.paused_reason is not None else SprintPhase.RUNNING)
 
     def _validate(self, inp: SprintInput) -> SprintConfig:
         try:
