@@ -1,7 +1,8 @@
 """The agent activity: one execution per dispatch (P51), on the `bso-agents` task queue.
 
-It runs the agent through the chosen backend and delivers AGENT_COMPLETE to the Slave as a signal.
-Before signalling it records the answer on disk (`.sprint-session/dispatches/`): an activity retried
+It runs the agent through the chosen backend and delivers AGENT_COMPLETE to the Slave: as the
+activity's result when the assignment asks for it (`answer_in_result`, what the Slave does for agents
+that answer in-process), else as a signal. Before delivering it records the answer on disk (`.sprint-session/dispatches/`): an activity retried
 after its agent had answered (a worker killed at the wrong moment) re-delivers that answer instead
 of running the agent again. The Slave ignores the duplicate.
 """
@@ -59,6 +60,8 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
     answer_file = _answer_path(assignment)
     if answer_file.exists():
         recorded = AgentComplete.model_validate(json.loads(answer_file.read_text(encoding="utf-8")))
+        if assignment.answer_in_result:
+            return _in_result(assignment, recorded, replayed_from_ledger=True)
         delivered = await _deliver(assignment, recorded)
         return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered, replayed_from_ledger=True)
 
@@ -67,5 +70,17 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
         return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
     if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
         await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
+    if assignment.answer_in_result:
+        return _in_result(assignment, complete)
     delivered = await _deliver(assignment, complete)
     return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered)
+
+
+def _in_result(assignment: TaskAssignment, complete: AgentComplete, replayed_from_ledger: bool = False) -> DispatchReceipt:
+    """AGENT_COMPLETE as the activity's result: the Slave takes it when the activity completes."""
+    return DispatchReceipt(
+        dispatch_id=assignment.dispatch_id,
+        delivered=True,
+        replayed_from_ledger=replayed_from_ledger,
+        answer=complete.model_dump(mode="json"),
+    )

@@ -43,6 +43,7 @@ from bso.sprint_status import (
     resolve_story_keys,
     resolve_story_location,
     short_key,
+    story_value,
     title_from_slug,
 )
 
@@ -256,10 +257,13 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             raise _fail(str(exc)) from None
         if result.outcome == "written":
             _atomic_replace(target, result.text.encode("utf-8"), mode)
-            # read back and verify
+            # read back and verify (the bytes, then the story's value: a line scan for BMAD's layout)
             back = _read_text(target)
-            entry = _parse(back, target).get(result.story_key)
-            if back != result.text or entry is None or entry.value != inp.new:
+            try:
+                value = story_value(back, result.story_key, target) if back == result.text else None
+            except StatusFileError as exc:
+                raise _fail(str(exc)) from None
+            if value != inp.new:
                 raise ApplicationError(
                     f"{target}: read-back verification failed for {result.story_key!r}",
                     type="StatusWriteVerifyError",
@@ -279,6 +283,8 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             previous=result.previous,
             current=result.current,
             epic_changes=result.epic_changes,
+            expected=inp.expected,
+            new=inp.new,
         )
     finally:
         with contextlib.suppress(OSError):

@@ -5,21 +5,28 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 
 async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, Any]]:
     """Per workflow type: runs, the largest history (events, bytes, which run) and the largest event."""
     out: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None, "task_failures": 0}
+        lambda: {"runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None, "task_failures": 0,
+                 "task_failure_causes": []}
     )
     async for wf in client.list_workflows(query):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         sizes = [e.ByteSize() for e in history.events]
         row = out[wf.workflow_type]
         row["runs"] += 1
-        row["task_failures"] += sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)
+        for e in history.events:
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                attrs = e.workflow_task_failed_event_attributes
+                row["task_failures"] += 1
+                row["task_failure_causes"].append(
+                    f"{wf.id} event {e.event_id}: {WorkflowTaskFailedCause.Name(attrs.cause)}: {attrs.failure.message[:300]}"
+                )
         row["max_event_bytes"] = max(row["max_event_bytes"], max(sizes, default=0))
         if len(sizes) > row["max_events"]:
             row["max_events"] = len(sizes)

@@ -163,7 +163,8 @@ def check(result: dict[str, Any]) -> list[str]:
         if row["max_event_bytes"] >= PAYLOAD_LIMIT // 2:
             problems.append(f"{wf_type}: an event of {row['max_event_bytes']} bytes")
         if row["task_failures"]:
-            problems.append(f"{wf_type}: {row['task_failures']} WorkflowTaskFailed events")
+            causes = "; ".join(row.get("task_failure_causes", []))
+            problems.append(f"{wf_type}: {row['task_failures']} WorkflowTaskFailed events ({causes})")
     if result["report_bytes"] >= PAYLOAD_LIMIT // 2:
         problems.append(f"report of {result['report_bytes']} bytes")
     return problems

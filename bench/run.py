@@ -6,8 +6,11 @@
 For each N: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size 10, P Slaves at
 once), then the baseline workflow running N no-op activities sequentially and in P lanes. Reports
 wall time, dispatches per second, BSO's orchestration overhead per dispatch from history timestamps
-(story ready -> agent activity started; AGENT_COMPLETE received -> new state written), events per
-story, and the ratio BSO / baseline (P lanes). Writes bench/results/bench-<time>.json and .md.
+(story ready -> agent activity started; AGENT_COMPLETE received -> new state written; the whole cycle
+agent answer -> next agent started, to set against the baseline's activity completed -> next started),
+events and workflow tasks per story, CPU time of the server and worker processes per story (less
+sensitive to a shared machine's load than wall time), and the ratio BSO / baseline (P lanes). Writes
+bench/results/bench-<time>.json and .md.
 """
 
 from __future__ import annotations
@@ -55,13 +58,33 @@ async def _histories(client: Client, query: str) -> list[Any]:
     return out
 
 
-def slave_overheads(history) -> tuple[list[float], list[float], dict[str, int]]:
-    """(ready -> agent started, agent answer -> state written) in ms, and counts of what happened."""
+def _is_status_write_marker(e) -> bool:
+    """A U4 write run as a local activity: its marker (recorded when the workflow task that ran it ends)."""
+    attrs = e.marker_recorded_event_attributes
+    if attrs.marker_name != "core_local_activity" or "data" not in attrs.details:
+        return False
+    return json.loads(attrs.details["data"].payloads[0].data).get("activity_type") == "write_story_status"
+
+
+def slave_overheads(history) -> tuple[list[float], list[float], list[float], dict[str, int]]:
+    """(ready -> agent started, agent answer -> state written, agent answer -> next agent started) in ms,
+    and counts of what happened. The answer is the AGENT_COMPLETE signal or, for agents answering
+    in-process, the agent activity's completion; the write is the U4 activity's completion or the
+    marker of the U4 local activity."""
     scheduled: dict[int, str] = {}
-    ready_ms, written_ms = [], []
+    ready_ms, written_ms, cycle_ms = [], [], []
     last_ready = None  # time the previous step (status load or U4 write) completed
-    answer_at = None
+    answer_at = None  # the last agent answer not yet written
+    cycle_from = None  # the last agent answer, until the next agent starts
     counts = {"agent_activities": 0, "write_activities": 0, "signals": 0, "workflow_tasks": 0}
+
+    def written(at) -> None:
+        nonlocal last_ready, answer_at
+        last_ready = at
+        if answer_at is not None:
+            written_ms.append(_ms(answer_at, at))
+            answer_at = None
+
     for e in history.events:
         t = e.event_type
         if t == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -69,23 +92,32 @@ def slave_overheads(history) -> tuple[list[float], list[float], dict[str, int]]:
             scheduled[e.event_id] = name
             counts["agent_activities" if name == "run_agent" else "write_activities"] += name != "load_sprint_status"
         elif t == E.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            if scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id) == "run_agent" and last_ready:
-                ready_ms.append(_ms(last_ready, e.event_time))
-                last_ready = None
+            if scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id) == "run_agent":
+                if last_ready:
+                    ready_ms.append(_ms(last_ready, e.event_time))
+                    last_ready = None
+                if cycle_from is not None:
+                    cycle_ms.append(_ms(cycle_from, e.event_time))
+                    cycle_from = None
         elif t == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            name = scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
-            if name in ("load_sprint_status", "write_story_status"):
+            attrs = e.activity_task_completed_event_attributes
+            name = scheduled.get(attrs.scheduled_event_id)
+            if name == "load_sprint_status":
                 last_ready = e.event_time
-                if name == "write_story_status" and answer_at is not None:
-                    written_ms.append(_ms(answer_at, e.event_time))
-                    answer_at = None
+            elif name == "write_story_status":
+                written(e.event_time)
+            elif name == "run_agent" and json.loads(attrs.result.payloads[0].data).get("answer"):
+                answer_at = cycle_from = e.event_time
+        elif t == E.EVENT_TYPE_MARKER_RECORDED and _is_status_write_marker(e):
+            counts["write_activities"] += 1
+            written(e.event_time)
         elif t == E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             counts["signals"] += 1
             if e.workflow_execution_signaled_event_attributes.signal_name == "agent_complete":
-                answer_at = e.event_time
+                answer_at = cycle_from = e.event_time
         elif t == E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             counts["workflow_tasks"] += 1
-    return ready_ms, written_ms, counts
+    return ready_ms, written_ms, cycle_ms, counts
 
 
 def baseline_overheads(history, lanes: int) -> list[float]:
@@ -106,10 +138,31 @@ def baseline_overheads(history, lanes: int) -> list[float]:
     return out
 
 
-async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds the given processes use between start() and stop()."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.at: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.at = {k: cpu_seconds(p) for k, p in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        return {k: round(cpu_seconds(p) - self.at[k], 2) for k, p in self.pids.items()}
+
+
+async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuMeter) -> dict[str, Any]:
     root = workdir / f"project-{n}"
     make_project(root, many_stories(n, "review"))
     session = f"bench-{n}-{uuid.uuid4().hex[:6]}"
+    cpu.start()
     began = time.monotonic()
     report = await client.execute_workflow(
         SprintMasterWorkflow.run,
@@ -119,21 +172,27 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[s
         task_queue=SPRINT_TASK_QUEUE,
     )
     wall = time.monotonic() - began
+    used = cpu.stop()
     assert all(v == "done" for v in report.stories.values()) and len(report.stories) == n
     histories = await _histories(client, f'BsoSessionId = "{session}"')
-    ready, written = [], []
+    ready, written, cycle = [], [], []
     totals = {"agent_activities": 0, "write_activities": 0, "signals": 0, "workflow_tasks": 0}
-    events = {"SprintMasterWorkflow": 0, "SprintSlaveWorkflow": 0}
+    events = {"SprintMasterWorkflow": 0, "SprintSlaveWorkflow": 0, "ResidentWorkflow": 0}
+    tasks: dict[str, int] = {}
     by_type: dict[str, int] = {}
     for wf_type, history in histories:
         events[wf_type] = events.get(wf_type, 0) + len(history.events)
+        tasks[wf_type] = tasks.get(wf_type, 0) + sum(
+            e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for e in history.events
+        )
         for e in history.events:
             name = f"{wf_type.removeprefix('Sprint').removesuffix('Workflow')}:{E.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
             by_type[name] = by_type.get(name, 0) + 1
         if wf_type == "SprintSlaveWorkflow":
-            r, w, c = slave_overheads(history)
+            r, w, cy, c = slave_overheads(history)
             ready += r
             written += w
+            cycle += cy
             for k, v in c.items():
                 totals[k] += v
     dispatches = sum(r.agents_dispatched for b in report.batches for r in b.results.story_results)
@@ -144,10 +203,15 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[s
         "dispatches_per_second": round(dispatches / wall, 2),
         "ready_to_agent_started_ms": _stats(ready),
         "answer_to_state_written_ms": _stats(written),
+        "answer_to_next_agent_started_ms": _stats(cycle),
         "events_per_story": round(sum(events.values()) / n, 1),
         "master_events_per_story": round(events["SprintMasterWorkflow"] / n, 1),
         "slave_events_per_story": round(events["SprintSlaveWorkflow"] / n, 1),
+        "resident_events_per_story": round(events["ResidentWorkflow"] / n, 1),
+        "workflow_tasks_per_story": {k: round(v / n, 2) for k, v in sorted(tasks.items())},
         "slave_workflow_tasks_per_story": round(totals["workflow_tasks"] / n, 2),
+        "cpu_seconds": used,
+        "cpu_ms_per_story": round(sum(used.values()) * 1000 / n, 1),
         "slave_signals_per_story": round(totals["signals"] / n, 2),
         "activities_per_story": round((totals["agent_activities"] + totals["write_activities"]) / n, 2),
         "events_per_story_by_type": {k: round(v / n, 2) for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
@@ -155,11 +219,13 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int) -> dict[s
     }
 
 
-async def bench_baseline(client: Client, n: int, lanes: int) -> dict[str, Any]:
+async def bench_baseline(client: Client, n: int, lanes: int, cpu: CpuMeter) -> dict[str, Any]:
     wid = f"baseline-{n}-{lanes}-{uuid.uuid4().hex[:6]}"
+    cpu.start()
     began = time.monotonic()
     await client.execute_workflow(BaselineWorkflow.run, args=[n, lanes], id=wid, task_queue=BASELINE_QUEUE)
     wall = time.monotonic() - began
+    used = cpu.stop()
     history = await client.get_workflow_handle(wid).fetch_history()
     return {
         "n": n,
@@ -168,6 +234,8 @@ async def bench_baseline(client: Client, n: int, lanes: int) -> dict[str, Any]:
         "activities_per_second": round(n / wall, 2),
         "step_ms": _stats(baseline_overheads(history, lanes)),
         "events_per_activity": round(len(history.events) / n, 1),
+        "cpu_seconds": used,
+        "cpu_ms_per_activity": round(sum(used.values()) * 1000 / n, 1),
     }
 
 
@@ -189,15 +257,21 @@ async def run(sizes: list[int], lanes: int, workdir: Path) -> dict[str, Any]:
         base = subprocess.Popen([sys.executable, "-m", "bench.baseline", "--worker"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, "TEMPORAL_ADDRESS": server.address})
         base_worker.proc = base
-        await bench_baseline(client, 10, 1)  # warm-up
+        assert server.proc is not None and bso_worker.proc is not None
+        bso_cpu = CpuMeter({"server": server.proc.pid, "worker": bso_worker.proc.pid})
+        base_cpu = CpuMeter({"server": server.proc.pid, "worker": base.pid})
+        await bench_baseline(client, 10, 1, base_cpu)  # warm-up
         for n in sizes:
+            load_before = os.getloadavg()
             print(f"N={n}: BSO sprint ...", flush=True)
-            bso = await bench_bso(client, workdir, n, lanes)
+            bso = await bench_bso(client, workdir, n, lanes, bso_cpu)
             print(f"N={n}: baseline ...", flush=True)
-            seq = await bench_baseline(client, n, 1)
-            par = await bench_baseline(client, n, lanes)
+            seq = await bench_baseline(client, n, 1, base_cpu)
+            par = await bench_baseline(client, n, lanes, base_cpu)
             rows.append({"n": n, "bso": bso, "baseline_sequential": seq, "baseline_parallel": par,
-                         "ratio": round(bso["dispatches_per_second"] / par["activities_per_second"], 3)})
+                         "ratio": round(bso["dispatches_per_second"] / par["activities_per_second"], 3),
+                         "cpu_ratio": round(par["cpu_ms_per_activity"] / bso["cpu_ms_per_story"], 3),
+                         "load_average": [round(x, 2) for x in (*load_before, *os.getloadavg())]})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         bso_worker.stop()
@@ -218,9 +292,10 @@ def markdown(result: dict[str, Any]) -> str:
         "(BSO: batch_size 10, max_concurrent_slaves P; baseline: P lanes of sequential no-op activities).",
         "",
         "| N | BSO wall s | BSO dispatches/s | baseline seq act/s | baseline P act/s | ratio BSO/baseline P "
-        "| ready->agent started p50/p95 ms | answer->state written p50/p95 ms | baseline step p50/p95 ms "
-        "| events/story | activities/story | signals/story (Slave) | Master runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ready->agent started p50/p95 ms | answer->state written p50/p95 ms | answer->next agent started "
+        "p50/p95 ms | baseline step p50/p95 ms | events/story (Master/Slave/residents) | workflow tasks/story "
+        "| CPU ms/story BSO | CPU ms/activity baseline P | Master runs | load avg (1 min, before/after) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         b, s, p = r["bso"], r["baseline_sequential"], r["baseline_parallel"]
@@ -228,8 +303,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['n']} | {b['wall_seconds']} | {b['dispatches_per_second']} | {s['activities_per_second']} | "
             f"{p['activities_per_second']} | {r['ratio']} | {b['ready_to_agent_started_ms']['p50']}/"
             f"{b['ready_to_agent_started_ms']['p95']} | {b['answer_to_state_written_ms']['p50']}/"
-            f"{b['answer_to_state_written_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
-            f"{b['events_per_story']} | {b['activities_per_story']} | {b['slave_signals_per_story']} | {b['master_runs']} |"
+            f"{b['answer_to_state_written_ms']['p95']} | {b['answer_to_next_agent_started_ms']['p50']}/"
+            f"{b['answer_to_next_agent_started_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
+            f"{b['events_per_story']} ({b['master_events_per_story']}/{b['slave_events_per_story']}/"
+            f"{b['resident_events_per_story']}) | {sum(b['workflow_tasks_per_story'].values()):.2f} | "
+            f"{b['cpu_ms_per_story']} | {p['cpu_ms_per_activity']} | {b['master_runs']} | "
+            f"{r['load_average'][0]}/{r['load_average'][3]} |"
         )
     last = result["rows"][-1]["bso"] if result["rows"] else None
     if last:

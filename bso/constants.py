@@ -10,6 +10,7 @@ AGENTS_TASK_QUEUE = "bso-agents"
 SIGNAL_AGENT_COMPLETE = "agent_complete"
 SIGNAL_SHUTDOWN = "shutdown_request"
 SIGNAL_STORY_UPDATE = "story_update"
+SIGNAL_STORY_UPDATES = "story_updates"  # Slave -> Master: several story_update payloads in one signal
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"

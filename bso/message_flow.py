@@ -25,6 +25,7 @@ from bso.constants import (
     SIGNAL_RESUME,
     SIGNAL_SHUTDOWN,
     SIGNAL_STORY_UPDATE,
+    SIGNAL_STORY_UPDATES,
 )
 from bso.messages import TerminateDirectivePayload
 
@@ -245,24 +246,27 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
             value = decode(attrs.input)
-            if attrs.signal_name == SIGNAL_STORY_UPDATE:
-                update = _dict(value)
-                view = _dict(update.get("view"))
-                batch = update.get("batch_id")
-                agent = view.get("agent_in_flight")
-                add(
-                    event,
-                    type="STORY_UPDATE",
-                    sender=slave_name(batch),
-                    recipient=MASTER,
-                    batch_id=batch,
-                    story=update.get("story_key"),
-                    dispatch_id=view.get("dispatch_id"),
-                    detail=f"{view.get('state', '?')}"
-                    + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
-                    + (f", review round {view['review_round']}" if view.get("review_round") else ""),
-                    payload=update,
-                )
+            if attrs.signal_name in (SIGNAL_STORY_UPDATE, SIGNAL_STORY_UPDATES):
+                # story_updates: several story_update payloads in one signal, each its own message.
+                many = _dict(value).get("updates") if attrs.signal_name == SIGNAL_STORY_UPDATES else [value]
+                for item in many if isinstance(many, list) else []:
+                    update = _dict(item)
+                    view = _dict(update.get("view"))
+                    batch = update.get("batch_id")
+                    agent = view.get("agent_in_flight")
+                    add(
+                        event,
+                        type="STORY_UPDATE",
+                        sender=slave_name(batch),
+                        recipient=MASTER,
+                        batch_id=batch,
+                        story=update.get("story_key"),
+                        dispatch_id=view.get("dispatch_id"),
+                        detail=f"{view.get('state', '?')}"
+                        + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
+                        + (f", review round {view['review_round']}" if view.get("review_round") else ""),
+                        payload=update,
+                    )
             else:
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
                 sender = OPERATOR
@@ -371,8 +375,30 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                     detail=f"U4 {inp.get('expected', '?')} -> {inp.get('new', '?')}",
                     payload={k: inp.get(k) for k in ("story_key", "expected", "new")},
                 )
+        elif et == EventType.EVENT_TYPE_MARKER_RECORDED:
+            write = _local_status_write(event)
+            if write is not None:
+                result = write
+                add(
+                    event,
+                    type="STATUS_WRITE",
+                    sender=me,
+                    recipient=STATUS_FILE,
+                    story=result.get("story_key"),
+                    detail=f"U4 {result.get('expected') or '?'} -> {result.get('new') or '?'} ({result.get('outcome', '?')})",
+                    payload={
+                        "story_key": result.get("story_key"),
+                        "expected": result.get("expected"),
+                        "new": result.get("new"),
+                        "outcome": result.get("outcome"),
+                    },
+                )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             attrs = event.activity_task_completed_event_attributes
+            name, _ = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            answer = _dict(_dict(decode(attrs.result)).get("answer")) if name == "run_agent" else {}
+            if answer:  # AGENT_COMPLETE returned as the agent activity's result
+                add(event, **_agent_complete(answer, me))
             if attrs.scheduled_event_id in writes:
                 result = _dict(decode(attrs.result))
                 i = writes[attrs.scheduled_event_id]
@@ -413,23 +439,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             attrs = event.workflow_execution_signaled_event_attributes
             value = _dict(decode(attrs.input))
             if attrs.signal_name == SIGNAL_AGENT_COMPLETE:
-                parts = [str(value.get("status", "?"))]
-                if value.get("verdict"):
-                    parts.append(f"verdict {value['verdict']}")
-                if value.get("findings"):
-                    parts.append(f"{len(value['findings'])} findings")
-                parts.append(f"{value.get('tokens_used', 0)} tokens")
-                add(
-                    event,
-                    type="AGENT_COMPLETE",
-                    sender=str(value.get("agent_type", "agent")),
-                    recipient=me,
-                    story=value.get("story_key"),
-                    agent=value.get("agent_type"),
-                    dispatch_id=value.get("dispatch_id"),
-                    detail=", ".join(parts),
-                    payload=value,
-                )
+                add(event, **_agent_complete(value, me))
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
     return out
@@ -455,6 +465,37 @@ def terminate_directive(slave: str, assignment: dict[str, Any], sprint_cancelled
         "detail": reason,
         "payload": payload.model_dump(mode="json"),
     }
+
+
+def _agent_complete(value: dict[str, Any], recipient: str) -> dict[str, Any]:
+    """The fields of an AGENT_COMPLETE message, signalled or returned as the agent activity's result."""
+    parts = [str(value.get("status", "?"))]
+    if value.get("verdict"):
+        parts.append(f"verdict {value['verdict']}")
+    if value.get("findings"):
+        parts.append(f"{len(value['findings'])} findings")
+    parts.append(f"{value.get('tokens_used', 0)} tokens")
+    return {
+        "type": "AGENT_COMPLETE",
+        "sender": str(value.get("agent_type", "agent")),
+        "recipient": recipient,
+        "story": value.get("story_key"),
+        "agent": value.get("agent_type"),
+        "dispatch_id": value.get("dispatch_id"),
+        "detail": ", ".join(parts),
+        "payload": value,
+    }
+
+
+def _local_status_write(event: HistoryEvent) -> dict[str, Any] | None:
+    """The result of a U4 write run as a local activity (its marker), or None for any other marker."""
+    attrs = event.marker_recorded_event_attributes
+    if attrs.marker_name != "core_local_activity" or "data" not in attrs.details:
+        return None
+    data = _dict(decode(attrs.details["data"]))
+    if data.get("activity_type") != "write_story_status" or "result" not in attrs.details:
+        return None
+    return _dict(decode(attrs.details["result"])) or None
 
 
 def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:

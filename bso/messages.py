@@ -166,14 +166,20 @@ class TaskAssignment(_Message):
     # Agent-PO gates (empty when off): phase (plan | implement | fix), attempt, the story's AC ids and file
     # scope, and the PO's last directive (FEEDBACK, GO_DIRECTIVE, FIX_DIRECTIVE + anti-patterns).
     po: dict[str, Any] = Field(default_factory=dict)
+    # True: an agent that answers in-process (simulated, command) returns its AGENT_COMPLETE as the
+    # activity's result instead of signalling it (a signal, its workflow task and a deadline timer less
+    # per dispatch). Agents that answer by themselves (external) still signal.
+    answer_in_result: bool = False
 
 
 class DispatchReceipt(_Message):
-    """What the agent activity returns: whether it delivered AGENT_COMPLETE itself."""
+    """What the agent activity returns: whether it delivered AGENT_COMPLETE itself, and the answer
+    itself when the assignment asked for it in the result (the Slave validates it like the signal)."""
 
     dispatch_id: str
     delivered: bool
     replayed_from_ledger: bool = False
+    answer: dict[str, Any] | None = None
 
 
 class BatchSpec(_Message):

@@ -93,6 +93,9 @@ class StatusWriteResult(_Model):
     previous: str
     current: str
     epic_changes: dict[str, str] = Field(default_factory=dict)
+    # The write asked for (expected -> new): a local activity's marker does not keep its input.
+    expected: str | None = None
+    new: str | None = None
 
 
 # --- the Slave ----------------------------------------------------------------------------------
@@ -218,6 +221,13 @@ class StoryUpdate(_Model):
     batch_id: int
     story_key: str
     view: StoryView
+
+
+class StoryUpdates(_Model):
+    """Slave -> Master: the story updates of a Slave since its last signal, in order (one signal each
+    time instead of one per transition)."""
+
+    updates: list[StoryUpdate]
 
 
 # --- the Master ---------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ __all__ = [
     "compute_epic_changes",
     "format_last_updated",
     "apply_story_transition",
+    "story_value",
     "parse_story_file",
     "render_story_file",
     "title_from_slug",
@@ -142,6 +143,7 @@ class TransitionResult:
 # --- keys ----------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure; a U4 write classifies every key of the file
 def classify_key(key: str) -> EntryKind | None:
     if EPIC_KEY_RE.match(key):
         return "epic"
@@ -152,6 +154,7 @@ def classify_key(key: str) -> EntryKind | None:
     return None
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure; the epic roll-up asks it for every story of the file
 def epic_key_of(story_key: str) -> str:
     """`3-2-chunk-manager` (or `3-2`) -> `epic-3`."""
     m = STORY_KEY_RE.match(story_key) or SHORT_KEY_RE.match(story_key)
@@ -339,7 +342,12 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
 
 
 def parse_status_text(text: str, source: str) -> ParsedStatus:
-    """Parse a BMAD sprint-status.yaml; any problem raises StatusFileError (never another exception)."""
+    """Parse a BMAD sprint-status.yaml; any problem raises StatusFileError (never another exception).
+
+    A file in BMAD's plain layout is read by a line scan (same result; see `_fast_scan`)."""
+    fast = _fast_parsed(text)
+    if fast is not None:
+        return fast
     return _parse_doc(text, source)[1]
 
 
@@ -565,11 +573,180 @@ def format_last_updated(old_raw: str, now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# --- U4 fast path: a status file in BMAD's plain block layout, edited line by line -------------------
+#
+# A round-trip YAML parse costs ~0.1 s per 1,000 stories and U4 did two to four of them per write under
+# the file lock. A file made only of the lines BMAD writes (top-level `key: scalar`, one
+# `development_status:` block of `  key: plain-value` entries at one indentation, comments, blank lines)
+# is recognised by one regular expression per line; its edits replace one token on one line and give
+# the same bytes as the YAML path. Anything else (flow style, anchors, quoted or odd values, tabs, CR,
+# duplicates, unusual keys) takes the YAML path, which also produces every error message.
+
+_FAST_TOP_RE = re.compile(
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_]*):"
+    r"(?:[ ]+(?P<val>[A-Za-z0-9_./(+][A-Za-z0-9_ ./:()+-]*?|'(?:[^'\n]|'')*'|\"(?:[^\"\\\n]|\\.)*\"))?"
+    r"(?:[ ]+#.*)?[ ]*"
+)
+_FAST_ENTRY_RE = re.compile(r"(?P<ind>[ ]+)(?P<key>[0-9a-z][a-z0-9-]*):[ ]+(?P<val>[a-z][a-z0-9-]*)(?:[ ]+#.*)?[ ]*")
+_FAST_VALUE_RE = re.compile(r"[a-z][a-z0-9-]*")
+_FAST_NOT_STRINGS = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n"})
+_FAST_DATE_KEY_RE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}")  # YAML would read such a key as a date
+_FAST_ODD_CHARS_RE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class _FastFile:
+    lines: list[str]
+    entries: dict[str, tuple[int, int, int, str]]  # key -> (line index, value start, value end, value)
+    last_updated: tuple[int, int, int] | None  # (line index, token start, token end) of a non-empty value
+    top: dict[str, str | None]  # top-level key -> its raw value token (None: no value)
+
+
+def _fast_scan(text: str) -> _FastFile | None:
+    """The file's entries if it is in the plain BMAD layout, else None (then the YAML path decides)."""
+    if len(text) > MAX_STATUS_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
+        return None
+    if _FAST_ODD_CHARS_RE.search(text):
+        return None
+    lines = text.split("\n")
+    top: dict[str, str | None] = {}
+    entries: dict[str, tuple[int, int, int, str]] = {}
+    last_updated = None
+    in_block = False
+    indent = None
+    for i, line in enumerate(lines):
+        stripped = line.lstrip(" ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        if line[0] != " ":
+            m = _FAST_TOP_RE.fullmatch(line)
+            if m is None or m["key"] in top:
+                return None
+            key, val = m["key"], m["val"]
+            if val is not None and not val.startswith(("'", '"')) and (val.endswith(":") or ": " in val):
+                return None
+            top[key] = val
+            in_block = key == "development_status"
+            if in_block and val is not None:
+                return None
+            if key == "last_updated" and val is not None and val not in ("null", "~"):
+                last_updated = (i, m.start("val"), m.end("val"))
+            continue
+        if not in_block:
+            return None
+        m = _FAST_ENTRY_RE.fullmatch(line)
+        if m is None or (indent is not None and m["ind"] != indent):
+            return None
+        indent = m["ind"]
+        key, val = m["key"], m["val"]
+        if key in entries or classify_key(key) is None or _FAST_DATE_KEY_RE.match(key) or val in _FAST_NOT_STRINGS:
+            return None
+        entries[key] = (i, m.start("val"), m.end("val"), val)
+    if not entries:
+        return None
+    return _FastFile(lines, entries, last_updated, top)
+
+
+_FAST_STR_RE = re.compile(r"[A-Za-z_/][A-Za-z0-9_ ./:()+-]*")  # a plain scalar YAML reads as this string
+_FAST_DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")  # read as a date, shown as the same text
+
+
+def _fast_top_text(raw: str | None) -> str | None:
+    """What the YAML path makes of a top-level value (`_top_scalar`), or None when unsure."""
+    if raw is None:
+        return ""
+    if raw.startswith("'"):
+        return raw[1:-1].replace("''", "'")
+    if raw.startswith('"'):
+        return None if "\\" in raw else raw[1:-1]
+    if _FAST_DATE_RE.fullmatch(raw):
+        return raw
+    if _FAST_STR_RE.fullmatch(raw) and raw.lower() not in _FAST_NOT_STRINGS and ": " not in raw:
+        return raw
+    return None
+
+
+def _fast_parsed(text: str) -> ParsedStatus | None:
+    """parse_status_text for the plain BMAD layout (same result), or None: not that layout."""
+    fast = _fast_scan(text)
+    if fast is None:
+        return None
+    fields = {}
+    for key in ("project", "project_key", "story_location", "last_updated"):
+        value = _fast_top_text(fast.top.get(key)) if key in fast.top else ""
+        if value is None:
+            return None
+        fields[key] = value
+    entries = [
+        StatusEntry(key=k, kind=classify_key(k), value=v[3], line=v[0] + 1)  # type: ignore[arg-type]
+        for k, v in fast.entries.items()
+    ]
+    return ParsedStatus(entries=entries, **fields)
+
+
+def story_value(text: str, key: str, source: str) -> str | None:
+    """The value of `key` in development_status (None when absent); cheap for the plain BMAD layout."""
+    fast = _fast_scan(text)
+    if fast is not None:
+        found = fast.entries.get(key)
+        return found[3] if found is not None else None
+    entry = parse_status_text(text, source).get(key)
+    return entry.value if entry is not None else None
+
+
+def _fast_transition(
+    text: str, story_key: str, expected: str, new: str, now: datetime, source: str
+) -> TransitionResult | None:
+    """apply_story_transition for the plain BMAD layout (same result, same bytes); None: not that layout."""
+    if not _FAST_VALUE_RE.fullmatch(new) or new in _FAST_NOT_STRINGS:
+        return None
+    fast = _fast_scan(text)
+    if fast is None:
+        return None
+    values = {k: v[3] for k, v in fast.entries.items()}
+    stories = [k for k in values if classify_key(k) == "story"]
+    try:
+        (key,) = resolve_story_keys([story_key], stories)
+    except StoryKeyError as exc:
+        raise StoryKeyError(f"{source}: {exc}") from None
+    current = values[key]
+    if current == new:
+        return TransitionResult("already-applied", key, current, current, {}, text)
+    if current != expected:
+        return TransitionResult("cas-mismatch", key, current, current, {}, text)
+    lines = list(fast.lines)
+
+    def put(line_index: int, start: int, end: int, token: str) -> None:
+        line = lines[line_index]
+        lines[line_index] = line[:start] + token + line[end:]
+
+    values[key] = new
+    epic_changes = compute_epic_changes(values, epic_key_of(key))
+    for k, v in [(key, new), *epic_changes.items()]:
+        line_index, start, end, _ = fast.entries[k]
+        put(line_index, start, end, v)  # a plain value replacing a plain value
+    if fast.last_updated is not None:
+        line_index, start, end = fast.last_updated
+        raw = fast.lines[line_index][start:end]
+        put(line_index, start, end, _render_token(raw, format_last_updated(raw, now)))
+    return TransitionResult("written", key, current, new, epic_changes, "\n".join(lines))
+
+
 def apply_story_transition(
     text: str, story_key: str, expected: str, new: str, now: datetime, source: str
 ) -> TransitionResult:
     """The pure half of U4: compare-and-swap one story's value, with epic and last_updated follow-ups.
     `now` must be UTC. Unknown story keys raise StoryKeyError."""
+    fast = _fast_transition(text, story_key, expected, new, now, source)
+    if fast is not None:
+        return fast
+    return _yaml_transition(text, story_key, expected, new, now, source)
+
+
+def _yaml_transition(
+    text: str, story_key: str, expected: str, new: str, now: datetime, source: str
+) -> TransitionResult:
+    """apply_story_transition through the round-trip YAML parser: any layout, every error message."""
     doc, parsed = _parse_doc(text, source)
     stories = [e.key for e in parsed.stories()]
     try:

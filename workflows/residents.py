@@ -80,6 +80,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.delivery import deliver
 
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
+# Roster changes that keep coming while a broadcast is on its way (an agent dispatched and one finished per
+# story) are held this long after it, then broadcast together: residents hear of a change within ~1 s.
+ROSTER_BROADCAST_HOLD = timedelta(seconds=1)
 
 
 @workflow.defn
@@ -345,7 +348,8 @@ class RosterKeeper:
     def _init_roster(self) -> None:
         self._ready_residents: set[str] = set()
         self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
-        self._roster_signals: list[asyncio.Task[None]] = []
+        self._roster_changes: list[str] = []  # changes not yet broadcast
+        self._roster_sender: asyncio.Task[None] | None = None
         self._stopped_residents: set[str] = set()
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
@@ -449,21 +453,35 @@ class RosterKeeper:
     # --- the roster --------------------------------------------------------------------------------
 
     def _roster_changed(self, roster: Roster, change: str) -> None:
-        """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54)."""
+        """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54).
+
+        One broadcast at a time: the first change goes out with the workflow task that made it; changes
+        made while it is on its way are held ROSTER_BROADCAST_HOLD more, then go out together (the latest
+        full roster, `change` naming each change in order). A broadcast per change cost every resident a
+        workflow task and the Master two events per resident for each agent dispatched and finished."""
+        self._state.roster = roster
+        self._roster_changes.append(change)
+        if self._roster_sender is None or self._roster_sender.done():
+            self._roster_sender = asyncio.create_task(self._send_roster())
+
+    async def _send_roster(self) -> None:
         s = self._state
-        s.roster = roster
-        s.roster_seq += 1
-        message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change=change, roster=roster)
-        payload = message.model_dump(mode="json")
-        for workflow_id in s.residents.values():
-            self._roster_signals.append(
-                asyncio.create_task(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload))
+        while self._roster_changes:
+            changes, self._roster_changes = self._roster_changes, []
+            if not s.residents:
+                continue
+            s.roster_seq += 1
+            message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change="; ".join(changes), roster=s.roster)
+            payload = message.model_dump(mode="json")
+            await asyncio.gather(
+                *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
             )
+            if self._roster_changes:  # changes keep coming: gather them a little longer
+                await workflow.sleep(ROSTER_BROADCAST_HOLD)
 
     async def _roster_flushed(self) -> None:
-        if self._roster_signals:
-            pending, self._roster_signals = self._roster_signals, []
-            await asyncio.gather(*pending)
+        while self._roster_sender is not None and not self._roster_sender.done():
+            await self._roster_sender
 
     def _slave_started(self, name: str) -> None:
         self._state.agents_created += 1

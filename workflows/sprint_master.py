@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
+        SIGNAL_STORY_UPDATES,
         UPDATE_DECIDE,
         slave_workflow_id,
     )
@@ -131,6 +132,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 s.message_errors, [r.message_errors for r in sorted(s.results, key=lambda r: r.batch_id)]
             ),
         )
+
+    @workflow.signal(name=SIGNAL_STORY_UPDATES)
+    def story_updates(self, payload: Any) -> None:
+        """Several story_update payloads in one signal (a Slave batches what it has to tell), in order."""
+        updates = payload.get("updates") if isinstance(payload, dict) else None
+        if not isinstance(updates, list):
+            workflow.logger.warning("story_updates ignored: expected an object with a list of updates")
+            return
+        for update in updates:
+            self.story_update(update)
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
     def story_update(self, payload: Any) -> None:
@@ -484,7 +495,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
         s.queue = list(s.plan.batches)
         s.next_batch_id = len(s.plan.batches) + 1
-        self._set_phase(SprintPhase.RUNNING)
+        # A pause that came while planning holds: the phase must say so (resume sets running).
+        self._set_phase(SprintPhase.PAUSED if s.paused_reason is not None else SprintPhase.RUNNING)
 
     def _validate(self, inp: SprintInput) -> SprintConfig:
         try:

@@ -14,7 +14,8 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -33,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_PAUSE,
         SIGNAL_RESUME,
         SIGNAL_SHUTDOWN,
-        SIGNAL_STORY_UPDATE,
+        SIGNAL_STORY_UPDATES,
         UPDATE_DECIDE,
         agents_task_queue_for,
     )
@@ -83,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
         StoryMeta,
         StoryProgress,
         StoryUpdate,
+        StoryUpdates,
         StoryView,
         short_key,
     )
@@ -112,6 +114,8 @@ STATUS_WRITE_OPTIONS: dict[str, Any] = {
 MAX_REJECTED_KEPT = 50
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
+# Backends whose agents answer in-process: their AGENT_COMPLETE comes back as the activity's result.
+ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
 
 
 def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
@@ -154,7 +158,8 @@ class SprintSlaveWorkflow:
         self._current: str | None = None
         self._agents_created = 0
         self._agents_destroyed = 0
-        self._notifications: list[asyncio.Task[None]] = []
+        self._outbox: list[StoryUpdate] = []  # story updates not yet sent to the Master
+        self._sender: asyncio.Task[None] | None = None
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         # Agent-PO gates on the dev-runner's work (po_gates_enabled; None: on for the command backend).
@@ -169,6 +174,11 @@ class SprintSlaveWorkflow:
     @workflow.signal(name=SIGNAL_AGENT_COMPLETE)
     def agent_complete(self, payload: Any) -> None:
         """AGENT_COMPLETE. Malformed, unknown or repeated answers are recorded and ignored."""
+        self._receive_answer(payload)
+
+    def _receive_answer(self, payload: Any) -> None:
+        """An AGENT_COMPLETE, by signal or as the agent activity's result: validated, matched to its open
+        dispatch and deduplicated the same way either way."""
         dispatch_id = payload.get("dispatch_id") if isinstance(payload, dict) else None
         if isinstance(payload, dict) and "agent_error" in (payload.get("message_type"), payload.get("type")):
             self._agent_error(payload)
@@ -345,8 +355,8 @@ class SprintSlaveWorkflow:
 
         self._closing = True  # a decision that came too late (shutdown) is answered as it stands
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._notifications:
-            await asyncio.gather(*self._notifications, return_exceptions=True)
+        if self._sender is not None:
+            await self._sender
         self._show()
         return self._result(errors, budget_exhausted)
 
@@ -710,6 +720,7 @@ class SprintSlaveWorkflow:
             if self._input.agent_backend == "simulated"
             else {},
             po=po or {},
+            answer_in_result=self._input.agent_backend in ANSWER_IN_RESULT_BACKENDS,
         )
         self._open_dispatches[dispatch_id] = meta.key
         retry = config.agent_retry
@@ -721,6 +732,10 @@ class SprintSlaveWorkflow:
             assignment,
             task_queue=agents_task_queue_for(workflow.info().task_queue),
             activity_id=dispatch_id,
+            # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
+            # running then is timed out and answered as "no AGENT_COMPLETE". A backend that enforces the
+            # deadline itself (command) has the grace to report its own timeout.
+            schedule_to_close_timeout=timeout + (AGENT_ACTIVITY_GRACE if self._input.agent_backend == "command" else timedelta(0)),
             start_to_close_timeout=timeout + AGENT_ACTIVITY_GRACE,
             heartbeat_timeout=timedelta(seconds=retry.heartbeat_timeout_seconds),
             retry_policy=RetryPolicy(
@@ -733,12 +748,18 @@ class SprintSlaveWorkflow:
         )
         handle.add_done_callback(_consume_outcome)
         deadline = workflow.now() + timeout
+        no_answer = f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
         try:
-            await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done(), timeout=timeout)
+            await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done())
             if dispatch_id not in self._answers:
                 failure = handle.exception() if not handle.cancelled() else None
                 if failure is not None:
-                    return f"agent activity failed: {_cause(failure)}"
+                    self._open_dispatches.pop(dispatch_id, None)
+                    return no_answer if _deadline_passed(failure) else f"agent activity failed: {_cause(failure)}"
+                receipt = handle.result()
+                if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
+                    self._receive_answer(receipt.answer)
+            if dispatch_id not in self._answers:
                 # The agent answers by itself (external backend) within what is left of its time.
                 left = deadline - workflow.now()
                 if left > timedelta(0):
@@ -750,7 +771,7 @@ class SprintSlaveWorkflow:
             return self._answers[dispatch_id]
         if not handle.done():
             handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
-        return f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
+        return no_answer
 
     async def _finish_story_git(self, meta: StoryMeta) -> None:
         """command backend only: squash the done story's branch (P28) and merge it back locally."""
@@ -783,7 +804,9 @@ class SprintSlaveWorkflow:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""
         after = transition.progress
         if after.state != before.state:
-            written = await workflow.execute_activity(
+            # A local activity: the write runs in this worker within the workflow task (one marker event,
+            # no activity task round trip through the server); same timeout, retries and idempotency.
+            written = await workflow.execute_local_activity(
                 write_story_status,
                 StatusWriteInput(
                     project_root=self._input.project_root,
@@ -813,13 +836,27 @@ class SprintSlaveWorkflow:
         parent = workflow.info().parent
         if parent is None:
             return
-        update = StoryUpdate(
-            batch_id=self._input.batch_id,
-            story_key=story_key,
-            view=story_view(self._progress[story_key], self._input.batch_id),
+        self._outbox.append(
+            StoryUpdate(
+                batch_id=self._input.batch_id,
+                story_key=story_key,
+                view=story_view(self._progress[story_key], self._input.batch_id),
+            )
         )
-        handle = workflow.get_external_workflow_handle(parent.workflow_id)
-        self._notifications.append(asyncio.create_task(handle.signal(SIGNAL_STORY_UPDATE, update)))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_updates(parent.workflow_id))
+
+    async def _send_updates(self, master_id: str) -> None:
+        """One story_updates signal at a time, with every update made since the previous one, in order:
+        the first goes out with the workflow task that made it; the ones made while it is on its way
+        follow together (a signal costs both workflows history events and workflow tasks)."""
+        handle = workflow.get_external_workflow_handle(master_id)
+        while self._outbox:
+            updates, self._outbox = self._outbox, []
+            try:
+                await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
+            except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+                workflow.logger.warning("[Slave] story updates not delivered: %s", err)
 
     def _show(self) -> None:
         rows = [
@@ -853,6 +890,12 @@ def _consume_outcome(task: asyncio.Task[Any]) -> None:
     """An agent activity whose answer already arrived may still end later; its outcome is not needed."""
     if not task.cancelled():
         task.exception()
+
+
+def _deadline_passed(err: BaseException) -> bool:
+    """The agent activity ran out of its schedule-to-close time: the agent's deadline."""
+    cause = err.__cause__
+    return isinstance(cause, ActivityTimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_CLOSE
 
 
 def _cause(err: BaseException) -> str:

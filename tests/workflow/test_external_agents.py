@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -110,7 +111,13 @@ async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
         slave_id = slave_workflow_id("ext-2", 1)
         dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
         await handle.signal("shutdown_request")
-        await client.get_workflow_handle(slave_id).signal("agent_complete", _complete(dispatch_id, agent, mode))
+        # The Master forwards the shutdown to the Slave; the answer must come while the story is in hand.
+        slave = client.get_workflow_handle(slave_id)
+        for _ in range(100):
+            if (await slave.query(SprintSlaveWorkflow.status)).shutdown_requested:
+                break
+            await asyncio.sleep(0.05)
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
         report = await handle.result()
     assert report.stories == {K1: "done", "1-2-logout": "review"}
     assert report.status == "sprint-partial"

@@ -1,0 +1,182 @@
+"""U4's fast path (bso.sprint_status._fast_transition) and the fast parse (_fast_parsed): for a status
+file in BMAD's plain layout they must give exactly what the round-trip YAML path gives (outcome, values,
+epic changes, bytes; the parsed entries and fields); anything else must be left to the YAML path."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.infra import make_project, many_stories
+from bso.sprint_status import (
+    StatusFileError,
+    StoryKeyError,
+    _fast_parsed,
+    _fast_scan,
+    _fast_transition,
+    _parse_doc,
+    _yaml_transition,
+    apply_story_transition,
+    parse_status_text,
+    story_value,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples/demo-project/_bmad-output/implementation-artifacts/sprint-status.yaml"
+NOW = datetime(2026, 11, 22, 8, 30, 5, tzinfo=UTC)
+STATES = ["backlog", "ready-for-dev", "story-doc-review", "in-progress", "review", "done", "skipped", "needs-intervention"]
+
+
+def both(text: str, key: str, expected: str, new: str):
+    fast = _fast_transition(text, key, expected, new, NOW, "s.yaml")
+    slow = _yaml_transition(text, key, expected, new, NOW, "s.yaml")
+    return fast, slow
+
+
+def test_the_example_file_takes_the_fast_path_with_the_same_bytes():
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert _fast_scan(text) is not None
+    for entry in parse_status_text(text, "s.yaml").stories():
+        for new in ("in-progress", "done", "skipped", entry.value):
+            fast, slow = both(text, entry.key, entry.value, new)
+            assert fast is not None and fast == slow
+        mismatch, slow = both(text, entry.key, "not-this", "done")
+        assert mismatch == slow
+
+
+def test_the_example_and_bench_files_are_parsed_fast_with_the_same_result(tmp_path: Path):
+    for text in (EXAMPLE.read_text(encoding="utf-8"), make_project(tmp_path, many_stories(120)).read_text()):
+        fast = _fast_parsed(text)
+        assert fast is not None and fast == _parse_doc(text, "s.yaml")[1]
+
+
+def test_a_written_file_stays_on_the_fast_path(tmp_path: Path):
+    status = make_project(tmp_path, many_stories(120, "review"))
+    text = status.read_text(encoding="utf-8")
+    for key in list(many_stories(120))[:60]:
+        fast, slow = both(text, key, "review", "done")
+        assert fast == slow and fast.outcome == "written"
+        text = fast.text
+        assert _fast_scan(text) is not None and story_value(text, key, "s.yaml") == "done"
+    assert parse_status_text(text, "s.yaml").values()["epic-1"] == "done"  # all 50 stories of epic 1 done
+
+
+def test_short_keys_and_unknown_keys_behave_the_same():
+    text = EXAMPLE.read_text(encoding="utf-8")
+    story = parse_status_text(text, "s.yaml").stories()[0]
+    short = "-".join(story.key.split("-")[:2])
+    fast, slow = both(text, short, story.value, "done")
+    assert fast == slow and fast.story_key == story.key
+    with pytest.raises(StoryKeyError) as fast_err:
+        _fast_transition(text, "9-9", "review", "done", NOW, "s.yaml")
+    with pytest.raises(StoryKeyError) as slow_err:
+        _yaml_transition(text, "9-9", "review", "done", NOW, "s.yaml")
+    assert str(fast_err.value) == str(slow_err.value)
+
+
+BASE = "last_updated: 2026-01-05\nproject: P\ndevelopment_status:\n  epic-1: backlog\n  1-1-a: review\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BASE.replace("  1-1-a: review", "  1-1-a: 'review'"),  # quoted value
+        BASE.replace("  1-1-a: review", "    1-1-a: review"),  # another indentation
+        BASE.replace("\n", "\r\n"),  # CRLF
+        BASE.replace("  1-1-a: review", "  1-1-a:\treview"),  # tab
+        BASE + "  1-1-a: done\n",  # duplicate key
+        BASE.replace("project: P", "project: &a P"),  # anchor
+        BASE.replace("development_status:\n  epic-1: backlog\n  1-1-a: review\n", "development_status: {epic-1: backlog, 1-1-a: review}\n"),
+        "---\n" + BASE,  # document marker
+        BASE.replace("project: P", "project: [a, b]"),  # not a scalar
+        BASE + "  1-2-b: true\n",  # not a string
+        BASE + "  2026-1-5: review\n",  # read as a date
+        BASE.replace("project: P", "project: a: b"),
+        "\ufeff" + BASE,
+    ],
+)
+def test_anything_else_takes_the_yaml_path(text: str):
+    assert _fast_scan(text) is None and _fast_parsed(text) is None
+    try:
+        slow = _yaml_transition(text, "1-1-a", "review", "done", NOW, "s.yaml")
+    except (StatusFileError, StoryKeyError) as err:
+        with pytest.raises(type(err)) as again:
+            apply_story_transition(text, "1-1-a", "review", "done", NOW, "s.yaml")
+        assert str(again.value) == str(err)
+    else:
+        assert apply_story_transition(text, "1-1-a", "review", "done", NOW, "s.yaml") == slow
+
+
+def test_odd_new_values_take_the_yaml_path():
+    assert _fast_transition(BASE, "1-1-a", "review", "In Progress", NOW, "s.yaml") is None
+    assert _fast_transition(BASE, "1-1-a", "review", "true", NOW, "s.yaml") is None
+    assert apply_story_transition(BASE, "1-1-a", "review", "true", NOW, "s.yaml").text != BASE
+
+
+top_value = st.one_of(
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,12}[A-Za-z0-9]", fullmatch=True),
+    st.sampled_from(["2026-01-05", "2026-01-05T10:00:00Z", '"{project-root}/x"', "'quoted'", ""]),
+)
+comment = st.sampled_from(["", "  # note", " # x: y"])
+
+
+@st.composite
+def plain_files(draw):
+    lines = [draw(st.sampled_from(["# generated: today", "", "#"]))]
+    lines.append(f"last_updated: {draw(top_value)}".rstrip() + draw(comment))
+    lines.append(f"project: {draw(top_value)}".rstrip())
+    lines.append("development_status:" + draw(comment))
+    indent = " " * draw(st.integers(1, 4))
+    keys = []
+    for epic in range(1, draw(st.integers(1, 3)) + 1):
+        lines.append(f"{indent}epic-{epic}: {draw(st.sampled_from(['backlog', 'in-progress', 'done']))}")
+        for story in range(1, draw(st.integers(1, 4)) + 1):
+            key = f"{epic}-{story}-s{story}"
+            keys.append(key)
+            lines.append(f"{indent}{key}: {draw(st.sampled_from(STATES))}" + draw(comment))
+            if draw(st.booleans()):
+                lines.append(draw(st.sampled_from(["", "  # between", "# at column 0"])))
+        lines.append(f"{indent}epic-{epic}-retrospective: optional")
+    if draw(st.booleans()):
+        lines.append("tracking_system: file-system")
+    return "\n".join(lines) + draw(st.sampled_from(["\n", ""])), keys
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_files(), st.data())
+def test_fast_and_yaml_paths_agree_on_plain_files(generated, data):
+    text, keys = generated
+    assert _fast_scan(text) is not None, text
+    key = data.draw(st.sampled_from(keys))
+    current = parse_status_text(text, "s.yaml").values()[key]
+    expected = data.draw(st.sampled_from([current, "review"]))
+    new = data.draw(st.sampled_from(STATES))
+    fast, slow = both(text, key, expected, new)
+    assert fast == slow
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_files())
+def test_fast_and_yaml_parses_agree_on_plain_files(generated):
+    text, _ = generated
+    fast = _fast_parsed(text)
+    if fast is not None:  # None: a top-level value the line scan is unsure of (a timestamp)
+        assert fast == _parse_doc(text, "s.yaml")[1]
+    assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]
+
+
+@pytest.mark.parametrize("value", ["'it''s'", '"plain"', "2026-01-05", "Bench Project", "", "x:y"])
+def test_top_level_values_read_the_same(value: str):
+    text = BASE.replace("project: P", f"project: {value}".rstrip())
+    fast = _fast_parsed(text)
+    assert fast is not None and fast == _parse_doc(text, "s.yaml")[1]
+
+
+@pytest.mark.parametrize("value", ["true", "12", "1.5", "2026-01-05T10:00:00Z", '"a\\tb"', "~", "on"])
+def test_top_level_values_yaml_would_convert_take_the_yaml_path(value: str):
+    text = BASE.replace("project: P", f"project: {value}")
+    assert _fast_parsed(text) is None
+    assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]

@@ -1,0 +1,95 @@
+"""The hot path of a dispatch (bench/): an agent that answers in-process returns its AGENT_COMPLETE as the
+agent activity's result (no signal, no deadline timer), the U4 write is a local activity, the Slave's
+story updates reach the Master batched, and the message flow still shows every answer and write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import ActivityEnvironment
+
+from activities.agents import run_agent
+from activities.session_files import dispatch_answer_path, write_json_atomic
+from bso.constants import slave_workflow_id
+from bso.message_flow import message_flow
+from bso.messages import AgentComplete, TaskAssignment
+from bso.states import AgentMode, AgentStatus, AgentType
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, status_values, workflow_task_failures
+
+K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile"
+
+
+async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "ready-for-dev", K3: "review"})
+    client = ts_env.client
+    async with bso_worker(client) as queue:
+        report = await run_sprint(client, queue, sprint_input(tmp_path, session_id="in-result-1"))
+        slave = await client.get_workflow_handle(slave_workflow_id("in-result-1", 1)).fetch_history()
+        master = await client.get_workflow_handle("in-result-1").fetch_history()
+        failures = await workflow_task_failures(client, slave_workflow_id("in-result-1", 1))
+    assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    assert status_values(tmp_path)[K2] == "done"
+    types = [e.event_type for e in slave.events]
+    signals = [e.workflow_execution_signaled_event_attributes.signal_name for e in slave.events
+               if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+    assert "agent_complete" not in signals
+    assert EventType.EVENT_TYPE_TIMER_STARTED not in types  # no deadline timer per dispatch
+    writes = [e for e in slave.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert len(writes) >= 4  # K2: dev then review; K1, K3: review (local activities)
+    assert failures == 0
+    flow = message_flow([master, slave])
+    assignments = {m.dispatch_id for m in flow if m.type == "TASK_ASSIGNMENT"}
+    answers = {m.dispatch_id for m in flow if m.type == "AGENT_COMPLETE"}
+    assert assignments and assignments == answers
+    k2 = [(m.payload["expected"], m.payload["new"], m.payload["outcome"]) for m in flow
+          if m.type == "STATUS_WRITE" and m.story == K2]
+    assert k2[0] == ("ready-for-dev", "review", "written") and k2[-1][1:] == ("done", "written")
+    # Every update the Slave made reached the Master, in order, whether or not batched into one signal.
+    updates = [m for m in flow if m.type == "STORY_UPDATE" and m.story == K2]
+    assert [m.payload["view"]["state"] for m in updates][-1] == "done"
+
+
+async def test_an_agent_past_its_deadline_is_timed_out_by_the_server(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    simulation = {"stories": {"1-1": {"duration_ms": 3_600_000}}}
+    overrides = {"agent_timeout_seconds": {"code_review": 2}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, simulation=simulation, config_overrides=overrides)
+        )
+    assert report.stories == {K1: "needs-intervention", K2: "done"}
+    errors = [r.error for b in report.batches for r in b.results.story_results if r.story_key == K1]
+    assert errors and "no AGENT_COMPLETE within 2s" in errors[0]
+
+
+def _assignment(root: Path, answer_in_result: bool) -> TaskAssignment:
+    return TaskAssignment(
+        dispatch_id="s/batch-1/1-1/1", agent_type=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW,
+        story_key=K1, story_path="x.md", session_id="s", batch_id=1, report_to="s/batch-1",
+        project_root=str(root), answer_in_result=answer_in_result,
+    )
+
+
+async def test_a_recorded_answer_is_returned_again_on_a_retry(tmp_path: Path):
+    """A worker killed after the agent answered: the retry returns the recorded answer, not the work again."""
+    assignment = _assignment(tmp_path, answer_in_result=True)
+    recorded = AgentComplete(
+        dispatch_id=assignment.dispatch_id, story_key=K1, agent_type=AgentType.REVIEW_RUNNER,
+        mode=AgentMode.REVIEW, status=AgentStatus.SUCCESS, tokens_used=7,
+    )
+    write_json_atomic(dispatch_answer_path(str(tmp_path), assignment.dispatch_id), recorded.model_dump(mode="json"))
+    receipt = await ActivityEnvironment().run(run_agent, assignment)
+    assert receipt.replayed_from_ledger and receipt.delivered
+    assert AgentComplete.model_validate(receipt.answer) == recorded
+
+
+async def test_a_fresh_answer_is_recorded_then_returned(tmp_path: Path):
+    assignment = _assignment(tmp_path, answer_in_result=True)
+    receipt = await ActivityEnvironment().run(run_agent, assignment)
+    answer = AgentComplete.model_validate(receipt.answer)
+    assert answer.dispatch_id == assignment.dispatch_id and not receipt.replayed_from_ledger
+    on_disk = json.loads(dispatch_answer_path(str(tmp_path), assignment.dispatch_id).read_text())
+    assert AgentComplete.model_validate(on_disk) == answer
