@@ -1,25 +1,44 @@
-"""History sizes of every workflow run on a server (events and bytes), grouped by workflow type."""
+"""History sizes of every workflow run on a server (events and bytes), grouped by workflow type (residents
+by role too: `ResidentWorkflow (debugger)`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
+
+# The server refusing a continue-as-new (or completion) because a signal arrived while the task ran: the task
+# runs again with the signal, which is how Temporal keeps it. Counted apart: it is not a workflow code failure.
+UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+
+
+def row_name(workflow_type: str, workflow_id: str) -> str:
+    """The table row of a run: its workflow type, with the role for a resident (`<session>/resident-<role>`)."""
+    if "/resident-" in workflow_id:
+        return f"{workflow_type} ({workflow_id.rsplit('/resident-', 1)[1]})"
+    return workflow_type
 
 
 async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, Any]]:
-    """Per workflow type: runs, the largest history (events, bytes, which run) and the largest event."""
+    """Per workflow type: runs, the largest history (events, bytes, which run), the largest event, the
+    WorkflowTaskFailed events (signal races that refused a hand-over apart)."""
     out: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None, "task_failures": 0}
+        lambda: {
+            "runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None,
+            "task_failures": 0, "handover_races": 0,
+        }
     )
     async for wf in client.list_workflows(query):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         sizes = [e.ByteSize() for e in history.events]
-        row = out[wf.workflow_type]
+        row = out[row_name(wf.workflow_type, wf.id)]
         row["runs"] += 1
-        row["task_failures"] += sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)
+        for e in history.events:
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                races = e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
+                row["handover_races" if races else "task_failures"] += 1
         row["max_event_bytes"] = max(row["max_event_bytes"], max(sizes, default=0))
         if len(sizes) > row["max_events"]:
             row["max_events"] = len(sizes)

@@ -98,7 +98,7 @@ async def _watch(client: Client, session: str, done: asyncio.Event, log: dict[st
 
 async def run_long_sprint(
     stories: int, workdir: Path, batch_size: int = 10, slaves: int = 4, continue_after: int | None = None,
-    operator: bool = True, pause_every: float = 0.7,
+    operator: bool = True, pause_every: float = 0.7, resident_continue_after: int | None = None,
 ) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
@@ -113,6 +113,8 @@ async def run_long_sprint(
         overrides: dict[str, Any] = {"batch_size": batch_size, "max_concurrent_slaves": slaves}
         if continue_after:
             overrides["continue_as_new_after_events"] = continue_after
+        if resident_continue_after:
+            overrides["resident_continue_as_new_after_events"] = resident_continue_after
         began = time.monotonic()
         handle = await client.start_workflow(
             SprintMasterWorkflow.run,
@@ -175,11 +177,11 @@ def describe(result: dict[str, Any]) -> str:
         f"Master runs {result['runs']} (seen by the query: {result['runs_seen']}), {result['queries']} queries, "
         f"{result['pause_resume_cycles']} pause/resume cycles ({result['cycles_across_handover']} across a hand-over), "
         f"report {result['report_bytes']} bytes, largest query answer {result['max_query_bytes']} bytes",
-        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed |",
-        "|---|---|---|---|---|---|",
+        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | hand-overs refused by a signal race |",
+        "|---|---|---|---|---|---|---|",
     ]
     for wf_type, row in sorted(result["histories"].items()):
-        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} |")
+        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('handover_races', 0)} |")
     return "\n".join(lines)
 
 
@@ -190,9 +192,14 @@ def main() -> None:
     parser.add_argument("--slaves", type=int, default=4)
     parser.add_argument("--continue-after", type=int, default=None,
                         help="continue_as_new_after_events (default: when Temporal suggests it)")
+    parser.add_argument("--resident-continue-after", type=int, default=None,
+                        help="resident_continue_as_new_after_events (default: --continue-after, else when suggested)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bso-long-") as tmp:
-        result = asyncio.run(run_long_sprint(args.stories, Path(tmp), args.batch_size, args.slaves, args.continue_after))
+        result = asyncio.run(run_long_sprint(
+            args.stories, Path(tmp), args.batch_size, args.slaves, args.continue_after,
+            resident_continue_after=args.resident_continue_after,
+        ))
     print(describe(result))
     problems = check(result)
     print(json.dumps({k: v for k, v in result.items() if k != "histories"}))
