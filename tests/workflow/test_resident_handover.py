@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
@@ -28,7 +29,9 @@ from bso.debugging import DebugRequest
 from bso.models import DEFAULT_STATUS_FILE, StoryMeta
 from bso.research import ResearchRequest, ResearchResult
 from bso.roster import ResidentStatus, Roster, RosterBroadcast, resident_workflow_id
+from bso.message_flow import message_flow
 from bso.scrum_master import PlanRequest
+from bso.temporal_client import fetch_sprint_histories
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
 from tests.workflow.helpers import make_project, run_sprint, sprint_input
@@ -101,7 +104,11 @@ async def sprint(client: Client, queue: str, root: Path, session: str, overrides
         runs[role] = await resident_runs(client, wid)
         assert await task_failures(client, wid) == 0
     status_file = (root / DEFAULT_STATUS_FILE).read_bytes()
-    return report, status_file, residents, runs
+    histories = await fetch_sprint_histories(client, session)
+    resident_histories = [h for h in histories if "/resident-" in h.workflow_id]
+    assert len(resident_histories) == sum(runs.values())  # `bso messages` and the summary read every run
+    flow = Counter((m.type, m.recipient) for m in message_flow(histories))
+    return report, status_file, residents, runs, flow
 
 
 async def test_residents_hand_over_mid_sprint_without_changing_the_sprint(local_env, tmp_path: Path):
@@ -110,14 +117,15 @@ async def test_residents_hand_over_mid_sprint_without_changing_the_sprint(local_
         handed = await sprint(
             local_env.client, queue, tmp_path / "handed", "can-handed", {"resident_continue_as_new_after_events": 20}
         )
-    report, status_file, residents, runs = handed
-    plain_report, plain_status_file, plain_residents, plain_runs = plain
+    report, status_file, residents, runs, flow = handed
+    plain_report, plain_status_file, plain_residents, plain_runs, plain_flow = plain
     assert plain_runs == {role: 1 for role in ROLES}  # the reference run: no hand-over
     # Hand-overs of every resident mid-sprint (how many depends on how signals batch into workflow tasks).
     assert all(n >= 2 for n in runs.values()) and sum(runs.values()) >= 9, runs
     assert report.status is SprintStatus.COMPLETE and report.planner == "scrum-master"
     assert same_but_session(report, plain_report)
     assert status_file == plain_status_file
+    assert flow == plain_flow  # the message flow (bso messages, the execution summary) sees the same messages
     for role in ROLES:
         mine, theirs = residents[role], plain_residents[role]
         assert mine.run == runs[role]
