@@ -51,6 +51,7 @@ class ResidentRunInput(ResidentInput):
 
     continue_as_new_after_events: int | None = Field(None, ge=1)
     carried_state: ResidentState | None = None
+    start_delay_seconds: int = Field(0, ge=0)  # simulation: the resident is this slow to report ready
 
 
 def resident_handover_limit(config: SprintConfig) -> int | None:

@@ -84,6 +84,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.simulation import SimulationScript
 
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
+RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  # simulation: residents_slow_start
 
 
 @workflow.defn
@@ -236,6 +237,8 @@ class ResidentWorkflow:
         if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
             if inp.fail_start:
                 raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
+            if inp.start_delay_seconds:
+                await workflow.sleep(inp.start_delay_seconds)  # simulation: slower than the readiness window
             await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
         workflow.set_current_details(
             f"**Resident {inp.role}** of `{inp.session_id}`" + (f" (run {self._run})" if self._run > 1 else "")
@@ -453,6 +456,7 @@ class RosterKeeper:
                     simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
                     agent_backend=backend,
                     fail_start=role in simulation.residents_fail_start,
+                    start_delay_seconds=RESIDENT_SLOW_START_SECONDS if role in simulation.residents_slow_start else 0,
                     knowledge_research=s.config.knowledge_research,
                     e2e_live_base_url=s.config.e2e_live_base_url,
                     continue_as_new_after_events=resident_handover_limit(s.config),
@@ -471,7 +475,10 @@ class RosterKeeper:
                 lambda: role in self._ready_residents or handle.done(), timeout=RESIDENT_READY_TIMEOUT
             )
         except asyncio.TimeoutError:
-            return f"not ready within {int(RESIDENT_READY_TIMEOUT.total_seconds())}s"
+            why = f"not ready within {int(RESIDENT_READY_TIMEOUT.total_seconds())}s"
+            if not workflow.patched("cancel-unready-resident"):
+                return why
+            return await _cancel_unready(workflow_id, why)
         if role not in self._ready_residents:
             err = handle.exception() if not handle.cancelled() else None
             cause = err.__cause__ if err is not None and err.__cause__ is not None else err
@@ -584,6 +591,15 @@ class RosterKeeper:
             raise ApplicationError(
                 f"AGENT_DESTROY_REQUEST rejected: no agent {parsed.agent_name!r} was created by AGENT_CREATE_REQUEST"
             )
+
+
+async def _cancel_unready(workflow_id: str, why: str) -> str:
+    """A resident left out of the sprint must not linger: ask it to cancel (it is started with ABANDON)."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).cancel()
+    except Exception as err:  # noqa: BLE001 - e.g. it ended meanwhile
+        return f"{why}; cancelling it failed: {err}"
+    return f"{why}; cancelled"
 
 
 async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:
