@@ -128,8 +128,18 @@ async def run_long_sprint(
         helpers = [asyncio.create_task(_watch(client, session, done, log))]
         if operator:
             helpers.append(asyncio.create_task(_operator(client, session, done, log, continue_after, pause_every)))
+        result = asyncio.ensure_future(handle.result())
         try:
-            report = await handle.result()
+            # An operator or watcher that fails (a lost pause, a failed query) fails the run at once, instead
+            # of leaving it waiting for a sprint that nobody will resume.
+            pending: set[asyncio.Future] = {result, *helpers}
+            while not result.done():
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = [f for f in finished if f is not result and f.exception() is not None]
+                if failed:
+                    result.cancel()
+                    raise failed[0].exception()
+            report = result.result()
         finally:
             done.set()
         await asyncio.gather(*helpers)

@@ -474,7 +474,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
         s.queue = list(s.plan.batches)
         s.next_batch_id = len(s.plan.batches) + 1
-        self._set_phase(SprintPhase.RUNNING)
+        # A pause that arrived while the scrum-master planned holds: the phase must say so.
+        self._set_phase(SprintPhase.PAUSED if s.paused_reason is not None else SprintPhase.RUNNING)
 
     def _validate(self, inp: SprintInput) -> SprintConfig:
         try:
