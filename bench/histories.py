@@ -27,7 +27,7 @@ async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, 
     out: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None,
-            "task_failures": 0, "handover_races": 0,
+            "task_failures": 0, "signal_races": 0,
         }
     )
     async for wf in client.list_workflows(query):
@@ -38,7 +38,7 @@ async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, 
         for e in history.events:
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 races = e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
-                row["handover_races" if races else "task_failures"] += 1
+                row["signal_races" if races else "task_failures"] += 1
         row["max_event_bytes"] = max(row["max_event_bytes"], max(sizes, default=0))
         if len(sizes) > row["max_events"]:
             row["max_events"] = len(sizes)

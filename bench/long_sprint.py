@@ -187,11 +187,11 @@ def describe(result: dict[str, Any]) -> str:
         f"Master runs {result['runs']} (seen by the query: {result['runs_seen']}), {result['queries']} queries, "
         f"{result['pause_resume_cycles']} pause/resume cycles ({result['cycles_across_handover']} across a hand-over), "
         f"report {result['report_bytes']} bytes, largest query answer {result['max_query_bytes']} bytes",
-        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | hand-overs refused by a signal race |",
+        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | UnhandledCommand (a signal raced a hand-over or the end; retried) |",
         "|---|---|---|---|---|---|---|",
     ]
     for wf_type, row in sorted(result["histories"].items()):
-        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('handover_races', 0)} |")
+        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('signal_races', 0)} |")
     return "\n".join(lines)
 
 
