@@ -1,4 +1,5 @@
-"""History sizes of every workflow run on a server (events and bytes), grouped by workflow type."""
+"""History sizes of every workflow run on a server (events and bytes), grouped by workflow type (residents
+by role too: `ResidentWorkflow (debugger)`)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,38 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
+# The server refusing a continue-as-new (or completion) because a signal arrived while the task ran: the task
+# runs again with the signal, which is how Temporal keeps it. Counted apart: it is not a workflow code failure.
+UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+
+
+def row_name(workflow_type: str, workflow_id: str) -> str:
+    """The table row of a run: its workflow type, with the role for a resident (`<session>/resident-<role>`)."""
+    if "/resident-" in workflow_id:
+        return f"{workflow_type} ({workflow_id.rsplit('/resident-', 1)[1]})"
+    return workflow_type
+
 
 async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, Any]]:
-    """Per workflow type: runs, the largest history (events, bytes, which run) and the largest event."""
+    """Per workflow type: runs, the largest history (events, bytes, which run), the largest event, the
+    WorkflowTaskFailed events (signal races that refused a hand-over apart)."""
     out: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None, "task_failures": 0,
-                 "task_failure_causes": []}
+        lambda: {
+            "runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None,
+            "task_failures": 0, "task_failure_causes": [], "signal_races": 0,
+        }
     )
     async for wf in client.list_workflows(query):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         sizes = [e.ByteSize() for e in history.events]
-        row = out[wf.workflow_type]
+        row = out[row_name(wf.workflow_type, wf.id)]
         row["runs"] += 1
         for e in history.events:
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 attrs = e.workflow_task_failed_event_attributes
+                if attrs.cause == UNHANDLED_COMMAND:
+                    row["signal_races"] += 1
+                    continue
                 row["task_failures"] += 1
                 row["task_failure_causes"].append(
                     f"{wf.id} event {e.event_id}: {WorkflowTaskFailedCause.Name(attrs.cause)}: {attrs.failure.message[:300]}"

@@ -98,7 +98,7 @@ async def _watch(client: Client, session: str, done: asyncio.Event, log: dict[st
 
 async def run_long_sprint(
     stories: int, workdir: Path, batch_size: int = 10, slaves: int = 4, continue_after: int | None = None,
-    operator: bool = True, pause_every: float = 0.7,
+    operator: bool = True, pause_every: float = 0.7, resident_continue_after: int | None = None,
 ) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
@@ -113,6 +113,8 @@ async def run_long_sprint(
         overrides: dict[str, Any] = {"batch_size": batch_size, "max_concurrent_slaves": slaves}
         if continue_after:
             overrides["continue_as_new_after_events"] = continue_after
+        if resident_continue_after:
+            overrides["resident_continue_as_new_after_events"] = resident_continue_after
         began = time.monotonic()
         handle = await client.start_workflow(
             SprintMasterWorkflow.run,
@@ -126,8 +128,18 @@ async def run_long_sprint(
         helpers = [asyncio.create_task(_watch(client, session, done, log))]
         if operator:
             helpers.append(asyncio.create_task(_operator(client, session, done, log, continue_after, pause_every)))
+        result = asyncio.ensure_future(handle.result())
         try:
-            report = await handle.result()
+            # An operator or watcher that fails (a lost pause, a failed query) fails the run at once, instead
+            # of leaving it waiting for a sprint that nobody will resume.
+            pending: set[asyncio.Future] = {result, *helpers}
+            while not result.done():
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = [f for f in finished if f is not result and f.exception() is not None]
+                if failed:
+                    result.cancel()
+                    raise failed[0].exception()
+            report = result.result()
         finally:
             done.set()
         await asyncio.gather(*helpers)
@@ -176,11 +188,11 @@ def describe(result: dict[str, Any]) -> str:
         f"Master runs {result['runs']} (seen by the query: {result['runs_seen']}), {result['queries']} queries, "
         f"{result['pause_resume_cycles']} pause/resume cycles ({result['cycles_across_handover']} across a hand-over), "
         f"report {result['report_bytes']} bytes, largest query answer {result['max_query_bytes']} bytes",
-        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed |",
-        "|---|---|---|---|---|---|",
+        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | UnhandledCommand (a signal raced a hand-over or the end; retried) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for wf_type, row in sorted(result["histories"].items()):
-        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} |")
+        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('signal_races', 0)} |")
     return "\n".join(lines)
 
 
@@ -191,9 +203,14 @@ def main() -> None:
     parser.add_argument("--slaves", type=int, default=4)
     parser.add_argument("--continue-after", type=int, default=None,
                         help="continue_as_new_after_events (default: when Temporal suggests it)")
+    parser.add_argument("--resident-continue-after", type=int, default=None,
+                        help="resident_continue_as_new_after_events (default: --continue-after, else when suggested)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bso-long-") as tmp:
-        result = asyncio.run(run_long_sprint(args.stories, Path(tmp), args.batch_size, args.slaves, args.continue_after))
+        result = asyncio.run(run_long_sprint(
+            args.stories, Path(tmp), args.batch_size, args.slaves, args.continue_after,
+            resident_continue_after=args.resident_continue_after,
+        ))
     print(describe(result))
     problems = check(result)
     print(json.dumps({k: v for k, v in result.items() if k != "histories"}))

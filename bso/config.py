@@ -129,6 +129,9 @@ class SprintConfig(_Knobs):
     # The Master continues as new between batches when Temporal suggests it, or after this many
     # history events (a lower bound for tests and very long sprints; None: only when suggested).
     continue_as_new_after_events: int | None = Field(None, ge=100)
+    # The same for each resident (bso/resident_state.py); None: continue_as_new_after_events, else
+    # only when Temporal suggests it. Low values (tests) force hand-overs mid-sprint.
+    resident_continue_as_new_after_events: int | None = Field(None, ge=20)
     resident_slots: ResidentSlots = ResidentSlots()
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
 

@@ -82,6 +82,7 @@ class ResidentStatus(_Model):
     broadcasts_received: int = 0
     requests_served: int = 0
     stopping: bool = False
+    run: int = 1  # which run of this resident answers (it continues as new when its history is long)
 
 
 class ResidentSummary(_Model):

@@ -64,6 +64,10 @@ class SimulationScript(_Script):
     residents_fail_start: list[Literal["scrum-master", "knowledge-researcher", "debugger", "e2e-live"]] = Field(
         default_factory=list
     )
+    # Residents that take longer than the Master's readiness window to report ready (they are cancelled).
+    residents_slow_start: list[Literal["scrum-master", "knowledge-researcher", "debugger", "e2e-live"]] = Field(
+        default_factory=list
+    )
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

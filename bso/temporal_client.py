@@ -77,7 +77,8 @@ async def ensure_search_attributes(client: Client) -> list[str]:
 
 async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:
     """Every run of a sprint's Master (following continue-as-new back, oldest first) and then every
-    Slave it started: the input of `bso.message_flow.message_flow`."""
+    child it started (Slaves, residents), each with the runs it continued as new into: the input of
+    `bso.message_flow.message_flow`."""
     histories: list[WorkflowHistory] = []
     run_id: str | None = None
     seen: set[str] = set()
@@ -91,17 +92,41 @@ async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[Workflo
         seen.add(previous)
         run_id = previous
     histories.reverse()
-    children: list[str] = []
-    for history in histories:
+    for workflow_id, first_run in _children(histories):
+        histories.extend(await _child_runs(client, workflow_id, first_run))
+    return histories
+
+
+def _children(masters: list[WorkflowHistory]) -> list[tuple[str, str | None]]:
+    """Each child the Master runs started, once, with the run id it started (None: never started)."""
+    started: list[tuple[str, str | None]] = []
+    initiated: list[str] = []
+    for history in masters:
         for event in history.events:
             if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
                 child = event.start_child_workflow_execution_initiated_event_attributes.workflow_id
-                if child not in children:
-                    children.append(child)
-    for child in children:
+                if child not in initiated:
+                    initiated.append(child)
+            elif event.HasField("child_workflow_execution_started_event_attributes"):
+                execution = event.child_workflow_execution_started_event_attributes.workflow_execution
+                if (execution.workflow_id, execution.run_id) not in started:
+                    started.append((execution.workflow_id, execution.run_id))
+    seen = {workflow_id for workflow_id, _ in started}
+    return started + [(child, None) for child in initiated if child not in seen]
+
+
+async def _child_runs(client: Client, workflow_id: str, run_id: str | None) -> list[WorkflowHistory]:
+    """A child's run and the runs it continued as new into (a resident hands over when its history is long)."""
+    runs: list[WorkflowHistory] = []
+    while True:
         try:
-            histories.append(await client.get_workflow_handle(child).fetch_history())
+            history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-    return histories
+            return runs
+        runs.append(history)
+        last = history.events[-1] if history.events else None
+        if run_id is None or last is None or not last.HasField("workflow_execution_continued_as_new_event_attributes"):
+            return runs
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id

@@ -59,6 +59,37 @@ async def record() -> None:
                 name = workflow_id.replace("/", "--") + ".json"
                 (HISTORIES / name).write_text(history.to_json())
                 print(f"recorded {name}: {len(history.events)} events")
+            await record_resident_handovers(env, simulation, Path(scratch) / "handover")
+
+
+async def record_resident_handovers(env: WorkflowEnvironment, simulation: dict, project: Path) -> None:
+    """The same sprint with residents continuing as new every ~20 events: the first two runs of each
+    resident (one started by the Master, one started from a carried ResidentState)."""
+    shutil.copytree(EXAMPLE_PROJECT, project)
+    session = "handover-sprint"
+    async with bso_worker(env.client) as queue:
+        await env.client.execute_workflow(
+            SprintMasterWorkflow.run,
+            SprintInput(
+                project_root=str(project), session_id=session, simulation=simulation,
+                config_overrides={"resident_continue_as_new_after_events": 20},
+            ),
+            id=session,
+            task_queue=queue,
+        )
+    for role in ("scrum-master", "knowledge-researcher", "debugger"):
+        workflow_id = resident_workflow_id(session, role)
+        chain, run_id = [], None
+        while True:  # the latest run back to the first
+            history = await env.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+            chain.append(history)
+            run_id = history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+            if not run_id:
+                break
+        for number, history in enumerate(reversed(chain[-2:]), start=1):
+            name = f"{workflow_id.replace('/', '--')}--run-{number}.json"
+            (HISTORIES / name).write_text(history.to_json())
+            print(f"recorded {name}: {len(history.events)} events (of {len(chain)} runs)")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,6 @@ with workflow.unsafe.imports_passed_through():
         AgentCreateRequest,
         AgentDestroyed,
         AgentDestroyRequest,
-        ResidentInput,
         ResidentStatus,
         ResidentSummary,
         Roster,
@@ -74,6 +73,12 @@ with workflow.unsafe.imports_passed_through():
         resident_workflow_id,
         with_member,
         without_member,
+    )
+    from bso.resident_state import (
+        ResidentRunInput,
+        ResidentState,
+        handover_due,
+        resident_handover_limit,
     )
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer
     from bso.simulation import SimulationScript
@@ -84,20 +89,25 @@ RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
 # story) are held this long after it, then broadcast together: residents hear of a change within ~1 s.
 ROSTER_BROADCAST_HOLD = timedelta(seconds=1)
 
+RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  # simulation: residents_slow_start
+
 
 @workflow.defn
 class ResidentWorkflow:
     @workflow.init
-    def __init__(self, inp: ResidentInput) -> None:
+    def __init__(self, inp: ResidentRunInput) -> None:
         self._input = inp
-        self._stopping = False
-        self._broadcasts: list[RosterBroadcast] = []
-        self._received = 0
-        self._served = 0
-        self._debug_requests: list[DebugRequest] = []
-        self._research_requests: list[ResearchRequest] = []
-        self._browser_requests: list[BrowserRequest] = []
-        self._plan_requests: list[PlanRequest] = []
+        # What a previous run handed over (continue-as-new), or a fresh start. `_carry` builds it back.
+        carried = inp.carried_state or ResidentState()
+        self._run = carried.run
+        self._stopping = carried.stopping
+        self._broadcasts: list[RosterBroadcast] = list(carried.broadcasts)
+        self._received = carried.broadcasts_received
+        self._served = carried.requests_served
+        self._debug_requests: list[DebugRequest] = list(carried.debug_requests)
+        self._research_requests: list[ResearchRequest] = list(carried.research_requests)
+        self._browser_requests: list[BrowserRequest] = list(carried.browser_requests)
+        self._plan_requests: list[PlanRequest] = list(carried.plan_requests)
         self._script = SimulationScript.model_validate(inp.simulation)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
@@ -224,14 +234,20 @@ class ResidentWorkflow:
             broadcasts_received=self._received,
             requests_served=self._served,
             stopping=self._stopping,
+            run=self._run,
         )
 
     @workflow.run
-    async def run(self, inp: ResidentInput) -> ResidentSummary:
-        if inp.fail_start:
-            raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
-        await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
-        workflow.set_current_details(f"**Resident {inp.role}** of `{inp.session_id}`")
+    async def run(self, inp: ResidentRunInput) -> ResidentSummary:
+        if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
+            if inp.fail_start:
+                raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
+            if inp.start_delay_seconds:
+                await workflow.sleep(inp.start_delay_seconds)  # simulation: slower than the readiness window
+            await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
+        workflow.set_current_details(
+            f"**Resident {inp.role}** of `{inp.session_id}`" + (f" (run {self._run})" if self._run > 1 else "")
+        )
         await self.serve()
         # Sent with the completion itself: a Master that cannot wait for this run's result waits for this.
         await _signal_quietly(inp.master_id, SIGNAL_RESIDENT_STOPPED, inp.role)
@@ -246,7 +262,11 @@ class ResidentWorkflow:
                 or bool(self._research_requests)
                 or bool(self._browser_requests)
                 or bool(self._plan_requests)
+                or self._handover_due()
             )
+            if self._handover_due():
+                await self._hand_over()  # returns only if a stop arrived meanwhile
+                continue
             if self._plan_requests:
                 wanted_plan = self._plan_requests.pop(0)
                 planned = self._plan(wanted_plan)
@@ -272,6 +292,46 @@ class ResidentWorkflow:
             result = await self._debug(request)
             self._served += 1
             await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    # --- continue-as-new -----------------------------------------------------------------------------
+
+    def _handover_due(self) -> bool:
+        info = workflow.info()
+        return handover_due(
+            info.get_current_history_length(),
+            info.is_continue_as_new_suggested(),
+            self._input.continue_as_new_after_events,
+            self._stopping,
+        )
+
+    def _carry(self) -> ResidentState:
+        """Everything this run knows, for the next one (requests not answered yet included)."""
+        return ResidentState(
+            run=self._run + 1,
+            broadcasts=list(self._broadcasts),
+            broadcasts_received=self._received,
+            requests_served=self._served,
+            stopping=self._stopping,
+            plan_requests=list(self._plan_requests),
+            browser_requests=list(self._browser_requests),
+            research_requests=list(self._research_requests),
+            debug_requests=list(self._debug_requests),
+        )
+
+    async def _hand_over(self) -> None:
+        """Continue as new between two requests (none is being served by the loop). Updates in progress
+        finish first; signals that arrive meanwhile, or while the hand-over is being recorded, land in the
+        carried state (Temporal rejects a continue-as-new that would drop a signal, and the task runs again
+        with it). Signals and updates sent after it go to the new run: everyone addresses a resident by its
+        workflow id, never by run. The Master's child handle follows the chain: it sees one resident."""
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._stopping:
+            return  # stopping: this run serves what is left and ends
+        state = self._carry()
+        workflow.logger.info(
+            "resident %s continues as new (run %d, %d requests pending)", self._input.role, state.run, state.pending
+        )
+        workflow.continue_as_new(self._input.model_copy(update={"carried_state": state}))
 
     def _plan(self, request: PlanRequest) -> PlanAnswer:
         """BATCH_PLAN_READY or COURSE_CORRECTION, computed here by the pure rules (no I/O needed)."""
@@ -394,7 +454,7 @@ class RosterKeeper:
         try:
             handle = await workflow.start_child_workflow(
                 ResidentWorkflow.run,
-                ResidentInput(
+                ResidentRunInput(
                     role=role,
                     session_id=s.session_id,
                     master_id=workflow.info().workflow_id,
@@ -402,8 +462,10 @@ class RosterKeeper:
                     simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
                     agent_backend=backend,
                     fail_start=role in simulation.residents_fail_start,
+                    start_delay_seconds=RESIDENT_SLOW_START_SECONDS if role in simulation.residents_slow_start else 0,
                     knowledge_research=s.config.knowledge_research,
                     e2e_live_base_url=s.config.e2e_live_base_url,
+                    continue_as_new_after_events=resident_handover_limit(s.config),
                 ),
                 id=workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
@@ -419,7 +481,10 @@ class RosterKeeper:
                 lambda: role in self._ready_residents or handle.done(), timeout=RESIDENT_READY_TIMEOUT
             )
         except asyncio.TimeoutError:
-            return f"not ready within {int(RESIDENT_READY_TIMEOUT.total_seconds())}s"
+            why = f"not ready within {int(RESIDENT_READY_TIMEOUT.total_seconds())}s"
+            if not workflow.patched("cancel-unready-resident"):
+                return why
+            return await _cancel_unready(workflow_id, why)
         if role not in self._ready_residents:
             err = handle.exception() if not handle.cancelled() else None
             cause = err.__cause__ if err is not None and err.__cause__ is not None else err
@@ -546,6 +611,15 @@ class RosterKeeper:
             raise ApplicationError(
                 f"AGENT_DESTROY_REQUEST rejected: no agent {parsed.agent_name!r} was created by AGENT_CREATE_REQUEST"
             )
+
+
+async def _cancel_unready(workflow_id: str, why: str) -> str:
+    """A resident left out of the sprint must not linger: ask it to cancel (it is started with ABANDON)."""
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).cancel()
+    except Exception as err:  # noqa: BLE001 - e.g. it ended meanwhile
+        return f"{why}; cancelling it failed: {err}"
+    return f"{why}; cancelled"
 
 
 async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:

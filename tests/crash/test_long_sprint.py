@@ -1,7 +1,7 @@
 """CI form of the long-sprint proof (bench/long_sprint.py): 200 stories on the local dev server, the
-Master continuing as new (every ~500 events), pause/resume signals sent all along and one pause held
-across a hand-over, the status query polled throughout. The 1,000-story run:
-`.venv/bin/python -m bench.long_sprint --stories 1000`."""
+Master continuing as new (every ~500 events) and each resident too (every ~150 events), pause/resume
+signals sent all along and one pause held across a hand-over, the status query polled throughout. The
+1,000-story run: `.venv/bin/python -m bench.long_sprint --stories 1000`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,25 @@ from bench.long_sprint import check, describe, run_long_sprint
 
 pytestmark = pytest.mark.e2e
 
+RESIDENT_CONTINUE_AFTER = 150
+RESIDENT_BOUND = 2 * RESIDENT_CONTINUE_AFTER
+
 
 async def test_200_story_sprint_continues_as_new_without_losing_anything(tmp_path: Path, capsys):
-    result = await run_long_sprint(200, tmp_path, batch_size=20, slaves=4, continue_after=500, pause_every=2.0)
+    result = await run_long_sprint(
+        200, tmp_path, batch_size=20, slaves=4, continue_after=500, pause_every=2.0,
+        resident_continue_after=RESIDENT_CONTINUE_AFTER,
+    )
     with capsys.disabled():
         print("\n" + describe(result))
     assert check(result) == []
     assert result["runs"] > 1 and len(result["runs_seen"]) > 1  # the query answered in more than one run
     assert result["pause_resume_cycles"] > 0
     assert result["cycles_across_handover"] > 0  # a pause carried across a hand-over, then resumed
+    residents = {k: v for k, v in result["histories"].items() if k.startswith("ResidentWorkflow (")}
+    assert sorted(residents) == [f"ResidentWorkflow ({r})" for r in ("debugger", "knowledge-researcher", "scrum-master")]
+    for name, row in residents.items():
+        # More runs than the Master's (which restarts them): each resident handed over by itself, and stayed
+        # bounded. Without that, a resident grows with the Master's run: RESIDENT_UNBOUNDED events here.
+        assert row["runs"] > result["runs"], (name, row)
+        assert row["max_events"] < RESIDENT_BOUND, (name, row)
