@@ -417,6 +417,9 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             else:
                 attrs = event.activity_task_timed_out_event_attributes
             name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            if name == "run_agent" and et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                # The agent's time (the activity's timeout) is up: its worker cancels it, as a TERMINATE would.
+                add(event, **terminate_directive(me, inp, sprint_cancelled=False))
             if name == "run_agent":
                 add(
                     event,

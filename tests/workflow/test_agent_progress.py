@@ -71,7 +71,8 @@ async def test_command_heartbeats_are_progress_updates(tmp_path: Path) -> None:
     bodies = [_progress(b) for b in beats]
     assert bodies and all(b.agent_id == "dev-runner" and b.task_id == assignment(root).story_key for b in bodies)
     assert any(b.current_activity == "working very hard" for b in bodies)
-    assert {"pid", "elapsed_s", "last_line", "dispatch_id"} <= set(beats[-1])
+    assert any({"pid", "elapsed_s", "last_line", "dispatch_id"} <= set(b) for b in beats)  # while the agent ran
+    assert beats[-1]["phase"] == "checking"  # then BSO checked its work
 
 
 async def test_a_cancelled_dispatch_is_a_terminate_directive(ts_env, tmp_path: Path) -> None:

@@ -111,6 +111,15 @@ async def sprint(client: Client, queue: str, root: Path, session: str, overrides
     return report, status_file, residents, runs, flow
 
 
+def without_broadcasts(flow: Counter) -> Counter:
+    return Counter({k: n for k, n in flow.items() if k[0] != "ROSTER_BROADCAST"})
+
+
+def changes(status: ResidentStatus) -> list[str]:
+    """Every roster change a resident heard of (a broadcast carries those made while the one before travelled)."""
+    return sorted(change for b in status.broadcasts for change in b.change.split("; "))
+
+
 async def test_residents_hand_over_mid_sprint_without_changing_the_sprint(local_env, tmp_path: Path):
     async with bso_worker(local_env.client) as queue:
         plain = await sprint(local_env.client, queue, tmp_path / "plain", "can-plain", {})
@@ -125,17 +134,21 @@ async def test_residents_hand_over_mid_sprint_without_changing_the_sprint(local_
     assert report.status is SprintStatus.COMPLETE and report.planner == "scrum-master"
     assert same_but_session(report, plain_report)
     assert status_file == plain_status_file
-    assert flow == plain_flow  # the message flow (bso messages, the execution summary) sees the same messages
+    # The message flow (bso messages, the execution summary) sees the same messages. Roster changes made while
+    # a broadcast is on its way go out together, so how many broadcasts carry them depends on timing: they are
+    # compared by the changes they carry, below.
+    assert without_broadcasts(flow) == without_broadcasts(plain_flow)
     for role in ROLES:
         mine, theirs = residents[role], plain_residents[role]
         assert mine.run == runs[role]
-        assert mine.broadcasts_received == theirs.broadcasts_received > 0, (role, [b.seq for b in mine.broadcasts], [b.seq for b in theirs.broadcasts])
         assert mine.requests_served == theirs.requests_served
-        # Every broadcast arrived, across the hand-overs: the same ones, and no gap in the sequence numbers
-        # (the order may differ: two Slaves at once, and signals sent together may arrive in any order).
-        assert sorted(b.change for b in mine.broadcasts) == sorted(b.change for b in theirs.broadcasts)
+        # Every broadcast since it started arrived, across the hand-overs: no gap in the sequence numbers, each in
+        # the flow,
+        # and the same roster changes as the reference run (the order may differ: two Slaves at once).
         seqs = sorted(b.seq for b in mine.broadcasts)
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        assert seqs == list(range(seqs[0], seqs[0] + mine.broadcasts_received)), (role, seqs)
+        assert flow[("ROSTER_BROADCAST", role)] == mine.broadcasts_received
+        assert changes(mine) == changes(theirs)
     assert residents["debugger"].requests_served == DEBUG_REQUESTS  # every DEBUG_REQUEST answered
     assert residents["scrum-master"].requests_served == 1  # the plan
 
