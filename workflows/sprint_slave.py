@@ -114,6 +114,10 @@ STATUS_WRITE_OPTIONS: dict[str, Any] = {
 MAX_REJECTED_KEPT = 50
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
+# The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
+# verification after: agents.toml's verification timeout_seconds, 900 s by default, each), heartbeating all
+# along; the server's deadline leaves room for both, and a lost worker is still seen by the heartbeat timeout.
+COMMAND_CHECKS_ALLOWANCE = timedelta(seconds=2 * 900)
 # Backends whose agents answer in-process: their AGENT_COMPLETE comes back as the activity's result.
 ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
 
@@ -727,16 +731,19 @@ class SprintSlaveWorkflow:
         # Only a story with a priority sets one: otherwise the activity inherits (and history is unchanged).
         key = priority_key(priority)
         extra: dict[str, Any] = {"priority": Priority(priority_key=key)} if key is not None else {}
+        activity_deadline = timeout
+        if self._input.agent_backend == "command":
+            activity_deadline += AGENT_ACTIVITY_GRACE + COMMAND_CHECKS_ALLOWANCE
         handle = workflow.start_activity(
             run_agent,
             assignment,
             task_queue=agents_task_queue_for(workflow.info().task_queue),
             activity_id=dispatch_id,
             # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
-            # running then is timed out and answered as "no AGENT_COMPLETE". A backend that enforces the
-            # deadline itself (command) has the grace to report its own timeout.
-            schedule_to_close_timeout=timeout + (AGENT_ACTIVITY_GRACE if self._input.agent_backend == "command" else timedelta(0)),
-            start_to_close_timeout=timeout + AGENT_ACTIVITY_GRACE,
+            # running then is timed out and answered as "no AGENT_COMPLETE". The command backend enforces the
+            # deadline itself and has the time to report it and to check the agent's work.
+            schedule_to_close_timeout=activity_deadline,
+            start_to_close_timeout=activity_deadline + AGENT_ACTIVITY_GRACE,
             heartbeat_timeout=timedelta(seconds=retry.heartbeat_timeout_seconds),
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(seconds=retry.initial_interval_seconds),

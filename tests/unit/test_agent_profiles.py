@@ -86,6 +86,7 @@ def test_yaml_file_is_accepted() -> None:
         ("[profiles.a]\nextends='b'\n[profiles.b]\nextends='a'", "loops"),
         ("not toml [", "not valid TOML"),
         ("[profiles.x]\nextends='nope'", "unknown agent profile"),
+        ("[verification]\ntimeout_seconds = 3600", "verification.timeout_seconds"),
     ],
 )
 def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
