@@ -602,8 +602,10 @@ class _FastFile:
     top: dict[str, str | None]  # top-level key -> its raw value token (None: no value)
 
 
+@functools.lru_cache(maxsize=2)  # pure; a U4 write scans the text the previous write read back
 def _fast_scan(text: str) -> _FastFile | None:
-    """The file's entries if it is in the plain BMAD layout, else None (then the YAML path decides)."""
+    """The file's entries if it is in the plain BMAD layout, else None (then the YAML path decides).
+    The result is shared (cached): callers never modify it."""
     if len(text) > MAX_STATUS_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
         return None
     if _FAST_ODD_CHARS_RE.search(text):

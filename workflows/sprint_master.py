@@ -95,6 +95,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def __init__(self, inp: SprintInput) -> None:
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
+        # ones of the same signal may already show the story moved on).
+        self._decided_views: dict[str, StoryView] = {}
         self._init_roster()
         self._init_course_correction()
         self._init_planning()
@@ -140,18 +143,26 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if not isinstance(updates, list):
             workflow.logger.warning("story_updates ignored: expected an object with a list of updates")
             return
-        for update in updates:
-            self.story_update(update)
+        applied = [self._apply_story_update(update) for update in updates]
+        if any(applied):
+            self._show()  # once per signal: it walks every story
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
     def story_update(self, payload: Any) -> None:
+        if self._apply_story_update(payload):
+            self._show()
+
+    def _apply_story_update(self, payload: Any) -> bool:
+        """One story's new view (validated); False when it was ignored."""
         try:
             update = StoryUpdate.model_validate(payload)
         except ValidationError as err:
             workflow.logger.warning("story_update ignored: %s", describe_validation_error(err))
-            return
+            return False
         s = self._state
         if update.story_key in s.views:
+            if s.views[update.story_key].awaiting_decision and not update.view.awaiting_decision:
+                self._decided_views.setdefault(update.story_key, update.view)
             s.views[update.story_key] = update.view
             agent = update.view.agent_in_flight
             self._temp_seen(
@@ -164,7 +175,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
                     # Another story was first: this Slave paused itself for nothing.
                     self._forward(SIGNAL_RESUME, {}, only=update.batch_id)
-            self._show()
+            return True
+        return False
 
     def _first_story_checkpoint(self, key: str, view: StoryView) -> bool:
         """first_story_checkpoint: `report` logs and shows the first finished story; `pause` also pauses.
@@ -219,9 +231,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         key = parsed.story_key
         if parsed.decision is not Decision.REARM:
             view = s.views[key]
+            self._decided_views.pop(key, None)
             self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=view.batch_id)
-            await workflow.wait_condition(lambda: not s.views[key].awaiting_decision)
-            return s.views[key]
+            await workflow.wait_condition(lambda: key in self._decided_views)
+            return self._decided_views.pop(key)
         target = parsed.rearm_state().value
         written = await workflow.execute_activity(
             write_story_status,

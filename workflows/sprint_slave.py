@@ -9,7 +9,7 @@ intervention. The rules live in `bso`; files, agents and clocks live in activiti
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -118,6 +118,11 @@ AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # verification after: agents.toml's verification timeout_seconds, 900 s by default, each), heartbeating all
 # along; the server's deadline leaves room for both, and a lost worker is still seen by the heartbeat timeout.
 COMMAND_CHECKS_ALLOWANCE = timedelta(seconds=2 * 900)
+# Story updates go to the Master at most once per this hold, together (a signal costs both workflows history
+# events and a workflow task; with quick agents a Slave made one per story). The Master's view lags by ~1 s at
+# most; a Slave that finishes sends at once.
+STORY_UPDATES_HOLD = timedelta(seconds=1)
+STORY_UPDATES_HOLD_SUMMARY = "story updates hold"  # the timer's name in the UI
 # Backends whose agents answer in-process: their AGENT_COMPLETE comes back as the activity's result.
 ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
 
@@ -164,6 +169,7 @@ class SprintSlaveWorkflow:
         self._agents_destroyed = 0
         self._outbox: list[StoryUpdate] = []  # story updates not yet sent to the Master
         self._sender: asyncio.Task[None] | None = None
+        self._updates_sent_at: datetime | None = None
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         # Agent-PO gates on the dev-runner's work (po_gates_enabled; None: on for the command backend).
@@ -854,12 +860,25 @@ class SprintSlaveWorkflow:
             self._sender = asyncio.create_task(self._send_updates(parent.workflow_id))
 
     async def _send_updates(self, master_id: str) -> None:
-        """One story_updates signal at a time, with every update made since the previous one, in order:
-        the first goes out with the workflow task that made it; the ones made while it is on its way
-        follow together (a signal costs both workflows history events and workflow tasks)."""
+        """One story_updates signal at a time, with every update made since the previous one, in order: the
+        first goes out with the workflow task that made it; later ones at most once per STORY_UPDATES_HOLD."""
         handle = workflow.get_external_workflow_handle(master_id)
         while self._outbox:
+            sent_at = self._updates_sent_at
+            since = workflow.now() - sent_at if sent_at is not None else STORY_UPDATES_HOLD
+            if sent_at is not None and since < STORY_UPDATES_HOLD and not self._closing:
+                # At most one signal per hold: it ends on the first workflow task after it (most often an agent's
+                # answer: the timer is cancelled, costing no task), or on its timer when the Slave is idle.
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._closing or workflow.now() - sent_at >= STORY_UPDATES_HOLD,
+                        timeout=STORY_UPDATES_HOLD - since,
+                        timeout_summary=STORY_UPDATES_HOLD_SUMMARY,
+                    )
+                except asyncio.TimeoutError:
+                    pass
             updates, self._outbox = self._outbox, []
+            self._updates_sent_at = workflow.now()
             try:
                 await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
             except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell

@@ -1,5 +1,5 @@
 """CI form of the long-sprint proof (bench/long_sprint.py): 200 stories on the local dev server, the
-Master continuing as new (every ~500 events) and each resident too (every ~40 events), pause/resume
+Master continuing as new (every ~250 events) and each resident too (every ~40 events), pause/resume
 signals sent all along and one pause held across a hand-over, the status query polled throughout. The
 1,000-story run: `.venv/bin/python -m bench.long_sprint --stories 1000`."""
 
@@ -19,7 +19,7 @@ RESIDENT_BOUND = 2 * RESIDENT_CONTINUE_AFTER
 
 async def test_200_story_sprint_continues_as_new_without_losing_anything(tmp_path: Path, capsys):
     result = await run_long_sprint(
-        200, tmp_path, batch_size=20, slaves=4, continue_after=500, pause_every=2.0,
+        200, tmp_path, batch_size=20, slaves=4, continue_after=250, pause_every=2.0,
         resident_continue_after=RESIDENT_CONTINUE_AFTER,
     )
     with capsys.disabled():
