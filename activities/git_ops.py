@@ -6,9 +6,13 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +83,32 @@ def worktree_path(project_root: str, session_id: str, story_key: str) -> Path:
     return Path(project_root, SESSION_DIR, WORKTREES_DIR, safe_name(session_id), story_key)
 
 
+REPO_LOCK_POLL_SECONDS = 0.05
+
+
+@asynccontextmanager
+async def repo_lock(project_root: str) -> AsyncIterator[None]:
+    """One change at a time to the user's checkout and its worktree list: Slaves running at once (stories
+    finishing, worktrees made) would otherwise meet on git's index.lock. Polled, so a cancelled activity
+    stops waiting; released by the kernel if the worker dies."""
+    path = session_path(project_root, "git", "repo.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(REPO_LOCK_POLL_SECONDS)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 async def sprint_base(project_root: str, session_id: str) -> str:
     """The sprint's base commit: the project's HEAD when the sprint first needed a worktree (recorded)."""
     path = session_path(project_root, "git", f"{safe_name(session_id)}.json")
@@ -97,18 +127,19 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     await require_repo(project_root)
-    base = await sprint_base(project_root, session_id)
-    path = worktree_path(project_root, session_id, story_key)
-    if (path / ".git").exists():
+    async with repo_lock(project_root):
+        base = await sprint_base(project_root, session_id)
+        path = worktree_path(project_root, session_id, story_key)
+        if (path / ".git").exists():
+            return Worktree(str(path), branch, base)
+        await git(project_root, "worktree", "prune", check=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
+        if exists.strip():
+            await git(project_root, "worktree", "add", str(path), branch)
+        else:
+            await git(project_root, "worktree", "add", "-b", branch, str(path), base)
         return Worktree(str(path), branch, base)
-    await git(project_root, "worktree", "prune", check=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
-    if exists.strip():
-        await git(project_root, "worktree", "add", str(path), branch)
-    else:
-        await git(project_root, "worktree", "add", "-b", branch, str(path), base)
-    return Worktree(str(path), branch, base)
 
 
 async def changed_paths(wt: str) -> list[str]:
@@ -267,16 +298,21 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     into the project's checked-out branch (ff or merge commit), then clear its track (auto_clear_git_track).
     Idempotent (a merge is recorded before the track is cleared); on conflict nothing changes (the original
     commits stay) and the worktree is kept."""
+    try:  # the key names paths and a branch: checked before anything uses it
+        story_branch(inp.session_id, inp.story_key)
+    except GitRuleError as err:
+        raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     record = _merged_record(inp.project_root, inp.session_id, inp.story_key)
     if record.exists():
         return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
-    result = await _squash_and_merge(inp)
-    if result.merged:
-        write_json_atomic(record, result.model_dump(mode="json"))
-        if inp.clear_track:
-            branch = story_branch(inp.session_id, inp.story_key)
-            cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
-            activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
+    async with repo_lock(inp.project_root):
+        result = await _squash_and_merge(inp)
+        if result.merged:
+            write_json_atomic(record, result.model_dump(mode="json"))
+            if inp.clear_track:
+                branch = story_branch(inp.session_id, inp.story_key)
+                cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
+                activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
     return result
 
 
@@ -299,6 +335,16 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
     if count == 0:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
+    # An agent may have committed a secret itself (the Exit Gate refused the dispatch, a human may still have
+    # let the story through): such a branch is never merged into the user's branch.
+    changed = [p for p in (await git(root, "diff", "--name-only", "-z", base, tip)).split("\x00") if p]
+    secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns)]
+    if secrets:
+        return FinishStoryResult(
+            story_key=inp.story_key, merged=False,
+            note=f"not merged: the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
+                 "worktree kept",
+        )
     squashed = False
     identity = await identity_args(root)
     message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))

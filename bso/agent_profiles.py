@@ -29,6 +29,7 @@ fresh `{session_id}`; a profile used by a reviewing agent may not carry a sessio
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from io import StringIO
 from typing import Any, Literal
@@ -260,13 +261,12 @@ def dispatch_session_id(dispatch_id: str) -> str:
 
 
 def render_argv(argv: list[str], values: dict[str, str]) -> list[str]:
-    """Fill the placeholders of an argv (plain substitution; never a shell)."""
-    out = []
-    for arg in argv:
-        for key, value in values.items():
-            arg = arg.replace("{" + key + "}", value)
-        out.append(arg)
-    return out
+    """Fill the placeholders of an argv in one pass (a `{workdir}` inside the prompt stays as written; never a
+    shell). Unknown `{...}` are left as they are."""
+    if not values:
+        return list(argv)
+    pattern = re.compile("|".join(re.escape("{" + key + "}") for key in values))
+    return [pattern.sub(lambda m: values[m.group(0)[1:-1]], arg) for arg in argv]
 
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -282,6 +282,17 @@ def is_secret_env_key(key: str) -> bool:
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if is_secret_env_key(k) else v) for k, v in env.items()}
+
+
+def redact_values(value: Any, env: dict[str, str]) -> Any:
+    """`value` (a model dump: dicts, lists, strings...) with every string redacted (redact_text)."""
+    if isinstance(value, str):
+        return redact_text(value, env)
+    if isinstance(value, dict):
+        return {k: redact_values(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_values(v, env) for v in value]
+    return value
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:

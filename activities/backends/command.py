@@ -59,6 +59,7 @@ from bso.agent_profiles import (
     dispatch_session_id,
     redact_env,
     redact_text,
+    redact_values,
     render_argv,
     resolve_profile,
 )
@@ -235,6 +236,15 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         return run, data.get("before"), data.get("passing_before")
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _redact_file(path: Path, env: dict[str, str]) -> None:
+    if not path.is_file():
+        return
+    text = path.read_text(encoding="utf-8", errors="replace")
+    redacted = redact_text(text, env)
+    if redacted != text:
+        path.write_text(redacted, encoding="utf-8")
 
 
 @asynccontextmanager
@@ -440,6 +450,7 @@ async def _checked(
     complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
         a, result_file, stdout, run, timeout
     )
+    _redact_file(result_file, env)  # the agent wrote it under .sprint-session/: read, it keeps no secret
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
@@ -501,7 +512,8 @@ async def _checked(
     }
     if failure is not None:
         update.update(status=AgentStatus.FAILURE, error=failure[:1900], error_type=failure_type)
-    complete = complete.model_copy(update=update)
+    # Whatever the agent or the checks wrote (summary, error, findings, feedback) goes into history: no secret.
+    complete = AgentComplete.model_validate(redact_values(complete.model_copy(update=update).model_dump(mode="json"), env))
     write_json_atomic(run_dir / "complete.json", complete.model_dump(mode="json"))
     write_json_atomic(
         marker,

@@ -6,7 +6,7 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 `usage`) plus, unless told otherwise, an AGENT_COMPLETE in $BSO_RESULT_FILE.
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
-`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, out-of-scope, break-tests, break-tests-in-dev (only the
+`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, commit-env, echo-secret, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -148,8 +148,10 @@ def main():
             f"import sys; sys.path.insert(0, 'src')\nfrom {module} import greet\n\n"
             "def test_greet():\n    assert greet() == " + ("'goodbye'" if broken else "'hello'") + "\n"
         )
-        if "leak-env" in behavior:
+        if "leak-env" in behavior or "commit-env" in behavior:
             Path(".env").write_text("OPENAI_API_KEY=sk-fake-leaked\n")
+        if "commit-env" in behavior:  # the agent commits the secret itself
+            git("add", "-f", ".env")
         if "out-of-scope" in behavior:
             Path("docs").mkdir(exist_ok=True)
             Path("docs/notes.md").write_text("outside the scope\n")
@@ -162,6 +164,12 @@ def main():
              "cache_creation_input_tokens": 0}
     if report_kind:
         result = po_report(report_kind, prompt, key)
+    if "echo-secret" in behavior:  # a careless agent repeats a secret of its environment everywhere
+        secret = os.environ.get("MY_API_TOKEN", "")
+        print(f"using token {secret}", flush=True)
+        print(f"debug: token={secret}", file=sys.stderr, flush=True)
+        result["summary"] = f"done with token {secret}"
+        result["findings"] = [{"severity": "LOW", "summary": f"token {secret} is hard-coded"}]
     if "no-result-file" in behavior:
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
     else:

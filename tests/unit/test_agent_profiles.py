@@ -110,6 +110,9 @@ def test_generic_needs_argv_and_reviewer_may_not_resume_a_session() -> None:
 
 
 def test_argv_rendering_and_redaction() -> None:
+    # One pass: placeholders inside a substituted value (a story quoting `{workdir}`) stay as written.
+    assert render_argv(["x", "{prompt}", "{workdir}"], {"prompt": "see {workdir} and {result_file}", "workdir": "/w",
+                                                      "result_file": "/r"}) == ["x", "see {workdir} and {result_file}", "/w"]
     assert render_argv(["x", "-p", "{prompt}", "--f={prompt_file}"], {"prompt": "hi", "prompt_file": "/p"}) == [
         "x", "-p", "hi", "--f=/p",
     ]

@@ -13,8 +13,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.backends import command
-from activities.git_ops import worktree_path
+from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from bso.dispatch import VERIFICATION_FAILED
+from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.fake_agent.project import STORY, git, make_git_project
@@ -97,13 +98,18 @@ async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None
     assert len(runs(tmp_path)) == 2
 
 
-async def test_secrets_are_redacted_from_files_on_disk(tmp_path: Path) -> None:
-    root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123")
+async def test_secrets_are_redacted_from_files_on_disk_and_the_answer(tmp_path: Path) -> None:
+    # The agent prints the secret on stdout and stderr and puts it in its summary and a finding.
+    root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123", FAKE_AGENT_BEHAVIOR="echo-secret")
     a = assignment(root)
-    await ActivityEnvironment().run(command.run, a)
+    done = await ActivityEnvironment().run(command.run, a)
     run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    assert "using token ***" in (run_dir / "stdout.log").read_text()
     for path in run_dir.iterdir():
         assert "tok-very-secret-123" not in path.read_text(), path
+    answer = done.model_dump_json()  # what goes into workflow history
+    assert "tok-very-secret-123" not in answer and "done with token ***" in done.summary
+    assert any("token *** is hard-coded" in f.summary for f in done.findings)
     assert json.loads((run_dir / "command.json").read_text())["env"]["MY_API_TOKEN"] == "***"
 
 
@@ -114,6 +120,77 @@ async def test_leaked_env_file_is_refused(tmp_path: Path) -> None:
     assert ".env" in done.error and "secret" in done.error
     wt = worktree_path(str(root), "s1", STORY)
     assert ".env" not in git(wt, "log", "--name-only", "--format=", "main..HEAD")
+
+
+async def finish(root: Path, **kw) -> FinishStoryResult:
+    return await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY, **kw)
+    )
+
+
+async def test_a_secret_the_agent_committed_itself_is_never_merged(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="commit-env")
+    base = git(root, "rev-parse", "HEAD").strip()
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and ".env" in done.error
+    # Even if the story were let through (a human's force_pass), finishing it merges nothing.
+    result = await finish(root)
+    assert not result.merged and "secret-looking files (.env)" in result.note
+    assert git(root, "rev-parse", "HEAD").strip() == base
+    assert ".env" not in git(root, "log", "--name-only", "--format=", "HEAD").split()  # the user's branch
+    assert worktree_path(str(root), "s1", STORY).exists()
+
+
+async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    branch = f"bso/s1/{STORY}"
+    tip = git(root, "rev-parse", branch).strip()
+    originals = git(root, "rev-list", f"main..{branch}").split()
+    assert len(originals) >= 2  # the agent's commit and the Exit Gate's
+    # Meanwhile the user changed the same file on their branch.
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "story_1_1_hello_world.py").write_text("def greet():\n    return 'hi'\n")
+    git(root, "add", "src")
+    git(root, "commit", "-q", "-m", "user's own greet")
+    user_head, user_status = git(root, "rev-parse", "HEAD").strip(), git(root, "status", "--porcelain")
+    result = await finish(root)
+    assert not result.merged and "failed; worktree kept" in result.note
+    assert git(root, "rev-parse", "HEAD").strip() == user_head and git(root, "status", "--porcelain") == user_status
+    assert git(root, "rev-parse", branch).strip() == tip  # the original commits stay, not the squash
+    assert worktree_path(str(root), "s1", STORY).exists()
+
+
+async def test_merge_mode_always_makes_a_merge_commit(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, agents_toml='\n[git]\nmerge = "merge"\n')
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    result = await finish(root)
+    assert result.merged and result.squashed
+    parents = git(root, "log", "-1", "--format=%P").split()
+    assert len(parents) == 2 and git(root, "log", "-1", "--format=%s").startswith("Merge feat: Story 1.1")
+
+
+async def test_stories_finishing_at_once_all_merge(tmp_path: Path) -> None:
+    """Slaves run in parallel: their merges into the user's checkout take turns (one repo lock), none fails
+    on git's index.lock."""
+    root = dev_project(tmp_path)
+    keys = [f"1-{n}-story-{n}" for n in range(1, 7)]
+    for key in keys:
+        wt = await ensure_worktree(str(root), "s1", key)
+        (Path(wt.path) / f"{key}.txt").write_text(key)
+        git(wt.path, "add", f"{key}.txt")
+        git(wt.path, "commit", "-q", "-m", f"work on {key}")
+    results = await asyncio.gather(*(
+        ActivityEnvironment().run(
+            finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=key, story_title=key)
+        )
+        for key in keys
+    ))
+    assert all(r.merged for r in results), [r.note for r in results]
+    files = git(root, "ls-files").split()
+    assert all(f"{key}.txt" in files for key in keys)
 
 
 async def test_verification_overrides_a_false_success(tmp_path: Path) -> None:
