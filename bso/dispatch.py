@@ -188,6 +188,21 @@ def intervention(progress: StoryProgress, reason: str, tokens: int = 0) -> Trans
     )
 
 
+# The agent activity's non-retryable error type when the agent cannot be started at all (a missing or
+# non-executable CLI, a broken profile): see activities/agent_config.py.
+AGENT_CONFIG_ERROR = "AgentConfigError"
+
+
+def setup_failure(dispatch_id: str, step: DispatchStep, story_key: str, error: str) -> AgentComplete:
+    """An agent that cannot be started is Gear 2's AGENT_ERROR with `recoverable: false`: no debugger round,
+    and with fail_fast the sprint stops instead of failing every story the same way."""
+    return AgentComplete(
+        dispatch_id=dispatch_id, story_key=story_key, agent_type=step.agent_type, mode=step.mode,
+        status=AgentStatus.FAILURE, error=error[:MAX_SUMMARY_CHARS], error_type="agent_config_error",
+        recoverable=False,
+    )
+
+
 def fatal_error(result: AgentComplete, config: SprintConfig) -> str | None:
     """Why the sprint must stop (fail_fast and an unrecoverable agent error), or None."""
     if not config.fail_fast or result.status is not AgentStatus.FAILURE or result.recoverable:

@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         decision_timed_out,
     )
     from bso.dispatch import (
+        AGENT_CONFIG_ERROR,
         DispatchStep,
         Transition,
         apply_agent_result,
@@ -65,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         next_dispatch,
         priority_key,
         record_dispatch,
+        setup_failure,
         story_priority,
     )
     from bso.messages import (
@@ -768,6 +770,8 @@ class SprintSlaveWorkflow:
                 failure = handle.exception() if not handle.cancelled() else None
                 if failure is not None:
                     self._open_dispatches.pop(dispatch_id, None)
+                    if _error_type(failure) == AGENT_CONFIG_ERROR:  # the agent cannot start at all
+                        return setup_failure(dispatch_id, step, meta.key, f"agent setup: {_cause(failure)}")
                     return no_answer if _deadline_passed(failure) else f"agent activity failed: {_cause(failure)}"
                 receipt = handle.result()
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
@@ -922,6 +926,13 @@ def _deadline_passed(err: BaseException) -> bool:
     """The agent activity ran out of its schedule-to-close time: the agent's deadline."""
     cause = err.__cause__
     return isinstance(cause, ActivityTimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_CLOSE
+
+
+def _error_type(err: BaseException) -> str | None:
+    """The ApplicationError type at the root of an activity failure, if any."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err.type if isinstance(err, ApplicationError) else None
 
 
 def _cause(err: BaseException) -> str:

@@ -189,3 +189,34 @@ async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_en
     ]
     assert signals.count("debug_request") == 1
     assert await workflow_task_failures(ts_env.client, "cmd-verify") == 0
+
+
+MISSING_CLI = '\n[profiles.fake-missing]\nextends = "generic"\nargv = ["/nonexistent/agent-cli", "{prompt}"]\n' \
+    '\n[agents.story-creator]\nprofile = "fake-missing"\n'
+SECOND = "1-2-second-story"
+
+
+async def test_a_missing_agent_cli_stops_the_sprint_with_fail_fast(ts_env, tmp_path: Path) -> None:
+    root = make_git_project(tmp_path / "proj", stories={STORY: "backlog", SECOND: "backlog"}, agents_toml=MISSING_CLI)
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue,
+            sprint_input(root, session_id="cmd-missing-ff", agent_backend="command",
+                         config_overrides={"fail_fast": True, "batch_size": 2}),
+        )
+    assert report.status is SprintStatus.PARTIAL and report.batches[0].fatal_error
+    assert "fake-missing" in report.batches[0].fatal_error and "agent_config_error" in report.batches[0].fatal_error
+    assert report.stories[STORY] == "needs-intervention"
+    assert status_values(root)[SECOND] == "backlog"  # never started: the same error would have failed it too
+    assert await workflow_task_failures(ts_env.client, "cmd-missing-ff") == 0
+
+
+async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_profile(ts_env, tmp_path: Path) -> None:
+    root = make_git_project(tmp_path / "proj", stories={STORY: "backlog"}, agents_toml=MISSING_CLI)
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-missing", agent_backend="command")
+        )
+    assert report.stories == {STORY: "needs-intervention"}
+    error = report.batches[0].results.story_results[0].error or ""
+    assert "agent setup" in error and "fake-missing" in error, error
