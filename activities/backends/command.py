@@ -469,11 +469,13 @@ async def _checked(
             failure = f"secret-looking files refused by the Git Exit Gate: {', '.join(sorted(gate.refused))}"
         elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed:
             failure = "dev dispatch produced no changes (empty diff)"
-        elif complete.status is AgentStatus.SUCCESS and agents.verification.commands:
+        elif agents.verification.commands and (
+            complete.status is AgentStatus.SUCCESS or (passing_before is not None and changed)
+        ):  # a success is verified; a failed fix that committed something is still held to P20
             checked = await verify(wt.path, agents.verification, env)
-            if checked.ok:
+            if complete.status is AgentStatus.SUCCESS and checked.ok:
                 verification_file.unlink(missing_ok=True)
-            else:
+            elif complete.status is AgentStatus.SUCCESS:
                 verification_file.write_text(redact_text(checked.output, env), encoding="utf-8")
                 failure = "verification failed whatever the agent claimed: " + redact_text(checked.output, env)[-600:]
                 failure_type = VERIFICATION_FAILED
@@ -482,7 +484,7 @@ async def _checked(
                 await git(wt.path, "reset", "-q", "--hard", before)  # P20: roll the fix back
                 failure = (
                     f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
-                    f"the fix was rolled back to {before[:12]}. " + (failure or "")
+                    f"the fix was rolled back to {before[:12]}. " + (failure or complete.error or "")
                 )
                 failure_type = VERIFICATION_FAILED
 

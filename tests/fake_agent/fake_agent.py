@@ -6,7 +6,7 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 `usage`) plus, unless told otherwise, an AGENT_COMPLETE in $BSO_RESULT_FILE.
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
-`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, commit-env, echo-secret, out-of-scope, break-tests, break-tests-in-dev (only the
+`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -164,6 +164,8 @@ def main():
              "cache_creation_input_tokens": 0}
     if report_kind:
         result = po_report(report_kind, prompt, key)
+    if "claim-failure" in behavior:  # the agent gives up (after changing files)
+        result.update(status="failure", error="could not finish the fix")
     if "echo-secret" in behavior:  # a careless agent repeats a secret of its environment everywhere
         secret = os.environ.get("MY_API_TOKEN", "")
         print(f"using token {secret}", flush=True)

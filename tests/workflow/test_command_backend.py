@@ -325,6 +325,23 @@ async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> N
     assert git(wt, "rev-parse", "HEAD").strip() == after_dev
 
 
+async def test_a_failed_fix_that_lowers_passing_tests_is_rolled_back_too(tmp_path: Path) -> None:
+    """The Exit Gate commits what a giving-up fix left; P20 still applies, so the next fix starts clean."""
+    root = dev_project(tmp_path)
+    dev = await ActivityEnvironment().run(command.run, assignment(root))
+    assert dev.status is AgentStatus.SUCCESS, dev.error
+    wt = worktree_path(str(root), "s1", STORY)
+    after_dev = git(wt, "rev-parse", "HEAD").strip()
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace(
+        "[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests,claim-failure"\n'
+    ))
+    fix = await ActivityEnvironment().run(command.run, assignment(root, n=2, mode=AgentMode.FIX))
+    assert fix.status is AgentStatus.FAILURE
+    assert "passing tests fell from 1 to 0" in fix.error and "could not finish the fix" in fix.error
+    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+
+
 async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Path) -> None:
     root = dev_project(tmp_path)
     await ActivityEnvironment().run(command.run, assignment(root))
