@@ -1,8 +1,8 @@
 """The improvement cycle's I/O: the scrum-master's proposals, and adding the chosen ones as stories.
 
 `propose_improvements`: simulated agents propose what the simulation script says; any other backend reads
-`.sprint-session/improvements.json` (a list of IMPROVEMENT_REQUESTED payloads or Gear 2 `improvement_requested`
-messages, written by the scrum-master agent). Invalid proposals are skipped and reported (validation_failed).
+`.sprint-session/improvements/<session id>.json`, else `.sprint-session/improvements.json` (a list of
+IMPROVEMENT_REQUESTED payloads or Gear 2 `improvement_requested` messages; BSO runs no agent to write it). Invalid proposals are skipped and reported (validation_failed).
 `add_improvement_stories`: each becomes a `ready-for-dev` story (status entry after the epic's last story,
 story file with the proposal's acceptance criteria), under the status file's lock; idempotent.
 """
@@ -13,13 +13,15 @@ import asyncio
 import fcntl
 import json
 import os
+import re
 import stat
+from pathlib import Path
 
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.session_files import session_path
+from activities.session_files import SESSION_DIR
 from activities.status_file import _atomic_replace, _read_text
 from bso.improvements import AddStoriesInput, Proposals, ProposeInput, insert_after
 from bso.messages import ImprovementRequestedPayload, parse_message, validation_failed
@@ -34,11 +36,21 @@ from bso.sprint_status import (
     resolve_inside,
 )
 
-PROPOSALS_FILE = "improvements.json"
+PROPOSALS_FILE = "improvements.json"  # shared by every sprint of the project
+PROPOSALS_DIR = "improvements"  # improvements/<session id>.json: this sprint's own, preferred
+
+
+def proposals_path(project_root: str, session_id: str) -> Path:
+    """This sprint's proposals file when there is one, else the project's shared one."""
+    shared = Path(project_root, SESSION_DIR, PROPOSALS_FILE)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", session_id):  # not a plain file name: no file of its own
+        return shared
+    own = Path(project_root, SESSION_DIR, PROPOSALS_DIR, f"{session_id}.json")
+    return own if own.exists() else shared
 
 
 def _read_proposals(inp: ProposeInput) -> Proposals:
-    path = session_path(inp.project_root, PROPOSALS_FILE)
+    path = proposals_path(inp.project_root, inp.session_id)
     if not path.exists():
         return Proposals()
     try:

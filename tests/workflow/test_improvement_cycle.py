@@ -81,3 +81,23 @@ async def test_external_proposals_file_with_an_invalid_entry(ts_env, tmp_path: P
     assert [i.story_key for i in report.improvements] == ["1-2-imp-001"]
     assert report.stories == {K1: "done", "1-2-imp-001": "done"}
     assert status_values(tmp_path)["1-2-imp-001"] == "done"
+
+
+async def test_a_sprints_own_proposals_file_wins_over_the_shared_one(tmp_path: Path):
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.improvements import propose_improvements
+    from bso.improvements import ProposeInput
+
+    session_dir = tmp_path / ".sprint-session"
+    (session_dir / "improvements").mkdir(parents=True)
+    (session_dir / "improvements.json").write_text(json.dumps([IMPROVEMENTS[0]]))
+    own = {**IMPROVEMENTS[0], "improvement_id": "imp_own", "description": "This sprint's own proposal"}
+    (session_dir / "improvements" / "imp-own.json").write_text(json.dumps([own]))
+    env = ActivityEnvironment()
+    mine = await env.run(propose_improvements, ProposeInput(project_root=str(tmp_path), session_id="imp-own",
+                                                            backend="command"))
+    assert [p.improvement_id for p in mine.proposals] == ["imp_own"]
+    other = await env.run(propose_improvements, ProposeInput(project_root=str(tmp_path), session_id="imp-other",
+                                                             backend="command"))
+    assert [p.improvement_id for p in other.proposals] == [IMPROVEMENTS[0]["improvement_id"]]  # the shared file
