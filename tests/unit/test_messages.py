@@ -246,3 +246,44 @@ def test_agent_complete_rejections_always_render(raw: Any) -> None:
     except ValidationError as err:
         rendered = validation_failed(raw, err)
         assert rendered.describe() and all(e.field for e in rendered.errors)
+
+
+# --- every type: each field its seed requires, dropped, is named in the answer ------------------------------
+
+NATIVE_ALIASES = {"from_agent": "from", "to_agent": "to", "message_type": "type", "msg_type": "type",
+                  "message_id": "id"}
+
+
+def _drops(example: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every variant of `example` with one field removed (top-level, or inside its payload)."""
+    out = [(key, {k: v for k, v in example.items() if k != key}) for key in example]
+    payload = example.get("payload")
+    if isinstance(payload, dict):
+        out += [(f"payload.{key}", {**example, "payload": {k: v for k, v in payload.items() if k != key}})
+                for key in payload]
+    return out
+
+
+def _names(field: str, dropped: str) -> bool:
+    leaf = dropped.rsplit(".", 1)[-1]
+    wanted = {dropped, leaf, NATIVE_ALIASES.get(leaf, leaf)}
+    return field in wanted or any(field.endswith("." + w) for w in wanted)
+
+
+EVERY_EXAMPLE = {**ex.ALL, **{f"error/{kind}": example for kind, example in ex.ERRORS.items()}}
+
+
+@pytest.mark.parametrize("type_", sorted(EVERY_EXAMPLE))
+def test_every_type_rejects_each_missing_required_field_by_name(type_: str) -> None:
+    required = 0
+    for dropped, raw in _drops(copy.deepcopy(EVERY_EXAMPLE[type_])):
+        try:
+            parse_message(raw)
+        except ValidationError as err:
+            required += 1
+            errors = validation_failed(raw, err).errors
+            # Named as the field, or (a rule across fields, e.g. navigate needs a url) in the error's text.
+            assert any(_names(e.field, dropped) or dropped.rsplit(".", 1)[-1] in e.error for e in errors), (
+                type_, dropped, [(e.field, e.error) for e in errors]
+            )
+    assert required > 0, f"{type_}: no field is required, so anything would pass"
