@@ -32,6 +32,7 @@ class BrowserRequest(BaseModel):
     screenshot_path: str | None = None  # relative to the project root
     timeout_ms: int = Field(10_000, gt=0, le=120_000)
     report_to: str | None = None  # a workflow id to signal BROWSER_RESULT to (agents use the update)
+    priority: Literal["critical", "high", "normal", "low"] | None = None  # message-schemas: the browser activity's Temporal priority
 
 
 class BrowserResult(BaseModel):

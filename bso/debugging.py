@@ -52,6 +52,7 @@ class DebugRequest(_Message):
     session_id: str = ""
     attempt: int = Field(1, ge=1)  # the story's debug attempt (the simulated debugger's script index)
     timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
+    priority: Literal["critical", "high", "normal", "low"] | None = None  # message-schemas: the analysis activity's Temporal priority
 
 
 class DebugResult(_Message):

@@ -27,6 +27,7 @@ class ResearchRequest(BaseModel):
     story_key: str = Field(min_length=1)
     query: str = Field(min_length=1, max_length=2000)
     report_to: str | None = None  # a workflow id to signal RESEARCH_RESULT to (agents use the update instead)
+    priority: Literal["critical", "high", "normal", "low"] | None = None  # message-schemas: the research activity's Temporal priority
 
 
 class ResearchResult(BaseModel):

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.common import Priority, RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.browser import BrowserRequest, BrowserResult
     from bso.research import ResearchRequest, ResearchResult
     from bso.debugging import DebugRequest, DebugResult
+    from bso.dispatch import priority_key
     from bso.messages import describe_validation_error
     from bso.roster import (
         ESSENTIAL_RESIDENT,
@@ -207,6 +208,7 @@ class ResidentWorkflow:
                 start_to_close_timeout=timedelta(milliseconds=request.timeout_ms * 3) + timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_attempts=2),
                 summary=f"browser {request.operation} ({request.request_id})",
+                **_priority(request.priority),
             )
         except ActivityError as err:
             return BrowserResult(request_id=request.request_id, status="browser_error", error=str(err.cause or err))
@@ -364,6 +366,7 @@ class ResidentWorkflow:
                 start_to_close_timeout=timedelta(seconds=limits.call_timeout_seconds + 60),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"research {request.request_id} for {request.story_key}",
+                **_priority(request.priority),
             )
         except ActivityError as err:
             return ResearchResult(
@@ -392,6 +395,7 @@ class ResidentWorkflow:
                 start_to_close_timeout=timedelta(seconds=600),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"debug {request.debug_id} for {request.story_key}",
+                **_priority(request.priority),
             )
         except ActivityError as err:
             return DebugResult(
@@ -611,6 +615,12 @@ class RosterKeeper:
             raise ApplicationError(
                 f"AGENT_DESTROY_REQUEST rejected: no agent {parsed.agent_name!r} was created by AGENT_CREATE_REQUEST"
             )
+
+
+def _priority(priority: str | None) -> dict[str, Any]:
+    """The request's message priority as the activity's Temporal priority (nothing when it has none)."""
+    key = priority_key(priority)
+    return {"priority": Priority(priority_key=key)} if key is not None else {}
 
 
 async def _cancel_unready(workflow_id: str, why: str) -> str:

@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.messages import (
         AgentComplete,
         AgentErrorPayload,
+        MessagePriority,
         RejectedMessage,
         TaskAssignment,
         parse_message,
@@ -504,9 +505,15 @@ class SprintSlaveWorkflow:
                 debug_id=debug_id, story_key=meta.key, status="unavailable", error="no debugger resident in this sprint"
             )
             return after_debug(progress, step, answer, unavailable, config=self._input.config)
+        priority = self._story_priority(meta)  # the analysis runs at the story's priority
         request = debug_request_for(
             progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id
-        ).model_copy(update={"timeout_ms": self._input.config.resident_query_timeout_ms})
+        ).model_copy(
+            update={
+                "timeout_ms": self._input.config.resident_query_timeout_ms,
+                "priority": priority.value if priority else None,
+            }
+        )
         self._open_debug[debug_id] = meta.key
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
         sent = request.model_dump(mode="json", exclude_none=True)
@@ -535,6 +542,10 @@ class SprintSlaveWorkflow:
         """message-schemas' delivery_failed / response_timeout: recorded (status query, batch result), logged."""
         self._message_errors = keep_error(self._message_errors, error)
         workflow.logger.warning("[Slave] %s", describe_delivery(error))
+
+    def _story_priority(self, meta: StoryMeta) -> MessagePriority | None:
+        scripted = self._script.for_story(meta.key).priority if self._input.agent_backend == "simulated" else None
+        return story_priority(meta.key, self._input.config, scripted)
 
     async def _await_decision(self, progress: StoryProgress) -> bool:
         """Wait for the human decision on a story (no timeout unless decision_timeout_seconds); apply it.
@@ -707,9 +718,7 @@ class SprintSlaveWorkflow:
         config = self._input.config
         timeout = timedelta(seconds=config.agent_timeout_seconds.for_agent(step.agent_type))
         script = self._script.for_story(meta.key)
-        priority = story_priority(
-            meta.key, config, script.priority if self._input.agent_backend == "simulated" else None
-        )
+        priority = self._story_priority(meta)
         assignment = TaskAssignment(
             dispatch_id=dispatch_id,
             agent_type=step.agent_type,

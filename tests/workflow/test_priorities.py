@@ -73,3 +73,27 @@ async def test_priorities_reach_the_scheduled_activities(ts_env, tmp_path: Path)
 async def test_priorities_on_the_dev_server(local_env, tmp_path: Path):
     seen = await _run(local_env, tmp_path)
     assert seen == {K1: {1}, K2: {4}, K3: {0}}
+
+
+async def test_a_debug_request_runs_at_its_storys_priority(ts_env, tmp_path: Path):
+    """The debugger's analysis activity takes the priority of the story whose failure it analyses."""
+    from bso.roster import resident_workflow_id
+
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    failing = {"fail": {"dev": "error"}, "debug": ["fixable"]}
+    inp = sprint_input(
+        tmp_path, session_id="prio-debug",
+        simulation={"stories": {"1-1": {**failing, "priority": "critical"}, "1-2": failing}},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, inp)
+    assert set(report.stories.values()) == {"done"}
+    seen: dict[str, int] = {}
+    debugger = ts_env.client.get_workflow_handle(resident_workflow_id("prio-debug", "debugger"))
+    async for event in debugger.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "analyze_failure":
+                story = json.loads(attrs.input.payloads[0].data)["request"]["story_key"]
+                seen[story] = attrs.priority.priority_key
+    assert seen == {K1: 1, K2: 0}  # critical; no priority: the default applies
