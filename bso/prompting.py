@@ -14,6 +14,7 @@ from pathlib import Path
 from string import Template
 
 from bso.messages import Finding, TaskAssignment
+from bso.states import AgentType
 
 BUILTIN_PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 COMMON_TEMPLATE = "_common"
@@ -30,6 +31,7 @@ class PromptContext:
     branch: str = ""
     base_commit: str = ""
     verification_output: str = ""  # the last failed verification of this story: for a fix
+    approval_score: int = 80  # scored reviews: the score a review must reach (config approval_score)
 
 
 def result_shape(assignment: TaskAssignment) -> str:
@@ -45,6 +47,16 @@ def result_shape(assignment: TaskAssignment) -> str:
         "summary": "one paragraph: what you did",
         "error": None,
     }
+    if assignment.agent_type is AgentType.REVIEW_RUNNER:  # a scored review (Gear 2's PR_FEEDBACK)
+        example.update(
+            verdict="failure",
+            criteria_scores={"code_quality": 24, "test_coverage": 15, "security": 18, "documentation": 10,
+                             "acceptance_criteria": 8},
+            score=75,
+            blocking_issues=["greet() is untested for an empty name"],
+            feedback=[{"severity": "blocking", "category": "test_coverage", "file": "src/x.py", "line": 12,
+                       "issue": "what is wrong", "suggestion": "how to fix it"}],
+        )
     return json.dumps(example, indent=2)
 
 
@@ -105,6 +117,7 @@ def render_prompt(template: str, common: str, ctx: PromptContext) -> str:
         "fix_findings": _findings_text(list(a.fix_findings)),
         "verification_output": ctx.verification_output,
         "resident_contacts_section": contacts,
+        "approval_score": str(ctx.approval_score),
     }
     values["common"] = Template(common).safe_substitute(values)
     return Template(template).safe_substitute(values)

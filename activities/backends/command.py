@@ -63,7 +63,7 @@ from bso.agent_profiles import (
     render_argv,
     resolve_profile,
 )
-from bso.config import ConfigError, resolve_config
+from bso.config import ConfigError, SprintConfig, resolve_config
 from bso.dispatch import VERIFICATION_FAILED
 from bso.git_rules import (
     GitRuleError,
@@ -115,11 +115,15 @@ def _validate(a: TaskAssignment) -> str:
         raise config_error(f"unsafe assignment: {err}") from None
 
 
-def _timeout(a: TaskAssignment, profile: ResolvedProfile) -> float:
+def _sprint_config(a: TaskAssignment) -> SprintConfig:
     try:
-        sprint = resolve_config(a.config_overrides).agent_timeout_seconds.for_agent(a.agent_type)
-    except ConfigError:
-        sprint = resolve_config().agent_timeout_seconds.for_agent(a.agent_type)
+        return resolve_config(a.config_overrides)
+    except ConfigError:  # the Master validated them; the defaults for anything else
+        return resolve_config()
+
+
+def _timeout(a: TaskAssignment, profile: ResolvedProfile) -> float:
+    sprint = _sprint_config(a).agent_timeout_seconds.for_agent(a.agent_type)
     return float(min(sprint, profile.timeout_seconds or sprint))
 
 
@@ -373,6 +377,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         verification_output=verification_file.read_text(encoding="utf-8")
         if a.mode is AgentMode.FIX and verification_file.exists()
         else "",
+        approval_score=_sprint_config(a).approval_score,
     )
     template, common = load_templates(root, a.agent_type)
     po_section = po_command.prompt_section(root, a, str(result_file))  # Agent-PO phase, if any
@@ -387,6 +392,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         "BSO_STORY_FILE": story_file,
         "BSO_AGENT_TYPE": a.agent_type.value,
         "BSO_MODE": a.mode.value,
+        "BSO_MODE_ROUND": str(a.mode_round),  # which round of this mode for the story (review 2, fix 1, ...)
         "BSO_WORKDIR": workdir,
         "BSO_PROMPT_FILE": str(prompt_file),
         "BSO_PROJECT_ROOT": root,

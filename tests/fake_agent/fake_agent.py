@@ -90,6 +90,24 @@ def po_report(kind, prompt, key):
     return report
 
 
+CRITERIA_MAX = {"code_quality": 30, "test_coverage": 25, "security": 20, "documentation": 15, "acceptance_criteria": 10}
+
+
+def scored_review(scores: str, review_round: int, told_the_bar: bool) -> dict:
+    """FAKE_AGENT_REVIEW_SCORES="55,90": the score of review round 1, 2, ... (the last one repeats),
+    split over Gear 2's criteria; below 80 the review blocks, with a feedback item for the fix."""
+    values = [int(x) for x in scores.split(",")]
+    score = values[min(review_round, len(values)) - 1]
+    criteria = {k: m * score // 100 for k, m in CRITERIA_MAX.items()}
+    criteria["code_quality"] += score - sum(criteria.values())
+    passing = score >= 80 and told_the_bar
+    feedback = [{"severity": "blocking" if not passing else "suggestion", "category": "documentation",
+                 "file": "src/x.py", "line": 1, "issue": f"greet() has no docstring (round {review_round})",
+                 "suggestion": "add one"}]
+    return {"verdict": "success" if passing else "failure", "criteria_scores": criteria, "score": score,
+            "blocking_issues": [] if passing else ["greet() has no docstring"], "feedback": feedback}
+
+
 def main():
     prompt = read_prompt(sys.argv[1:])
     agent = os.environ["BSO_AGENT_TYPE"]
@@ -139,6 +157,9 @@ def main():
         result["verdict"] = "passed"
     elif agent in ("review-runner", "e2e-inspector"):
         result["verdict"] = "success"
+        if agent == "review-runner" and os.environ.get("FAKE_AGENT_REVIEW_SCORES"):
+            result.update(scored_review(os.environ["FAKE_AGENT_REVIEW_SCORES"], int(os.environ["BSO_MODE_ROUND"]),
+                                        "$approval_score" not in prompt and "at least 80" in prompt))
     elif dev and "no-changes" not in behavior:
         broken = "break-tests" in behavior or ("break-tests-in-dev" in behavior and mode == "dev")
         Path("src").mkdir(exist_ok=True)

@@ -220,3 +220,32 @@ async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_
     assert report.stories == {STORY: "needs-intervention"}
     error = report.batches[0].results.story_results[0].error or ""
     assert "agent setup" in error and "fake-missing" in error, error
+
+
+async def test_a_real_reviewer_scores_the_work_and_a_low_score_goes_to_a_fix(ts_env, tmp_path: Path) -> None:
+    """The review-runner CLI answers a scored review (criteria, score, blocking issues, feedback): round 1
+    scores 55 and blocks, the fix gets its feedback, round 2 scores 90 and the story is done."""
+    import json
+
+    ledger = tmp_path / "ledger.jsonl"
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, FAKE_AGENT_REVIEW_SCORES="55,90",
+        FAKE_AGENT_LEDGER=str(ledger),
+    )
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-scored", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done"}, report
+    result = report.batches[0].results.story_results[0]
+    assert result.review_scores == [55, 90]
+    runs = [(r["agent"], r["mode"]) for r in map(json.loads, ledger.read_text().splitlines())]
+    assert runs.count(("review-runner", "review")) == 2 and ("dev-runner", "fix") in runs
+    prompts = [p.read_text() for p in (root / ".sprint-session" / "agents").glob("*/prompt.md")]
+    fix_text = next(t for t in prompts if "Review feedback" in t)  # the fix was told what the review found
+    assert "[blocking/documentation] greet() has no docstring (round 1)" in fix_text
+    review_text = next(t for t in prompts if "Score the work" in t)
+    assert "a score of at least 80" in review_text and "criteria_scores" in review_text
