@@ -129,6 +129,22 @@ class RejectedMessage(_Message):
     msg_type: str
     reason: str
     dispatch_id: str | None = None
+    # message-schemas' validation_failed, seed-shaped ({type, error_type, original_message_id, errors}),
+    # when the message failed validation.
+    error: dict[str, Any] | None = None
+
+
+MAX_REJECTED_KEPT = 50  # a workflow keeps the last ones in its status (the count goes on)
+
+
+def rejected_invalid(msg_type: str, raw: Any, err: ValidationError) -> RejectedMessage:
+    """A message that failed validation, recorded with the seed's validation_failed naming each field."""
+    answer = validation_failed(raw, err)
+    return RejectedMessage(msg_type=msg_type, reason=f"validation_failed: {answer.describe()}", error=answer.to_seed())
+
+
+def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list[RejectedMessage]:
+    return [*kept, message][-MAX_REJECTED_KEPT:]
 
 
 def describe_validation_error(err: ValidationError) -> str:

@@ -304,6 +304,9 @@ class MasterState(_Model):
     plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)
     # message-schemas' delivery_failed / response_timeout errors of the Master's own messages (seed shape)
     message_errors: list[dict[str, Any]] = Field(default_factory=list)
+    # Signals the Master could not act on (the last MAX_REJECTED_KEPT; validation_failed naming the field).
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+    rejected_total: int = 0
 
 
 class SprintStatusView(_Model):
@@ -327,6 +330,8 @@ class SprintStatusView(_Model):
     course_corrections: list[str] = Field(default_factory=list)
     po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions of the finished batches
     message_errors: list[dict[str, Any]] = Field(default_factory=list)  # the Master's and finished batches'
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # signals the Master ignored
+    rejected_total: int = 0
 
 
 class ResumeRequest(_Model):

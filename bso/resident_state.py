@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bso.browser import BrowserRequest
 from bso.config import SprintConfig
 from bso.debugging import DebugRequest
+from bso.messages import RejectedMessage
 from bso.research import ResearchRequest
 from bso.roster import ResidentInput, RosterBroadcast
 from bso.scrum_master import PlanRequest
@@ -38,6 +39,9 @@ class ResidentState(BaseModel):
     browser_requests: list[BrowserRequest] = Field(default_factory=list)
     research_requests: list[ResearchRequest] = Field(default_factory=list)
     debug_requests: list[DebugRequest] = Field(default_factory=list)
+    # Messages it could not act on (the last MAX_REJECTED_KEPT) and how many in all.
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+    rejected_total: int = Field(0, ge=0)
 
     @property
     def pending(self) -> int:

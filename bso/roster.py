@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.config import KnowledgeResearch, ResidentSlots
+from bso.messages import RejectedMessage
 from bso.states import AgentType
 
 # Slot order = start order; residents stop in the reverse order.
@@ -83,6 +84,8 @@ class ResidentStatus(_Model):
     requests_served: int = 0
     stopping: bool = False
     run: int = 1  # which run of this resident answers (it continues as new when its history is long)
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # signals it could not act on
+    rejected_total: int = 0
 
 
 class ResidentSummary(_Model):

@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.research import ResearchRequest, ResearchResult
     from bso.debugging import DebugRequest, DebugResult
     from bso.dispatch import priority_key
-    from bso.messages import describe_validation_error
+    from bso.messages import RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
     from bso.roster import (
         ESSENTIAL_RESIDENT,
         MAX_BROADCASTS_KEPT,
@@ -109,6 +109,8 @@ class ResidentWorkflow:
         self._research_requests: list[ResearchRequest] = list(carried.research_requests)
         self._browser_requests: list[BrowserRequest] = list(carried.browser_requests)
         self._plan_requests: list[PlanRequest] = list(carried.plan_requests)
+        self._rejected: list[RejectedMessage] = list(carried.rejected_messages)
+        self._rejected_total = carried.rejected_total
         self._script = SimulationScript.model_validate(inp.simulation)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
@@ -117,7 +119,7 @@ class ResidentWorkflow:
         try:
             request = DebugRequest.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("DEBUG_REQUEST ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("DEBUG_REQUEST", payload, err))
             return
         self._debug_requests.append(request)
 
@@ -127,7 +129,7 @@ class ResidentWorkflow:
         try:
             request = PlanRequest.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("plan request ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("PLAN_REQUEST", payload, err))
             return
         self._plan_requests.append(request)
 
@@ -137,10 +139,11 @@ class ResidentWorkflow:
         try:
             request = ResearchRequest.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("RESEARCH_REQUEST ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("RESEARCH_REQUEST", payload, err))
             return
         if not request.report_to:
-            workflow.logger.warning("RESEARCH_REQUEST %s ignored: no report_to", request.request_id)
+            self._reject(RejectedMessage(msg_type="RESEARCH_REQUEST", reason=f"{request.request_id}: no report_to "
+                                         "to answer by signal (agents use the `research` update)"))
             return
         self._research_requests.append(request)
 
@@ -168,10 +171,11 @@ class ResidentWorkflow:
         try:
             request = BrowserRequest.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("BROWSER_REQUEST ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("BROWSER_REQUEST", payload, err))
             return
         if not request.report_to:
-            workflow.logger.warning("BROWSER_REQUEST %s ignored: no report_to", request.request_id)
+            self._reject(RejectedMessage(msg_type="BROWSER_REQUEST", reason=f"{request.request_id}: no report_to "
+                                         "to answer by signal (agents use the `browse` update)"))
             return
         self._browser_requests.append(request)
 
@@ -218,7 +222,7 @@ class ResidentWorkflow:
         try:
             message = RosterBroadcast.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("AGENT_ROSTER_BROADCAST ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("AGENT_ROSTER_BROADCAST", payload, err))
             return
         self._received += 1
         self._broadcasts = [*self._broadcasts, message][-MAX_BROADCASTS_KEPT:]
@@ -237,7 +241,15 @@ class ResidentWorkflow:
             requests_served=self._served,
             stopping=self._stopping,
             run=self._run,
+            rejected_messages=list(self._rejected),
+            rejected_total=self._rejected_total,
         )
+
+    def _reject(self, message: RejectedMessage) -> None:
+        """A message this resident cannot act on: recorded (status query), logged, never raised."""
+        self._rejected_total += 1
+        self._rejected = keep_rejected(self._rejected, message)
+        workflow.logger.warning("%s ignored: %s", message.msg_type, message.reason)
 
     @workflow.run
     async def run(self, inp: ResidentRunInput) -> ResidentSummary:
@@ -318,6 +330,8 @@ class ResidentWorkflow:
             browser_requests=list(self._browser_requests),
             research_requests=list(self._research_requests),
             debug_requests=list(self._debug_requests),
+            rejected_messages=list(self._rejected),
+            rejected_total=self._rejected_total,
         )
 
     async def _hand_over(self) -> None:

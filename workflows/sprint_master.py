@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.dependencies import UNFINISHED
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm
     from bso.dispatch import BudgetLevel, budget_level
-    from bso.messages import BatchSpec, describe_validation_error
+    from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
     from bso.models import (
         LoadStatusInput,
         MasterState,
@@ -134,14 +134,23 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             message_errors=sprint_message_errors(
                 s.message_errors, [r.message_errors for r in sorted(s.results, key=lambda r: r.batch_id)]
             ),
+            rejected_messages=list(s.rejected_messages),
+            rejected_total=s.rejected_total,
         )
+
+    def _reject(self, message: RejectedMessage) -> None:
+        """A signal the Master cannot act on: recorded (status query, carried), logged, never raised."""
+        s = self._state
+        s.rejected_total += 1
+        s.rejected_messages = keep_rejected(s.rejected_messages, message)
+        workflow.logger.warning("%s ignored: %s", message.msg_type, message.reason)
 
     @workflow.signal(name=SIGNAL_STORY_UPDATES)
     def story_updates(self, payload: Any) -> None:
         """Several story_update payloads in one signal (a Slave batches what it has to tell), in order."""
         updates = payload.get("updates") if isinstance(payload, dict) else None
         if not isinstance(updates, list):
-            workflow.logger.warning("story_updates ignored: expected an object with a list of updates")
+            self._reject(RejectedMessage(msg_type="STORY_UPDATES", reason="expected an object with a list of updates"))
             return
         applied = [self._apply_story_update(update) for update in updates]
         if any(applied):
@@ -157,7 +166,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             update = StoryUpdate.model_validate(payload)
         except ValidationError as err:
-            workflow.logger.warning("story_update ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("STORY_UPDATE", payload, err))
             return False
         s = self._state
         if update.story_key in s.views:
@@ -213,7 +222,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             parsed = ResumeRequest.model_validate(request or {})
         except ValidationError as err:
-            workflow.logger.warning("resume ignored: %s", describe_validation_error(err))
+            self._reject(rejected_invalid("RESUME", request, err))
             return
         if parsed.token_limit is not None:
             self._state.token_limit = max(self._state.token_limit, parsed.token_limit)

@@ -75,8 +75,9 @@ with workflow.unsafe.imports_passed_through():
         MessagePriority,
         RejectedMessage,
         TaskAssignment,
+        keep_rejected,
         parse_message,
-        validation_failed,
+        rejected_invalid,
     )
     from bso.models import (
         LoadStatusInput,
@@ -114,7 +115,6 @@ STATUS_WRITE_OPTIONS: dict[str, Any] = {
         non_retryable_error_types=["StatusFileError"],
     ),
 }
-MAX_REJECTED_KEPT = 50
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -200,7 +200,7 @@ class SprintSlaveWorkflow:
             message = AgentComplete.model_validate(payload)
         except ValidationError as err:
             # message-schemas' validation_failed, naming each field; recorded, never acted on.
-            self._reject("AGENT_COMPLETE", f"validation_failed: {validation_failed(payload, err).describe()}", dispatch_id)
+            self._record(rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(update={"dispatch_id": dispatch_id}))
             return
         story_key = self._open_dispatches.get(message.dispatch_id)
         if story_key is None:
@@ -221,8 +221,7 @@ class SprintSlaveWorkflow:
         try:
             message = parse_message(payload)
         except ValidationError as err:
-            rendered = validation_failed(payload, err)
-            self._reject("agent_error", f"validation_failed: {rendered.describe()}", None)
+            self._record(rejected_invalid("agent_error", payload, err))
             return
         error = getattr(message, "payload", None)
         if not isinstance(error, AgentErrorPayload):
@@ -250,7 +249,7 @@ class SprintSlaveWorkflow:
         try:
             result = DebugResult.model_validate(payload)
         except ValidationError as err:
-            self._reject("DEBUG_RESULT", f"validation_failed: {describe_validation_error(err)}", None)
+            self._record(rejected_invalid("DEBUG_RESULT", payload, err))
             return
         if self._open_debug.pop(result.debug_id, None) is None:
             self._reject("DEBUG_RESULT", f"unknown or answered debug id {result.debug_id!r}", None)
@@ -324,11 +323,13 @@ class SprintSlaveWorkflow:
         )
 
     def _reject(self, msg_type: str, reason: str, dispatch_id: str | None) -> None:
+        self._record(RejectedMessage(msg_type=msg_type, reason=reason, dispatch_id=dispatch_id))
+
+    def _record(self, message: RejectedMessage) -> None:
+        """A message the Slave cannot act on: recorded (status, batch result), logged, never raised."""
         self._rejected_total += 1
-        self._rejected = [*self._rejected, RejectedMessage(msg_type=msg_type, reason=reason, dispatch_id=dispatch_id)][
-            -MAX_REJECTED_KEPT:
-        ]
-        workflow.logger.warning("%s ignored (%s): dispatch %s", msg_type, reason, dispatch_id)
+        self._rejected = keep_rejected(self._rejected, message)
+        workflow.logger.warning("%s ignored (%s): dispatch %s", message.msg_type, message.reason, message.dispatch_id)
 
     # --- the batch -----------------------------------------------------------------------------
 

@@ -1,0 +1,63 @@
+"""Malformed signals to a resident and to the Master are recorded the seed's way (validation_failed naming
+the field) in their status, change nothing, and never fail a workflow task."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bso.roster import resident_workflow_id
+from bso.states import SprintPhase, SprintStatus
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, sprint_input, workflow_task_failures
+from workflows.residents import ResidentWorkflow
+from workflows.sprint_master import SprintMasterWorkflow
+
+K1 = "1-1-login-form"
+
+
+async def _eventually(query, check, what: str):
+    for _ in range(200):
+        try:
+            value = await query()
+        except Exception:  # not started yet
+            value = None
+        if value is not None and check(value):
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never: {what} (last: {value})")
+
+
+async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="rejects"), id="rejects",
+            task_queue=queue, start_signal="pause", start_signal_args=["hold while we send bad signals"],
+        )
+        await _eventually(lambda: handle.query(SprintMasterWorkflow.status), lambda s: s.phase is SprintPhase.PAUSED,
+                          "paused")
+        debugger = ts_env.client.get_workflow_handle(resident_workflow_id("rejects", "debugger"))
+        before = await _eventually(lambda: debugger.query(ResidentWorkflow.status), lambda s: True, "debugger up")
+        await debugger.signal("debug_request", {"debug_id": "DBG-1", "story_key": K1})  # no report_to
+        await debugger.signal("roster_broadcast", {"session_id": "rejects", "seq": "first"})
+        await handle.signal("story_update", {"batch_id": 1, "story_key": K1})  # no view
+        await handle.signal("resume", {"token_limit": -5})
+        resident = await _eventually(lambda: debugger.query(ResidentWorkflow.status),
+                                     lambda s: s.rejected_total == 2, "debugger rejections")
+        master = await _eventually(lambda: handle.query(SprintMasterWorkflow.status),
+                                   lambda s: s.rejected_total == 2, "Master rejections")
+        # Nothing changed: the debugger served nothing new, the sprint is still paused.
+        assert resident.requests_served == before.requests_served
+        assert master.phase is SprintPhase.PAUSED and master.pause_reason == "hold while we send bad signals"
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done"}
+    by_type = {m.msg_type: m for m in resident.rejected_messages}
+    assert {e["field"] for e in by_type["DEBUG_REQUEST"].error["errors"]} == {"report_to"}
+    assert by_type["DEBUG_REQUEST"].error["error_type"] == "validation_failed"
+    assert any(e["field"].startswith("seq") for e in by_type["AGENT_ROSTER_BROADCAST"].error["errors"])
+    by_type = {m.msg_type: m for m in master.rejected_messages}
+    assert any(e["field"] == "view" for e in by_type["STORY_UPDATE"].error["errors"])
+    assert any(e["field"] == "token_limit" for e in by_type["RESUME"].error["errors"])
+    assert await workflow_task_failures(ts_env.client, "rejects") == 0
