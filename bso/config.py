@@ -114,8 +114,8 @@ class SprintConfig(_Knobs):
     # implementation, a completion report (NEXT gate) after it. None: resolved per backend by the Slave
     # (bso.po_gates.gates_active: on for the command backend, off for simulated / external; README "PO gates").
     po_gates_enabled: bool | None = None
-    po_max_revisions: int = Field(2, ge=0)  # FEEDBACK rounds on a plan before BLOCKED
-    po_max_retries: int = Field(2, ge=0)  # FIX_DIRECTIVEs on a completion report before BLOCKED
+    po_max_revisions: int = Field(2, ge=0)  # FEEDBACK rounds on a plan before BLOCKED (alias max_revisions)
+    po_max_retries: int = Field(2, ge=0)  # FIX_DIRECTIVEs on a completion report before BLOCKED (alias max_retries)
     e2e_enabled: bool = False
     e2e_trigger_tags: list[str] = Field(default_factory=lambda: ["frontend", "ui", "web", "page"])
     agent_timeout_seconds: AgentTimeouts = AgentTimeouts()
@@ -180,13 +180,24 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# Other names a knob is known by (Agent-PO's own names for the PO gate limits).
+KNOB_ALIASES = {"max_revisions": "po_max_revisions", "max_retries": "po_max_retries"}
+
+
+def _with_knob_names(overrides: dict[str, Any]) -> dict[str, Any]:
+    both = [alias for alias, name in KNOB_ALIASES.items() if alias in overrides and name in overrides]
+    if both:
+        raise ConfigError(f"invalid config_overrides: {both[0]} and {KNOB_ALIASES[both[0]]} name the same knob")
+    return {KNOB_ALIASES.get(k, k): v for k, v in overrides.items()}
+
+
 def resolve_config(overrides: dict[str, Any] | None = None) -> SprintConfig:
     """Defaults with `overrides` applied; raises ConfigError naming each invalid knob."""
     if overrides is None:
         return SprintConfig()
     if not isinstance(overrides, dict):
         raise ConfigError("config_overrides must be an object of knob: value")
-    merged = _deep_merge(SprintConfig().model_dump(), _expand_dotted(overrides))
+    merged = _deep_merge(SprintConfig().model_dump(), _with_knob_names(_expand_dotted(overrides)))
     try:
         return SprintConfig.model_validate(merged)
     except ValidationError as err:

@@ -341,3 +341,11 @@ def test_overrides_must_be_an_object(overrides):
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_agent_po_names_of_the_gate_limits_are_accepted() -> None:
+    assert resolve_config({"max_revisions": 5, "max_retries": 0}).po_max_revisions == 5
+    assert resolve_config({"max_retries": 0}).po_max_retries == 0
+    assert resolve_config({"po_max_revisions": 4}).po_max_revisions == 4
+    with pytest.raises(ConfigError, match="max_revisions and po_max_revisions name the same knob"):
+        resolve_config({"max_revisions": 1, "po_max_revisions": 2})
