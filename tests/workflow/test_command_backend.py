@@ -128,6 +128,17 @@ async def finish(root: Path, **kw) -> FinishStoryResult:
     )
 
 
+async def test_a_hostile_story_key_is_refused_before_finish_touches_anything(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    before = sorted(p.relative_to(root) for p in root.rglob("*") if ".git" not in p.parts)
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(
+            finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key="../../etc")
+        )
+    assert err.value.non_retryable and err.value.type == "AgentConfigError"
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if ".git" not in p.parts) == before
+
+
 async def test_a_secret_the_agent_committed_itself_is_never_merged(tmp_path: Path) -> None:
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="commit-env")
     base = git(root, "rev-parse", "HEAD").strip()
