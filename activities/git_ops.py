@@ -337,7 +337,9 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
     # An agent may have committed a secret itself (the Exit Gate refused the dispatch, a human may still have
     # let the story through): such a branch is never merged into the user's branch.
-    changed = [p for p in (await git(root, "diff", "--name-only", "-z", base, tip)).split("\x00") if p]
+    # Every commit's files, not the net diff: a secret committed then deleted is still in the branch's history.
+    logged = await git(root, "log", "--name-only", "-z", "--format=", f"{base}..{tip}")
+    changed = dict.fromkeys(p.strip("\n") for p in logged.split("\x00") if p.strip())  # once each, in order
     secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns)]
     if secrets:
         return FinishStoryResult(

@@ -297,7 +297,7 @@ def redact_values(value: Any, env: dict[str, str]) -> Any:
 
 def redact_text(text: str, env: dict[str, str]) -> str:
     """Replace every secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
-    for key, value in env.items():
-        if is_secret_env_key(key) and value and len(value) >= 4:
-            text = text.replace(value, "***")
+    secrets = sorted({v for k, v in env.items() if is_secret_env_key(k) and v and len(v) >= 4}, key=len, reverse=True)
+    for value in secrets:  # longest first: a secret inside another does not leave the rest of it visible
+        text = text.replace(value, "***")
     return text

@@ -200,7 +200,11 @@ class SprintSlaveWorkflow:
             message = AgentComplete.model_validate(payload)
         except ValidationError as err:
             # message-schemas' validation_failed, naming each field; recorded, never acted on.
-            self._record(rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(update={"dispatch_id": dispatch_id}))
+            self._record(
+                rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(
+                    update={"dispatch_id": dispatch_id if isinstance(dispatch_id, str) else None}
+                )
+            )
             return
         story_key = self._open_dispatches.get(message.dispatch_id)
         if story_key is None:

@@ -242,6 +242,9 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         return None
 
 
+PO_ANSWER_FILES = ("validation_failed.json", "po-error.json")  # activities/po_command.py copies of the answer
+
+
 def _redact_file(path: Path, env: dict[str, str]) -> None:
     if not path.is_file():
         return
@@ -456,7 +459,8 @@ async def _checked(
     complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
         a, result_file, stdout, run, timeout
     )
-    _redact_file(result_file, env)  # the agent wrote it under .sprint-session/: read, it keeps no secret
+    for written in (result_file, *(run_dir / name for name in PO_ANSWER_FILES)):  # the agent's words: no secret
+        _redact_file(written, env)
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
@@ -521,7 +525,9 @@ async def _checked(
     if failure is not None:
         update.update(status=AgentStatus.FAILURE, error=failure[:1900], error_type=failure_type)
     # Whatever the agent or the checks wrote (summary, error, findings, feedback) goes into history: no secret.
-    complete = AgentComplete.model_validate(redact_values(complete.model_copy(update=update).model_dump(mode="json"), env))
+    answer = complete.model_copy(update=update).model_dump(mode="json")
+    identity = {k: answer[k] for k in ("msg_type", "dispatch_id", "story_key", "agent_type", "mode", "status")}
+    complete = AgentComplete.model_validate({**redact_values(answer, env), **identity})  # the texts, not the ids
     write_json_atomic(run_dir / "complete.json", complete.model_dump(mode="json"))
     write_json_atomic(
         marker,

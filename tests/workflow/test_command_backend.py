@@ -152,6 +152,20 @@ async def test_a_secret_the_agent_committed_itself_is_never_merged(tmp_path: Pat
     assert worktree_path(str(root), "s1", STORY).exists()
 
 
+async def test_a_secret_committed_then_deleted_is_still_never_merged(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
+    git(wt.path, "add", "-f", ".env")
+    git(wt.path, "commit", "-q", "-m", "oops")
+    git(wt.path, "rm", "-q", ".env")
+    (Path(wt.path) / "feature.py").write_text("X = 1\n")
+    git(wt.path, "add", "feature.py")
+    git(wt.path, "commit", "-q", "-m", "remove it, add the feature")
+    result = await finish(root, squash=False)  # no squash: the branch's commits would land as they are
+    assert not result.merged and "(.env)" in result.note
+
+
 async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_path: Path) -> None:
     root = dev_project(tmp_path)
     done = await ActivityEnvironment().run(command.run, assignment(root))
