@@ -19,7 +19,7 @@ RESIDENT_BOUND = 2 * RESIDENT_CONTINUE_AFTER
 
 async def test_200_story_sprint_continues_as_new_without_losing_anything(tmp_path: Path, capsys):
     result = await run_long_sprint(
-        200, tmp_path, batch_size=20, slaves=4, continue_after=250, pause_every=2.0,
+        200, tmp_path, batch_size=20, slaves=4, continue_after=250, pause_every=0.5,
         resident_continue_after=RESIDENT_CONTINUE_AFTER,
     )
     with capsys.disabled():
