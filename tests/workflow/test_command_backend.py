@@ -336,22 +336,8 @@ async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) 
     assert orphan.wait(timeout=10) is not None
 
 
-async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> None:
-    root = dev_project(tmp_path)
-    dev = await ActivityEnvironment().run(command.run, assignment(root))
-    assert dev.status is AgentStatus.SUCCESS, dev.error
-    wt = worktree_path(str(root), "s1", STORY)
-    after_dev = git(wt, "rev-parse", "HEAD").strip()
-    toml = root / ".bso" / "agents.toml"
-    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests"\n'))
-    fix = await ActivityEnvironment().run(command.run, assignment(root, n=2, mode=AgentMode.FIX))
-    assert fix.status is AgentStatus.FAILURE
-    assert "passing tests fell from 1 to 0" in fix.error and "rolled back" in fix.error
-    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
-
-
-async def test_a_failed_fix_that_lowers_passing_tests_is_rolled_back_too(tmp_path: Path) -> None:
-    """The Exit Gate commits what a giving-up fix left; P20 still applies, so the next fix starts clean."""
+async def _fix_after_a_passing_dev(tmp_path: Path, behavior: str):
+    """A dev dispatch whose test passes, then a fix told `behavior`: (the fix's answer, worktree, dev's HEAD)."""
     root = dev_project(tmp_path)
     dev = await ActivityEnvironment().run(command.run, assignment(root))
     assert dev.status is AgentStatus.SUCCESS, dev.error
@@ -359,9 +345,22 @@ async def test_a_failed_fix_that_lowers_passing_tests_is_rolled_back_too(tmp_pat
     after_dev = git(wt, "rev-parse", "HEAD").strip()
     toml = root / ".bso" / "agents.toml"
     toml.write_text(toml.read_text().replace(
-        "[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests,claim-failure"\n'
+        "[profiles.fake.env]\n", f'[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "{behavior}"\n'
     ))
     fix = await ActivityEnvironment().run(command.run, assignment(root, n=2, mode=AgentMode.FIX))
+    return fix, wt, after_dev
+
+
+async def test_fix_that_lowers_passing_tests_is_rolled_back(tmp_path: Path) -> None:
+    fix, wt, after_dev = await _fix_after_a_passing_dev(tmp_path, "break-tests")
+    assert fix.status is AgentStatus.FAILURE
+    assert "passing tests fell from 1 to 0" in fix.error and "rolled back" in fix.error
+    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+
+
+async def test_a_failed_fix_that_lowers_passing_tests_is_rolled_back_too(tmp_path: Path) -> None:
+    """The Exit Gate commits what a giving-up fix left; P20 still applies, so the next fix starts clean."""
+    fix, wt, after_dev = await _fix_after_a_passing_dev(tmp_path, "break-tests,claim-failure")
     assert fix.status is AgentStatus.FAILURE
     assert "passing tests fell from 1 to 0" in fix.error and "could not finish the fix" in fix.error
     assert git(wt, "rev-parse", "HEAD").strip() == after_dev
