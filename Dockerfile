@@ -17,7 +17,9 @@ COPY bso ./bso
 COPY workflows ./workflows
 COPY activities ./activities
 COPY workers ./workers
-RUN pip install .
+# The worker imports these from /app: with PYTHONDONTWRITEBYTECODE nothing would cache their bytecode,
+# and the workflow sandbox would compile each workflow module again for every new workflow.
+RUN pip install . && python -m compileall -q bso workflows activities workers
 
 RUN useradd --create-home --uid 1000 bso
 USER bso

@@ -323,6 +323,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--lanes", type=int, default=4)
     args = parser.parse_args()
+    # The worker processes (BSO's and the baseline's) cache bytecode, as on a default Python install: with
+    # PYTHONDONTWRITEBYTECODE set (some CI images and containers do), the workflow sandbox compiles each
+    # workflow module from source for every new workflow (a Slave per batch), a cost of the machine's setup.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="bso-bench-") as tmp:
         result = asyncio.run(run(args.sizes, args.lanes, Path(tmp)))
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,19 @@ def slave_workflow_id(session_id: str, batch_id: int) -> str:
     return f"{session_id}/batch-{batch_id}"
 
 
+IN_PROCESS_AGENT_BACKENDS = ("simulated",)
+
+
+def agent_task_queue(backend: str, sprint_task_queue: str) -> str:
+    """Where a Slave dispatches its agents. Simulated agents need no agent host: they run on the sprint's
+    own queue, where the SDK starts the activity eagerly with the workflow task that schedules it (no
+    matching round trip through the server). Real agents (external, command) go to the agents queue,
+    whose workers offer as many slots as their host can run agents."""
+    if backend in IN_PROCESS_AGENT_BACKENDS:
+        return sprint_task_queue
+    return agents_task_queue_for(sprint_task_queue)
+
+
 def agents_task_queue_for(sprint_task_queue: str) -> str:
     """The agents queue paired with a sprint queue: `bso-sprint` -> `bso-agents`,
     `team-a-bso-sprint` -> `team-a-bso-agents` (tests and teams run side by side this way)."""

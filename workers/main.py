@@ -66,7 +66,8 @@ def build_workers(
                 client,
                 task_queue=sprint_task_queue,
                 workflows=WORKFLOWS,
-                activities=SPRINT_ACTIVITIES,
+                # run_agent too: simulated agents run on the sprint queue (bso.constants.agent_task_queue).
+                activities=[*SPRINT_ACTIVITIES, run_agent],
                 interceptors=[TelemetryInterceptor()],
             )
         )

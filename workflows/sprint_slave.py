@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATES,
         UPDATE_DECIDE,
+        agent_task_queue,
         agents_task_queue_for,
     )
     from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
@@ -106,6 +107,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.git_rules import FinishStoryInput
     from bso.simulation import SimulationScript
 
+PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 STATUS_WRITE_OPTIONS: dict[str, Any] = {
     "start_to_close_timeout": timedelta(seconds=30),
     "retry_policy": RetryPolicy(
@@ -411,17 +413,21 @@ class SprintSlaveWorkflow:
 
     async def _refresh_states(self) -> None:
         """Step 2 of the spec: the status file, not the plan, says where each story stands now."""
-        snapshot = await workflow.execute_activity(
-            load_sprint_status,
-            LoadStatusInput(
-                project_root=self._input.project_root,
-                status_file=self._input.status_file,
-                only_stories=[s.key for s in self._input.stories],
-            ),
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
-            summary="read sprint-status.yaml",
+        load = LoadStatusInput(
+            project_root=self._input.project_root,
+            status_file=self._input.status_file,
+            only_stories=[s.key for s in self._input.stories],
         )
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(seconds=60),
+            "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
+            "summary": "read sprint-status.yaml",
+        }
+        if workflow.patched(PATCH_LOCAL_STATUS_LOAD):
+            # In the Slave's first workflow task, like U4's writes: no activity round trip before the first agent.
+            snapshot = await workflow.execute_local_activity(load_sprint_status, load, **options)
+        else:  # Slaves started before the patch replay their (remote) load activity
+            snapshot = await workflow.execute_activity(load_sprint_status, load, **options)
         current = {s.key: s.state for s in snapshot.stories}
         for key, progress in self._progress.items():
             if key in current:
@@ -759,7 +765,7 @@ class SprintSlaveWorkflow:
         handle = workflow.start_activity(
             run_agent,
             assignment,
-            task_queue=agents_task_queue_for(workflow.info().task_queue),
+            task_queue=agent_task_queue(self._input.agent_backend, workflow.info().task_queue),
             activity_id=dispatch_id,
             # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
             # running then is timed out and answered as "no AGENT_COMPLETE". The command backend enforces the

@@ -133,8 +133,12 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     # The answer is recorded before the work counts as finished: a worker killed between the two
     # re-delivers the recorded answer on the retry instead of doing the work (and finishing) again.
     answer_file = dispatch_answer_path(assignment.project_root, assignment.dispatch_id)
-    await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
-    await asyncio.to_thread(
-        append_jsonl, ledger, {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"}
-    )
+    finished = {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"}
+    await asyncio.to_thread(_record_answer, answer_file, complete.model_dump(mode="json"), ledger, finished)
     return complete
+
+
+def _record_answer(answer_file: Path, answer: dict, ledger: Path, finished: dict) -> None:
+    """The answer, then the ledger's `finished`, in one trip to a thread (each hop costs the event loop)."""
+    write_json_atomic(answer_file, answer)
+    append_jsonl(ledger, finished)

@@ -40,7 +40,13 @@ async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_p
     timers = [e for e in slave.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
     assert all(STORY_UPDATES_HOLD_SUMMARY.encode() in e.user_metadata.summary.data for e in timers), timers
     writes = [e for e in slave.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
-    assert len(writes) >= 4  # K2: dev then review; K1, K3: review (local activities)
+    assert len(writes) >= 5  # the status load; K2: dev then review; K1, K3: review (local activities)
+    # The Slave's only activities are its agents, and simulated agents run on the sprint's own queue (where
+    # the SDK starts them eagerly); the status load and the U4 writes are local activities.
+    scheduled = [e.activity_task_scheduled_event_attributes for e in slave.events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert {a.activity_type.name for a in scheduled} == {"run_agent"}
+    assert {a.task_queue.name for a in scheduled} == {queue}
     assert failures == 0
     flow = message_flow([master, slave])
     assignments = {m.dispatch_id for m in flow if m.type == "TASK_ASSIGNMENT"}

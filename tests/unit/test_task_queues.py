@@ -1,0 +1,20 @@
+"""Which task queue a Slave sends its agents to (bso.constants.agent_task_queue)."""
+
+from bso.constants import agent_task_queue, agents_task_queue_for
+from bso.states import AgentBackend
+
+
+def test_simulated_agents_run_on_the_sprint_queue():
+    assert agent_task_queue(AgentBackend.SIMULATED.value, "bso-sprint") == "bso-sprint"
+    assert agent_task_queue("simulated", "team-a-bso-sprint") == "team-a-bso-sprint"
+
+
+def test_real_agents_go_to_the_paired_agents_queue():
+    for backend in (AgentBackend.EXTERNAL.value, AgentBackend.COMMAND.value):
+        assert agent_task_queue(backend, "bso-sprint") == "bso-agents"
+        assert agent_task_queue(backend, "team-a-bso-sprint") == "team-a-bso-agents"
+
+
+def test_every_backend_has_a_queue():
+    # A backend added later goes to the agents queue unless it is declared in-process.
+    assert agent_task_queue("some-new-backend", "q") == agents_task_queue_for("q")
