@@ -147,6 +147,27 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
 
+    def add_story_updates(event: HistoryEvent, updates: Any) -> None:
+        """A Slave's story_update payloads (from a story_updates signal or its result), one message each."""
+        for item in updates if isinstance(updates, list) else []:
+            update = _dict(item)
+            view = _dict(update.get("view"))
+            batch = update.get("batch_id")
+            agent = view.get("agent_in_flight")
+            add(
+                event,
+                type="STORY_UPDATE",
+                sender=slave_name(batch),
+                recipient=MASTER,
+                batch_id=batch,
+                story=update.get("story_key"),
+                dispatch_id=view.get("dispatch_id"),
+                detail=f"{view.get('state', '?')}"
+                + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
+                + (f", review round {view['review_round']}" if view.get("review_round") else ""),
+                payload=update,
+            )
+
     for event in events:
         et = event.event_type
         if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
@@ -195,6 +216,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             if _is_resident(attrs.workflow_execution.workflow_id):
                 continue
             result = _dict(decode(attrs.result))
+            add_story_updates(event, result.get("final_updates"))  # the last ones come with the result
             batch = result.get("batch_id", _batch_from_workflow_id(attrs.workflow_execution.workflow_id))
             results = _dict(result.get("results"))
             add(
@@ -249,24 +271,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             if attrs.signal_name in (SIGNAL_STORY_UPDATE, SIGNAL_STORY_UPDATES):
                 # story_updates: several story_update payloads in one signal, each its own message.
                 many = _dict(value).get("updates") if attrs.signal_name == SIGNAL_STORY_UPDATES else [value]
-                for item in many if isinstance(many, list) else []:
-                    update = _dict(item)
-                    view = _dict(update.get("view"))
-                    batch = update.get("batch_id")
-                    agent = view.get("agent_in_flight")
-                    add(
-                        event,
-                        type="STORY_UPDATE",
-                        sender=slave_name(batch),
-                        recipient=MASTER,
-                        batch_id=batch,
-                        story=update.get("story_key"),
-                        dispatch_id=view.get("dispatch_id"),
-                        detail=f"{view.get('state', '?')}"
-                        + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
-                        + (f", review round {view['review_round']}" if view.get("review_round") else ""),
-                        payload=update,
-                    )
+                add_story_updates(event, many)
             else:
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
                 sender = OPERATOR

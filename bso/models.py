@@ -184,6 +184,9 @@ class SlaveResult(_Model):
     gates_blocked: int = 0  # BLOCKED by either gate
     # message-schemas' delivery_failed / response_timeout errors of this batch's messages (seed shape)
     message_errors: list[dict[str, Any]] = Field(default_factory=list)
+    # The story updates made since the Slave's last story_updates signal: they come with the result instead
+    # of a last signal the Slave would have to wait for before it could end (the Master applies them first).
+    final_updates: list[StoryUpdate] = Field(default_factory=list)
 
 
 class StoryView(_Model):
@@ -221,6 +224,9 @@ class StoryUpdate(_Model):
     batch_id: int
     story_key: str
     view: StoryView
+
+
+SlaveResult.model_rebuild()  # final_updates names StoryUpdate, defined after it
 
 
 class StoryUpdates(_Model):

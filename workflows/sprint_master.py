@@ -732,6 +732,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if s.paused_reason is not None:  # paused while the Slave was starting
                 self._forward(SIGNAL_PAUSE, s.paused_reason, only=spec.batch_id)
             result = await child
+            # The updates the Slave made after its last story_updates signal, in order, before anything else.
+            for update in result.final_updates:
+                self._apply_story_update(update)
+            result = result.model_copy(update={"final_updates": []})  # not kept in the sprint's state
         except ChildWorkflowError as err:
             result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.

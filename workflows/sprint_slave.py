@@ -108,6 +108,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.simulation import SimulationScript
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
+PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
 STATUS_WRITE_OPTIONS: dict[str, Any] = {
     "start_to_close_timeout": timedelta(seconds=30),
     "retry_policy": RetryPolicy(
@@ -164,6 +165,7 @@ class SprintSlaveWorkflow:
         self._shutdown = False
         self._paused = False
         self._closing = False
+        self._updates_in_result = False  # set when closing: the last updates go with the result
         self._dep_states: dict[str, str] = dict(inp.dependency_states)
         self._waiting_for: tuple[str, ...] = ()
         self._open_debug: dict[str, str] = {}  # debug id -> story key
@@ -374,11 +376,21 @@ class SprintSlaveWorkflow:
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
         self._closing = True  # a decision that came too late (shutdown) is answered as it stands
+        # Only where the agents answer in their activity's result: an external agent's activity may still be
+        # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
+        # task would have its completion refused (unhandled command) and retried.
+        self._updates_in_result = (
+            inp.agent_backend in ANSWER_IN_RESULT_BACKENDS and workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._sender is not None:
-            await self._sender
+            await self._sender  # a signal already on its way arrives before the result
         self._show()
-        return self._result(errors, budget_exhausted)
+        result = self._result(errors, budget_exhausted)
+        if self._outbox:
+            result = result.model_copy(update={"final_updates": self._outbox})
+            self._outbox = []
+        return result
 
     def _result(self, errors: list[str], budget_exhausted: bool) -> SlaveResult:
         result = self._built_result(errors, budget_exhausted)
@@ -901,6 +913,8 @@ class SprintSlaveWorkflow:
                     )
                 except asyncio.TimeoutError:
                     pass
+            if self._closing and self._updates_in_result:
+                return  # what is left goes with the Slave's result (run)
             updates, self._outbox = self._outbox, []
             self._updates_sent_at = workflow.now()
             try:

@@ -55,6 +55,12 @@ async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_p
     k2 = [(m.payload["expected"], m.payload["new"], m.payload["outcome"]) for m in flow
           if m.type == "STATUS_WRITE" and m.story == K2]
     assert k2[0] == ("ready-for-dev", "review", "written") and k2[-1][1:] == ("done", "written")
+    # The Slave ends without a last signal to wait for: its last updates (K3's done) come with its result.
+    last_write = writes[-1].event_id
+    assert not [e for e in slave.events if e.event_id > last_write
+                and e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED]
+    k3_views = [m.payload["view"]["state"] for m in flow if m.type == "STORY_UPDATE" and m.story == K3]
+    assert k3_views[-1] == "done"
     # Every update the Slave made reached the Master, in order, whether or not batched into one signal.
     updates = [m for m in flow if m.type == "STORY_UPDATE" and m.story == K2]
     assert [m.payload["view"]["state"] for m in updates][-1] == "done"
