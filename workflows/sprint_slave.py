@@ -86,6 +86,7 @@ with workflow.unsafe.imports_passed_through():
         SlaveResult,
         SlaveStatus,
         StatusWriteInput,
+        StatusWriteResult,
         StoryMeta,
         StoryProgress,
         StoryUpdate,
@@ -165,7 +166,11 @@ class SprintSlaveWorkflow:
         self._shutdown = False
         self._paused = False
         self._closing = False
-        self._updates_in_result = False  # set when closing: the last updates go with the result
+        # Set by run() (patched): updates wait for a state write under way in the same workflow task, and,
+        # where the agents answer in their activity's result, the last updates go with the Slave's result.
+        self._updates_after_writes = False
+        self._updates_in_result = False
+        self._writing = False
         self._dep_states: dict[str, str] = dict(inp.dependency_states)
         self._waiting_for: tuple[str, ...] = ()
         self._open_debug: dict[str, str] = {}  # debug id -> story key
@@ -345,6 +350,11 @@ class SprintSlaveWorkflow:
     async def run(self, inp: SlaveInput) -> SlaveResult:
         errors: list[str] = []
         budget_exhausted = False
+        self._updates_after_writes = workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
+        # Only where the agents answer in their activity's result: an external agent's activity may still be
+        # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
+        # task would have its completion refused (unhandled command) and retried.
+        self._updates_in_result = self._updates_after_writes and inp.agent_backend in ANSWER_IN_RESULT_BACKENDS
         try:
             await self._refresh_states()
         except ActivityError as err:
@@ -376,12 +386,6 @@ class SprintSlaveWorkflow:
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
         self._closing = True  # a decision that came too late (shutdown) is answered as it stands
-        # Only where the agents answer in their activity's result: an external agent's activity may still be
-        # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
-        # task would have its completion refused (unhandled command) and retried.
-        self._updates_in_result = (
-            inp.agent_backend in ANSWER_IN_RESULT_BACKENDS and workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
-        )
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._sender is not None:
             await self._sender  # a signal already on its way arrives before the result
@@ -853,20 +857,11 @@ class SprintSlaveWorkflow:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""
         after = transition.progress
         if after.state != before.state:
-            # A local activity: the write runs in this worker within the workflow task (one marker event,
-            # no activity task round trip through the server); same timeout, retries and idempotency.
-            written = await workflow.execute_local_activity(
-                write_story_status,
-                StatusWriteInput(
-                    project_root=self._input.project_root,
-                    status_file=self._input.status_file,
-                    story_key=before.key,
-                    expected=before.state,
-                    new=after.state,
-                ),
-                summary=f"U4 {before.key}: {before.state} -> {after.state}",
-                **STATUS_WRITE_OPTIONS,
-            )
+            self._writing = True
+            try:
+                written = await self._write_status(before, after)
+            finally:
+                self._writing = False
             if written.outcome == "cas-mismatch":
                 # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
                 after = intervention(
@@ -877,6 +872,22 @@ class SprintSlaveWorkflow:
         self._progress[before.key] = after
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)
+
+    async def _write_status(self, before: StoryProgress, after: StoryProgress) -> StatusWriteResult:
+        # A local activity: the write runs in this worker within the workflow task (one marker event,
+        # no activity task round trip through the server); same timeout, retries and idempotency.
+        return await workflow.execute_local_activity(
+            write_story_status,
+            StatusWriteInput(
+                project_root=self._input.project_root,
+                status_file=self._input.status_file,
+                story_key=before.key,
+                expected=before.state,
+                new=after.state,
+            ),
+            summary=f"U4 {before.key}: {before.state} -> {after.state}",
+            **STATUS_WRITE_OPTIONS,
+        )
 
     # --- visibility ----------------------------------------------------------------------------
 
@@ -913,6 +924,10 @@ class SprintSlaveWorkflow:
                     )
                 except asyncio.TimeoutError:
                     pass
+            if self._writing and self._updates_after_writes:
+                # A state write runs in this very workflow task: its update goes out with these (costs nothing,
+                # commands leave with the task) and, when it was the batch's last, with the Slave's result.
+                await workflow.wait_condition(lambda: not self._writing)
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
             updates, self._outbox = self._outbox, []
