@@ -86,7 +86,6 @@ with workflow.unsafe.imports_passed_through():
         SlaveResult,
         SlaveStatus,
         StatusWriteInput,
-        StatusWriteResult,
         StoryMeta,
         StoryProgress,
         StoryUpdate,
@@ -166,12 +165,7 @@ class SprintSlaveWorkflow:
         self._shutdown = False
         self._paused = False
         self._closing = False
-        # Set by run() (patched): updates wait for a state write under way in the same workflow task, and,
-        # where the agents answer in their activity's result, the last updates go with the Slave's result.
-        self._updates_after_writes = False
-        self._updates_in_result = False
-        self._writing = False
-        self._holding = False  # the updates sender waits out its hold
+        self._updates_in_result = False  # set when closing: the last updates go with the result
         self._dep_states: dict[str, str] = dict(inp.dependency_states)
         self._waiting_for: tuple[str, ...] = ()
         self._open_debug: dict[str, str] = {}  # debug id -> story key
@@ -351,11 +345,6 @@ class SprintSlaveWorkflow:
     async def run(self, inp: SlaveInput) -> SlaveResult:
         errors: list[str] = []
         budget_exhausted = False
-        self._updates_after_writes = workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
-        # Only where the agents answer in their activity's result: an external agent's activity may still be
-        # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
-        # task would have its completion refused (unhandled command) and retried.
-        self._updates_in_result = self._updates_after_writes and inp.agent_backend in ANSWER_IN_RESULT_BACKENDS
         try:
             await self._refresh_states()
         except ActivityError as err:
@@ -387,8 +376,14 @@ class SprintSlaveWorkflow:
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
         self._closing = True  # a decision that came too late (shutdown) is answered as it stands
+        # Only where the agents answer in their activity's result: an external agent's activity may still be
+        # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
+        # task would have its completion refused (unhandled command) and retried.
+        self._updates_in_result = (
+            inp.agent_backend in ANSWER_IN_RESULT_BACKENDS and workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._sender is not None and not (self._updates_in_result and self._holding):
+        if self._sender is not None:
             await self._sender  # a signal already on its way arrives before the result
         self._show()
         result = self._result(errors, budget_exhausted)
@@ -858,11 +853,20 @@ class SprintSlaveWorkflow:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""
         after = transition.progress
         if after.state != before.state:
-            self._writing = True
-            try:
-                written = await self._write_status(before, after)
-            finally:
-                self._writing = False
+            # A local activity: the write runs in this worker within the workflow task (one marker event,
+            # no activity task round trip through the server); same timeout, retries and idempotency.
+            written = await workflow.execute_local_activity(
+                write_story_status,
+                StatusWriteInput(
+                    project_root=self._input.project_root,
+                    status_file=self._input.status_file,
+                    story_key=before.key,
+                    expected=before.state,
+                    new=after.state,
+                ),
+                summary=f"U4 {before.key}: {before.state} -> {after.state}",
+                **STATUS_WRITE_OPTIONS,
+            )
             if written.outcome == "cas-mismatch":
                 # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
                 after = intervention(
@@ -873,22 +877,6 @@ class SprintSlaveWorkflow:
         self._progress[before.key] = after
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)
-
-    async def _write_status(self, before: StoryProgress, after: StoryProgress) -> StatusWriteResult:
-        # A local activity: the write runs in this worker within the workflow task (one marker event,
-        # no activity task round trip through the server); same timeout, retries and idempotency.
-        return await workflow.execute_local_activity(
-            write_story_status,
-            StatusWriteInput(
-                project_root=self._input.project_root,
-                status_file=self._input.status_file,
-                story_key=before.key,
-                expected=before.state,
-                new=after.state,
-            ),
-            summary=f"U4 {before.key}: {before.state} -> {after.state}",
-            **STATUS_WRITE_OPTIONS,
-        )
 
     # --- visibility ----------------------------------------------------------------------------
 
@@ -917,25 +905,14 @@ class SprintSlaveWorkflow:
             if sent_at is not None and since < STORY_UPDATES_HOLD and not self._closing:
                 # At most one signal per hold: it ends on the first workflow task after it (most often an agent's
                 # answer: the timer is cancelled, costing no task), or on its timer when the Slave is idle.
-                # A Slave ending with its updates in its result leaves the hold as it is (run does not wait for
-                # it): the workflow completes with the timer pending instead of cancelling it (one command less,
-                # and no cancel racing the timer's firing, which the time-skipping test server mishandles).
-                self._holding = True
                 try:
                     await workflow.wait_condition(
-                        lambda: (self._closing and not self._updates_in_result)
-                        or workflow.now() - sent_at >= STORY_UPDATES_HOLD,
+                        lambda: self._closing or workflow.now() - sent_at >= STORY_UPDATES_HOLD,
                         timeout=STORY_UPDATES_HOLD - since,
                         timeout_summary=STORY_UPDATES_HOLD_SUMMARY,
                     )
                 except asyncio.TimeoutError:
                     pass
-                finally:
-                    self._holding = False
-            if self._writing and self._updates_after_writes:
-                # A state write runs in this very workflow task: its update goes out with these (costs nothing,
-                # commands leave with the task) and, when it was the batch's last, with the Slave's result.
-                await workflow.wait_condition(lambda: not self._writing)
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
             updates, self._outbox = self._outbox, []
