@@ -8,7 +8,6 @@ SHELL := /bin/bash
 VENV        := .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.bso-installed
-TEMPORAL    := $(VENV)/bin/temporal
 PYTHON_BOOT ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
 
 BSO_DEMO_PORT    ?= 7233
@@ -50,13 +49,7 @@ test: venv
 
 server: venv
 	@mkdir -p .temporal
-	$(TEMPORAL) server start-dev \
-		--db-filename .temporal/bso-dev.db \
-		--port $(BSO_DEMO_PORT) --ui-port $(BSO_DEMO_UI_PORT) \
-		--namespace default \
-		--search-attribute BsoSessionId=Keyword \
-		--search-attribute BsoBatchId=Int \
-		--search-attribute BsoPhase=Keyword
+	$(VENV)/bin/bso server --db-filename .temporal/bso-dev.db --port $(BSO_DEMO_PORT) --ui-port $(BSO_DEMO_UI_PORT)
 
 worker: venv
 	$(PY) -m workers.main

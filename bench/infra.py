@@ -15,7 +15,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from bso.constants import SEARCH_ATTRIBUTES
+from bso.dev_server import dev_server_args
 from bso.models import DEFAULT_STATUS_FILE
 from bso.temporal_client import connect
 
@@ -54,18 +54,18 @@ class DevServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        cmd = [
+    def command(self) -> list[str]:
+        return [
             binary("temporal"), "server", "start-dev", "--headless",
             "--db-filename", str(self.db_file),
             "--ip", "127.0.0.1", "--port", str(self.port),
             "--log-level", "error",
+            *dev_server_args(),
         ]
-        for key in SEARCH_ATTRIBUTES:
-            kind = "Int" if key.name == "BsoBatchId" else "Keyword"
-            cmd += ["--search-attribute", f"{key.name}={kind}"]
+
+    def start(self) -> None:
         log = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
     async def wait_ready(self, timeout: float = 60) -> Client:

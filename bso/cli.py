@@ -41,7 +41,6 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import SearchAttributeIndexedValueType
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -52,7 +51,6 @@ from bso.constants import (
     QUERY_STATUS,
     SA_PHASE,
     SA_SESSION_ID,
-    SEARCH_ATTRIBUTES,
     SIGNAL_PAUSE,
     SIGNAL_RESUME,
     SIGNAL_SHUTDOWN,
@@ -68,6 +66,7 @@ from bso.message_flow import (
     message_flow,
 )
 from bso.decisions import DecisionRequest
+from bso.dev_server import dev_server_args
 from bso.messages import describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
@@ -369,15 +368,6 @@ def _print_markdown(text: str) -> None:
 
 # --- bso server / bso worker --------------------------------------------------------------------
 
-_SA_TYPE_NAMES = {
-    SearchAttributeIndexedValueType.TEXT: "Text",
-    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
-    SearchAttributeIndexedValueType.INT: "Int",
-    SearchAttributeIndexedValueType.DOUBLE: "Double",
-    SearchAttributeIndexedValueType.BOOL: "Bool",
-    SearchAttributeIndexedValueType.DATETIME: "Datetime",
-    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
-}
 
 
 def temporal_binary() -> str:
@@ -396,9 +386,8 @@ def server_command(port: int, ui_port: int, db_filename: str, namespace: str, ip
         "--ui-port", str(ui_port),
         "--db-filename", db_filename,
         "--namespace", namespace,
+        *dev_server_args(),
     ]  # fmt: skip
-    for key in SEARCH_ATTRIBUTES:
-        command += ["--search-attribute", f"{key.name}={_SA_TYPE_NAMES[key.indexed_value_type]}"]
     return command
 
 

@@ -33,6 +33,8 @@ from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from bso.dev_server import dev_server_args
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "demo-project"
 STATUS_REL = Path("_bmad-output/implementation-artifacts/sprint-status.yaml")
@@ -43,7 +45,6 @@ DB_FILE = ROOT / ".temporal" / "bso-dev.db"
 NAMESPACE = "default"
 WORKFLOW_TYPE = "SprintMasterWorkflow"
 TASK_QUEUE = "bso-sprint"
-SEARCH_ATTRIBUTES = ("BsoSessionId=Keyword", "BsoBatchId=Int", "BsoPhase=Keyword")
 
 PORT = int(os.environ.get("BSO_DEMO_PORT", "7233"))
 UI_PORT = int(os.environ.get("BSO_DEMO_UI_PORT", "8233"))
@@ -149,9 +150,8 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
         "--db-filename", str(DB_FILE.relative_to(ROOT)),
         "--port", str(PORT), "--ui-port", str(UI_PORT),
         "--namespace", NAMESPACE,
+        *dev_server_args(),
     ]
-    for attribute in SEARCH_ATTRIBUTES:
-        cmd += ["--search-attribute", attribute]
     log_path = RUN_DIR / "server.log"
     shown = [os.path.relpath(cmd[0], ROOT), *cmd[1:]]
     console.print(f"starting the Temporal dev server: {shlex.join(shown)}", soft_wrap=True, markup=False)

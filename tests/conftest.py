@@ -19,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bso.constants import SEARCH_ATTRIBUTES, SPRINT_TASK_QUEUE
+from bso.dev_server import dynamic_config_args
 from bso.temporal_client import ensure_search_attributes
 from workers.main import build_workers
 
@@ -55,6 +56,7 @@ async def local_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=_binary("temporal"),
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_extra_args=dynamic_config_args(),
     )
     try:
         yield env

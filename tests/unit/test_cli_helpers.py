@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
+from bench.infra import DevServer
+from bso.dev_server import dynamic_config_args
 from bso.cli import BsoError, parse_set, server_command, temporal_start_command, ui_link
 from bso.models import SprintInput
 from bso.temporal_client import connect_config
@@ -58,6 +61,16 @@ def test_server_command_registers_the_search_attributes():
     pairs = [command[i + 1] for i, a in enumerate(command) if a == "--search-attribute"]
     assert {"BsoSessionId=Keyword", "BsoBatchId=Int", "BsoPhase=Keyword"} <= set(pairs)
     assert command[command.index("--db-filename") + 1] == ".temporal/bso-dev.db"
+
+
+def test_every_dev_server_bso_starts_reads_its_transfer_queue_often():
+    """The one-shard dev server's default (20 reads/s) made every step wait ~40 ms for its workflow task."""
+    setting = "history.transferProcessorMaxPollRPS=1000"
+    bso_server = server_command(7233, 8233, "x.db", "default", "127.0.0.1")
+    for command in (bso_server, DevServer(Path("x.db"), Path("x.log")).command()):
+        values = [command[i + 1] for i, a in enumerate(command) if a == "--dynamic-config-value"]
+        assert setting in values, command
+    assert dynamic_config_args() == ["--dynamic-config-value", setting]
 
 
 def test_connect_config_from_the_environment(monkeypatch, tmp_path):
