@@ -46,13 +46,12 @@ async def _wait_phase(handle, paused: bool, timeout: float = 60) -> None:
 
 
 async def _operator(
-    client: Client, session: str, done: asyncio.Event, log: dict[str, Any], continue_after: int | None,
-    pause_every: float,
+    client: Client, session: str, done: asyncio.Event, log: dict[str, Any], pause_every: float
 ) -> None:
     """Pause and resume again and again while the sprint runs; each must take effect."""
     handle = client.get_workflow_handle(session)
     try:
-        await _pause_resume_cycles(handle, done, log, continue_after, pause_every)
+        await _pause_resume_cycles(handle, done, log, pause_every)
     except RPCError:
         # Only acceptable when the whole sprint (the latest run) has ended meanwhile.
         if (await handle.describe()).status != WorkflowExecutionStatus.COMPLETED:
@@ -60,7 +59,7 @@ async def _operator(
 
 
 async def _pause_resume_cycles(
-    handle, done: asyncio.Event, log: dict[str, Any], continue_after: int | None, pause_every: float = 0.7
+    handle, done: asyncio.Event, log: dict[str, Any], pause_every: float = 0.7
 ) -> None:
     while not done.is_set():
         await asyncio.sleep(pause_every)
@@ -69,16 +68,7 @@ async def _pause_resume_cycles(
         before = (await handle.query(SprintMasterWorkflow.status)).runs
         await handle.signal("pause", "operator check")
         await _wait_phase(handle, paused=True)
-        history = (await handle.describe()).history_length
-        if continue_after and history >= continue_after - 100:
-            # Hold the pause until the Master has handed over: the paused state must cross it.
-            deadline = time.monotonic() + 60
-            while (await handle.query(SprintMasterWorkflow.status)).runs == before and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            status = await handle.query(SprintMasterWorkflow.status)
-            assert status.phase in ("paused", "completed"), f"the pause was lost across the hand-over: {status.phase}"
-        else:
-            await asyncio.sleep(random.uniform(0.2, 1.0))
+        await asyncio.sleep(random.uniform(0.2, 1.0))
         await handle.signal("resume")
         await _wait_phase(handle, paused=False)
         after = (await handle.query(SprintMasterWorkflow.status)).runs
@@ -127,7 +117,7 @@ async def run_long_sprint(
         done = asyncio.Event()
         helpers = [asyncio.create_task(_watch(client, session, done, log))]
         if operator:
-            helpers.append(asyncio.create_task(_operator(client, session, done, log, continue_after, pause_every)))
+            helpers.append(asyncio.create_task(_operator(client, session, done, log, pause_every)))
         result = asyncio.ensure_future(handle.result())
         try:
             # An operator or watcher that fails (a lost pause, a failed query) fails the run at once, instead

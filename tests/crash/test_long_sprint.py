@@ -1,7 +1,8 @@
 """CI form of the long-sprint proof (bench/long_sprint.py): 200 stories on the local dev server, the
 Master continuing as new (every ~250 events) and each resident too (every ~40 events), pause/resume
-signals sent all along and one pause held across a hand-over, the status query polled throughout. The
-1,000-story run: `.venv/bin/python -m bench.long_sprint --stories 1000`."""
+signals sent all along (whether one lands around a hand-over is up to timing: it is counted, not required;
+tests/workflow/test_external_agents.py carries a pause across a hand-over deterministically), the status query
+polled throughout. The 1,000-story run: `.venv/bin/python -m bench.long_sprint --stories 1000`."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ async def test_200_story_sprint_continues_as_new_without_losing_anything(tmp_pat
     assert check(result) == []
     assert result["runs"] > 1 and len(result["runs_seen"]) > 1  # the query answered in more than one run
     assert result["pause_resume_cycles"] > 0
-    assert result["cycles_across_handover"] > 0  # a pause carried across a hand-over, then resumed
     residents = {k: v for k, v in result["histories"].items() if k.startswith("ResidentWorkflow (")}
     assert sorted(residents) == [f"ResidentWorkflow ({r})" for r in ("debugger", "knowledge-researcher", "scrum-master")]
     for name, row in residents.items():

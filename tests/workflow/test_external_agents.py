@@ -7,7 +7,9 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
@@ -122,3 +124,57 @@ async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
     assert report.stories == {K1: "done", "1-2-logout": "review"}
     assert report.status == "sprint-partial"
     assert report.batches[0].results.stories_skipped == 1
+
+
+# The Master's history is ~110 events when the first batch's agent is out (the limit must be above that).
+HAND_OVER_AFTER = 140
+
+
+async def _until(handle, condition, seconds: float = 30):
+    """The Master's status once `condition` holds (polled: a query does not wait)."""
+    for _ in range(int(seconds / 0.05)):
+        status = await handle.query(SprintMasterWorkflow.status)
+        if condition(status):
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the Master never reached the expected state: {status}")
+
+
+async def test_a_pause_crosses_the_masters_hand_over_and_holds_in_the_new_run(ts_env, tmp_path: Path):
+    """The Master continues as new only between batches; a pause sent while the last batch before the hand-over
+    still has an agent out must be carried into the new run (still paused, no new batch) and end there."""
+    make_project(tmp_path, {"1-1-first": "review", "1-2-second": "review"})
+    client = ts_env.client
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 1, "continue_as_new_after_events": HAND_OVER_AFTER}
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(
+            client, queue, sprint_input(tmp_path, agent_backend="external", session_id="ext-can", config_overrides=overrides)
+        )
+        first = slave_workflow_id("ext-can", 1)
+        dispatch_id, agent, mode = await _pending(client, first, ts_env)
+        runs_before = (await handle.query(SprintMasterWorkflow.status)).runs
+        await handle.signal("pause", "operator check")
+        await _until(handle, lambda s: s.phase == "paused")
+        assert (await handle.describe()).history_length < HAND_OVER_AFTER  # the batch started before it
+        # Repeated pauses (harmless) make the history long while the batch runs; the hand-over must wait for it.
+        while (await handle.describe()).history_length < HAND_OVER_AFTER:
+            await handle.signal("pause", "operator check")
+            await asyncio.sleep(0.1)
+        assert (await handle.query(SprintMasterWorkflow.status)).runs == runs_before
+
+        # The batch's last answer ends it: the Master's history is now long, and it hands over while paused.
+        await client.get_workflow_handle(first).signal("agent_complete", _complete(dispatch_id, agent, mode, story_key="1-1"))
+        status = await _until(handle, lambda s: s.runs > runs_before)
+        assert status.phase == "paused" and status.pause_reason == "operator check"
+        assert status.stories["1-1-first"].state == "done"
+        await asyncio.sleep(1)  # a paused Master starts no batch, in the new run either
+        with pytest.raises(RPCError):
+            await client.get_workflow_handle(slave_workflow_id("ext-can", 2)).describe()
+
+        await handle.signal("resume")
+        second = slave_workflow_id("ext-can", 2)
+        dispatch_id, agent, mode = await _pending(client, second, ts_env)
+        await client.get_workflow_handle(second).signal("agent_complete", _complete(dispatch_id, agent, mode, story_key="1-2"))
+        report = await handle.result()
+    assert report.stories == {"1-1-first": "done", "1-2-second": "done"}
+    assert await workflow_task_failures(client, handle.id) == 0
