@@ -14,6 +14,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -48,6 +49,11 @@ AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, brow
 
 log = logging.getLogger("bso.worker")
 
+# A workflow task handed to a worker that died (kill -9, a closed laptop) waits this long on that worker's
+# sticky queue before any worker may take it (the SDK's default is 10 s, which every crash recovery paid).
+# Shorter only costs a full history replay when a busy live worker leaves a task waiting that long.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+
 
 def build_workers(
     client: Client,
@@ -69,6 +75,7 @@ def build_workers(
                 # run_agent too: simulated agents run on the sprint queue (bso.constants.agent_task_queue).
                 activities=[*SPRINT_ACTIVITIES, run_agent],
                 interceptors=[TelemetryInterceptor()],
+                sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
             )
         )
     if AGENTS_TASK_QUEUE in queues:
