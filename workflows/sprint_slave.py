@@ -109,6 +109,11 @@ with workflow.unsafe.imports_passed_through():
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
+# The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
+# cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
+# Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
+# Slave at most one short workflow task per hold.
+PATCH_HOLD_TIMER_NOT_CANCELLED = "slave-hold-timer-not-cancelled"
 STATUS_WRITE_OPTIONS: dict[str, Any] = {
     "start_to_close_timeout": timedelta(seconds=30),
     "retry_policy": RetryPolicy(
@@ -176,6 +181,7 @@ class SprintSlaveWorkflow:
         self._agents_destroyed = 0
         self._outbox: list[StoryUpdate] = []  # story updates not yet sent to the Master
         self._sender: asyncio.Task[None] | None = None
+        self._hold_timers: list[asyncio.Task[None]] = []  # left to fire (PATCH_HOLD_TIMER_NOT_CANCELLED)
         self._updates_sent_at: datetime | None = None
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
@@ -904,15 +910,8 @@ class SprintSlaveWorkflow:
             since = workflow.now() - sent_at if sent_at is not None else STORY_UPDATES_HOLD
             if sent_at is not None and since < STORY_UPDATES_HOLD and not self._closing:
                 # At most one signal per hold: it ends on the first workflow task after it (most often an agent's
-                # answer: the timer is cancelled, costing no task), or on its timer when the Slave is idle.
-                try:
-                    await workflow.wait_condition(
-                        lambda: self._closing or workflow.now() - sent_at >= STORY_UPDATES_HOLD,
-                        timeout=STORY_UPDATES_HOLD - since,
-                        timeout_summary=STORY_UPDATES_HOLD_SUMMARY,
-                    )
-                except asyncio.TimeoutError:
-                    pass
+                # answer), or on its timer when the Slave is idle.
+                await self._hold(sent_at, STORY_UPDATES_HOLD - since)
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
             updates, self._outbox = self._outbox, []
@@ -921,6 +920,21 @@ class SprintSlaveWorkflow:
                 await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
             except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
                 workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+
+    async def _hold(self, sent_at: datetime, remaining: timedelta) -> None:
+        def hold_over() -> bool:
+            return self._closing or workflow.now() - sent_at >= STORY_UPDATES_HOLD
+
+        if not workflow.patched(PATCH_HOLD_TIMER_NOT_CANCELLED):
+            try:  # sprints started before the patch: the timer is cancelled when the hold ends otherwise
+                await workflow.wait_condition(hold_over, timeout=remaining, timeout_summary=STORY_UPDATES_HOLD_SUMMARY)
+            except asyncio.TimeoutError:
+                pass
+            return
+        self._hold_timers = [t for t in self._hold_timers if not t.done()]
+        timer = asyncio.create_task(workflow.sleep(remaining, summary=STORY_UPDATES_HOLD_SUMMARY))
+        self._hold_timers.append(timer)
+        await workflow.wait_condition(lambda: hold_over() or timer.done())
 
     def _show(self) -> None:
         rows = [

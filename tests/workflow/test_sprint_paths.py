@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
@@ -327,3 +328,19 @@ async def test_master_continues_as_new_between_batches_and_keeps_everything(ts_e
     assert report.tokens_used == 12 * 1000  # 10 reviews + 1 fix + 1 review, across every run
     assert status.runs > 1 and status.phase == "completed"
     assert len(status.stories) == 10
+
+
+async def test_the_story_updates_hold_timer_is_never_cancelled(ts_env, tmp_path: Path):
+    """Holds end on agents' answers, their timers left to fire: a CancelTimer racing the firing would leave the
+    Slave without workflow tasks on the time-skipping test server (temporalio/sdk-java#3088)."""
+    stories = {f"1-{n}-story-{n}": "review" for n in range(1, 7)}
+    make_project(tmp_path, stories)
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="hold", config_overrides={"batch_size": 6})
+        )
+        history = await ts_env.client.get_workflow_handle("hold/batch-1").fetch_history()
+    assert report.stories == {k: "done" for k in stories}
+    kinds = [e.event_type for e in history.events]
+    assert EventType.EVENT_TYPE_TIMER_STARTED in kinds  # the hold was used
+    assert EventType.EVENT_TYPE_TIMER_CANCELED not in kinds
