@@ -37,8 +37,7 @@ def _binary(name: str) -> str:
     return found
 
 
-@pytest_asyncio.fixture(scope="session")
-async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+async def _time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=_binary("temporal-test-server"),
         data_converter=pydantic_data_converter,
@@ -48,6 +47,21 @@ async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    async for env in _time_skipping_env():
+        yield env
+
+
+@pytest_asyncio.fixture
+async def own_ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server for one test that needs time skipped (a timer of an hour): the server skips time
+    only while nothing at all runs on it, and on the shared one a workflow an earlier test left behind (an
+    activity in flight, a task under way) can hold the clock for good."""
+    async for env in _time_skipping_env():
+        yield env
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -175,12 +175,12 @@ async def test_slave_decide_validator_rejects_a_story_not_waiting(ts_env, tmp_pa
     assert report.stories == {K1: "done", K2: "done"}
 
 
-async def test_decision_timeout_gives_needs_intervention(ts_env, tmp_path: Path):
+async def test_decision_timeout_gives_needs_intervention(own_ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "story-doc-review"})
     overrides = {**ASK, "decision_timeout_seconds": 3600}
-    async with bso_worker(ts_env.client) as queue:
+    async with bso_worker(own_ts_env.client) as queue:
         handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=NEEDS_IMPROVE)
+            own_ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=NEEDS_IMPROVE)
         )
         report = await handle.result()  # time skips over the hour
     assert report.stories == {K1: "needs-intervention"}
