@@ -31,7 +31,9 @@ async def test_200_story_sprint_continues_as_new_without_losing_anything(tmp_pat
     residents = {k: v for k, v in result["histories"].items() if k.startswith("ResidentWorkflow (")}
     assert sorted(residents) == [f"ResidentWorkflow ({r})" for r in ("debugger", "knowledge-researcher", "scrum-master")]
     for name, row in residents.items():
-        # More runs than the Master's (which restarts them): each resident handed over by itself, and stayed
-        # bounded. Without that, a resident grows with the Master's run: RESIDENT_UNBOUNDED events here.
-        assert row["runs"] > result["runs"], (name, row)
+        # Bounded: without its own hand-overs a resident grows with the Master's run, past RESIDENT_BOUND.
         assert row["max_events"] < RESIDENT_BOUND, (name, row)
+    # More runs than the Master's (which restarts them): residents handed over by themselves. Which ones reach
+    # their threshold before the Master's run ends depends on how broadcasts coalesce, so not each of them
+    # (tests/workflow/test_resident_handover.py hands each over on purpose).
+    assert any(row["runs"] > result["runs"] for row in residents.values()), residents
