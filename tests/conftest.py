@@ -37,6 +37,7 @@ def _binary(name: str) -> str:
     return found
 
 
+@asynccontextmanager
 async def _time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=_binary("temporal-test-server"),
@@ -51,7 +52,7 @@ async def _time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest_asyncio.fixture(scope="session")
 async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    async for env in _time_skipping_env():
+    async with _time_skipping_env() as env:
         yield env
 
 
@@ -60,7 +61,7 @@ async def own_ts_env() -> AsyncIterator[WorkflowEnvironment]:
     """A time-skipping server for one test that needs time skipped (a timer of an hour): the server skips time
     only while nothing at all runs on it, and on the shared one a workflow an earlier test left behind (an
     activity in flight, a task under way) can hold the clock for good."""
-    async for env in _time_skipping_env():
+    async with _time_skipping_env() as env:
         yield env
 
 

@@ -13,6 +13,7 @@ from temporalio.service import RPCError
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
+from tests.workflow.test_operator_control import wait_status
 from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -130,16 +131,6 @@ async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
 HAND_OVER_AFTER = 140
 
 
-async def _until(handle, condition, seconds: float = 30):
-    """The Master's status once `condition` holds (polled: a query does not wait)."""
-    for _ in range(int(seconds / 0.05)):
-        status = await handle.query(SprintMasterWorkflow.status)
-        if condition(status):
-            return status
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the Master never reached the expected state: {status}")
-
-
 async def test_a_pause_crosses_the_masters_hand_over_and_holds_in_the_new_run(ts_env, tmp_path: Path):
     """The Master continues as new only between batches; a pause sent while the last batch before the hand-over
     still has an agent out must be carried into the new run (still paused, no new batch) and end there."""
@@ -154,7 +145,7 @@ async def test_a_pause_crosses_the_masters_hand_over_and_holds_in_the_new_run(ts
         dispatch_id, agent, mode = await _pending(client, first, ts_env)
         runs_before = (await handle.query(SprintMasterWorkflow.status)).runs
         await handle.signal("pause", "operator check")
-        await _until(handle, lambda s: s.phase == "paused")
+        await wait_status(handle, lambda s: s.phase == "paused", "paused")
         assert (await handle.describe()).history_length < HAND_OVER_AFTER  # the batch started before it
         # Repeated pauses (harmless) make the history long while the batch runs; the hand-over must wait for it.
         while (await handle.describe()).history_length < HAND_OVER_AFTER:
@@ -164,7 +155,7 @@ async def test_a_pause_crosses_the_masters_hand_over_and_holds_in_the_new_run(ts
 
         # The batch's last answer ends it: the Master's history is now long, and it hands over while paused.
         await client.get_workflow_handle(first).signal("agent_complete", _complete(dispatch_id, agent, mode, story_key="1-1"))
-        status = await _until(handle, lambda s: s.runs > runs_before)
+        status = await wait_status(handle, lambda s: s.runs > runs_before, "the hand-over")
         assert status.phase == "paused" and status.pause_reason == "operator check"
         assert status.stories["1-1-first"].state == "done"
         await asyncio.sleep(1)  # a paused Master starts no batch, in the new run either
