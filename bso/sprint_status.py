@@ -10,6 +10,7 @@ import functools
 import json
 import posixpath
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -556,6 +557,11 @@ def compute_epic_changes(values: dict[str, str], epic_key: str) -> dict[str, str
     stories = [
         v for k, v in values.items() if STORY_KEY_RE.match(k) and epic_key_of(k) == epic_key
     ]
+    return _epic_roll_up(epic_key, current, stories)
+
+
+def _epic_roll_up(epic_key: str, current: str, stories: list[str]) -> dict[str, str]:
+    """compute_epic_changes once the epic's current value and its stories' values are known."""
     if not stories:
         return {}
     if all(v in _FINISHED for v in stories) and any(v == "done" for v in stories):
@@ -600,12 +606,52 @@ class _FastFile:
     entries: dict[str, tuple[int, int, int, str]]  # key -> (line index, value start, value end, value)
     last_updated: tuple[int, int, int] | None  # (line index, token start, token end) of a non-empty value
     top: dict[str, str | None]  # top-level key -> its raw value token (None: no value)
+    epic_stories: dict[str, tuple[str, ...]]  # epic key -> its stories' keys, in file order
 
 
-@functools.lru_cache(maxsize=2)  # pure; a U4 write scans the text the previous write read back
+class _ScanCache:
+    """The last few texts' scans. A U4 write scans the text it read, then the text it wrote when it reads
+    it back; the write derives the second scan from the first (`_fast_transition`), so with a thousand
+    stories a write costs no line-by-line scan unless another writer changed the file. Thread-safe: loads
+    and writes run in activity threads."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._size = size
+        self._scans: dict[str, _FastFile | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[bool, _FastFile | None]:
+        with self._lock:
+            if text in self._scans:
+                return True, self._scans[text]
+            return False, None
+
+    def put(self, text: str, scan: _FastFile | None) -> None:
+        with self._lock:
+            self._scans.pop(text, None)
+            self._scans[text] = scan
+            while len(self._scans) > self._size:
+                del self._scans[next(iter(self._scans))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._scans.clear()
+
+
+_scans = _ScanCache()
+
+
 def _fast_scan(text: str) -> _FastFile | None:
     """The file's entries if it is in the plain BMAD layout, else None (then the YAML path decides).
     The result is shared (cached): callers never modify it."""
+    found, scan = _scans.get(text)
+    if not found:
+        scan = _scan_lines(text)
+        _scans.put(text, scan)
+    return scan
+
+
+def _scan_lines(text: str) -> _FastFile | None:
     if len(text) > MAX_STATUS_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
         return None
     if _FAST_ODD_CHARS_RE.search(text):
@@ -646,7 +692,11 @@ def _fast_scan(text: str) -> _FastFile | None:
         entries[key] = (i, m.start("val"), m.end("val"), val)
     if not entries:
         return None
-    return _FastFile(lines, entries, last_updated, top)
+    epic_stories: dict[str, list[str]] = {}
+    for key in entries:
+        if classify_key(key) == "story":
+            epic_stories.setdefault(epic_key_of(key), []).append(key)
+    return _FastFile(lines, entries, last_updated, top, {k: tuple(v) for k, v in epic_stories.items()})
 
 
 _FAST_STR_RE = re.compile(r"[A-Za-z_/][A-Za-z0-9_ ./:()+-]*")  # a plain scalar YAML reads as this string
@@ -705,33 +755,48 @@ def _fast_transition(
     fast = _fast_scan(text)
     if fast is None:
         return None
-    values = {k: v[3] for k, v in fast.entries.items()}
-    stories = [k for k in values if classify_key(k) == "story"]
-    try:
-        (key,) = resolve_story_keys([story_key], stories)
-    except StoryKeyError as exc:
-        raise StoryKeyError(f"{source}: {exc}") from None
-    current = values[key]
+    key = story_key if story_key in fast.entries and classify_key(story_key) == "story" else None
+    if key is None:  # a short key (or an unknown one): resolved against every story, with its errors
+        stories = [k for k in fast.entries if classify_key(k) == "story"]
+        try:
+            (key,) = resolve_story_keys([story_key], stories)
+        except StoryKeyError as exc:
+            raise StoryKeyError(f"{source}: {exc}") from None
+    current = fast.entries[key][3]
     if current == new:
         return TransitionResult("already-applied", key, current, current, {}, text)
     if current != expected:
         return TransitionResult("cas-mismatch", key, current, current, {}, text)
     lines = list(fast.lines)
+    entries = dict(fast.entries)
+    top = dict(fast.top)
+    last_updated = fast.last_updated
 
-    def put(line_index: int, start: int, end: int, token: str) -> None:
+    def put(line_index: int, start: int, end: int, token: str) -> int:
         line = lines[line_index]
         lines[line_index] = line[:start] + token + line[end:]
+        return start + len(token)
 
-    values[key] = new
-    epic_changes = compute_epic_changes(values, epic_key_of(key))
+    epic_key = epic_key_of(key)
+    epic = fast.entries.get(epic_key)
+    epic_changes = {}
+    if epic is not None and EPIC_KEY_RE.match(epic_key):
+        siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
+        epic_changes = _epic_roll_up(epic_key, epic[3], siblings)
     for k, v in [(key, new), *epic_changes.items()]:
         line_index, start, end, _ = fast.entries[k]
-        put(line_index, start, end, v)  # a plain value replacing a plain value
-    if fast.last_updated is not None:
-        line_index, start, end = fast.last_updated
+        entries[k] = (line_index, start, put(line_index, start, end, v), v)  # a plain value for a plain value
+    if last_updated is not None:
+        line_index, start, end = last_updated
         raw = fast.lines[line_index][start:end]
-        put(line_index, start, end, _render_token(raw, format_last_updated(raw, now)))
-    return TransitionResult("written", key, current, new, epic_changes, "\n".join(lines))
+        token = _render_token(raw, format_last_updated(raw, now))
+        last_updated = (line_index, start, put(line_index, start, end, token))
+        top["last_updated"] = token
+    new_text = "\n".join(lines)
+    # The scan of the new text, derived (what _scan_lines(new_text) gives: same lines, one token each
+    # changed for another of the same kind), so the read-back and the next write find it.
+    _scans.put(new_text, _FastFile(lines, entries, last_updated, top, fast.epic_stories))
+    return TransitionResult("written", key, current, new, epic_changes, new_text)
 
 
 def apply_story_transition(

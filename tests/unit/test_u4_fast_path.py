@@ -19,6 +19,8 @@ from bso.sprint_status import (
     _fast_scan,
     _fast_transition,
     _parse_doc,
+    _scan_lines,
+    _scans,
     _yaml_transition,
     apply_story_transition,
     parse_status_text,
@@ -180,3 +182,28 @@ def test_top_level_values_yaml_would_convert_take_the_yaml_path(value: str):
     text = BASE.replace("project: P", f"project: {value}")
     assert _fast_parsed(text) is None
     assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_files(), st.data())
+def test_a_write_leaves_the_scan_a_fresh_scan_of_its_text_would_give(generated, data):
+    """The write derives the new text's scan from the old one's (no rescan of a thousand lines); the
+    read-back and the next write use it, so it must be exactly what scanning the new text gives."""
+    text, keys = generated
+    key = data.draw(st.sampled_from(keys))
+    current = parse_status_text(text, "s.yaml").values()[key]
+    new = data.draw(st.sampled_from([s for s in STATES if s != current]))
+    result = _fast_transition(text, key, current, new, NOW, "s.yaml")
+    assert result is not None and result.outcome == "written"
+    found, derived = _scans.get(result.text)
+    assert found and derived == _scan_lines(result.text)
+    assert story_value(result.text, key, "s.yaml") == new
+
+
+def test_a_file_changed_by_someone_else_is_scanned_afresh(tmp_path: Path):
+    status = make_project(tmp_path, many_stories(30, "review"))
+    text = status.read_text(encoding="utf-8")
+    written = apply_story_transition(text, "1-1-story-1", "review", "done", NOW, "s.yaml").text
+    edited = written.replace("1-2-story-2: review", "1-2-story-2: in-progress")
+    assert story_value(edited, "1-2-story-2", "s.yaml") == "in-progress"
+    assert story_value(written, "1-2-story-2", "s.yaml") == "review"
