@@ -1,5 +1,10 @@
-"""The raw Temporal baseline: a minimal workflow running N no-op activities, sequentially or in P
-parallel lanes (as BSO's Slaves run their stories one after another, P Slaves at a time).
+"""The raw Temporal baselines.
+
+- BaselineWorkflow: a minimal workflow running N no-op activities, sequentially or in P parallel lanes
+  (as BSO's Slaves run their stories one after another, P Slaves at a time): the issue's baseline.
+- SkeletonWorkflow: the shape the Slave spec prescribes, in raw Temporal and nothing else: one workflow
+  per lane, each story an agent activity followed by its status write (a local activity), stories one
+  after another. P of them at once show what that shape costs before any of BSO's own work.
 
     python -m bench.baseline --worker      # the baseline's worker process (started by bench.run)
 """
@@ -23,6 +28,11 @@ async def noop(i: int) -> int:
     return i
 
 
+@activity.defn
+async def noop_write(i: int) -> int:
+    return i
+
+
 @workflow.defn
 class BaselineWorkflow:
     @workflow.run
@@ -35,9 +45,21 @@ class BaselineWorkflow:
         return n
 
 
+@workflow.defn
+class SkeletonWorkflow:
+    @workflow.run
+    async def run(self, start: int, n: int, lanes: int) -> int:
+        for i in range(start, n, lanes):
+            await workflow.execute_activity(noop, i, start_to_close_timeout=timedelta(seconds=30))
+            await workflow.execute_local_activity(noop_write, i, start_to_close_timeout=timedelta(seconds=30))
+        return n
+
+
 async def serve() -> None:
     client = await Client.connect(os.environ["TEMPORAL_ADDRESS"])
-    worker = Worker(client, task_queue=TASK_QUEUE, workflows=[BaselineWorkflow], activities=[noop])
+    worker = Worker(
+        client, task_queue=TASK_QUEUE, workflows=[BaselineWorkflow, SkeletonWorkflow], activities=[noop, noop_write]
+    )
     await worker.run()
 
 

@@ -1,10 +1,13 @@
 """The benchmark: BSO against raw Temporal on one local dev server, with instant simulated agents.
 
     make bench                                   # = .venv/bin/python -m bench.run
-    .venv/bin/python -m bench.run --sizes 50 200 --lanes 4
+    .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3
 
-For each N: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size 10, P Slaves at
-once), then the baseline workflow running N no-op activities sequentially and in P lanes. Reports
+For each N, `--repeat` times: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size
+10, P Slaves at once), the baseline workflow running N no-op activities in P lanes, and the skeleton (P
+workflows, each story an activity then a local activity: the Slave's shape in raw Temporal); once, the
+baseline running them sequentially. The row shown is the repetition with the median ratio (each ratio
+is taken between runs of the same minute: this machine's speed drifts), with the ratios' range. Reports
 wall time, dispatches per second, BSO's orchestration overhead per dispatch from history timestamps
 (story ready -> agent activity started; AGENT_COMPLETE received -> new state written; the whole cycle
 agent answer -> next agent started, to set against the baseline's activity completed -> next started),
@@ -32,7 +35,7 @@ from temporalio.api.enums.v1 import EventType as E
 from temporalio.client import Client
 
 from bench.baseline import TASK_QUEUE as BASELINE_QUEUE
-from bench.baseline import BaselineWorkflow
+from bench.baseline import BaselineWorkflow, SkeletonWorkflow
 from bench.infra import REPO, DevServer, WorkerProcess, make_project, many_stories, percentile
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
@@ -239,7 +242,34 @@ async def bench_baseline(client: Client, n: int, lanes: int, cpu: CpuMeter) -> d
     }
 
 
-async def run(sizes: list[int], lanes: int, workdir: Path) -> dict[str, Any]:
+async def bench_skeleton(client: Client, n: int, lanes: int, cpu: CpuMeter) -> dict[str, Any]:
+    """P SkeletonWorkflows at once, N stories between them."""
+    prefix = f"skeleton-{n}-{lanes}-{uuid.uuid4().hex[:6]}"
+    cpu.start()
+    began = time.monotonic()
+    await asyncio.gather(*(
+        client.execute_workflow(SkeletonWorkflow.run, args=[k, n, lanes], id=f"{prefix}-{k}", task_queue=BASELINE_QUEUE)
+        for k in range(lanes)
+    ))
+    wall = time.monotonic() - began
+    used = cpu.stop()
+    histories = [await client.get_workflow_handle(f"{prefix}-{k}").fetch_history() for k in range(lanes)]
+    events = sum(len(h.events) for h in histories)
+    tasks = sum(e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED for h in histories for e in h.events)
+    return {
+        "n": n,
+        "lanes": lanes,
+        "wall_seconds": round(wall, 2),
+        "stories_per_second": round(n / wall, 2),
+        "step_ms": _stats([ms for h in histories for ms in baseline_overheads(h, 1)]),
+        "events_per_story": round(events / n, 1),
+        "workflow_tasks_per_story": round(tasks / n, 2),
+        "cpu_seconds": used,
+        "cpu_ms_per_story": round(sum(used.values()) * 1000 / n, 1),
+    }
+
+
+async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
     bso_worker = WorkerProcess(server.address, workdir / "worker.log", ["--max-concurrent-agents", "16"])
@@ -262,16 +292,25 @@ async def run(sizes: list[int], lanes: int, workdir: Path) -> dict[str, Any]:
         base_cpu = CpuMeter({"server": server.proc.pid, "worker": base.pid})
         await bench_baseline(client, 10, 1, base_cpu)  # warm-up
         for n in sizes:
-            load_before = os.getloadavg()
-            print(f"N={n}: BSO sprint ...", flush=True)
-            bso = await bench_bso(client, workdir, n, lanes, bso_cpu)
-            print(f"N={n}: baseline ...", flush=True)
+            runs = []
+            for r in range(1, repeat + 1):
+                load_before = os.getloadavg()
+                print(f"N={n} ({r}/{repeat}): BSO sprint, baseline, skeleton ...", flush=True)
+                bso = await bench_bso(client, workdir / f"run-{r}", n, lanes, bso_cpu)
+                par = await bench_baseline(client, n, lanes, base_cpu)
+                skeleton = await bench_skeleton(client, n, lanes, base_cpu)
+                runs.append({"bso": bso, "baseline_parallel": par, "skeleton": skeleton,
+                             "ratio": round(bso["dispatches_per_second"] / par["activities_per_second"], 3),
+                             "skeleton_ratio": round(bso["dispatches_per_second"] / skeleton["stories_per_second"], 3),
+                             "cpu_ratio": round(par["cpu_ms_per_activity"] / bso["cpu_ms_per_story"], 3),
+                             "load_average": [round(x, 2) for x in (*load_before, *os.getloadavg())]})
+            print(f"N={n}: baseline, sequential ...", flush=True)
             seq = await bench_baseline(client, n, 1, base_cpu)
-            par = await bench_baseline(client, n, lanes, base_cpu)
-            rows.append({"n": n, "bso": bso, "baseline_sequential": seq, "baseline_parallel": par,
-                         "ratio": round(bso["dispatches_per_second"] / par["activities_per_second"], 3),
-                         "cpu_ratio": round(par["cpu_ms_per_activity"] / bso["cpu_ms_per_story"], 3),
-                         "load_average": [round(x, 2) for x in (*load_before, *os.getloadavg())]})
+            median = sorted(runs, key=lambda run: run["ratio"])[len(runs) // 2]
+            rows.append({"n": n, **median, "baseline_sequential": seq, "repeat": repeat,
+                         "ratios": [run["ratio"] for run in runs],
+                         "skeleton_ratios": [run["skeleton_ratio"] for run in runs],
+                         "answer_to_state_written_p50s": [run["bso"]["answer_to_state_written_ms"]["p50"] for run in runs]})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         bso_worker.stop()
@@ -282,26 +321,36 @@ async def run(sizes: list[int], lanes: int, workdir: Path) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
                    f"Python {platform.python_version()}",
         "lanes": lanes,
+        "repeat": repeat,
         "rows": rows,
     }
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values)}-{max(values)}" if len(values) > 1 else f"{values[0]}"
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Machine: {result['machine']}; {result['when']}; P = {result['lanes']} parallel lanes "
-        "(BSO: batch_size 10, max_concurrent_slaves P; baseline: P lanes of sequential no-op activities).",
+        "(BSO: batch_size 10, max_concurrent_slaves P; baseline: P lanes of sequential no-op activities; "
+        "skeleton: P workflows, each story an activity then a local activity); "
+        f"each row the median of {result.get('repeat', 1)} run(s), ranges over the runs.",
         "",
         "| N | BSO wall s | BSO dispatches/s | baseline seq act/s | baseline P act/s | ratio BSO/baseline P "
+        "(range) | skeleton P stories/s | ratio BSO/skeleton (range) | answer->state written p50 range ms "
         "| ready->agent started p50/p95 ms | answer->state written p50/p95 ms | answer->next agent started "
         "p50/p95 ms | baseline step p50/p95 ms | events/story (Master/Slave/residents) | workflow tasks/story "
         "| CPU ms/story BSO | CPU ms/activity baseline P | Master runs | load avg (1 min, before/after) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         b, s, p = r["bso"], r["baseline_sequential"], r["baseline_parallel"]
         lines.append(
             f"| {r['n']} | {b['wall_seconds']} | {b['dispatches_per_second']} | {s['activities_per_second']} | "
-            f"{p['activities_per_second']} | {r['ratio']} | {b['ready_to_agent_started_ms']['p50']}/"
+            f"{p['activities_per_second']} | {r['ratio']} ({_span(r['ratios'])}) | "
+            f"{r['skeleton']['stories_per_second']} | {r['skeleton_ratio']} ({_span(r['skeleton_ratios'])}) | "
+            f"{_span(r['answer_to_state_written_p50s'])} | {b['ready_to_agent_started_ms']['p50']}/"
             f"{b['ready_to_agent_started_ms']['p95']} | {b['answer_to_state_written_ms']['p50']}/"
             f"{b['answer_to_state_written_ms']['p95']} | {b['answer_to_next_agent_started_ms']['p50']}/"
             f"{b['answer_to_next_agent_started_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
@@ -322,13 +371,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--lanes", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per N (the row shows the median ratio)")
     args = parser.parse_args()
     # The worker processes (BSO's and the baseline's) cache bytecode, as on a default Python install: with
     # PYTHONDONTWRITEBYTECODE set (some CI images and containers do), the workflow sandbox compiles each
     # workflow module from source for every new workflow (a Slave per batch), a cost of the machine's setup.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="bso-bench-") as tmp:
-        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp)))
+        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))

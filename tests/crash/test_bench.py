@@ -1,0 +1,32 @@
+"""The benchmark's machinery (bench/run.py), run small: the figures it prints come from real runs of BSO,
+the baseline and the skeleton on the dev server, and every column of its table is filled. It checks no
+speed: `make bench` measures that."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.run import markdown, run
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
+    result = await run([12], 2, tmp_path, repeat=2)
+    (row,) = result["rows"]
+    bso = row["bso"]
+    assert bso["dispatches"] == 12  # one review per story, each story done
+    assert bso["answer_to_state_written_ms"]["n"] == 12 and bso["ready_to_agent_started_ms"]["n"] > 0
+    assert bso["slave_workflow_tasks_per_story"] >= 1  # at least one Slave workflow task per dispatch
+    assert row["baseline_parallel"]["step_ms"]["n"] > 0 and row["baseline_sequential"]["step_ms"]["n"] == 11
+    skeleton = row["skeleton"]
+    assert skeleton["step_ms"]["n"] == 12 - 2  # a step between consecutive stories of each of the 2 lanes
+    assert skeleton["workflow_tasks_per_story"] >= 1  # one per story: the activity's result, then the write
+    assert len(row["ratios"]) == 2 and row["ratio"] in row["ratios"]
+    assert row["skeleton_ratio"] == round(bso["dispatches_per_second"] / skeleton["stories_per_second"], 3)
+    table = markdown(result)
+    header, rule, line = table.splitlines()[2:5]
+    assert header.count("|") == rule.count("|") == line.count("|")
+    assert "None" not in line
