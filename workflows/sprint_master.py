@@ -780,17 +780,21 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _show(self) -> None:
         s = self._state
-        done = sum(v.state == StoryState.DONE for v in s.views.values())
-        # Only the stories of running batches: the details stay small on a sprint of any size.
-        rows = "\n".join(
-            f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.agent_in_flight or ''} |"
-            for k, v in s.views.items()
-            if v.batch_id in self._running_batches
-        )
+        # One pass over the views (this runs on every story_updates signal); only the stories of running
+        # batches get a row, so the details stay small on a sprint of any size.
+        done = 0
+        lines: list[str] = []
+        waiting: list[str] = []
+        for k, v in s.views.items():
+            done += v.state == StoryState.DONE
+            if v.batch_id in self._running_batches:
+                lines.append(f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.agent_in_flight or ''} |")
+            if v.awaiting_decision:
+                waiting.append(f"{k} ({v.awaiting_decision})")
+        rows = "\n".join(lines)
         pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason else ""
         if s.checkpoint:
             pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
-        waiting = [f"{k} ({v.awaiting_decision})" for k, v in s.views.items() if v.awaiting_decision]
         if waiting:
             pause += "\n\nAwaiting a human decision (`decide` update): " + "; ".join(waiting)
         workflow.set_current_details(

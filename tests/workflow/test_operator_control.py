@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
 from bso.constants import slave_workflow_id
@@ -133,6 +134,10 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
         status = await _awaiting(handle)
         assert status.stories[K1].state == "story-doc-review"
         assert "force_pass, skip_story or retry" in status.awaiting_decision[K1]
+        # What the Web UI shows of the Master: progress, the running batch's stories, who waits for whom.
+        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+        assert "0/1 stories done" in details and f"| {K1} | 1 | story-doc-review |" in details
+        assert f"Awaiting a human decision (`decide` update): {K1} (" in details
         # Bad decisions are rejected by the validator and change nothing.
         for bad, why in (
             ({"story_key": "9-9-nope", "decision": "force_pass"}, "unknown story"),
