@@ -10,16 +10,20 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from temporalio.client import Client
+from temporalio.client import Client, OutboundInterceptor, StartWorkflowInput, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bso.constants import SEARCH_ATTRIBUTES, SPRINT_TASK_QUEUE
 from bso.dev_server import dynamic_config_args
+from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import ensure_search_attributes
 from workers.main import build_workers
 
@@ -37,11 +41,35 @@ def _binary(name: str) -> str:
     return found
 
 
+class _StartedWorkflows(ClientInterceptor):
+    """Records the id of every workflow a test starts through the client."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _RecordStarts(next, self.ids)
+
+
+class _RecordStarts(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, ids: list[str]) -> None:
+        super().__init__(next)
+        self._ids = ids
+
+    async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle[Any, Any]:
+        self._ids.append(input.id)
+        return await super().start_workflow(input)
+
+
+_started_on_shared_ts = _StartedWorkflows()
+
+
 @asynccontextmanager
-async def _time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+async def _time_skipping_env(interceptors: list[ClientInterceptor] | None = None) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=_binary("temporal-test-server"),
         data_converter=pydantic_data_converter,
+        interceptors=interceptors or [],
     )
     await ensure_search_attributes(env.client)
     try:
@@ -52,8 +80,44 @@ async def _time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest_asyncio.fixture(scope="session")
 async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    async with _time_skipping_env() as env:
+    async with _time_skipping_env([_started_on_shared_ts]) as env:
         yield env
+
+
+async def terminate_left_running(client: Client, started: list[str]) -> list[str]:
+    """Terminate what is still running of the workflows in `started` and, for a sprint, of the residents its
+    Master abandons to stop them itself; returns the ids terminated."""
+    terminated = []
+    for workflow_id in started:
+        for candidate in (workflow_id, *(resident_workflow_id(workflow_id, role) for role in RESIDENT_ROLES)):
+            handle = client.get_workflow_handle(candidate)
+            try:
+                if (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING:
+                    continue
+                await handle.terminate("the test that started it has ended")
+            except RPCError as err:
+                if err.status is RPCStatusCode.NOT_FOUND:
+                    continue
+                raise
+            terminated.append(candidate)
+    return terminated
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After each test on the shared time-skipping server, terminate what it left running: the workflows it
+    started and, for a sprint, the residents the Master abandons to stop them itself. The server skips time
+    only while no workflow task is outstanding; a workflow left behind on a task queue whose worker has gone
+    gets one as soon as a timer of its fires (time skipped for a later test), and then holds the clock for
+    every later test: a test waiting for a timer then waits in real time (measured: a 60 s resident-readiness
+    timeout took 60 s in CI), or for an hour."""
+    if "ts_env" not in request.fixturenames:
+        yield
+        return
+    env: WorkflowEnvironment = request.getfixturevalue("ts_env")
+    first = len(_started_on_shared_ts.ids)
+    yield
+    await terminate_left_running(env.client, _started_on_shared_ts.ids[first:])
 
 
 @pytest_asyncio.fixture
