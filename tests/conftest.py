@@ -109,8 +109,9 @@ async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureReq
     started and, for a sprint, the residents the Master abandons to stop them itself. The server skips time
     only while no workflow task is outstanding; a workflow left behind on a task queue whose worker has gone
     gets one as soon as a timer of its fires (time skipped for a later test), and then holds the clock for
-    every later test: a test waiting for a timer then waits in real time (measured: a 60 s resident-readiness
-    timeout took 60 s in CI), or for an hour."""
+    every later test: a test waiting for a timer then waits in real time, or for an hour
+    (tests/workflow/test_test_server_clock.py). What termination cannot release (a task or an activity
+    already waiting on a stopped worker) needs a server of its own (`own_ts_env`)."""
     if "ts_env" not in request.fixturenames:
         yield
         return
@@ -122,9 +123,9 @@ async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureReq
 
 @pytest_asyncio.fixture
 async def own_ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping server for one test that needs time skipped (a timer of an hour): the server skips time
-    only while nothing at all runs on it, and on the shared one a workflow an earlier test left behind (an
-    activity in flight, a task under way) can hold the clock for good."""
+    """A time-skipping server for one test: one that needs time skipped (a timer of an hour) and must not depend
+    on what earlier tests left on the shared server, or one that itself leaves what holds the clock (a worker
+    stopped mid-activity: the activity stays started until its heartbeat timeout passes in real time)."""
     async with _time_skipping_env() as env:
         yield env
 
