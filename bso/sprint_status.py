@@ -633,10 +633,6 @@ class _ScanCache:
             while len(self._scans) > self._size:
                 del self._scans[next(iter(self._scans))]
 
-    def clear(self) -> None:
-        with self._lock:
-            self._scans.clear()
-
 
 _scans = _ScanCache()
 
@@ -779,7 +775,7 @@ def _fast_transition(
 
     epic_key = epic_key_of(key)
     epic = fast.entries.get(epic_key)
-    epic_changes = {}
+    epic_changes: dict[str, str] = {}
     if epic is not None and EPIC_KEY_RE.match(epic_key):
         siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
         epic_changes = _epic_roll_up(epic_key, epic[3], siblings)
