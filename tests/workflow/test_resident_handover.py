@@ -129,8 +129,9 @@ async def test_residents_hand_over_mid_sprint_without_changing_the_sprint(local_
     report, status_file, residents, runs, flow = handed
     plain_report, plain_status_file, plain_residents, plain_runs, plain_flow = plain
     assert plain_runs == {role: 1 for role in ROLES}  # the reference run: no hand-over
-    # Hand-overs of every resident mid-sprint (how many depends on how signals batch into workflow tasks).
-    assert all(n >= 2 for n in runs.values()) and sum(runs.values()) >= 9, runs
+    # Every resident handed over mid-sprint: how many times depends on how signals batch into workflow tasks
+    # (3-4 runs each here; a count of all of them was once asserted, with a margin of one or two).
+    assert all(n >= 2 for n in runs.values()), runs
     assert report.status is SprintStatus.COMPLETE and report.planner == "scrum-master"
     assert same_but_session(report, plain_report)
     assert status_file == plain_status_file
