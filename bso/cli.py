@@ -369,7 +369,6 @@ def _print_markdown(text: str) -> None:
 # --- bso server / bso worker --------------------------------------------------------------------
 
 
-
 def temporal_binary() -> str:
     candidate = Path(sys.executable).parent / "temporal"
     found = str(candidate) if candidate.exists() else shutil.which("temporal")

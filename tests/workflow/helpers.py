@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport
+from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
 from workflows.sprint_master import SprintMasterWorkflow
 
 HEADER = """# generated: 2026-01-05
@@ -89,3 +91,21 @@ async def workflow_task_failures(client: Client, workflow_id: str) -> int:
     """WorkflowTaskFailed events in a workflow's history: a bad input must never cause one."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     return sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)
+
+
+async def wait_status(
+    handle: WorkflowHandle, check: Callable[[SprintStatusView], bool], what: str, tries: int = 300
+) -> SprintStatusView:
+    """Poll the Master's status query (real time, no time skipping) until `check` holds."""
+    for _ in range(tries):
+        try:
+            status = await handle.query(SprintMasterWorkflow.status)
+        except Exception:  # not started yet
+            status = None
+        try:
+            if status is not None and check(status):
+                return status
+        except KeyError:  # the plan is not there yet
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never reached: {what}")

@@ -11,7 +11,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values
-from tests.workflow.test_operator_control import wait_status
+from tests.workflow.helpers import wait_status
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile-page"

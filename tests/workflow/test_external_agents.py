@@ -13,7 +13,7 @@ from temporalio.service import RPCError
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.test_operator_control import wait_status
+from tests.workflow.helpers import wait_status
 from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow

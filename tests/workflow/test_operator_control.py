@@ -6,7 +6,6 @@ needs-intervention story, shutdown mid-batch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,31 +16,13 @@ from bso.constants import slave_workflow_id
 from bso.models import SprintStatusView
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values
+from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values, wait_status
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
 K2 = "1-2-logout"
 K3 = "1-3-profile-page"
-
-
-async def wait_status(
-    handle: WorkflowHandle, check: Callable[[SprintStatusView], bool], what: str, tries: int = 300
-) -> SprintStatusView:
-    """Poll the Master's status query (real time, no time skipping) until `check` holds."""
-    for _ in range(tries):
-        try:
-            status = await handle.query(SprintMasterWorkflow.status)
-        except Exception:  # not started yet
-            status = None
-        try:
-            if status is not None and check(status):
-                return status
-        except KeyError:  # the plan is not there yet
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never reached: {what}")
 
 
 async def rejected(update, match: str) -> None:

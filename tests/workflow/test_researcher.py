@@ -9,7 +9,7 @@ from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
 from tests.workflow.helpers import make_project, sprint_input, start_sprint
-from tests.workflow.test_operator_control import wait_status
+from tests.workflow.helpers import wait_status
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
