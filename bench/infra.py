@@ -90,19 +90,22 @@ class DevServer:
 
 
 class WorkerProcess:
-    """The real worker process, pointed at one server."""
+    """A worker process pointed at one server: BSO's (`workers.main`) unless another module is given."""
 
-    def __init__(self, address: str, log_file: Path, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self, address: str, log_file: Path, extra_args: list[str] | None = None, module: str = "workers.main"
+    ) -> None:
         self.address = address
         self.log_file = log_file
         self.extra_args = extra_args or []
+        self.module = module
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, "TEMPORAL_ADDRESS": self.address, "TEMPORAL_NAMESPACE": "default"}
         log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.main", *self.extra_args],
+            [sys.executable, "-m", self.module, *self.extra_args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()

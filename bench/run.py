@@ -1,7 +1,7 @@
 """The benchmark: BSO against raw Temporal on one local dev server, with instant simulated agents.
 
     make bench                                   # = .venv/bin/python -m bench.run
-    .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3
+    .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3 --workers 2
 
 For each N, `--repeat` times: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size
 10, P Slaves at once), the baseline workflow running N no-op activities in P lanes, and the skeleton (P
@@ -12,7 +12,8 @@ wall time, dispatches per second, BSO's orchestration overhead per dispatch from
 (story ready -> agent activity started; AGENT_COMPLETE received -> new state written; the whole cycle
 agent answer -> next agent started, to set against the baseline's activity completed -> next started),
 events and workflow tasks per story, CPU time of the server and worker processes per story (less
-sensitive to a shared machine's load than wall time), and the ratio BSO / baseline (P lanes). Writes
+sensitive to a shared machine's load than wall time), and the ratio BSO / baseline (P lanes). BSO gets
+`--workers` worker processes, and the baseline and the skeleton as many. Writes
 bench/results/bench-<time>.json and .md.
 """
 
@@ -269,27 +270,25 @@ async def bench_skeleton(client: Client, n: int, lanes: int, cpu: CpuMeter) -> d
     }
 
 
-async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1) -> dict[str, Any]:
+async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, workers: int = 1) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
-    bso_worker = WorkerProcess(server.address, workdir / "worker.log", ["--max-concurrent-agents", "16"])
-    base_worker = WorkerProcess(server.address, workdir / "baseline.log")
-    base_worker.extra_args = []
+    # `workers` processes for BSO and as many for the baseline and the skeleton (same SDK defaults).
+    bso_workers = [
+        WorkerProcess(server.address, workdir / f"worker-{k}.log", ["--max-concurrent-agents", "16"])
+        for k in range(workers)
+    ]
+    base_workers = [
+        WorkerProcess(server.address, workdir / f"baseline-{k}.log", ["--worker"], module="bench.baseline")
+        for k in range(workers)
+    ]
     rows = []
     try:
         client = await server.wait_ready()
-        bso_worker.start()
-        # The baseline's worker: its own process, same SDK defaults.
-        import subprocess
-        import sys
-
-        log = open(workdir / "baseline.log", "ab")
-        base = subprocess.Popen([sys.executable, "-m", "bench.baseline", "--worker"], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, env={**os.environ, "TEMPORAL_ADDRESS": server.address})
-        base_worker.proc = base
-        assert server.proc is not None and bso_worker.proc is not None
-        bso_cpu = CpuMeter({"server": server.proc.pid, "worker": bso_worker.proc.pid})
-        base_cpu = CpuMeter({"server": server.proc.pid, "worker": base.pid})
+        for worker in (*bso_workers, *base_workers):
+            worker.start()
+        bso_cpu = CpuMeter({"server": _pid(server.proc), **_worker_pids(bso_workers)})
+        base_cpu = CpuMeter({"server": _pid(server.proc), **_worker_pids(base_workers)})
         await bench_baseline(client, 10, 1, base_cpu)  # warm-up
         for n in sizes:
             runs = []
@@ -313,17 +312,30 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1) -> d
                          "answer_to_state_written_p50s": [run["bso"]["answer_to_state_written_ms"]["p50"] for run in runs]})
             print(json.dumps(rows[-1]), flush=True)
     finally:
-        bso_worker.stop()
-        base_worker.stop()
+        for worker in (*bso_workers, *base_workers):
+            worker.stop()
         server.stop()
     return {
         "when": datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
                    f"Python {platform.python_version()}",
         "lanes": lanes,
+        "workers": workers,
         "repeat": repeat,
         "rows": rows,
     }
+
+
+def _pid(proc: Any) -> int:
+    assert proc is not None, "the process was not started"
+    return proc.pid
+
+
+def _worker_pids(workers: list[WorkerProcess]) -> dict[str, int]:
+    """CPU meter keys: "worker" for one process, "worker-1", "worker-2"... for several."""
+    if len(workers) == 1:
+        return {"worker": _pid(workers[0].proc)}
+    return {f"worker-{k}": _pid(w.proc) for k, w in enumerate(workers, 1)}
 
 
 def _span(values: list[float]) -> str:
@@ -335,6 +347,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; {result['when']}; P = {result['lanes']} parallel lanes "
         "(BSO: batch_size 10, max_concurrent_slaves P; baseline: P lanes of sequential no-op activities; "
         "skeleton: P workflows, each story an activity then a local activity); "
+        f"{result.get('workers', 1)} worker process(es) for BSO and as many for the baseline; "
         f"each row the median of {result.get('repeat', 1)} run(s), ranges over the runs.",
         "",
         "| N | BSO wall s | BSO dispatches/s | baseline seq act/s | baseline P act/s | ratio BSO/baseline P "
@@ -372,13 +385,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3, help="runs per N (the row shows the median ratio)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes for BSO, and as many for the baseline and the skeleton")
     args = parser.parse_args()
     # The worker processes (BSO's and the baseline's) cache bytecode, as on a default Python install: with
     # PYTHONDONTWRITEBYTECODE set (some CI images and containers do), the workflow sandbox compiles each
     # workflow module from source for every new workflow (a Slave per batch), a cost of the machine's setup.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="bso-bench-") as tmp:
-        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat))
+        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat, args.workers))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))

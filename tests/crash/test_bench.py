@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
-    result = await run([12], 2, tmp_path, repeat=2)
+    result = await run([12], 2, tmp_path, repeat=2, workers=2)
     (row,) = result["rows"]
     bso = row["bso"]
     assert bso["dispatches"] == 12  # one review per story, each story done
@@ -30,3 +30,7 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     header, rule, line = table.splitlines()[2:5]
     assert header.count("|") == rule.count("|") == line.count("|")
     assert "None" not in line
+    # Two worker processes each for BSO and for the baseline: the CPU of each is measured.
+    measured = {"server", "worker-1", "worker-2"}
+    assert set(bso["cpu_seconds"]) == set(row["baseline_parallel"]["cpu_seconds"]) == measured
+    assert "2 worker process(es)" in table
