@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.crash_trials --worker-kills 3 --server-kills 1 --seed 7
 
 One local dev server (SQLite file) and the real worker process (`python -m workers.main`), both owned
-by this script and stopped by pid. A sprint of simulated agents taking ~200 ms each runs once
+by this script and stopped by pid. A sprint of simulated agents taking ~200 ms each (12 stories, copied
+onto more epics until the kills asked for fit into it: 36 stories for the long form) runs once
 uninterrupted (the reference), then once with the worker killed (-9) at random moments and restarted,
 then once with the server killed (-9) and restarted on its database file. Each interrupted run must end
 with the reference's story states, report (its deterministic parts) and status-file values, and no
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -60,6 +62,34 @@ SIMULATION = {
         "3-4": {"review": ["HIGH"], "tokens": 2500},
     },
 }
+EPICS = 3
+# Worker kills that fit, with room, into one run of the 12 stories: each kill waits 0.3-2 s and its
+# recovery ~3.5 s (the heartbeat timeout, the retry, the worker's start), while the sprint runs ~7 s.
+KILLS_PER_SET = 4
+
+
+def _shifted(key: str, copy: int) -> str:
+    """A story key of epic E as epic E + 3 * copy ("1-2-log-in", 1 -> "4-2-log-in")."""
+    epic, rest = key.split("-", 1)
+    return f"{int(epic) + EPICS * copy}-{rest}"
+
+
+def sprint_stories(sets: int) -> dict[str, str]:
+    """The 12 stories `sets` times over (epics 1-3, 4-6, ...): the same paths, a longer sprint."""
+    return {_shifted(key, c): state for c in range(sets) for key, state in STORIES.items()}
+
+
+def sprint_simulation(sets: int) -> dict[str, Any]:
+    """SIMULATION with each story's script repeated for its copies."""
+    scripts = {_shifted(key, c): script for c in range(sets) for key, script in SIMULATION["stories"].items()}
+    return {**SIMULATION, "stories": scripts}
+
+
+def sets_for(worker_kills: int, server_kills: int) -> int:
+    """How many copies of the 12 stories the sprint needs so that the kills asked for all land in it."""
+    return max(1, math.ceil(max(worker_kills, server_kills) / KILLS_PER_SET))
+
+
 CONFIG = {
     "batch_size": 3,
     "max_concurrent_slaves": 2,
@@ -71,7 +101,7 @@ CONFIG = {
 @dataclass
 class TrialResult:
     kind: str
-    kills: int
+    kills: int  # done: fewer than asked when the sprint finished first
     report: dict[str, Any]
     values: dict[str, str]
     ledger: list[dict[str, Any]]
@@ -167,21 +197,25 @@ async def _diagnose(client: Client, session: str, workdir: Path) -> str:
 
 
 async def run_trial(
-    workdir: Path, server: DevServer, client: Client, kind: str, kills: int, rng: random.Random, log=print
+    workdir: Path, server: DevServer, client: Client, kind: str, kills: int, rng: random.Random, log=print,
+    sets: int = 1,
 ) -> TrialResult:
-    """One sprint on a fresh copy of the project; `kind` is none, worker or server."""
+    """One sprint of `sets` copies of the 12 stories on a fresh project; `kind` is none, worker or server."""
     root = workdir / f"project-{kind}-{uuid.uuid4().hex[:6]}"
-    make_project(root, STORIES)
+    make_project(root, sprint_stories(sets))
     worker = WorkerProcess(server.address, workdir / "worker.log")
     worker.start()
     clients = {"client": client}
     session = f"crash-{kind}-{uuid.uuid4().hex[:6]}"
     recoveries: list[float] = []
     began = time.monotonic()
+    done = 0
     try:
         await client.start_workflow(
             SprintMasterWorkflow.run,
-            SprintInput(project_root=str(root), session_id=session, simulation=SIMULATION, config_overrides=CONFIG),
+            SprintInput(
+                project_root=str(root), session_id=session, simulation=sprint_simulation(sets), config_overrides=CONFIG
+            ),
             id=session,
             task_queue=SPRINT_TASK_QUEUE,
         )
@@ -191,6 +225,7 @@ async def run_trial(
                 log(f"  {kind} kill {n + 1}: sprint already finished")
                 break
             before = story_states(root)
+            done += 1
             if kind == "worker":
                 worker.kill9()
                 await asyncio.sleep(rng.uniform(0.0, 0.5))
@@ -221,7 +256,7 @@ async def run_trial(
         worker.stop()
     return TrialResult(
         kind=kind,
-        kills=kills,
+        kills=done,
         report=deterministic_report(report),
         values=status_values(root),
         ledger=read_ledger(root),
@@ -246,20 +281,22 @@ def compare(reference: TrialResult, trial: TrialResult) -> list[str]:
 
 async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: Path, log=print) -> dict[str, Any]:
     rng = random.Random(seed)
+    sets = sets_for(worker_kills, server_kills)
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
     try:
         client = await server.wait_ready()
         log("reference run (no kills)")
-        reference = await run_trial(workdir, server, client, "none", 0, rng, log)
-        log(f"  {reference.wall_seconds:.1f}s, {len(reference.ledger) // 2} agent runs")
+        reference = await run_trial(workdir, server, client, "none", 0, rng, log, sets)
+        runs = len(reference.ledger) // 2
+        log(f"  {len(sprint_stories(sets))} stories, {reference.wall_seconds:.1f}s, {runs} agent runs")
         trials = []
         if worker_kills:
             log(f"worker trial: {worker_kills} x kill -9 of the worker")
-            trials.append(await run_trial(workdir, server, client, "worker", worker_kills, rng, log))
+            trials.append(await run_trial(workdir, server, client, "worker", worker_kills, rng, log, sets))
         if server_kills:
             log(f"server trial: {server_kills} x kill -9 of the server")
-            trials.append(await run_trial(workdir, server, client, "server", server_kills, rng, log))
+            trials.append(await run_trial(workdir, server, client, "server", server_kills, rng, log, sets))
     finally:
         server.stop()
     problems = [p for t in trials for p in compare(reference, t)]
@@ -271,6 +308,7 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
             {
                 "kind": t.kind,
                 "kills": t.kills,
+                "kills_asked": worker_kills if t.kind == "worker" else server_kills,
                 "wall_seconds": round(t.wall_seconds, 2),
                 "interrupted_attempts_rerun": t.reruns(),
                 "recovery_seconds": [round(r, 2) for r in t.recoveries],
@@ -288,7 +326,8 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
 def print_summary(summary: dict[str, Any], log=print) -> None:
     for t in summary["trials"]:
         log(
-            f"{t['kind']:>6} kills: {t['kills']}, wall {t['wall_seconds']}s, interrupted attempts rerun "
+            f"{t['kind']:>6} kills: {t['kills']} of {t['kills_asked']}"
+            f"{' (the sprint finished first)' if t['kills'] < t['kills_asked'] else ''}, wall {t['wall_seconds']}s, interrupted attempts rerun "
             f"{t['interrupted_attempts_rerun']}, restart -> next transition: median {t['recovery_median']}s, "
             f"p95 {t['recovery_p95']}s"
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.crash_trials import print_summary, run_trials
+from bench.crash_trials import STORIES, print_summary, run_trials, sets_for, sprint_simulation, sprint_stories
 
 pytestmark = pytest.mark.e2e
 
@@ -27,3 +27,14 @@ async def test_sprint_survives_worker_and_server_kills(tmp_path: Path, capsys):
     assert set(kinds) == {"worker", "server"}
     # At least one kill landed while the sprint was still running, and it recovered.
     assert kinds["worker"]["recovery_seconds"], "no worker kill happened during the sprint"
+    assert 1 <= kinds["worker"]["kills"] <= kinds["worker"]["kills_asked"] == 3  # kills done, not asked
+
+
+def test_the_long_form_gets_a_sprint_its_kills_fit_into():
+    assert sets_for(3, 1) == 1 and sets_for(10, 3) == 3
+    stories = sprint_stories(3)
+    assert len(stories) == 36 and stories["1-2-log-in"] == stories["4-2-log-in"] == stories["7-2-log-in"]
+    assert sorted({key.split("-")[0] for key in stories}, key=int) == [str(e) for e in range(1, 10)]
+    assert sprint_stories(1) == STORIES
+    scripts = sprint_simulation(2)["stories"]
+    assert scripts["4-1"] == scripts["1-1"] and scripts["6-2"] == scripts["3-2"] and "7-1" not in scripts
