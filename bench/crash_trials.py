@@ -62,14 +62,20 @@ SIMULATION = {
         "3-4": {"review": ["HIGH"], "tokens": 2500},
     },
 }
-EPICS = 3
+CONFIG = {
+    "batch_size": 3,
+    "max_concurrent_slaves": 2,
+    # A killed worker's agent attempt is noticed after 2 s without heartbeat, and retried 0.5 s later.
+    "agent_retry": {"heartbeat_timeout_seconds": 2, "initial_interval_seconds": 0.5, "maximum_attempts": 20},
+}
+EPICS = 3  # STORIES span epics 1-3
 # Worker kills that fit, with room, into one run of the 12 stories: each kill waits 0.3-2 s and its
 # recovery ~3.5 s (the heartbeat timeout, the retry, the worker's start), while the sprint runs ~7 s.
 KILLS_PER_SET = 4
 
 
 def _shifted(key: str, copy: int) -> str:
-    """A story key of epic E as epic E + 3 * copy ("1-2-log-in", 1 -> "4-2-log-in")."""
+    """A story key of epic E as epic E + EPICS * copy ("1-2-log-in", 1 -> "4-2-log-in")."""
     epic, rest = key.split("-", 1)
     return f"{int(epic) + EPICS * copy}-{rest}"
 
@@ -88,14 +94,6 @@ def sprint_simulation(sets: int) -> dict[str, Any]:
 def sets_for(worker_kills: int, server_kills: int) -> int:
     """How many copies of the 12 stories the sprint needs so that the kills asked for all land in it."""
     return max(1, math.ceil(max(worker_kills, server_kills) / KILLS_PER_SET))
-
-
-CONFIG = {
-    "batch_size": 3,
-    "max_concurrent_slaves": 2,
-    # A killed worker's agent attempt is noticed after 2 s without heartbeat, and retried 0.5 s later.
-    "agent_retry": {"heartbeat_timeout_seconds": 2, "initial_interval_seconds": 0.5, "maximum_attempts": 20},
-}
 
 
 @dataclass
