@@ -228,17 +228,18 @@ async def run_trial(
                 worker.kill9()
                 await asyncio.sleep(rng.uniform(0.0, 0.5))
                 worker.start()
+                restarted = time.monotonic()
             else:
                 server.kill9()
                 await asyncio.sleep(rng.uniform(0.0, 0.5))
                 server.start()
+                restarted = time.monotonic()  # the server's own start-up counts, as the worker's does
                 clients["client"] = await server.wait_ready()
-            restarted = time.monotonic()
             try:
-                waited = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
+                transition = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
             except TimeoutError as err:
                 raise TimeoutError(f"{err}\n{await _diagnose(clients['client'], session, workdir)}") from None
-            if waited is not None:
+            if transition is not None:
                 recoveries.append(time.monotonic() - restarted)
                 log(f"  {kind} kill {n + 1}: next state transition {recoveries[-1]:.2f}s after the restart")
             else:
@@ -247,7 +248,7 @@ async def run_trial(
         deadline = time.monotonic() + 300
         while not await _closed(client, session):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"sprint {session} did not finish")
+                raise TimeoutError(f"sprint {session} did not finish\n{await _diagnose(client, session, workdir)}")
             await asyncio.sleep(0.2)
         report = await client.get_workflow_handle_for(SprintMasterWorkflow.run, session).result()
     finally:
@@ -280,6 +281,8 @@ def compare(reference: TrialResult, trial: TrialResult) -> list[str]:
 async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: Path, log=print) -> dict[str, Any]:
     rng = random.Random(seed)
     sets = sets_for(worker_kills, server_kills)
+    log(f"seed {seed} (rerun: python -m bench.crash_trials --worker-kills {worker_kills} "
+        f"--server-kills {server_kills} --seed {seed})")
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
     try:
@@ -344,7 +347,6 @@ def main() -> None:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     with tempfile.TemporaryDirectory(prefix="bso-crash-") as tmp:
         summary = asyncio.run(run_trials(args.worker_kills, args.server_kills, seed, Path(tmp)))
-    print(f"seed {seed}")
     print_summary(summary)
     raise SystemExit(1 if summary["problems"] else 0)
 

@@ -36,9 +36,14 @@ def free_port() -> int:
 
 
 def _kill(proc: subprocess.Popen[Any] | None, sig: int) -> None:
+    """Signal a process this module started and wait for it; one that ignores SIGTERM for 30 s gets SIGKILL."""
     if proc is not None and proc.poll() is None:
         os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class DevServer:

@@ -62,19 +62,21 @@ async def _histories(client: Client, query: str) -> list[Any]:
     return out
 
 
-def _is_status_write_marker(e) -> bool:
-    """A U4 write run as a local activity: its marker (recorded when the workflow task that ran it ends)."""
+def _local_activity_type(e) -> str | None:
+    """The activity type of a local activity's marker (recorded when the workflow task that ran it ends):
+    the U4 write, or the Slave's status load."""
     attrs = e.marker_recorded_event_attributes
     if attrs.marker_name != "core_local_activity" or "data" not in attrs.details:
-        return False
-    return json.loads(attrs.details["data"].payloads[0].data).get("activity_type") == "write_story_status"
+        return None
+    return json.loads(attrs.details["data"].payloads[0].data).get("activity_type")
 
 
 def slave_overheads(history) -> tuple[list[float], list[float], list[float], dict[str, int]]:
     """(ready -> agent started, agent answer -> state written, agent answer -> next agent started) in ms,
     and counts of what happened. The answer is the AGENT_COMPLETE signal or, for agents answering
     in-process, the agent activity's completion; the write is the U4 activity's completion or the
-    marker of the U4 local activity."""
+    marker of the U4 local activity; a batch's first story is ready when its status load (an activity or,
+    since slave-status-load-local, a local activity's marker) is done."""
     scheduled: dict[int, str] = {}
     ready_ms, written_ms, cycle_ms = [], [], []
     last_ready = None  # time the previous step (status load or U4 write) completed
@@ -112,9 +114,13 @@ def slave_overheads(history) -> tuple[list[float], list[float], list[float], dic
                 written(e.event_time)
             elif name == "run_agent" and json.loads(attrs.result.payloads[0].data).get("answer"):
                 answer_at = cycle_from = e.event_time
-        elif t == E.EVENT_TYPE_MARKER_RECORDED and _is_status_write_marker(e):
-            counts["write_activities"] += 1
-            written(e.event_time)
+        elif t == E.EVENT_TYPE_MARKER_RECORDED:
+            local = _local_activity_type(e)
+            if local == "load_sprint_status":
+                last_ready = e.event_time
+            elif local == "write_story_status":
+                counts["write_activities"] += 1
+                written(e.event_time)
         elif t == E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             counts["signals"] += 1
             if e.workflow_execution_signaled_event_attributes.signal_name == "agent_complete":
@@ -289,7 +295,9 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, work
             worker.start()
         bso_cpu = CpuMeter({"server": _pid(server.proc), **_worker_pids(bso_workers)})
         base_cpu = CpuMeter({"server": _pid(server.proc), **_worker_pids(base_workers)})
-        await bench_baseline(client, 10, 1, base_cpu)  # warm-up
+        # Warm-ups: every worker process has started and imported its workflows before anything is measured.
+        await bench_bso(client, workdir / "warm-up", 2 * lanes, lanes, bso_cpu)
+        await bench_baseline(client, 10, 1, base_cpu)
         for n in sizes:
             runs = []
             for r in range(1, repeat + 1):

@@ -16,12 +16,13 @@ pytestmark = pytest.mark.e2e
 
 async def test_sprint_survives_worker_and_server_kills(tmp_path: Path, capsys):
     seed = random.randrange(1 << 30)
-    lines: list[str] = []
-    summary = await run_trials(worker_kills=3, server_kills=1, seed=seed, workdir=tmp_path, log=lines.append)
-    print_summary(summary, log=lines.append)
-    with capsys.disabled():
-        print(f"\ncrash trials (seed {seed}; rerun: python -m bench.crash_trials --worker-kills 3 --server-kills 1 "
-              f"--seed {seed}):\n  " + "\n  ".join(lines))
+
+    def log(line: str) -> None:  # as it happens, so that a trial that fails or hangs shows its seed
+        with capsys.disabled():
+            print(("\ncrash trials: " if line.startswith("seed ") else "  ") + line)
+
+    summary = await run_trials(worker_kills=3, server_kills=1, seed=seed, workdir=tmp_path, log=log)
+    print_summary(summary, log=log)
     assert summary["problems"] == []
     kinds = {t["kind"]: t for t in summary["trials"]}
     assert set(kinds) == {"worker", "server"}
