@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.enums.v1 import EventType as E
 from temporalio.client import Client
 
@@ -62,34 +63,47 @@ async def _histories(client: Client, query: str) -> list[Any]:
     return out
 
 
-def _local_activity_type(e) -> str | None:
-    """The activity type of a local activity's marker (recorded when the workflow task that ran it ends):
-    the U4 write, or the Slave's status load."""
+def _local_activity(e) -> tuple[str | None, Timestamp | None]:
+    """A local activity's marker: its activity type (the U4 write, or the Slave's status load) and the time it
+    completed in the worker (the marker itself is recorded later, when the workflow task that ran it ends)."""
     attrs = e.marker_recorded_event_attributes
     if attrs.marker_name != "core_local_activity" or "data" not in attrs.details:
-        return None
-    return json.loads(attrs.details["data"].payloads[0].data).get("activity_type")
+        return None, None
+    data = json.loads(attrs.details["data"].payloads[0].data)
+    done = data.get("complete_time") or {}
+    completed = Timestamp(seconds=done["seconds"], nanos=done.get("nanos", 0)) if "seconds" in done else None
+    return data.get("activity_type"), completed
 
 
-def slave_overheads(history) -> tuple[list[float], list[float], list[float], dict[str, int]]:
-    """(ready -> agent started, agent answer -> state written, agent answer -> next agent started) in ms,
-    and counts of what happened. The answer is the AGENT_COMPLETE signal or, for agents answering
-    in-process, the agent activity's completion; the write is the U4 activity's completion or the
-    marker of the U4 local activity; a batch's first story is ready when its status load (an activity or,
-    since slave-status-load-local, a local activity's marker) is done."""
+def slave_overheads(history) -> dict[str, Any]:
+    """A Slave's per-dispatch overheads in ms, from its history, and counts of what happened:
+    - ready: the story's state is in the status file (the previous U4 write, or for a batch's first story
+      the status load, is done) -> its agent activity started;
+    - written: the agent's answer -> the new state is in the status file (the U4 write done);
+    - recorded: the agent's answer -> the U4 write's marker is in history (the end of the workflow task that
+      ran the write and, in the same task, dispatched the next agent);
+    - cycle: the agent's answer -> the next agent started.
+    The answer is the AGENT_COMPLETE signal or, for agents answering in-process, the agent activity's
+    completion. A write or load run as an activity is done at its completion; run as a local activity, at
+    the completion time its marker carries (the worker's clock: the benchmark runs on one machine)."""
     scheduled: dict[int, str] = {}
-    ready_ms, written_ms, cycle_ms = [], [], []
+    out: dict[str, list[float]] = {"ready": [], "written": [], "recorded": [], "cycle": []}
     last_ready = None  # time the previous step (status load or U4 write) completed
     answer_at = None  # the last agent answer not yet written
     cycle_from = None  # the last agent answer, until the next agent starts
     counts = {"agent_activities": 0, "write_activities": 0, "signals": 0, "workflow_tasks": 0}
 
-    def written(at) -> None:
+    def written(at, recorded_at) -> None:
         nonlocal last_ready, answer_at
         last_ready = at
         if answer_at is not None:
-            written_ms.append(_ms(answer_at, at))
+            out["written"].append(_ms(answer_at, at))
+            out["recorded"].append(_ms(answer_at, recorded_at))
             answer_at = None
+
+    def answered(at) -> None:
+        nonlocal answer_at, cycle_from
+        answer_at = cycle_from = at
 
     for e in history.events:
         t = e.event_type
@@ -100,10 +114,10 @@ def slave_overheads(history) -> tuple[list[float], list[float], list[float], dic
         elif t == E.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             if scheduled.get(e.activity_task_started_event_attributes.scheduled_event_id) == "run_agent":
                 if last_ready:
-                    ready_ms.append(_ms(last_ready, e.event_time))
+                    out["ready"].append(_ms(last_ready, e.event_time))
                     last_ready = None
                 if cycle_from is not None:
-                    cycle_ms.append(_ms(cycle_from, e.event_time))
+                    out["cycle"].append(_ms(cycle_from, e.event_time))
                     cycle_from = None
         elif t == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             attrs = e.activity_task_completed_event_attributes
@@ -111,23 +125,23 @@ def slave_overheads(history) -> tuple[list[float], list[float], list[float], dic
             if name == "load_sprint_status":
                 last_ready = e.event_time
             elif name == "write_story_status":
-                written(e.event_time)
+                written(e.event_time, e.event_time)
             elif name == "run_agent" and json.loads(attrs.result.payloads[0].data).get("answer"):
-                answer_at = cycle_from = e.event_time
+                answered(e.event_time)
         elif t == E.EVENT_TYPE_MARKER_RECORDED:
-            local = _local_activity_type(e)
+            local, completed = _local_activity(e)
             if local == "load_sprint_status":
-                last_ready = e.event_time
+                last_ready = completed or e.event_time
             elif local == "write_story_status":
                 counts["write_activities"] += 1
-                written(e.event_time)
+                written(completed or e.event_time, e.event_time)
         elif t == E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             counts["signals"] += 1
             if e.workflow_execution_signaled_event_attributes.signal_name == "agent_complete":
-                answer_at = cycle_from = e.event_time
+                answered(e.event_time)
         elif t == E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             counts["workflow_tasks"] += 1
-    return ready_ms, written_ms, cycle_ms, counts
+    return {**out, "counts": counts}
 
 
 def baseline_overheads(history, lanes: int) -> list[float]:
@@ -185,7 +199,7 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuM
     used = cpu.stop()
     assert all(v == "done" for v in report.stories.values()) and len(report.stories) == n
     histories = await _histories(client, f'BsoSessionId = "{session}"')
-    ready, written, cycle = [], [], []
+    overheads: dict[str, list[float]] = {"ready": [], "written": [], "recorded": [], "cycle": []}
     totals = {"agent_activities": 0, "write_activities": 0, "signals": 0, "workflow_tasks": 0}
     events = {"SprintMasterWorkflow": 0, "SprintSlaveWorkflow": 0, "ResidentWorkflow": 0}
     tasks: dict[str, int] = {}
@@ -199,11 +213,10 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuM
             name = f"{wf_type.removeprefix('Sprint').removesuffix('Workflow')}:{E.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
             by_type[name] = by_type.get(name, 0) + 1
         if wf_type == "SprintSlaveWorkflow":
-            r, w, cy, c = slave_overheads(history)
-            ready += r
-            written += w
-            cycle += cy
-            for k, v in c.items():
+            slave = slave_overheads(history)
+            for k in overheads:
+                overheads[k] += slave[k]
+            for k, v in slave["counts"].items():
                 totals[k] += v
     dispatches = sum(r.agents_dispatched for b in report.batches for r in b.results.story_results)
     return {
@@ -211,9 +224,10 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuM
         "wall_seconds": round(wall, 2),
         "dispatches": dispatches,
         "dispatches_per_second": round(dispatches / wall, 2),
-        "ready_to_agent_started_ms": _stats(ready),
-        "answer_to_state_written_ms": _stats(written),
-        "answer_to_next_agent_started_ms": _stats(cycle),
+        "ready_to_agent_started_ms": _stats(overheads["ready"]),
+        "answer_to_state_written_ms": _stats(overheads["written"]),
+        "answer_to_state_recorded_ms": _stats(overheads["recorded"]),
+        "answer_to_next_agent_started_ms": _stats(overheads["cycle"]),
         "events_per_story": round(sum(events.values()) / n, 1),
         "master_events_per_story": round(events["SprintMasterWorkflow"] / n, 1),
         "slave_events_per_story": round(events["SprintSlaveWorkflow"] / n, 1),
@@ -317,7 +331,8 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, work
             rows.append({"n": n, **median, "baseline_sequential": seq, "repeat": repeat,
                          "ratios": [run["ratio"] for run in runs],
                          "skeleton_ratios": [run["skeleton_ratio"] for run in runs],
-                         "answer_to_state_written_p50s": [run["bso"]["answer_to_state_written_ms"]["p50"] for run in runs]})
+                         "ready_to_agent_started_p50s": _p50s(runs, "ready_to_agent_started_ms"),
+                         "answer_to_state_written_p50s": _p50s(runs, "answer_to_state_written_ms")})
             print(json.dumps(rows[-1]), flush=True)
     finally:
         for worker in (*bso_workers, *base_workers):
@@ -332,6 +347,11 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, work
         "repeat": repeat,
         "rows": rows,
     }
+
+
+def _p50s(runs: list[dict[str, Any]], figure: str) -> list[float]:
+    """One BSO figure's p50 in each repetition."""
+    return [run["bso"][figure]["p50"] for run in runs]
 
 
 def _pid(proc: Any) -> int:
@@ -359,11 +379,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"each row the median of {result.get('repeat', 1)} run(s), ranges over the runs.",
         "",
         "| N | BSO wall s | BSO dispatches/s | baseline seq act/s | baseline P act/s | ratio BSO/baseline P "
-        "(range) | skeleton P stories/s | ratio BSO/skeleton (range) | answer->state written p50 range ms "
-        "| ready->agent started p50/p95 ms | answer->state written p50/p95 ms | answer->next agent started "
-        "p50/p95 ms | baseline step p50/p95 ms | events/story (Master/Slave/residents) | workflow tasks/story "
+        "(range) | skeleton P stories/s | ratio BSO/skeleton (range) | ready->agent started p50 range ms "
+        "| answer->state written p50 range ms | ready->agent started p50/p95 ms | answer->state written "
+        "p50/p95 ms | answer->state recorded in history p50/p95 ms | answer->next agent started p50/p95 ms "
+        "| baseline step p50/p95 ms | events/story (Master/Slave/residents) | workflow tasks/story "
         "| CPU ms/story BSO | CPU ms/activity baseline P | Master runs | load avg (1 min, before/after) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         b, s, p = r["bso"], r["baseline_sequential"], r["baseline_parallel"]
@@ -371,9 +392,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['n']} | {b['wall_seconds']} | {b['dispatches_per_second']} | {s['activities_per_second']} | "
             f"{p['activities_per_second']} | {r['ratio']} ({_span(r['ratios'])}) | "
             f"{r['skeleton']['stories_per_second']} | {r['skeleton_ratio']} ({_span(r['skeleton_ratios'])}) | "
-            f"{_span(r['answer_to_state_written_p50s'])} | {b['ready_to_agent_started_ms']['p50']}/"
-            f"{b['ready_to_agent_started_ms']['p95']} | {b['answer_to_state_written_ms']['p50']}/"
-            f"{b['answer_to_state_written_ms']['p95']} | {b['answer_to_next_agent_started_ms']['p50']}/"
+            f"{_span(r['ready_to_agent_started_p50s'])} | {_span(r['answer_to_state_written_p50s'])} | "
+            f"{b['ready_to_agent_started_ms']['p50']}/{b['ready_to_agent_started_ms']['p95']} | "
+            f"{b['answer_to_state_written_ms']['p50']}/{b['answer_to_state_written_ms']['p95']} | "
+            f"{b['answer_to_state_recorded_ms']['p50']}/{b['answer_to_state_recorded_ms']['p95']} | "
+            f"{b['answer_to_next_agent_started_ms']['p50']}/"
             f"{b['answer_to_next_agent_started_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
             f"{b['events_per_story']} ({b['master_events_per_story']}/{b['slave_events_per_story']}/"
             f"{b['resident_events_per_story']}) | {sum(b['workflow_tasks_per_story'].values()):.2f} | "

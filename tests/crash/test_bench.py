@@ -20,6 +20,9 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     assert bso["dispatches"] == 12  # one review per story, each story done
     # Every dispatch measured: a batch's first story is ready when the Slave's status load is done.
     assert bso["answer_to_state_written_ms"]["n"] == 12 and bso["ready_to_agent_started_ms"]["n"] == 12
+    # The write is done in the worker before its marker reaches history, with the workflow task's end.
+    assert bso["answer_to_state_recorded_ms"]["n"] == 12
+    assert bso["answer_to_state_written_ms"]["p50"] <= bso["answer_to_state_recorded_ms"]["p50"]
     assert bso["slave_workflow_tasks_per_story"] >= 1  # at least one Slave workflow task per dispatch
     assert row["baseline_parallel"]["step_ms"]["n"] > 0 and row["baseline_sequential"]["step_ms"]["n"] == 11
     skeleton = row["skeleton"]
