@@ -183,6 +183,7 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
         project=parsed.project,
         stories=stories,
         epics=parsed.epics(),
+        read_at=datetime.now(UTC),
     )
 
 
@@ -285,6 +286,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             epic_changes=result.epic_changes,
             expected=inp.expected,
             new=inp.new,
+            done_at=datetime.now(UTC),
         )
     finally:
         with contextlib.suppress(OSError):

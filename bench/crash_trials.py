@@ -99,7 +99,7 @@ def sets_for(worker_kills: int, server_kills: int) -> int:
 @dataclass
 class TrialResult:
     kind: str
-    kills: int  # done: fewer than asked when the sprint finished first
+    kills_done: int  # fewer than asked when the sprint finished first
     report: dict[str, Any]
     values: dict[str, str]
     ledger: list[dict[str, Any]]
@@ -236,10 +236,10 @@ async def run_trial(
                 restarted = time.monotonic()  # the server's own start-up counts, as the worker's does
                 clients["client"] = await server.wait_ready()
             try:
-                transition = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
+                seconds = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
             except TimeoutError as err:
                 raise TimeoutError(f"{err}\n{await _diagnose(clients['client'], session, workdir)}") from None
-            if transition is not None:
+            if seconds is not None:  # (counted from the restart, not from when the wait began)
                 recoveries.append(time.monotonic() - restarted)
                 log(f"  {kind} kill {n + 1}: next state transition {recoveries[-1]:.2f}s after the restart")
             else:
@@ -255,7 +255,7 @@ async def run_trial(
         worker.stop()
     return TrialResult(
         kind=kind,
-        kills=done,
+        kills_done=done,
         report=deterministic_report(report),
         values=status_values(root),
         ledger=read_ledger(root),
@@ -308,7 +308,7 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
         summary["trials"].append(
             {
                 "kind": t.kind,
-                "kills": t.kills,
+                "kills_done": t.kills_done,
                 "kills_asked": worker_kills if t.kind == "worker" else server_kills,
                 "wall_seconds": round(t.wall_seconds, 2),
                 "interrupted_attempts_rerun": t.reruns(),
@@ -327,8 +327,8 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
 def print_summary(summary: dict[str, Any], log=print) -> None:
     for t in summary["trials"]:
         log(
-            f"{t['kind']:>6} kills: {t['kills']} of {t['kills_asked']}"
-            f"{' (the sprint finished first)' if t['kills'] < t['kills_asked'] else ''}, wall {t['wall_seconds']}s, interrupted attempts rerun "
+            f"{t['kind']:>6} kills: {t['kills_done']} of {t['kills_asked']}"
+            f"{' (the sprint finished first)' if t['kills_done'] < t['kills_asked'] else ''}, wall {t['wall_seconds']}s, interrupted attempts rerun "
             f"{t['interrupted_attempts_rerun']}, restart -> next transition: median {t['recovery_median']}s, "
             f"p95 {t['recovery_p95']}s"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,6 +76,9 @@ class StatusSnapshot(_Model):
     project: str = ""
     stories: list[StoryMeta]
     epics: dict[str, str] = Field(default_factory=dict)
+    # When the load was done, by the worker's clock (None in results recorded before it was kept): the moment
+    # the batch's stories are ready, as the benchmark measures it.
+    read_at: datetime | None = None
 
 
 class StatusWriteInput(_Model):
@@ -96,6 +100,9 @@ class StatusWriteResult(_Model):
     # The write asked for (expected -> new): a local activity's marker does not keep its input.
     expected: str | None = None
     new: str | None = None
+    # When the file held the result (after fsync and read-back), by the worker's clock (None in results recorded
+    # before it was kept). A local activity's marker reaches history only when its workflow task ends.
+    done_at: datetime | None = None
 
 
 # --- the Slave ----------------------------------------------------------------------------------
