@@ -13,8 +13,14 @@ from temporalio.service import RPCError
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import wait_status
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
+from tests.workflow.helpers import (
+    make_project,
+    sprint_input,
+    start_sprint,
+    status_values,
+    wait_status,
+    workflow_task_failures,
+)
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
