@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench.infra import DevServer, WorkerProcess, make_project, percentile, status_values
-from bso.constants import SPRINT_TASK_QUEUE
+from bso.constants import CHILD_WORKFLOW_TASK_TIMEOUT, SPRINT_TASK_QUEUE
 from bso.models import SprintInput, SprintReport
+from workers.main import STICKY_SCHEDULE_TO_START
 from workflows.sprint_master import SprintMasterWorkflow
 
 # 12 stories on every path the engine has: creation, story review loops, dev, review-fix loops.
@@ -105,6 +107,8 @@ class TrialResult:
     ledger: list[dict[str, Any]]
     recoveries: list[float] = field(default_factory=list)  # seconds, restart -> next state transition
     wall_seconds: float = 0.0
+    # WORKFLOW_TASK_TIMED_OUT events: timeout type (see TIMEOUT_MEANINGS) -> workflow type -> count.
+    task_timeouts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def finished_twice(self) -> list[str]:
         counts = Counter(r["dispatch_id"] for r in self.ledger if r["event"] == "finished")
@@ -171,6 +175,26 @@ async def _next_transition(root: Path, before: dict[str, str], client_of, workfl
             return None if story_states(root) == before else time.monotonic() - start
         await asyncio.sleep(0.05)
     raise TimeoutError(f"no state transition within {limit}s of a restart")
+
+
+# What a workflow task timeout in a trial means: where the killed worker left the task.
+TIMEOUT_MEANINGS = {
+    "schedule_to_start": f"on the killed worker's sticky queue (after {STICKY_SCHEDULE_TO_START.total_seconds():g} s)",
+    "start_to_close": f"held by the killed worker (after the task timeout: "
+    f"{CHILD_WORKFLOW_TASK_TIMEOUT.total_seconds():g} s for Slaves and residents, 10 s for the Master)",
+}
+
+
+async def _task_timeouts(client: Client, session: str) -> dict[str, dict[str, int]]:
+    """WORKFLOW_TASK_TIMED_OUT events in the sprint's histories (every run): timeout type -> workflow type -> count."""
+    counts: dict[str, Counter[str]] = {}
+    async for wf in client.list_workflows(f'BsoSessionId = "{session}"'):
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        for e in history.events:
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                how = TimeoutType.Name(e.workflow_task_timed_out_event_attributes.timeout_type)
+                counts.setdefault(how.removeprefix("TIMEOUT_TYPE_").lower(), Counter())[wf.workflow_type] += 1
+    return {how: dict(sorted(by_type.items())) for how, by_type in sorted(counts.items())}
 
 
 async def _diagnose(client: Client, session: str, workdir: Path) -> str:
@@ -251,6 +275,7 @@ async def run_trial(
                 raise TimeoutError(f"sprint {session} did not finish\n{await _diagnose(client, session, workdir)}")
             await asyncio.sleep(0.2)
         report = await client.get_workflow_handle_for(SprintMasterWorkflow.run, session).result()
+        task_timeouts = await _task_timeouts(client, session)
     finally:
         worker.stop()
     return TrialResult(
@@ -261,6 +286,7 @@ async def run_trial(
         ledger=read_ledger(root),
         recoveries=recoveries,
         wall_seconds=time.monotonic() - began,
+        task_timeouts=task_timeouts,
     )
 
 
@@ -315,6 +341,7 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
                 "recovery_seconds": [round(r, 2) for r in t.recoveries],
                 "recovery_median": round(statistics.median(t.recoveries), 2) if t.recoveries else None,
                 "recovery_p95": round(percentile(t.recoveries, 95), 2) if t.recoveries else None,
+                "workflow_task_timeouts": t.task_timeouts,
             }
         )
     all_recoveries = [r for t in trials for r in t.recoveries]
@@ -332,6 +359,9 @@ def print_summary(summary: dict[str, Any], log=print) -> None:
             f"{t['interrupted_attempts_rerun']}, restart -> next transition: median {t['recovery_median']}s, "
             f"p95 {t['recovery_p95']}s"
         )
+        for how, by_type in t["workflow_task_timeouts"].items():
+            caught = ", ".join(f"{n} {wf_type}" for wf_type, n in by_type.items())
+            log(f"{'':>6} workflow tasks timed out {TIMEOUT_MEANINGS.get(how, how)}: {caught}")
     log(f"all restarts: median {summary['recovery_median']}s, p95 {summary['recovery_p95']}s")
     log("identical to the uninterrupted run, no finished work redone" if not summary["problems"] else "PROBLEMS:")
     for p in summary["problems"]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio.common import SearchAttributeKey
 
 SPRINT_TASK_QUEUE = "bso-sprint"
@@ -37,6 +39,12 @@ UPDATE_DECIDE = "decide"
 SIGNAL_DECISION = "decision"
 # Master -> Slave: the state of stories of other batches that this batch's stories depend on.
 SIGNAL_DEPENDENCY_UPDATE = "dependency_update"
+
+# The workflow task timeout of Slaves and residents (Temporal's default is 10 s): a worker killed while it holds
+# one of their workflow tasks leaves the sprint waiting this long before another worker may take the task. Their
+# histories stay short (a Slave runs one batch; a resident hands over), so even a full replay is far under it.
+# The Master keeps the default: its history grows with the sprint until it continues as new.
+CHILD_WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from bso.constants import (
+        CHILD_WORKFLOW_TASK_TIMEOUT,
         QUERY_STATUS,
         SA_PHASE,
         SA_SESSION_ID,
@@ -487,6 +488,7 @@ class RosterKeeper:
                 ),
                 id=workflow_id,
                 parent_close_policy=ParentClosePolicy.ABANDON,
+                task_timeout=CHILD_WORKFLOW_TASK_TIMEOUT,
                 static_summary=f"Resident {role} of sprint {s.session_id}",
                 search_attributes=TypedSearchAttributes(
                     [SA_SESSION_ID.value_set(s.session_id), SA_PHASE.value_set("resident")]

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
+        CHILD_WORKFLOW_TASK_TIMEOUT,
         QUERY_STATUS,
         SA_BATCH_ID,
         SA_PHASE,
@@ -710,6 +711,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 slave_input,
                 id=slave_id,
                 execution_timeout=timedelta(seconds=s.config.slave_timeout_seconds),
+                task_timeout=CHILD_WORKFLOW_TASK_TIMEOUT,
                 static_summary=f"Batch {spec.batch_id} of sprint {s.session_id}: {', '.join(spec.stories)}",
                 search_attributes=TypedSearchAttributes(
                     [

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.crash_trials import STORIES, print_summary, run_trials, sets_for, sprint_simulation, sprint_stories
+from bench.crash_trials import (
+    STORIES,
+    TIMEOUT_MEANINGS,
+    print_summary,
+    run_trials,
+    sets_for,
+    sprint_simulation,
+    sprint_stories,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +37,8 @@ async def test_sprint_survives_worker_and_server_kills(tmp_path: Path, capsys):
     # At least one kill landed while the sprint was still running, and it recovered.
     assert kinds["worker"]["recovery_seconds"], "no worker kill happened during the sprint"
     assert 1 <= kinds["worker"]["kills_done"] <= kinds["worker"]["kills_asked"] == 3
+    # Workflow tasks the kills left behind are told apart: on a sticky queue, or held by the killed worker.
+    assert set(kinds["worker"]["workflow_task_timeouts"]) <= set(TIMEOUT_MEANINGS)
 
 
 def test_the_long_form_gets_a_sprint_its_kills_fit_into():

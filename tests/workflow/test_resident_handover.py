@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
@@ -19,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bso.constants import (
+    CHILD_WORKFLOW_TASK_TIMEOUT,
     SIGNAL_DEBUG_REQUEST,
     SIGNAL_PLAN_REQUEST,
     SIGNAL_RESEARCH_REQUEST,
@@ -55,6 +57,7 @@ SIMULATION = {
     "stories": {key: {"fail": {"dev": "error"}, "debug": ["fixable"]} for key in ("1-1", "1-3", "2-1", "2-3")}
 }
 DEBUG_REQUESTS = 4
+TEMPORAL_DEFAULT_TASK_TIMEOUT = timedelta(seconds=10)  # the Master's (run_sprint sets none)
 UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
 
 
@@ -106,6 +109,11 @@ async def sprint(client: Client, queue: str, root: Path, session: str, overrides
     status_file = (root / DEFAULT_STATUS_FILE).read_bytes()
     histories = await fetch_sprint_histories(client, session)
     resident_histories = [h for h in histories if "/resident-" in h.workflow_id]
+    # Slaves and residents, every run (residents hand over): a killed worker's task is taken over after 5 s, not 10
+    for history in histories:
+        started = history.events[0].workflow_execution_started_event_attributes
+        expected = TEMPORAL_DEFAULT_TASK_TIMEOUT if history.workflow_id == session else CHILD_WORKFLOW_TASK_TIMEOUT
+        assert started.workflow_task_timeout.ToTimedelta() == expected, history.workflow_id
     assert len(resident_histories) == sum(runs.values())  # `bso messages` and the summary read every run
     flow = Counter((m.type, m.recipient) for m in message_flow(histories))
     return report, status_file, residents, runs, flow
