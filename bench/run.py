@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3 --workers 2
 
 For each N, `--repeat` times: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size
-10, P Slaves at once), the baseline workflow running N no-op activities in P lanes, and the skeleton (P
+10 unless `--batch-size` says otherwise, P Slaves at once), the baseline workflow running N no-op activities in P lanes, and the skeleton (P
 workflows, each story an activity then a local activity: the Slave's shape in raw Temporal); once, the
 baseline running them sequentially. The row shown is the repetition with the median ratio (each ratio
 is taken between runs of the same minute: this machine's speed drifts), with the ratios' range. Reports
@@ -203,7 +203,9 @@ class CpuMeter:
         return {k: round(cpu_seconds(p) - self.at[k], 2) for k, p in self.pids.items()}
 
 
-async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuMeter) -> dict[str, Any]:
+async def bench_bso(
+    client: Client, workdir: Path, n: int, lanes: int, cpu: CpuMeter, batch_size: int = 10
+) -> dict[str, Any]:
     root = workdir / f"project-{n}"
     make_project(root, many_stories(n, "review"))
     session = f"bench-{n}-{uuid.uuid4().hex[:6]}"
@@ -212,7 +214,7 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuM
     report = await client.execute_workflow(
         SprintMasterWorkflow.run,
         SprintInput(project_root=str(root), session_id=session,
-                    config_overrides={"batch_size": 10, "max_concurrent_slaves": lanes}),
+                    config_overrides={"batch_size": batch_size, "max_concurrent_slaves": lanes}),
         id=session,
         task_queue=SPRINT_TASK_QUEUE,
     )
@@ -243,6 +245,7 @@ async def bench_bso(client: Client, workdir: Path, n: int, lanes: int, cpu: CpuM
         "n": n,
         "wall_seconds": round(wall, 2),
         "dispatches": dispatches,
+        "batches": len(report.batches),
         "dispatches_per_second": round(dispatches / wall, 2),
         "ready_to_agent_started_ms": _stats(overheads["ready"]),
         "answer_to_state_written_ms": _stats(overheads["written"]),
@@ -312,7 +315,9 @@ async def bench_skeleton(client: Client, n: int, lanes: int, cpu: CpuMeter) -> d
     }
 
 
-async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, workers: int = 1) -> dict[str, Any]:
+async def run(
+    sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, workers: int = 1, batch_size: int = 10
+) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
     # `workers` processes for BSO and as many for the baseline and the skeleton (same SDK defaults).
@@ -339,7 +344,7 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, work
             for r in range(1, repeat + 1):
                 load_before = os.getloadavg()
                 print(f"N={n} ({r}/{repeat}): BSO sprint, baseline, skeleton ...", flush=True)
-                bso = await bench_bso(client, workdir / f"run-{r}", n, lanes, bso_cpu)
+                bso = await bench_bso(client, workdir / f"run-{r}", n, lanes, bso_cpu, batch_size)
                 par = await bench_baseline(client, n, lanes, base_cpu)
                 skeleton = await bench_skeleton(client, n, lanes, base_cpu)
                 runs.append({"bso": bso, "baseline_parallel": par, "skeleton": skeleton,
@@ -365,6 +370,7 @@ async def run(sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, work
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, "
                    f"Python {platform.python_version()}",
         "lanes": lanes,
+        "batch_size": batch_size,
         "workers": workers,
         "repeat": repeat,
         "rows": rows,
@@ -393,8 +399,8 @@ def _span(values: list[float]) -> str:
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Machine: {result['machine']}; {result['when']}; P = {result['lanes']} parallel lanes "
-        "(BSO: batch_size 10, max_concurrent_slaves P; baseline: P lanes of sequential no-op activities; "
-        "skeleton: P workflows, each story an activity then a local activity); "
+        f"(BSO: batch_size {result.get('batch_size', 10)}, max_concurrent_slaves P; "
+        "baseline: P lanes of sequential no-op activities; skeleton: P workflows, each story an activity then a local activity); "
         f"{result.get('workers', 1)} worker process(es) for BSO and as many for the baseline; "
         f"each row the median of {result.get('repeat', 1)} run(s), ranges over the runs.",
         "",
@@ -438,13 +444,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per N (the row shows the median ratio)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes for BSO, and as many for the baseline and the skeleton")
+    parser.add_argument("--batch-size", type=int, default=10,
+                        help="BSO's batch_size (stories per Slave): each batch costs a child workflow and a few "
+                        "workflow tasks of the Master, shared by its stories")
     args = parser.parse_args()
     # The worker processes (BSO's and the baseline's) cache bytecode, as on a default Python install: with
     # PYTHONDONTWRITEBYTECODE set (some CI images and containers do), the workflow sandbox compiles each
     # workflow module from source for every new workflow (a Slave per batch), a cost of the machine's setup.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="bso-bench-") as tmp:
-        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat, args.workers))
+        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat, args.workers, args.batch_size))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))

@@ -14,10 +14,11 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
-    result = await run([12], 2, tmp_path, repeat=2, workers=2)
+    result = await run([12], 2, tmp_path, repeat=2, workers=2, batch_size=5)
     (row,) = result["rows"]
     bso = row["bso"]
     assert bso["dispatches"] == 12  # one review per story, each story done
+    assert bso["batches"] == 3  # 12 stories in batches of 5
     # Every dispatch measured: a batch's first story is ready when the Slave's status load is done.
     assert bso["answer_to_state_written_ms"]["n"] == 12 and bso["ready_to_agent_started_ms"]["n"] == 12
     # The write is done in the worker before its marker reaches history, with the workflow task's end.
@@ -32,6 +33,7 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     assert len(row["ratios"]) == 2 and row["ratio"] in row["ratios"]
     assert row["skeleton_ratio"] == round(bso["dispatches_per_second"] / skeleton["stories_per_second"], 3)
     table = markdown(result)
+    assert "batch_size 5," in table.splitlines()[0]
     header, rule, line = table.splitlines()[2:5]
     assert header.count("|") == rule.count("|") == line.count("|")
     assert "None" not in line
