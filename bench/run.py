@@ -4,8 +4,9 @@
     .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3 --workers 2
 
 For each N, `--repeat` times: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size
-10 unless `--batch-size` says otherwise, P Slaves at once), the baseline workflow running N no-op activities in P lanes, and the skeleton (P
-workflows, each story an activity then a local activity: the Slave's shape in raw Temporal); once, the
+10 unless `--batch-size` says otherwise, P Slaves at once), the baseline workflow running N no-op
+activities in P lanes, and the skeleton (P workflows, each story an activity then a local activity: the
+Slave's shape in raw Temporal); once, the
 baseline running them sequentially. The row shown is the repetition with the median ratio (each ratio
 is taken between runs of the same minute: this machine's speed drifts), with the ratios' range. Reports
 wall time, dispatches per second, BSO's orchestration overhead per dispatch from history timestamps
@@ -400,7 +401,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Machine: {result['machine']}; {result['when']}; P = {result['lanes']} parallel lanes "
         f"(BSO: batch_size {result.get('batch_size', 10)}, max_concurrent_slaves P; "
-        "baseline: P lanes of sequential no-op activities; skeleton: P workflows, each story an activity then a local activity); "
+        "baseline: P lanes of sequential no-op activities; "
+        "skeleton: P workflows, each story an activity then a local activity); "
         f"{result.get('workers', 1)} worker process(es) for BSO and as many for the baseline; "
         f"each row the median of {result.get('repeat', 1)} run(s), ranges over the runs.",
         "",
