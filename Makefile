@@ -24,7 +24,7 @@ help:
 	@echo "make stop    stop the dev server and worker the demo started"
 	@echo "make clean   remove .demo, .run and .temporal (the dev server's SQLite file)"
 	@echo "make bench         BSO vs raw Temporal, N = 50, 200, 1000 (results in bench/results/)"
-	@echo "make crash-trials  long crash/restart trials: 10 worker kills, 3 server kills"
+	@echo "make crash-trials  long crash/restart trials: 10 worker kills, 3 server kills, 4 suspensions"
 	@echo "make long-sprint   the 1,000-story sprint (history sizes, continue-as-new, signals)"
 
 # The stamp is newer than pyproject.toml once the install succeeded, so `make venv` is a no-op when up to date.

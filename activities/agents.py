@@ -2,23 +2,28 @@
 
 It runs the agent through the chosen backend and delivers AGENT_COMPLETE to the Slave: as the
 activity's result when the assignment asks for it (`answer_in_result`, what the Slave does for agents
-that answer in-process), else as a signal. Before delivering it records the answer on disk (`.sprint-session/dispatches/`): an activity retried
-after its agent had answered (a worker killed at the wrong moment) re-delivers that answer instead
-of running the agent again. The Slave ignores the duplicate.
+that answer in-process), else as a signal. Before delivering it records the answer on disk
+(`.sprint-session/dispatches/`): an activity retried after its agent had answered (a worker killed at the
+wrong moment) re-delivers that answer instead of running the agent again. The Slave ignores the duplicate.
+One attempt of a dispatch runs at a time on a host: a retry that starts while an earlier attempt is still
+running (its worker stood still past the heartbeat timeout, as on a closed laptop, and woke) waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.backends import command, external, simulated
-from activities.session_files import dispatch_answer_path, write_json_atomic
+from activities.session_files import dispatch_answer_path, dispatch_lock_path, write_json_atomic
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
 
@@ -33,6 +38,35 @@ BACKENDS: dict[str, Backend] = {
 
 def _answer_path(assignment: TaskAssignment):
     return dispatch_answer_path(assignment.project_root, assignment.dispatch_id)
+
+
+LOCK_POLL_SECONDS = 0.1
+
+
+@contextlib.asynccontextmanager
+async def one_attempt_at_a_time(assignment: TaskAssignment) -> AsyncIterator[None]:
+    """Hold the dispatch's lock file while this attempt runs. A later attempt that finds it held (the server
+    gave up on an attempt whose worker stood still, retried it, and the worker woke with both) heartbeats and
+    waits, then finds the earlier attempt's recorded answer and re-delivers it, instead of doing the agent's
+    work a second time. The kernel releases the lock of a worker that is killed."""
+    fd = os.open(dispatch_lock_path(assignment.project_root, assignment.dispatch_id), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    activity.logger.info(
+                        "dispatch %s: waiting for an earlier attempt still running", assignment.dispatch_id
+                    )
+                    waited = True
+                activity.heartbeat()
+                await asyncio.sleep(LOCK_POLL_SECONDS)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 async def _deliver(assignment: TaskAssignment, complete: AgentComplete) -> bool:
@@ -58,18 +92,21 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
             non_retryable=True,
         )
     answer_file = _answer_path(assignment)
-    if answer_file.exists():
-        recorded = AgentComplete.model_validate(json.loads(answer_file.read_text(encoding="utf-8")))
-        if assignment.answer_in_result:
-            return _in_result(assignment, recorded, replayed_from_ledger=True)
-        delivered = await _deliver(assignment, recorded)
-        return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered, replayed_from_ledger=True)
+    async with one_attempt_at_a_time(assignment):
+        if answer_file.exists():
+            recorded = AgentComplete.model_validate(json.loads(answer_file.read_text(encoding="utf-8")))
+            if assignment.answer_in_result:
+                return _in_result(assignment, recorded, replayed_from_ledger=True)
+            delivered = await _deliver(assignment, recorded)
+            return DispatchReceipt(
+                dispatch_id=assignment.dispatch_id, delivered=delivered, replayed_from_ledger=True
+            )
 
-    complete = await backend(assignment)
-    if complete is None:
-        return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
-    if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
-        await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
+        complete = await backend(assignment)
+        if complete is None:
+            return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
+        if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
+            await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
     if assignment.answer_in_result:
         return _in_result(assignment, complete)
     delivered = await _deliver(assignment, complete)

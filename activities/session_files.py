@@ -44,3 +44,8 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 def dispatch_answer_path(project_root: str, dispatch_id: str) -> Path:
     """Where the agent activity records the AGENT_COMPLETE of one dispatch (re-delivered on a retry)."""
     return session_path(project_root, "dispatches", f"{safe_name(dispatch_id)}.json")
+
+
+def dispatch_lock_path(project_root: str, dispatch_id: str) -> Path:
+    """The lock an attempt of one dispatch holds while it runs (activities.agents.one_attempt_at_a_time)."""
+    return session_path(project_root, "dispatches", f"{safe_name(dispatch_id)}.lock")

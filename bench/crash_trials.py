@@ -1,17 +1,19 @@
-"""Crash and restart trials: a sprint survives `kill -9` of the worker and of the server.
+"""Crash and restart trials: a sprint survives `kill -9` of the worker and of the server, and a closed laptop.
 
-    .venv/bin/python -m bench.crash_trials                      # long form: 10 worker kills, 3 server kills
-    .venv/bin/python -m bench.crash_trials --worker-kills 3 --server-kills 1 --seed 7
+    .venv/bin/python -m bench.crash_trials       # long form: 10 worker kills, 3 server kills, 4 suspensions
+    .venv/bin/python -m bench.crash_trials --worker-kills 3 --server-kills 1 --suspensions 2 --seed 7
 
 One local dev server (SQLite file) and the real worker process (`python -m workers.main`), both owned
 by this script and stopped by pid. A sprint of simulated agents taking ~200 ms each (12 stories, copied
-onto more epics until the kills asked for fit into it: 36 stories for the long form) runs once
+onto more epics until the interruptions asked for fit into it: 36 stories for the long form) runs once
 uninterrupted (the reference), then once with the worker killed (-9) at random moments and restarted,
-then once with the server killed (-9) and restarted on its database file. Each interrupted run must end
-with the reference's story states, report (its deterministic parts) and status-file values, and no
-dispatch may have finished twice in the simulated agents' ledger (answers delivered once are
-re-delivered from `.sprint-session/dispatches/`, never recomputed). The time from each restart to the
-sprint's next story-state transition is measured and printed (median, p95).
+once with the server killed (-9) and restarted on its database file, and once with a closed laptop: the
+worker suspended (SIGSTOP) for 3-8 s, longer than the agents' heartbeat timeout, then continued, every
+other time together with the server. Each interrupted run must end with the reference's story states,
+report (its deterministic parts) and status-file values, and no dispatch may have finished twice in the
+simulated agents' ledger (answers delivered once are re-delivered from `.sprint-session/dispatches/`,
+never recomputed; a retry that finds its predecessor still running waits for it). The time from each
+restart (or resumption) to the sprint's next story-state transition is measured and printed (median, p95).
 """
 
 from __future__ import annotations
@@ -93,15 +95,22 @@ def sprint_simulation(sets: int) -> dict[str, Any]:
     return {**SIMULATION, "stories": scripts}
 
 
-def sets_for(worker_kills: int, server_kills: int) -> int:
-    """How many copies of the 12 stories the sprint needs so that the kills asked for all land in it."""
-    return max(1, math.ceil(max(worker_kills, server_kills) / KILLS_PER_SET))
+def sets_for(worker_kills: int, server_kills: int, suspensions: int = 0) -> int:
+    """How many copies of the 12 stories the sprint needs so that the interruptions asked for all land in it
+    (the sprint stands still while suspended, so a suspension takes no more of it than a kill)."""
+    return max(1, math.ceil(max(worker_kills, server_kills, suspensions) / KILLS_PER_SET))
+
+
+# The trials' interruptions: kill -9 of the worker or of the server (then started again), or a suspension.
+INTERRUPTIONS = {"worker": "kill", "server": "kill", "suspend": "suspension"}
+RESTARTS = {"worker": "restart", "server": "restart", "suspend": "resumption"}
+TRIAL_NAMES = {"worker": "worker kills", "server": "server kills", "suspend": "suspensions"}
 
 
 @dataclass
 class TrialResult:
     kind: str
-    kills_done: int  # fewer than asked when the sprint finished first
+    interruptions_done: int  # fewer than asked when the sprint finished first
     report: dict[str, Any]
     values: dict[str, str]
     ledger: list[dict[str, Any]]
@@ -109,6 +118,7 @@ class TrialResult:
     wall_seconds: float = 0.0
     # WORKFLOW_TASK_TIMED_OUT events: timeout type (see TIMEOUT_MEANINGS) -> workflow type -> count.
     task_timeouts: dict[str, dict[str, int]] = field(default_factory=dict)
+    answers_redelivered: int = 0  # by a retried attempt, from the answer its predecessor recorded
 
     def finished_twice(self) -> list[str]:
         counts = Counter(r["dispatch_id"] for r in self.ledger if r["event"] == "finished")
@@ -177,24 +187,30 @@ async def _next_transition(root: Path, before: dict[str, str], client_of, workfl
     raise TimeoutError(f"no state transition within {limit}s of a restart")
 
 
-# What a workflow task timeout in a trial means: where the killed worker left the task.
+# What a workflow task timeout in a trial means: where the killed (or suspended) worker left the task.
 TIMEOUT_MEANINGS = {
-    "schedule_to_start": f"on the killed worker's sticky queue (after {STICKY_SCHEDULE_TO_START.total_seconds():g} s)",
-    "start_to_close": f"held by the killed worker (after the task timeout: "
+    "schedule_to_start": f"on the lost worker's sticky queue (after {STICKY_SCHEDULE_TO_START.total_seconds():g} s)",
+    "start_to_close": f"held by the lost worker (after the task timeout: "
     f"{CHILD_WORKFLOW_TASK_TIMEOUT.total_seconds():g} s for Slaves and residents, 10 s for the Master)",
 }
 
 
-async def _task_timeouts(client: Client, session: str) -> dict[str, dict[str, int]]:
-    """WORKFLOW_TASK_TIMED_OUT events in the sprint's histories (every run): timeout type -> workflow type -> count."""
+async def _history_facts(client: Client, session: str) -> tuple[dict[str, dict[str, int]], int]:
+    """From the sprint's histories (every run): WORKFLOW_TASK_TIMED_OUT events (timeout type -> workflow type
+    -> count), and the agent answers a retried attempt re-delivered from the record instead of working again."""
     counts: dict[str, Counter[str]] = {}
+    redelivered = 0
     async for wf in client.list_workflows(f'BsoSessionId = "{session}"'):
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         for e in history.events:
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
                 how = TimeoutType.Name(e.workflow_task_timed_out_event_attributes.timeout_type)
                 counts.setdefault(how.removeprefix("TIMEOUT_TYPE_").lower(), Counter())[wf.workflow_type] += 1
-    return {how: dict(sorted(by_type.items())) for how, by_type in sorted(counts.items())}
+            elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                payloads = e.activity_task_completed_event_attributes.result.payloads
+                result = json.loads(payloads[0].data) if payloads else None
+                redelivered += isinstance(result, dict) and result.get("replayed_from_ledger") is True
+    return {how: dict(sorted(by_type.items())) for how, by_type in sorted(counts.items())}, redelivered
 
 
 async def _diagnose(client: Client, session: str, workdir: Path) -> str:
@@ -219,10 +235,11 @@ async def _diagnose(client: Client, session: str, workdir: Path) -> str:
 
 
 async def run_trial(
-    workdir: Path, server: DevServer, client: Client, kind: str, kills: int, rng: random.Random, log=print,
+    workdir: Path, server: DevServer, client: Client, kind: str, interruptions: int, rng: random.Random, log=print,
     sets: int = 1,
 ) -> TrialResult:
-    """One sprint of `sets` copies of the 12 stories on a fresh project; `kind` is none, worker or server."""
+    """One sprint of `sets` copies of the 12 stories on a fresh project; `kind` is none, worker, server or
+    suspend."""
     root = workdir / f"project-{kind}-{uuid.uuid4().hex[:6]}"
     make_project(root, sprint_stories(sets))
     worker = WorkerProcess(server.address, workdir / "worker.log")
@@ -241,10 +258,11 @@ async def run_trial(
             id=session,
             task_queue=SPRINT_TASK_QUEUE,
         )
-        for n in range(kills):
+        for n in range(interruptions):
             await asyncio.sleep(rng.uniform(0.3, 2.0))
+            label = f"{kind} {INTERRUPTIONS[kind]} {n + 1}"
             if await _closed(clients["client"], session):
-                log(f"  {kind} kill {n + 1}: sprint already finished")
+                log(f"  {label}: sprint already finished")
                 break
             before = story_states(root)
             done += 1
@@ -253,21 +271,34 @@ async def run_trial(
                 await asyncio.sleep(rng.uniform(0.0, 0.5))
                 worker.start()
                 restarted = time.monotonic()
-            else:
+            elif kind == "server":
                 server.kill9()
                 await asyncio.sleep(rng.uniform(0.0, 0.5))
                 server.start()
                 restarted = time.monotonic()  # the server's own start-up counts, as the worker's does
                 clients["client"] = await server.wait_ready()
+            else:
+                # A closed laptop: the worker stands still (SIGSTOP) longer than the agents' heartbeat timeout and
+                # the sticky queue's, sometimes longer than a workflow task's; every other time the dev server on
+                # the same laptop stands still with it, else the server (elsewhere) runs on and times them out.
+                with_server = n % 2 == 1
+                held = [worker, server] if with_server else [worker]
+                for proc in held:
+                    proc.suspend()
+                await asyncio.sleep(rng.uniform(3.0, 8.0))
+                for proc in reversed(held):
+                    proc.resume()
+                restarted = time.monotonic()
+                label += " (worker and server)" if with_server else " (worker)"
             try:
                 seconds = await _next_transition(root, before, lambda: clients["client"], session, limit=180)
             except TimeoutError as err:
                 raise TimeoutError(f"{err}\n{await _diagnose(clients['client'], session, workdir)}") from None
             if seconds is not None:  # (counted from the restart, not from when the wait began)
                 recoveries.append(time.monotonic() - restarted)
-                log(f"  {kind} kill {n + 1}: next state transition {recoveries[-1]:.2f}s after the restart")
+                log(f"  {label}: next state transition {recoveries[-1]:.2f}s after the {RESTARTS[kind]}")
             else:
-                log(f"  {kind} kill {n + 1}: sprint finished without a further transition")
+                log(f"  {label}: sprint finished without a further transition")
         client = clients["client"]
         deadline = time.monotonic() + 300
         while not await _closed(client, session):
@@ -275,18 +306,19 @@ async def run_trial(
                 raise TimeoutError(f"sprint {session} did not finish\n{await _diagnose(client, session, workdir)}")
             await asyncio.sleep(0.2)
         report = await client.get_workflow_handle_for(SprintMasterWorkflow.run, session).result()
-        task_timeouts = await _task_timeouts(client, session)
+        task_timeouts, redelivered = await _history_facts(client, session)
     finally:
         worker.stop()
     return TrialResult(
         kind=kind,
-        kills_done=done,
+        interruptions_done=done,
         report=deterministic_report(report),
         values=status_values(root),
         ledger=read_ledger(root),
         recoveries=recoveries,
         wall_seconds=time.monotonic() - began,
         task_timeouts=task_timeouts,
+        answers_redelivered=redelivered,
     )
 
 
@@ -304,11 +336,14 @@ def compare(reference: TrialResult, trial: TrialResult) -> list[str]:
     return problems
 
 
-async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: Path, log=print) -> dict[str, Any]:
+async def run_trials(
+    worker_kills: int, server_kills: int, seed: int, workdir: Path, log=print, suspensions: int = 0
+) -> dict[str, Any]:
     rng = random.Random(seed)
-    sets = sets_for(worker_kills, server_kills)
+    sets = sets_for(worker_kills, server_kills, suspensions)
+    asked = {"worker": worker_kills, "server": server_kills, "suspend": suspensions}
     log(f"seed {seed} (rerun: python -m bench.crash_trials --worker-kills {worker_kills} "
-        f"--server-kills {server_kills} --seed {seed})")
+        f"--server-kills {server_kills} --suspensions {suspensions} --seed {seed})")
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
     try:
@@ -324,6 +359,10 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
         if server_kills:
             log(f"server trial: {server_kills} x kill -9 of the server")
             trials.append(await run_trial(workdir, server, client, "server", server_kills, rng, log, sets))
+        if suspensions:
+            log(f"suspend trial: {suspensions} x a closed laptop (SIGSTOP for 3-8 s, then SIGCONT): the worker, "
+                "every other time with the server")
+            trials.append(await run_trial(workdir, server, client, "suspend", suspensions, rng, log, sets))
     finally:
         server.stop()
     problems = [p for t in trials for p in compare(reference, t)]
@@ -334,14 +373,15 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
         summary["trials"].append(
             {
                 "kind": t.kind,
-                "kills_done": t.kills_done,
-                "kills_asked": worker_kills if t.kind == "worker" else server_kills,
+                "interruptions_done": t.interruptions_done,
+                "interruptions_asked": asked[t.kind],
                 "wall_seconds": round(t.wall_seconds, 2),
                 "interrupted_attempts_rerun": t.reruns(),
                 "recovery_seconds": [round(r, 2) for r in t.recoveries],
                 "recovery_median": round(statistics.median(t.recoveries), 2) if t.recoveries else None,
                 "recovery_p95": round(percentile(t.recoveries, 95), 2) if t.recoveries else None,
                 "workflow_task_timeouts": t.task_timeouts,
+                "answers_redelivered": t.answers_redelivered,
             }
         )
     all_recoveries = [r for t in trials for r in t.recoveries]
@@ -353,16 +393,18 @@ async def run_trials(worker_kills: int, server_kills: int, seed: int, workdir: P
 
 def print_summary(summary: dict[str, Any], log=print) -> None:
     for t in summary["trials"]:
+        finished_first = t["interruptions_done"] < t["interruptions_asked"]
         log(
-            f"{t['kind']:>6} kills: {t['kills_done']} of {t['kills_asked']}"
-            f"{' (the sprint finished first)' if t['kills_done'] < t['kills_asked'] else ''}, wall {t['wall_seconds']}s, interrupted attempts rerun "
-            f"{t['interrupted_attempts_rerun']}, restart -> next transition: median {t['recovery_median']}s, "
-            f"p95 {t['recovery_p95']}s"
+            f"{TRIAL_NAMES[t['kind']]}: {t['interruptions_done']} of {t['interruptions_asked']}"
+            f"{' (the sprint finished first)' if finished_first else ''}, wall {t['wall_seconds']}s, "
+            f"interrupted attempts rerun {t['interrupted_attempts_rerun']}, "
+            f"answers re-delivered from the record {t['answers_redelivered']}, "
+            f"{RESTARTS[t['kind']]} -> next transition: median {t['recovery_median']}s, p95 {t['recovery_p95']}s"
         )
         for how, by_type in t["workflow_task_timeouts"].items():
             caught = ", ".join(f"{n} {wf_type}" for wf_type, n in by_type.items())
             log(f"{'':>6} workflow tasks timed out {TIMEOUT_MEANINGS.get(how, how)}: {caught}")
-    log(f"all restarts: median {summary['recovery_median']}s, p95 {summary['recovery_p95']}s")
+    log(f"all interruptions: median {summary['recovery_median']}s, p95 {summary['recovery_p95']}s")
     log("identical to the uninterrupted run, no finished work redone" if not summary["problems"] else "PROBLEMS:")
     for p in summary["problems"]:
         log("  " + p)
@@ -372,11 +414,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.crash_trials", description=__doc__.splitlines()[0])
     parser.add_argument("--worker-kills", type=int, default=10)
     parser.add_argument("--server-kills", type=int, default=3)
+    parser.add_argument("--suspensions", type=int, default=4,
+                        help="closed-laptop trial: SIGSTOP/SIGCONT of the worker, every other time with the server")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     with tempfile.TemporaryDirectory(prefix="bso-crash-") as tmp:
-        summary = asyncio.run(run_trials(args.worker_kills, args.server_kills, seed, Path(tmp)))
+        summary = asyncio.run(
+            run_trials(args.worker_kills, args.server_kills, seed, Path(tmp), suspensions=args.suspensions)
+        )
     print_summary(summary)
     raise SystemExit(1 if summary["problems"] else 0)
 

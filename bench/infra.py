@@ -36,14 +36,27 @@ def free_port() -> int:
 
 
 def _kill(proc: subprocess.Popen[Any] | None, sig: int) -> None:
-    """Signal a process this module started and wait for it; one that ignores SIGTERM for 30 s gets SIGKILL."""
+    """Signal a process this module started and wait for it; one that ignores SIGTERM for 30 s gets SIGKILL.
+    A suspended process is continued first (a stopped process acts on SIGTERM only once it runs)."""
     if proc is not None and proc.poll() is None:
         os.kill(proc.pid, sig)
+        os.kill(proc.pid, signal.SIGCONT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _suspend(proc: subprocess.Popen[Any] | None) -> None:
+    """SIGSTOP a process this module started: it stands still, as on a closed laptop, until resumed."""
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGSTOP)
+
+
+def _resume(proc: subprocess.Popen[Any] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 class DevServer:
@@ -90,6 +103,12 @@ class DevServer:
     def kill9(self) -> None:
         _kill(self.proc, signal.SIGKILL)
 
+    def suspend(self) -> None:
+        _suspend(self.proc)
+
+    def resume(self) -> None:
+        _resume(self.proc)
+
     def stop(self) -> None:
         _kill(self.proc, signal.SIGTERM)
 
@@ -117,6 +136,12 @@ class WorkerProcess:
 
     def kill9(self) -> None:
         _kill(self.proc, signal.SIGKILL)
+
+    def suspend(self) -> None:
+        _suspend(self.proc)
+
+    def resume(self) -> None:
+        _resume(self.proc)
 
     def stop(self) -> None:
         _kill(self.proc, signal.SIGTERM)

@@ -4,6 +4,8 @@ story updates reach the Master batched, and the message flow still shows every a
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
 from activities.agents import run_agent
-from activities.session_files import dispatch_answer_path, write_json_atomic
+from activities.backends.simulated import LEDGER
+from activities.session_files import SESSION_DIR, dispatch_answer_path, write_json_atomic
 from bso.constants import slave_workflow_id
 from bso.message_flow import message_flow
 from bso.messages import AgentComplete, TaskAssignment
@@ -107,3 +110,24 @@ async def test_a_fresh_answer_is_recorded_then_returned(tmp_path: Path):
     assert answer.dispatch_id == assignment.dispatch_id and not receipt.replayed_from_ledger
     on_disk = json.loads(dispatch_answer_path(str(tmp_path), assignment.dispatch_id).read_text())
     assert AgentComplete.model_validate(on_disk) == answer
+
+
+async def test_a_retry_waits_for_an_earlier_attempt_still_running(tmp_path: Path):
+    """A worker that stood still past the agent's heartbeat timeout (a closed laptop) wakes with its attempt
+    still running and the server's retry of it: the retry waits for the first attempt and returns its
+    recorded answer; the agent works once."""
+    assignment = _assignment(tmp_path, answer_in_result=True).model_copy(update={"simulation": {"duration_ms": 400}})
+    first, retry = ActivityEnvironment(), ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    heartbeats: list[tuple] = []
+    retry.on_heartbeat = lambda *details: heartbeats.append(details)
+    running = asyncio.ensure_future(first.run(run_agent, assignment))
+    await asyncio.sleep(0.1)  # the first attempt is working
+    again = await retry.run(run_agent, assignment)
+    done = await running
+    assert not done.replayed_from_ledger and again.replayed_from_ledger and again.answer == done.answer
+    ledger = (tmp_path / SESSION_DIR / LEDGER).read_text().splitlines()
+    assert [(json.loads(line)["attempt"], json.loads(line)["event"]) for line in ledger] == [
+        (1, "started"), (1, "finished")
+    ]
+    assert heartbeats  # the retry kept its heartbeat while it waited
