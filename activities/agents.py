@@ -6,7 +6,10 @@ that answer in-process), else as a signal. Before delivering it records the answ
 (`.sprint-session/dispatches/`): an activity retried after its agent had answered (a worker killed at the
 wrong moment) re-delivers that answer instead of running the agent again. The Slave ignores the duplicate.
 One attempt of a dispatch runs at a time on a host: a retry that starts while an earlier attempt is still
-running (its worker stood still past the heartbeat timeout, as on a closed laptop, and woke) waits for it.
+running (its worker stood still past the heartbeat timeout, as on a closed laptop, and woke with both) waits
+for it. If the earlier attempt records its answer before its next heartbeat, the retry re-delivers that
+answer; if the heartbeat comes first, the server tells it that it was superseded, it is cancelled, and the
+retry runs the agent again (at-least-once, never two at once).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import fcntl
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -24,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.backends import command, external, simulated
 from activities.session_files import dispatch_answer_path, dispatch_lock_path, write_json_atomic
+from bso.agent_progress import progress_update
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
 
@@ -41,14 +46,29 @@ def _answer_path(assignment: TaskAssignment):
 
 
 LOCK_POLL_SECONDS = 0.1
+WAITING_PHASE = "waiting"  # the heartbeat phase of an attempt waiting for an earlier one
+
+
+def _waiting_update(assignment: TaskAssignment) -> dict:
+    """The heartbeat detail of an attempt waiting for the lock: a PROGRESS_UPDATE like every agent heartbeat."""
+    return progress_update(
+        agent_id=assignment.agent_type.value,
+        task_id=assignment.story_key,
+        at=datetime.now(UTC),
+        percent=0,
+        current_activity="waiting for an earlier attempt still running",
+        dispatch_id=assignment.dispatch_id,
+        phase=WAITING_PHASE,
+    )
 
 
 @contextlib.asynccontextmanager
 async def one_attempt_at_a_time(assignment: TaskAssignment) -> AsyncIterator[None]:
     """Hold the dispatch's lock file while this attempt runs. A later attempt that finds it held (the server
     gave up on an attempt whose worker stood still, retried it, and the worker woke with both) heartbeats and
-    waits, then finds the earlier attempt's recorded answer and re-delivers it, instead of doing the agent's
-    work a second time. The kernel releases the lock of a worker that is killed."""
+    waits. When it gets the lock, the earlier attempt either recorded its answer (re-delivered, the agent's
+    work not done twice) or was cancelled before it could (the agent runs again). The kernel releases the
+    lock of a worker that is killed, and closing the descriptor releases it on cancellation."""
     fd = os.open(dispatch_lock_path(assignment.project_root, assignment.dispatch_id), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         waited = False
@@ -62,7 +82,7 @@ async def one_attempt_at_a_time(assignment: TaskAssignment) -> AsyncIterator[Non
                         "dispatch %s: waiting for an earlier attempt still running", assignment.dispatch_id
                     )
                     waited = True
-                activity.heartbeat()
+                activity.heartbeat(_waiting_update(assignment))
                 await asyncio.sleep(LOCK_POLL_SECONDS)
         yield
     finally:

@@ -9,10 +9,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import ActivityEnvironment
 
-from activities.agents import run_agent
+from activities.agents import WAITING_PHASE, run_agent
 from activities.backends.simulated import LEDGER
 from activities.session_files import SESSION_DIR, dispatch_answer_path, write_json_atomic
 from bso.constants import slave_workflow_id
@@ -123,11 +124,34 @@ async def test_a_retry_waits_for_an_earlier_attempt_still_running(tmp_path: Path
     retry.on_heartbeat = lambda *details: heartbeats.append(details)
     running = asyncio.ensure_future(first.run(run_agent, assignment))
     await asyncio.sleep(0.1)  # the first attempt is working
-    again = await retry.run(run_agent, assignment)
+    again = await asyncio.wait_for(retry.run(run_agent, assignment), 10)
     done = await running
     assert not done.replayed_from_ledger and again.replayed_from_ledger and again.answer == done.answer
-    ledger = (tmp_path / SESSION_DIR / LEDGER).read_text().splitlines()
-    assert [(json.loads(line)["attempt"], json.loads(line)["event"]) for line in ledger] == [
-        (1, "started"), (1, "finished")
-    ]
-    assert heartbeats  # the retry kept its heartbeat while it waited
+    assert _ledger(tmp_path) == [(1, "started"), (1, "finished")]
+    # The retry kept its heartbeat while it waited, each a PROGRESS_UPDATE saying so.
+    assert heartbeats and all(d[0]["phase"] == WAITING_PHASE for d in heartbeats), heartbeats
+    assert all(d[0]["message_type"] == "PROGRESS_UPDATE" for d in heartbeats)
+
+
+async def test_a_cancelled_attempt_lets_the_retry_run_the_agent(tmp_path: Path):
+    """The earlier attempt was told it had been superseded (cancelled) before its agent answered: it lets go of
+    the lock, and the retry, with no answer recorded, runs the agent itself."""
+    assignment = _assignment(tmp_path, answer_in_result=True).model_copy(update={"simulation": {"duration_ms": 3000}})
+    first, retry = ActivityEnvironment(), ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    running = asyncio.ensure_future(first.run(run_agent, assignment))
+    await asyncio.sleep(0.2)  # the first attempt is working
+    waiting = asyncio.ensure_future(retry.run(run_agent, assignment.model_copy(update={"simulation": {}})))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # held back by the first attempt's lock
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    again = await asyncio.wait_for(waiting, 10)
+    assert not again.replayed_from_ledger and again.answer is not None
+    assert _ledger(tmp_path) == [(1, "started"), (2, "started"), (2, "finished")]
+
+
+def _ledger(project_root: Path) -> list[tuple[int, str]]:
+    lines = (project_root / SESSION_DIR / LEDGER).read_text().splitlines()
+    return [(json.loads(line)["attempt"], json.loads(line)["event"]) for line in lines]
