@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -78,6 +78,23 @@ _FROM_RESIDENT = {"resident_ready", "resident_stopped", "plan_result"}
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
 
+def _as_text(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _as_batch_id(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_payload(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {"value": value}
+
+
+# A history holds whatever a sender signalled, including what the workflow refused (a story key of 42): its
+# fields are shown as they came, as text, so one malformed signal never breaks `bso messages` or the summary.
+Text = Annotated[str | None, BeforeValidator(_as_text)]
+
+
 class FlowMessage(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -85,14 +102,14 @@ class FlowMessage(BaseModel):
     workflow_id: str
     event_id: int
     type: str
-    sender: str
-    recipient: str
-    story: str | None = None
-    agent: str | None = None
-    batch_id: int | None = None
-    dispatch_id: str | None = None
+    sender: Annotated[str, BeforeValidator(_as_text)]
+    recipient: Annotated[str, BeforeValidator(_as_text)]
+    story: Text = None
+    agent: Text = None
+    batch_id: Annotated[int | None, BeforeValidator(_as_batch_id)] = None
+    dispatch_id: Text = None
     detail: str = ""
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: Annotated[dict[str, Any], BeforeValidator(_as_payload)] = Field(default_factory=dict)
 
     @property
     def owner(self) -> str:

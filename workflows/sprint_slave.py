@@ -76,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
         MessagePriority,
         RejectedMessage,
         TaskAssignment,
+        describe_validation_error,
         keep_rejected,
         parse_message,
         rejected_invalid,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from temporalio.client import WorkflowHistory
 
 from bso.message_flow import (
     MESSAGE_TYPES,
+    FlowMessage,
     agent_performance,
     export_paths,
     filter_messages,
@@ -100,3 +102,13 @@ def test_agent_performance(flow):
     assert sum(s.dispatches for s in stats.values()) == sum(m.type == "TASK_ASSIGNMENT" for m in flow)
     assert stats["dev-runner"].failures == 1  # 2-2's scripted dev error
     assert sum(s.tokens for s in stats.values()) == flow[-1].payload["tokens_used"]
+
+
+def test_a_refused_signal_s_fields_are_shown_as_they_came():
+    """What a sender signalled reaches history even when the workflow refused it: the flow shows it as text."""
+    message = FlowMessage(
+        time=datetime(2026, 1, 5), workflow_id="s", event_id=7, type="STORY_UPDATE", sender="slave-batch-1",
+        recipient="sprint-master", story=42, agent={"a": 1}, batch_id="one", dispatch_id=True, payload=[1, 2],
+    )
+    assert (message.story, message.agent, message.dispatch_id) == ("42", '{"a": 1}', "true")
+    assert message.batch_id is None and message.payload == {"value": [1, 2]}

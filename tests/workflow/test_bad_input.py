@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
+from activities.session_files import SESSION_DIR
 from bso.constants import slave_workflow_id
+from bso.message_flow import message_flow
 from bso.models import DEFAULT_STATUS_FILE
+from bso.summary import summary_filename
+from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
@@ -168,6 +171,12 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         assert "9-9-not-in-sprint" not in status.stories
         await handle.signal("resume")
         slave = client.get_workflow_handle(slave_id)
+        # Decisions sent straight to the Slave (the Master validates its own first): wrong shapes, no decision due.
+        for bad in ({"story_key": 5}, "nonsense", {"story_key": K1, "decision": "force_pass"}):
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await slave.execute_update(SprintSlaveWorkflow.decide, bad)
+            assert "InvalidDecision" in repr(refused.value.cause), refused.value.cause
+            await slave.signal("decision", bad)
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, story_key="2-2"))  # wrong story
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, summary="x" * 5000))  # too long
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
@@ -177,13 +186,22 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await slave.signal("agent_complete", _complete(review_id, agent, mode))
         report = await handle.result()
     reasons = [r.reason for r in slave_status.rejected_messages]
-    assert reasons[0] == "story_key '2-2' does not match dispatch (1-1-login-form)"
-    assert reasons[1].startswith("validation_failed: summary: String should have at most 2000 characters")
-    assert reasons[2] == "already answered"
+    assert reasons[:3] == [
+        "story_key: Input should be a valid string; decision: Field required",
+        "(root): Input should be a valid dictionary or instance of DecisionRequest",
+        "story '1-1-login-form' is not awaiting a decision (state ready-for-dev)",
+    ], reasons
+    assert reasons[3] == "story_key '2-2' does not match dispatch (1-1-login-form)"
+    assert reasons[4].startswith("validation_failed: summary: String should have at most 2000 characters")
+    assert reasons[5] == "already answered"
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"
     for workflow_id in (handle.id, slave_id):
         assert await workflow_task_failures(client, workflow_id) == 0
+    # The refused signals stay readable in the message flow, and the execution summary is still written.
+    flow = message_flow(await fetch_sprint_histories(client, handle.id))
+    assert any(m.type == "STORY_UPDATE" and m.story == "42" for m in flow)
+    assert (tmp_path / SESSION_DIR / summary_filename(report.session_id)).is_file()
 
 
 @pytest.mark.e2e
