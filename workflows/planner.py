@@ -9,7 +9,6 @@ log and in the answer's `planner` ("fallback").
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 

@@ -150,8 +150,8 @@ def main():
     result = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": f"fake {agent}/{mode}"}
     if agent == "story-creator":
         Path(os.environ["BSO_STORY_FILE"]).write_text(
-            f"# Story 1.1: Hello\n\nStatus: story-doc-review\n\nFile scope: src/**, tests/**\n\n"
-            f"## Acceptance Criteria\n\n1. greet() says hello\n2. tests cover it\n"
+            "# Story 1.1: Hello\n\nStatus: story-doc-review\n\nFile scope: src/**, tests/**\n\n"
+            "## Acceptance Criteria\n\n1. greet() says hello\n2. tests cover it\n"
         )
     elif agent in ("story-reviewer",):
         result["verdict"] = "passed"

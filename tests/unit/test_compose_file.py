@@ -90,7 +90,7 @@ def test_schema_job_sets_up_both_databases(compose: dict[str, Any]) -> None:
     script = _command_text(compose["services"]["temporal-admin-tools"])
     assert "temporal-sql-tool" in script
     for db in ("temporal", "temporal_visibility"):
-        assert f"--db $$db" in script or f"--db {db}" in script
+        assert "--db $$db" in script or f"--db {db}" in script
     assert "temporal_visibility" in script
     for step in ("create", "setup-schema", "update-schema"):
         assert step in script

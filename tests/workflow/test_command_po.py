@@ -130,7 +130,7 @@ async def test_a_report_claiming_fewer_files_is_checked_against_the_real_diff(tm
     # The fix attempt removes the file: the diff since the first attempt began no longer has it.
     fixed = await ActivityEnvironment().run(command.run, impl_assignment(root, 2, fix=decision.fix.model_dump(mode="json")))
     assert fixed.status is AgentStatus.SUCCESS, fixed.error
-    prompt = (command.run_dir_for(str(root), f"s1/batch-1/1-1/1/impl-2") / "prompt.md").read_text()
+    prompt = (command.run_dir_for(str(root), "s1/batch-1/1-1/1/impl-2") / "prompt.md").read_text()
     assert "[unauthorized_file] docs/notes.md was changed without authorization" in prompt
     assert sorted(f["path"] for f in fixed.po_message["files_changed"]) == sorted(PLANNED)
     assert gate_report(fixed, retries_used=1).outcome == "NEXT"
