@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from hypothesis import HealthCheck, settings
 from temporalio.client import Client, OutboundInterceptor, StartWorkflowInput, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -30,6 +31,11 @@ from workers.main import build_workers
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PROJECT = REPO / "examples" / "demo-project"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# Property tests check behaviour, not speed: a busy CI machine can pause any example past hypothesis's
+# 200 ms deadline, which would fail a correct test. Each test still sets its own max_examples.
+settings.register_profile("bso", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("bso")
 
 
 def _binary(name: str) -> str:

@@ -237,7 +237,8 @@ def test_error_paths(cli_env, tmp_path: Path):
 def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     """Its own worker on its own queues: while it is down, watch notes that it waits, then goes on."""
     prefix = f"t-{uuid.uuid4().hex[:6]}-"
-    project, sim = _project(tmp_path, duration_ms=150)
+    # ~25 agents of 400 ms: the sprint outlasts the few seconds the polls below take on a busy machine.
+    project, sim = _project(tmp_path, duration_ms=400)
     sprint_id = f"restart-{uuid.uuid4().hex[:6]}"
 
     def start_worker(n: int) -> subprocess.Popen[bytes]:

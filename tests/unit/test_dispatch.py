@@ -857,7 +857,7 @@ def _drive_from_review(cfg: SprintConfig, reviews: list[list[Severity]], e2e: li
     return p, steps
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     reviews=SEVERITY_LISTS,
     strictness=st.sampled_from(["strict", "normal", "lenient"]),
@@ -883,7 +883,7 @@ def test_review_fix_loop_always_terminates(reviews, strictness, degradation, max
         assert p.error
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     reviews=SEVERITY_LISTS,
     e2e=st.lists(st.booleans(), max_size=5),

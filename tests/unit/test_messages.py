@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -212,13 +212,13 @@ def _check_rejected_or_valid(raw: Any) -> None:
         assert isinstance(message, Envelope)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(st.dictionaries(known_keys | st.text(max_size=8), json_values, max_size=6) | json_values)
 def test_random_input_only_raises_validation_error(raw: Any) -> None:
     _check_rejected_or_valid(raw)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(
     example=st.sampled_from(sorted(ex.ALL)),
     data=st.data(),
@@ -237,7 +237,7 @@ def test_mutated_examples_only_raise_validation_error(example: str, data: st.Dat
     _check_rejected_or_valid(raw)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(st.dictionaries(known_keys | st.text(max_size=8), json_values, max_size=8) | json_values)
 def test_agent_complete_rejections_always_render(raw: Any) -> None:
     """What the Slave's signal handler does with any payload: validate, or render validation_failed."""

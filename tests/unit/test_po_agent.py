@@ -91,7 +91,7 @@ _keys = st.sampled_from(["agent_id", "task_id", "plan", "revision", "summary", "
                          "files_changed", "timestamp", "reason"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     st.sampled_from(["PLAN_SUBMISSION", "COMPLETION_REPORT", "BLOCKED_NOTIFICATION"]),
     st.dictionaries(_keys, _json, max_size=6),

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bso.sprint_status import (
@@ -400,7 +400,7 @@ yamlish = st.text(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(st.one_of(st.text(max_size=200), yamlish, yamlish.map(lambda t: "development_status:\n  " + t)))
 def test_parse_never_raises_anything_else(text: str) -> None:
     try:
@@ -443,7 +443,7 @@ def status_files(draw):
     return "\n".join(lines) + "\n", keys, values
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(status_files(), st.data())
 def test_set_value_then_parse(generated, data) -> None:
     text, keys, values = generated

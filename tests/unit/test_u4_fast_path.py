@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.infra import make_project, many_stories
@@ -147,7 +147,7 @@ def plain_files(draw):
     return "\n".join(lines) + draw(st.sampled_from(["\n", ""])), keys
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(plain_files(), st.data())
 def test_fast_and_yaml_paths_agree_on_plain_files(generated, data):
     text, keys = generated
@@ -160,7 +160,7 @@ def test_fast_and_yaml_paths_agree_on_plain_files(generated, data):
     assert fast == slow
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(plain_files())
 def test_fast_and_yaml_parses_agree_on_plain_files(generated):
     text, _ = generated
@@ -184,7 +184,7 @@ def test_top_level_values_yaml_would_convert_take_the_yaml_path(value: str):
     assert parse_status_text(text, "s.yaml") == _parse_doc(text, "s.yaml")[1]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(plain_files(), st.data())
 def test_a_write_leaves_the_scan_a_fresh_scan_of_its_text_would_give(generated, data):
     """The write derives the new text's scan from the old one's (no rescan of a thousand lines); the

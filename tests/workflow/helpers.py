@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,19 +94,33 @@ async def workflow_task_failures(client: Client, workflow_id: str) -> int:
     return sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)
 
 
+async def poll_until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60.0, interval: float = 0.05) -> Any:
+    """Await `probe` until it returns something truthy, and return that; fail with `what` after `timeout` real
+    seconds. The limit is generous on purpose: a busy CI machine is slow, and a test that falls through a
+    loop that ran out would fail later for a reason that is hard to read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never reached within {timeout:.0f}s: {what}")
+        await asyncio.sleep(interval)
+
+
 async def wait_status(
-    handle: WorkflowHandle, check: Callable[[SprintStatusView], bool], what: str, tries: int = 300
+    handle: WorkflowHandle, check: Callable[[SprintStatusView], bool], what: str, timeout: float = 60.0
 ) -> SprintStatusView:
     """Poll the Master's status query (real time, no time skipping) until `check` holds."""
-    for _ in range(tries):
+
+    async def probe() -> SprintStatusView | None:
         try:
             status = await handle.query(SprintMasterWorkflow.status)
         except Exception:  # not started yet
-            status = None
+            return None
         try:
-            if status is not None and check(status):
-                return status
+            return status if check(status) else None
         except KeyError:  # the plan is not there yet
-            pass
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never reached: {what}")
+            return None
+
+    return await poll_until(probe, what, timeout, interval=0.1)

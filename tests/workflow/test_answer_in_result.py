@@ -71,9 +71,11 @@ async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_p
 
 
 async def test_an_agent_past_its_deadline_is_timed_out_by_the_server(ts_env, tmp_path: Path):
-    make_project(tmp_path, {K1: "review", K2: "review"})
+    # The 2 s limit is per agent type and counts real seconds here: it is K1's dev agent's alone, so K2's
+    # review (on the default limit) cannot miss it on a busy machine.
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
     simulation = {"stories": {"1-1": {"duration_ms": 3_600_000}}}
-    overrides = {"agent_timeout_seconds": {"code_review": 2}}
+    overrides = {"agent_timeout_seconds": {"dev_execution": 2}}
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(
             ts_env.client, queue, sprint_input(tmp_path, simulation=simulation, config_overrides=overrides)

@@ -78,7 +78,8 @@ async def test_e2e_live_resident_drives_a_real_chromium(ts_env, tmp_path: Path, 
         assert dom.status == "success" and "<li>Beans</li>" in dom.result_data["html"]
         shot = await browse(**req(6, "screenshot", screenshot_path="shots/page.png"))
         assert shot.status == "success" and (tmp_path / "shots/page.png").exists()
-        missing = await browse(**req(7, "check_element", selector="#nope", timeout_ms=500))
+        # The timeout covers the page load too: room for a fresh renderer on a busy machine.
+        missing = await browse(**req(7, "check_element", selector="#nope", timeout_ms=5000))
         assert missing.status == "element_not_found"
         slow = await browse(**req(8, "navigate", url="/slow", timeout_ms=500))
         assert slow.status == "timeout"

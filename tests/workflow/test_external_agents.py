@@ -15,6 +15,7 @@ from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
+    poll_until,
     sprint_input,
     start_sprint,
     status_values,
@@ -41,6 +42,10 @@ async def _pending(client: Client, slave_id: str, env, after: str | None = None)
                 return view.dispatch_id, view.agent_in_flight, view.mode_in_flight
         await env.sleep(0.2)
     raise AssertionError("no dispatch became pending")
+
+
+async def _shutdown_requested(slave) -> bool:
+    return (await slave.query(SprintSlaveWorkflow.status)).shutdown_requested
 
 
 def _complete(dispatch_id: str, agent: str, mode: str, **extra) -> dict:
@@ -122,10 +127,7 @@ async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
         await handle.signal("shutdown_request")
         # The Master forwards the shutdown to the Slave; the answer must come while the story is in hand.
         slave = client.get_workflow_handle(slave_id)
-        for _ in range(100):
-            if (await slave.query(SprintSlaveWorkflow.status)).shutdown_requested:
-                break
-            await asyncio.sleep(0.05)
+        await poll_until(lambda: _shutdown_requested(slave), "the Slave hears the shutdown")
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
         report = await handle.result()
     assert report.stories == {K1: "done", "1-2-logout": "review"}

@@ -38,7 +38,8 @@ def started(root: Path) -> list[str]:
 
 async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
-    simulation = {"default": {"duration_ms": 600}}
+    # K1's agents take 3 s so the pause reaches the Slave while its dev agent still runs, however busy the machine.
+    simulation = {"default": {"duration_ms": 600}, "stories": {K1: {"duration_ms": 3000}}}
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, session_id="pause-1", simulation=simulation)
@@ -208,7 +209,8 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
 
 async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
-    simulation = {"default": {"duration_ms": 500}}
+    # K1's agents take 3 s so the shutdown reaches the Slave before K2 is dispatched, however busy the machine.
+    simulation = {"default": {"duration_ms": 500}, "stories": {K1: {"duration_ms": 3000}}}
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, session_id="stop-1", simulation=simulation)

@@ -36,7 +36,7 @@ from bso.scrum_master import PlanRequest
 from bso.temporal_client import fetch_sprint_histories
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input
+from tests.workflow.helpers import make_project, poll_until, run_sprint, sprint_input
 from tests.workflow.resident_host import HostInput, ResidentHost
 from workflows.residents import ResidentWorkflow
 
@@ -232,17 +232,16 @@ async def test_signals_and_updates_sent_around_hand_overs_all_arrive(local_env, 
             id=f"{session}-host",
             task_queue=host_queue,
         )
-        for _ in range(200):  # the residents are up
-            if len((await host.query(ResidentHost.seen)).ready) == len(ROLES):
-                break
-            await asyncio.sleep(0.05)
+        async def seen_when(check) -> bool:
+            return check(await host.query(ResidentHost.seen))
+
+        await poll_until(lambda: seen_when(lambda seen: len(seen.ready) == len(ROLES)), "the residents are up")
         updated = await _flood(local_env.client, session, host.id)
         expected = {"debug": DEBUGS, "plan": PLANS, "research": RESEARCH_SIGNALS}
-        for _ in range(400):  # every answer comes back (by signal, to the host)
-            seen = await host.query(ResidentHost.seen)
-            if {k: len(v) for k, v in seen.answers.items()} == expected:
-                break
-            await asyncio.sleep(0.05)
+        await poll_until(
+            lambda: seen_when(lambda seen: {k: len(v) for k, v in seen.answers.items()} == expected),
+            "every answer comes back (by signal, to the host)",
+        )
         await host.signal(ResidentHost.finish)
         summaries = await host.result()
         seen = await host.query(ResidentHost.seen)

@@ -17,7 +17,7 @@ from bso.constants import SIGNAL_ROSTER_BROADCAST, slave_workflow_id
 from bso.roster import resident_workflow_id
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, wait_status
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -121,11 +121,7 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, session_id="two-phase-1", config_overrides=overrides)
         )
-        for _ in range(300):
-            status = await handle.query(SprintMasterWorkflow.status)
-            if status.phase == "paused" and status.batches_done == 1:
-                break
-            await asyncio.sleep(0.1)
+        await wait_status(handle, lambda s: s.phase == "paused" and s.batches_done == 1, "the checkpoint pause")
         created = await handle.execute_update(
             SprintMasterWorkflow.agent_create_request,
             {"msg_type": "AGENT_CREATE_REQUEST", "agent_type": "dev-runner", "role_hint": "Dev", "requested_by": "ext-slave"},
