@@ -1,0 +1,119 @@
+"""Every signal and update of every BSO workflow, sent malformed payloads while a sprint runs: each is refused
+or ignored, no workflow task fails, and the sprint then completes as if nothing had been sent.
+
+The handlers are read from the workflow classes, so a handler added later is covered without a new test."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from bso.constants import slave_workflow_id
+from bso.roster import RESIDENT_ROLES, resident_workflow_id
+from bso.temporal_client import fetch_sprint_histories
+from tests.conftest import bso_worker
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, wait_status
+from tests.workflow.test_external_agents import _complete, _pending
+from workflows.residents import ResidentWorkflow
+from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
+
+K1 = "1-1-login-form"
+HOSTILE = [
+    None,
+    42,
+    "nonsense",
+    [1, 2, 3],
+    {},
+    {"story_key": 42, "batch_id": "one", "view": "done", "dispatch_id": 7, "agent_type": ["x"]},
+    {"story_key": "../../etc/passwd", "dispatch_id": "x" * 10_000, "msg_type": "AGENT_COMPLETE"},
+    {"a": {"b": {"c": {"d": [None, {"e": 1.5}]}}}},
+]
+# Signals whose name alone is the command (end the sprint, stop a resident): sending them ends things, as asked.
+ENDS_SOMETHING = {"shutdown_request", "stop"}
+UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+
+
+def handler_names(cls: type) -> tuple[list[str], list[str]]:
+    """The signal and update names a workflow class defines (the SDK's own reading of its decorators)."""
+    definition = workflow._Definition.must_from_class(cls)
+    signals = sorted(name for name in definition.signals if name and name not in ENDS_SOMETHING)
+    return signals, sorted(name for name in definition.updates if name)
+
+
+async def flood(handle: WorkflowHandle, cls: type) -> list[str]:
+    """Every hostile payload to every signal and update; the updates' refusals, as text."""
+    signals, updates = handler_names(cls)
+    refusals = []
+    for name in signals:
+        for payload in HOSTILE:
+            await handle.signal(name, payload)
+    for name in updates:
+        for payload in HOSTILE:
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await asyncio.wait_for(handle.execute_update(name, payload), 30)
+            refusals.append(f"{name}: {refused.value.cause}")
+    return refusals
+
+
+async def task_failures(client: Client, sprint_id: str) -> dict[str, list[str]]:
+    """WorkflowTaskFailed events of every workflow of the sprint (a hand-over refused for a signal apart)."""
+    found = {}
+    for history in await fetch_sprint_histories(client, sprint_id):
+        failed = [
+            e.workflow_task_failed_event_attributes.failure.message
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND
+        ]
+        if failed:
+            found[history.workflow_id] = failed
+    return found
+
+
+async def running_residents(client: Client, session: str) -> list[WorkflowHandle]:
+    handles = []
+    for role in RESIDENT_ROLES:
+        handle = client.get_workflow_handle(resident_workflow_id(session, role))
+        try:
+            if (await handle.describe()).status.name == "RUNNING":
+                handles.append(handle)
+        except RPCError:  # a role this sprint does not run
+            continue
+    return handles
+
+
+async def test_every_handler_refuses_or_ignores_malformed_payloads(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    client = ts_env.client
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, agent_backend="external", session_id="hostile"))
+        slave_id = slave_workflow_id("hostile", 1)
+        dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
+        residents = await running_residents(client, "hostile")
+        assert residents, "the sprint runs its residents"
+        slave = client.get_workflow_handle(slave_id)
+
+        refusals = await flood(handle, SprintMasterWorkflow)
+        refusals += await flood(slave, SprintSlaveWorkflow)
+        for resident in residents:
+            refusals += await flood(resident, ResidentWorkflow)
+        assert all(r.split(": ", 1)[1].strip() for r in refusals), refusals  # each refusal says why
+
+        # Malformed pauses still pause (the reason falls back to the default): resume, and answer properly.
+        await handle.signal("resume", {})
+        await slave.signal("resume", {})
+        await wait_status(handle, lambda s: s.phase == "running", "running again")
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
+        review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
+        await slave.signal("agent_complete", _complete(review_id, agent, mode))
+        report = await handle.result()
+    assert report.stories == {K1: "done"}
+    assert status_values(tmp_path)[K1] == "done"
+    assert await task_failures(client, handle.id) == {}
