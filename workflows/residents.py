@@ -29,6 +29,8 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows.inputs import required_input
+
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
         QUERY_STATUS,
@@ -94,11 +96,11 @@ ROSTER_BROADCAST_HOLD = timedelta(seconds=1)
 RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  # simulation: residents_slow_start
 
 
-@workflow.defn
+@workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
 class ResidentWorkflow:
     @workflow.init
-    def __init__(self, inp: ResidentRunInput) -> None:
-        self._input = inp
+    def __init__(self, inp: ResidentRunInput | None = None) -> None:
+        inp = self._input = required_input(inp, ResidentRunInput)
         # What a previous run handed over (continue-as-new), or a fresh start. `_carry` builds it back.
         carried = inp.carried_state or ResidentState()
         self._run = carried.run
@@ -253,7 +255,8 @@ class ResidentWorkflow:
         workflow.logger.warning("%s ignored: %s", message.msg_type, message.reason)
 
     @workflow.run
-    async def run(self, inp: ResidentRunInput) -> ResidentSummary:
+    async def run(self, inp: ResidentRunInput | None = None) -> ResidentSummary:
+        assert inp is not None  # __init__ failed a start without input
         if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
             if inp.fail_start:
                 raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")

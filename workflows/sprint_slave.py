@@ -20,6 +20,8 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows.inputs import required_input
+
     from activities.agents import run_agent
     from activities.git_ops import finish_story_git
     from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
@@ -156,11 +158,11 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
     )
 
 
-@workflow.defn
+@workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
 class SprintSlaveWorkflow:
     @workflow.init
-    def __init__(self, inp: SlaveInput) -> None:
-        self._input = inp
+    def __init__(self, inp: SlaveInput | None = None) -> None:
+        inp = self._input = required_input(inp, SlaveInput)
         self._progress: dict[str, StoryProgress] = {
             s.key: StoryProgress(key=s.key, state=s.state) for s in inp.stories
         }
@@ -349,7 +351,8 @@ class SprintSlaveWorkflow:
     # --- the batch -----------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: SlaveInput) -> SlaveResult:
+    async def run(self, inp: SlaveInput | None = None) -> SlaveResult:
+        assert inp is not None  # __init__ failed a start without input
         errors: list[str] = []
         budget_exhausted = False
         try:

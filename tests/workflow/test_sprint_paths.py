@@ -3,6 +3,8 @@ simulated agents writing into a temporary project."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
@@ -288,14 +290,31 @@ async def test_invalid_input_fails_clearly(ts_env, tmp_path: Path, overrides, si
     assert status_values(tmp_path) == before
 
 
-async def test_wrongly_shaped_workflow_input_fails_without_task_retries(ts_env, tmp_path: Path):
+@pytest.mark.parametrize("workflow_type", ["SprintMasterWorkflow", "SprintSlaveWorkflow", "ResidentWorkflow"])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([{"project_root": 42, "surprise": True}], "validation error"),
+        (["just a string"], "validation error"),
+        ([[1, 2]], "validation error"),
+        ([None], "needs its input"),
+        ([], "needs its input"),  # `temporal workflow start` without --input
+    ],
+    ids=["wrong-types", "string", "list", "null", "no-input"],
+)
+async def test_wrongly_shaped_workflow_input_fails_without_task_retries(
+    ts_env, tmp_path: Path, workflow_type: str, args, expected
+):
+    """Started by hand with a bad input, any BSO workflow fails at once with a clear error, never retrying its task."""
     async with bso_worker(ts_env.client) as queue:
         handle = await ts_env.client.start_workflow(
-            "SprintMasterWorkflow", {"project_root": 42, "surprise": True}, id="bad-input", task_queue=queue
+            workflow_type, args=args, id=f"bad-input-{uuid.uuid4().hex[:6]}", task_queue=queue
         )
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
-    assert "project_root" in str(failure.value.cause)
+            await asyncio.wait_for(handle.result(), 60)
+    assert expected in str(failure.value.cause), failure.value.cause
+    if expected == "needs its input":
+        assert f"{workflow_type} needs its input" in str(failure.value.cause)
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
 
 
