@@ -7,11 +7,24 @@ from collections import defaultdict
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 
 # The server refusing a continue-as-new (or completion) because a signal arrived while the task ran: the task
 # runs again with the signal, which is how Temporal keeps it. Counted apart: it is not a workflow code failure.
 UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
+
+
+def task_failures(history: WorkflowHistory) -> list[str]:
+    """A history's WorkflowTaskFailed events but for the signal races above: `event N: CAUSE: message`."""
+    found = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            attrs = e.workflow_task_failed_event_attributes
+            if attrs.cause != UNHANDLED_COMMAND:
+                found.append(
+                    f"event {e.event_id}: {WorkflowTaskFailedCause.Name(attrs.cause)}: {attrs.failure.message[:300]}"
+                )
+    return found
 
 
 def row_name(workflow_type: str, workflow_id: str) -> str:
@@ -35,16 +48,14 @@ async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, 
         sizes = [e.ByteSize() for e in history.events]
         row = out[row_name(wf.workflow_type, wf.id)]
         row["runs"] += 1
-        for e in history.events:
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-                attrs = e.workflow_task_failed_event_attributes
-                if attrs.cause == UNHANDLED_COMMAND:
-                    row["signal_races"] += 1
-                    continue
-                row["task_failures"] += 1
-                row["task_failure_causes"].append(
-                    f"{wf.id} event {e.event_id}: {WorkflowTaskFailedCause.Name(attrs.cause)}: {attrs.failure.message[:300]}"
-                )
+        failures = task_failures(history)
+        row["task_failures"] += len(failures)
+        row["task_failure_causes"] += [f"{wf.id} {failure}" for failure in failures]
+        row["signal_races"] += sum(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            and e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
+            for e in history.events
+        )
         row["max_event_bytes"] = max(row["max_event_bytes"], max(sizes, default=0))
         if len(sizes) > row["max_events"]:
             row["max_events"] = len(sizes)

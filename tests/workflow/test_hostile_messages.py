@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from temporalio import workflow
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
+from bench.histories import task_failures as history_task_failures
 from bso.constants import slave_workflow_id
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
@@ -37,7 +37,6 @@ HOSTILE = [
 ]
 # Signals whose name alone is the command (end the sprint, stop a resident): sending them ends things, as asked.
 ENDS_SOMETHING = {"shutdown_request", "stop"}
-UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
 
 
 def handler_names(cls: type) -> tuple[list[str], list[str]]:
@@ -64,17 +63,8 @@ async def flood(handle: WorkflowHandle, cls: type) -> list[str]:
 
 async def task_failures(client: Client, sprint_id: str) -> dict[str, list[str]]:
     """WorkflowTaskFailed events of every workflow of the sprint (a hand-over refused for a signal apart)."""
-    found = {}
-    for history in await fetch_sprint_histories(client, sprint_id):
-        failed = [
-            e.workflow_task_failed_event_attributes.failure.message
-            for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-            and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND
-        ]
-        if failed:
-            found[history.workflow_id] = failed
-    return found
+    histories = await fetch_sprint_histories(client, sprint_id)
+    return {h.workflow_id: found for h in histories if (found := history_task_failures(h))}
 
 
 async def running_residents(client: Client, session: str) -> list[WorkflowHandle]:

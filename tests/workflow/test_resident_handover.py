@@ -15,10 +15,10 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from bench.histories import task_failures as history_task_failures
 from bso.constants import (
     CHILD_WORKFLOW_TASK_TIMEOUT,
     SIGNAL_DEBUG_REQUEST,
@@ -58,7 +58,6 @@ SIMULATION = {
 }
 DEBUG_REQUESTS = 4
 TEMPORAL_DEFAULT_TASK_TIMEOUT = timedelta(seconds=10)  # the Master's (run_sprint sets none)
-UNHANDLED_COMMAND = WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
 
 
 def same_but_session(report, plain) -> bool:
@@ -83,11 +82,7 @@ async def task_failures(client: Client, workflow_id: str) -> int:
     failures, run_id = 0, None
     while True:
         history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        failures += sum(
-            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-            and e.workflow_task_failed_event_attributes.cause != UNHANDLED_COMMAND
-            for e in history.events
-        )
+        failures += len(history_task_failures(history))
         run_id = history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
         if not run_id:
             return failures
