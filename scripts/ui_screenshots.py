@@ -77,7 +77,7 @@ def _process(stack: ExitStack, args: list[str], env: dict[str, str], log: Path) 
     return proc
 
 
-def run_sprint(scratch: Path, env: dict[str, str], sprint_id: str) -> None:
+def run_sprint(scratch: Path, env: dict[str, str], sprint_id: str, settings: list[str] = ()) -> None:
     project = scratch / "project"
     shutil.copytree(EXAMPLE_PROJECT, project, ignore=shutil.ignore_patterns(".sprint-session"))
     script = json.loads((EXAMPLE_PROJECT / "simulation.json").read_text())
@@ -87,14 +87,16 @@ def run_sprint(scratch: Path, env: dict[str, str], sprint_id: str) -> None:
     sim = scratch / "simulation.json"
     sim.write_text(json.dumps(script))
     for args in (
-        ["sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id],
+        ["sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id]
+        + [arg for setting in settings for arg in ("--set", setting)],
         ["sprint", "watch", sprint_id, "--interval", "0.5"],
     ):
         subprocess.run([_bso(), *args], env=env, cwd=REPO, check=True, capture_output=True, timeout=300)
 
 
-def screenshot_pages(ui: str, sprint_id: str, out: Path) -> dict[str, Path]:
-    """Open the two pages in headless Chromium; return the screenshots. Raises if a page lacks the id."""
+def screenshot_pages(ui: str, sprint_id: str, out: Path, handed_over: bool = False) -> dict[str, Path]:
+    """Open the two pages in headless Chromium; return the screenshots. Raises if a page lacks the id (or,
+    with `handed_over`, if the list does not show the Master's earlier run as continued as new)."""
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +116,10 @@ def screenshot_pages(ui: str, sprint_id: str, out: Path) -> dict[str, Path]:
                 if name == "ui-workflow-list.png":
                     # The Master and both batches' Slaves carry the sprint's BsoSessionId.
                     page.get_by_text(f"{sprint_id}/batch-2").first.wait_for(state="visible", timeout=60_000)
+                    if handed_over:  # the Master's earlier runs are listed too, by the same search attribute
+                        page.get_by_text("Continued as New", exact=False).first.wait_for(
+                            state="visible", timeout=60_000
+                        )
                 else:
                     page.get_by_text("SprintMasterWorkflow").first.wait_for(state="visible", timeout=60_000)
                 page.wait_for_timeout(1500)  # let the UI settle (spinners, fonts)
@@ -125,8 +131,9 @@ def screenshot_pages(ui: str, sprint_id: str, out: Path) -> dict[str, Path]:
     return shots
 
 
-def capture(out: Path, sprint_id: str | None = None) -> dict[str, Path]:
-    """Start a dev server with the UI and a worker, run a sprint, screenshot its pages."""
+def capture(out: Path, sprint_id: str | None = None, settings: list[str] = ()) -> dict[str, Path]:
+    """Start a dev server with the UI and a worker, run a sprint (`settings`: `--set` overrides), screenshot
+    its pages. With `continue_as_new_after_events` among the settings, the list must show a hand-over."""
     sprint_id = sprint_id or f"ui-sprint-{int(time.time())}"
     port, ui_port = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -139,8 +146,9 @@ def capture(out: Path, sprint_id: str | None = None) -> dict[str, Path]:
         ui = f"http://127.0.0.1:{ui_port}"
         _wait_http(ui)
         _process(stack, [_bso(), "worker"], env, scratch / "worker.log")
-        run_sprint(scratch, env, sprint_id)
-        return screenshot_pages(ui, sprint_id, out)
+        run_sprint(scratch, env, sprint_id, settings)
+        handed_over = any(setting.startswith("continue_as_new_after_events=") for setting in settings)
+        return screenshot_pages(ui, sprint_id, out, handed_over)
 
 
 def main() -> int:

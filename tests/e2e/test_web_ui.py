@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 
-def test_ui_lists_and_shows_the_sprint(tmp_path: Path):
+def test_ui_lists_and_shows_the_sprint_across_continue_as_new(tmp_path: Path):
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import ui_screenshots
@@ -30,7 +30,10 @@ def test_ui_lists_and_shows_the_sprint(tmp_path: Path):
     sprint_id = f"ui-{uuid.uuid4().hex[:6]}"
     # capture() waits for the sprint id (and batch-2's Slave, and the workflow type) on each page and
     # raises if they do not appear.
-    shots = ui_screenshots.capture(tmp_path, sprint_id)
+    # One story a batch and a low hand-over line: the Master continues as new between batches, and the
+    # list (by BsoSessionId) and the detail page (the workflow id's latest run) still show the sprint.
+    settings = ["batch_size=1", "continue_as_new_after_events=100"]
+    shots = ui_screenshots.capture(tmp_path, sprint_id, settings)
     assert set(shots) == {"ui-workflow-list.png", "ui-sprint-detail.png"}
     for path in shots.values():
         assert path.stat().st_size > 10_000  # a rendered page, not a blank one
