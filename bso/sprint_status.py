@@ -953,6 +953,17 @@ def is_inside(root: str, path: str) -> bool:
     return p == r or p.startswith(r + "/")
 
 
+def project_root_error(project_root: str) -> str | None:
+    """Why a sprint's project_root cannot be used, or None. It must be absolute: a relative one would be
+    resolved against each worker's own working directory, so a worker restarted elsewhere (or a second
+    worker) would read and write another project, or none."""
+    if "\x00" in project_root:
+        return f"project_root {project_root!r} contains a NUL byte"
+    if not posixpath.isabs(project_root):
+        return f"project_root {project_root!r} is relative: give the absolute path the workers see the project at"
+    return None
+
+
 def resolve_inside(project_root: str, relative: str) -> str:
     """Join a relative path onto project_root; reject absolute paths and `..` escapes (ValueError)."""
     if not relative or "\x00" in relative:

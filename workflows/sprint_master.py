@@ -78,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.delivery import sprint_message_errors
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
-    from bso.sprint_status import resolve_story_keys
+    from bso.sprint_status import project_root_error, resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -526,6 +526,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._set_phase(SprintPhase.PAUSED if s.paused_reason is not None else SprintPhase.RUNNING)
 
     def _validate(self, inp: SprintInput) -> SprintConfig:
+        if (error := project_root_error(inp.project_root)) is not None:
+            raise _invalid_input(error)
         try:
             config = resolve_config(inp.config_overrides)
         except ConfigError as err:

@@ -25,6 +25,7 @@ from bso.sprint_status import (
     parse_status_text,
     parse_story_file,
     render_story_file,
+    project_root_error,
     resolve_inside,
     resolve_story_keys,
     resolve_story_location,
@@ -368,6 +369,14 @@ def test_resolve_story_keys() -> None:
 
 
 # --- paths ---------------------------------------------------------------------------------------
+
+
+def test_project_root_must_be_absolute() -> None:
+    assert project_root_error("/home/me/shelfwise") is None
+    assert "is relative" in project_root_error("examples/demo-project")
+    assert "is relative" in project_root_error("./shelfwise")
+    assert "is relative" in project_root_error("~/shelfwise")  # no shell here to expand it
+    assert "NUL" in project_root_error("/p\x00/x")
 
 
 def test_resolve_inside() -> None:

@@ -125,6 +125,16 @@ async def test_missing_project_root(ts_env, tmp_path: Path):
         await _fails_with(ts_env.client, queue, sprint_input(tmp_path / "gone"), "project root does not exist")
 
 
+async def test_relative_project_root(ts_env, tmp_path: Path, monkeypatch):
+    """Refused even where it would resolve (the worker's working directory is the project's parent here)."""
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    monkeypatch.chdir(tmp_path.parent)
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, sprint_input(Path(tmp_path.name)), "is relative")
+    assert status_values(tmp_path) == before
+
+
 @pytest.mark.parametrize("keys", [["../1-1"], ["/etc/passwd"], ["9-9"]])
 async def test_bad_story_key_selection(ts_env, tmp_path: Path, keys):
     make_project(tmp_path, {K1: "review"})
