@@ -526,7 +526,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._set_phase(SprintPhase.PAUSED if s.paused_reason is not None else SprintPhase.RUNNING)
 
     def _validate(self, inp: SprintInput) -> SprintConfig:
-        if (error := project_root_error(inp.project_root)) is not None:
+        # Patched: a sprint started with a relative root before this check replays as it ran.
+        if (error := project_root_error(inp.project_root)) is not None and workflow.patched("master-root-absolute"):
             raise _invalid_input(error)
         try:
             config = resolve_config(inp.config_overrides)
