@@ -16,6 +16,9 @@ SIGNAL_STORY_UPDATES = "story_updates"  # Slave -> Master: several story_update 
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"
+# A workflow refused its start input (workflows/inputs.py): it failed in its init, with no state to query.
+FAILURE_MISSING_INPUT = "MissingWorkflowInput"
+FAILURE_INVALID_INPUT = "InvalidWorkflowInput"
 # Residents and the roster (workflows/residents.py).
 SIGNAL_RESIDENT_READY = "resident_ready"  # resident -> Master, once up
 SIGNAL_ROSTER_BROADCAST = "roster_broadcast"  # Master -> each resident: AGENT_ROSTER_BROADCAST

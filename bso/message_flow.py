@@ -196,13 +196,18 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 scope.append(f"epic {inp['epic']}")
             if inp.get("story_keys"):
                 scope.append("stories " + ", ".join(inp["story_keys"]))
+            detail = (
+                f"{inp['project_root']} ({', '.join(scope) or 'all open stories'}; "
+                f"backend {inp.get('agent_backend', 'simulated')})"
+                if isinstance(inp.get("project_root"), str) and inp["project_root"]
+                else "started without a usable input (no project_root): the sprint failed at its start"
+            )
             add(
                 event,
                 type="SPRINT_START",
                 sender=OPERATOR,
                 recipient=MASTER,
-                detail=f"{inp.get('project_root', '')} ({', '.join(scope) or 'all open stories'}; "
-                f"backend {inp.get('agent_backend', 'simulated')})",
+                detail=detail,
                 payload={k: v for k, v in inp.items() if k not in ("simulation", "carried_state")},
             )
         elif et == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES and not planned:

@@ -29,7 +29,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.inputs import required_input
+    from workflows.inputs import RawInput, required_input
 
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
@@ -99,7 +99,7 @@ RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  #
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
 class ResidentWorkflow:
     @workflow.init
-    def __init__(self, inp: ResidentRunInput | None = None) -> None:
+    def __init__(self, inp: ResidentRunInput | RawInput | None = None) -> None:
         inp = self._input = required_input(inp, ResidentRunInput)
         # What a previous run handed over (continue-as-new), or a fresh start. `_carry` builds it back.
         carried = inp.carried_state or ResidentState()
@@ -255,8 +255,8 @@ class ResidentWorkflow:
         workflow.logger.warning("%s ignored: %s", message.msg_type, message.reason)
 
     @workflow.run
-    async def run(self, inp: ResidentRunInput | None = None) -> ResidentSummary:
-        assert inp is not None  # __init__ failed a start without input
+    async def run(self, inp: ResidentRunInput | RawInput | None = None) -> ResidentSummary:
+        inp = self._input  # as __init__ validated it
         if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
             if inp.fail_start:
                 raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")

@@ -21,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.inputs import required_input
+    from workflows.inputs import RawInput, required_input
 
     from activities.improvements import add_improvement_stories, propose_improvements
     from activities.status_file import load_sprint_status, write_story_status
@@ -95,8 +95,8 @@ def _invalid_input(message: str) -> ApplicationError:
 @workflow.defn(failure_exception_types=[ValidationError])
 class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     @workflow.init
-    def __init__(self, inp: SprintInput | None = None) -> None:
-        inp = required_input(inp, SprintInput)
+    def __init__(self, inp: SprintInput | RawInput | None = None) -> None:
+        inp = self._input = required_input(inp, SprintInput)
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
@@ -344,8 +344,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     # --- the sprint ----------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: SprintInput | None = None) -> SprintReport:
-        assert inp is not None  # __init__ failed a start without input
+    async def run(self, inp: SprintInput | RawInput | None = None) -> SprintReport:
+        inp = self._input  # as __init__ validated it
         if inp.carried_state is None:
             stories = await self._start(inp)  # validates the input (the simulation script too)
             simulation = SimulationScript.model_validate(inp.simulation)

@@ -20,7 +20,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows.inputs import required_input
+    from workflows.inputs import RawInput, required_input
 
     from activities.agents import run_agent
     from activities.git_ops import finish_story_git
@@ -161,7 +161,7 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
 class SprintSlaveWorkflow:
     @workflow.init
-    def __init__(self, inp: SlaveInput | None = None) -> None:
+    def __init__(self, inp: SlaveInput | RawInput | None = None) -> None:
         inp = self._input = required_input(inp, SlaveInput)
         self._progress: dict[str, StoryProgress] = {
             s.key: StoryProgress(key=s.key, state=s.state) for s in inp.stories
@@ -351,8 +351,8 @@ class SprintSlaveWorkflow:
     # --- the batch -----------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, inp: SlaveInput | None = None) -> SlaveResult:
-        assert inp is not None  # __init__ failed a start without input
+    async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
+        inp = self._input  # as __init__ validated it
         errors: list[str] = []
         budget_exhausted = False
         try:
