@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from bso.config import SprintConfig
 from bso.improvements import ImprovementRecord
@@ -29,6 +29,10 @@ class _Model(BaseModel):
 
 # --- the sprint's input -------------------------------------------------------------------------
 
+# `null` for an object field means "none given", as it does for every other optional field of the input
+# (a hand-written `temporal workflow start --input` spells the defaults out as nulls).
+_NullAsEmpty = BeforeValidator(lambda value: {} if value is None else value)
+
 
 class SprintInput(_Model):
     """SprintMasterWorkflow's one input (JSON from the temporal CLI or `bso`)."""
@@ -39,8 +43,8 @@ class SprintInput(_Model):
     epic: int | str | None = None
     story_keys: list[str] | None = None
     agent_backend: str = "simulated"
-    config_overrides: dict[str, Any] = Field(default_factory=dict)
-    simulation: dict[str, Any] = Field(default_factory=dict)
+    config_overrides: Annotated[dict[str, Any], _NullAsEmpty] = Field(default_factory=dict)
+    simulation: Annotated[dict[str, Any], _NullAsEmpty] = Field(default_factory=dict)
     # Internal: the state a Master carries across continue-as-new. Never set it by hand.
     carried_state: MasterState | None = None
 

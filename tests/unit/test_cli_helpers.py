@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bench.infra import DevServer
 from bso.dev_server import dynamic_config_args
@@ -45,6 +46,16 @@ def test_temporal_start_command_round_trips_the_input():
     remote = shlex.split(temporal_start_command(inp, "s-1", "bso-sprint", "temporal.example:7233", "team"))
     assert remote[remote.index("--address") + 1] == "temporal.example:7233"
     assert remote[remote.index("--namespace") + 1] == "team"
+
+
+def test_a_hand_written_input_may_spell_every_default_as_null():
+    inp = SprintInput.model_validate_json(
+        '{"project_root": "/p", "status_file": null, "session_id": null, "epic": null, "story_keys": null,'
+        ' "config_overrides": null, "simulation": null}'
+    )
+    assert inp.config_overrides == {} and inp.simulation == {} and inp == SprintInput(project_root="/p")
+    with pytest.raises(ValidationError, match="simulation"):
+        SprintInput.model_validate({"project_root": "/p", "simulation": ["not", "an", "object"]})
 
 
 def test_ui_link(monkeypatch):
