@@ -48,6 +48,8 @@ from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
     AGENTS_TASK_QUEUE,
+    FAILURE_INVALID_INPUT,
+    FAILURE_MISSING_INPUT,
     QUERY_STATUS,
     SA_PHASE,
     SA_SESSION_ID,
@@ -270,13 +272,31 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
     )
 
 
+def _failure_message(error: WorkflowFailureError) -> str:
+    cause = error.cause
+    message = getattr(cause, "message", None) or str(cause or error)
+    return " ".join(message.split())  # one line, as every error of the CLI
+
+
 async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
     try:
         return await handle.result()
     except WorkflowFailureError as e:
-        cause = e.cause
-        message = getattr(cause, "message", None) or str(cause or e)
-        raise BsoError(f"sprint {handle.id} did not complete: {message}") from None
+        raise BsoError(f"sprint {handle.id} did not complete: {_failure_message(e)}") from None
+
+
+async def _closed_reason(
+    handle: WorkflowHandle[Any, Any], desc: WorkflowExecutionDescription
+) -> tuple[str | None, str | None]:
+    """Why a sprint that ended without its report ended (failed, terminated, canceled, timed out), and the
+    failure's type when it has one."""
+    if desc.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED, None):
+        return None, None
+    try:
+        await handle.result(follow_runs=False)
+    except WorkflowFailureError as e:
+        return _failure_message(e), getattr(e.cause, "type", None)
+    return None, None
 
 
 # --- histories ----------------------------------------------------------------------------------
@@ -610,14 +630,22 @@ def sprint_status(
     async def go() -> None:
         client = await _client()
         handle, desc = await _describe(client, sprint_id)
-        view, note = await _query_status(handle)
+        reason, failure_type = await _closed_reason(handle, desc)
+        refused_input = failure_type in (FAILURE_MISSING_INPUT, FAILURE_INVALID_INPUT)  # no state: nothing to ask
+        view, note = (None, None) if refused_input else await _query_status(handle)
+        if reason is not None and (view is None or not view.stories):
+            # Failed at its start (no input, a wrong one, no status file): the failure is all there is to say.
+            view = None
         if view is None and desc.status == WorkflowExecutionStatus.COMPLETED:
             view, note = _view_from_report(await _result(handle)), None
         if view is None:
-            raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}; {note}")
+            raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
+        if reason is not None:
+            note = f"{_status_name(desc.status)}: {reason}"
         if as_json:
             data = view.model_dump(mode="json")
             data["execution_status"] = _status_name(desc.status)
+            data["failure"] = reason
             out.print(json.dumps(data, indent=2), markup=False)
             return
         out.print(_progress(view, note, _status_name(desc.status)))

@@ -234,6 +234,29 @@ def test_error_paths(cli_env, tmp_path: Path):
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
 
 
+def test_status_of_a_sprint_that_failed_at_its_start(cli_env, tmp_path: Path):
+    """Started by hand with the temporal CLI and a bad input, the sprint fails at once: `bso sprint status`
+    says why in one line (not a query error, not an empty table), and watch ends with the same reason."""
+    temporal = str(Path(sys.executable).parent / "temporal")
+    starts = {
+        "no input": ([], "needs its input, a SprintInput JSON object"),
+        "relative root": (["--input", '{"project_root": "shelfwise"}'], "is relative: give the absolute path"),
+        "wrong type": (["--input", '{"project_root": "/tmp", "simulation": [1]}'], "simulation: Input should be a"),
+    }
+    for what, (extra, expected) in starts.items():
+        sprint_id = f"bad-start-{uuid.uuid4().hex[:6]}"
+        command = [temporal, "workflow", "start", "--address", cli_env["address"], "--type", "SprintMasterWorkflow"]
+        command += ["--task-queue", "bso-sprint", "--workflow-id", sprint_id, *extra]
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        line = _wait_for(
+            lambda: "is failed" in (r := bso(cli_env, "sprint", "status", sprint_id)).stderr and r.stderr, "the failure"
+        )
+        assert line.strip() == line.strip().splitlines()[0], line
+        assert f"sprint {sprint_id} is failed: " in line and expected in line, (what, line)
+        watched = _one_line_error(bso(cli_env, "sprint", "watch", sprint_id))
+        assert "did not complete" in watched and expected in watched, (what, watched)
+
+
 def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     """Its own worker on its own queues: while it is down, watch notes that it waits, then goes on."""
     prefix = f"t-{uuid.uuid4().hex[:6]}-"
