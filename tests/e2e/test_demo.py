@@ -1,0 +1,76 @@
+"""`make demo`, the README's first command, run as a user runs it (scripts/demo.py on its own free ports,
+its .run/.demo/.temporal in a scratch directory): it starts the dev server and a worker, runs the example
+sprint through the temporal CLI, prints the report and the status file's changed lines, and stops its
+worker; the server it leaves running is stopped here by the pid the demo recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_make_demo_runs_the_example_sprint(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "BSO_"))}
+    port, ui_port = _free_port(), _free_port()
+    env.update(BSO_DEMO_HOME=str(tmp_path), BSO_DEMO_PORT=str(port), BSO_DEMO_UI_PORT=str(ui_port))
+    server_pid_file = tmp_path / ".run" / "server.pid"
+    try:
+        demo = subprocess.run(
+            [sys.executable, "scripts/demo.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+        )
+    finally:
+        if server_pid_file.exists():
+            server_pid = int(server_pid_file.read_text())
+            if _alive(server_pid):
+                _stop(server_pid)
+    out = demo.stdout
+    assert demo.returncode == 0, out[-3000:] + demo.stderr[-3000:]
+    assert "starting the Temporal dev server" in out and f"--port {port}" in out
+    assert "temporal workflow start" in out and "--type SprintMasterWorkflow" in out
+    # The example's scripted outcome: an improve cycle, two review-fix rounds, one dev failure.
+    assert "sprint-partial" in out
+    assert "2-2-expiry-reminder-emails" in out and "needs-intervention" in out
+    assert "+  1-2-pantry-item-model-and-storage: done" in out
+    assert "2 of 2 batches done" in out
+    assert "the demo's worker is stopped: run `make worker`" in out
+    assert f"http://localhost:{ui_port}/namespaces/default/workflows/demo-" in out
+    # Its worker is stopped and its pid file gone; the scratch project is under the demo's home.
+    assert not (tmp_path / ".run" / "worker.pid").exists()
+    (project,) = (tmp_path / ".demo").iterdir()
+    status = (project / "_bmad-output/implementation-artifacts/sprint-status.yaml").read_text()
+    assert "2-2-expiry-reminder-emails: needs-intervention" in status
+    assert (tmp_path / ".temporal" / "bso-dev.db").exists()
