@@ -516,7 +516,7 @@ def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
     epic: Annotated[str | None, typer.Option(help="only this epic's stories (N or epic-N)")] = None,
     story: Annotated[list[str] | None, typer.Option(help="only these stories (full or short key); repeatable")] = None,
-    backend: Annotated[str, typer.Option(help="agent backend: simulated or external")] = "simulated",
+    backend: Annotated[str, typer.Option(help="agent backend: simulated, external or command")] = "simulated",
     set_: Annotated[list[str] | None, typer.Option("--set", help="config knob override key=value; repeatable")] = None,
     simulation: Annotated[Path | None, typer.Option(help="simulation script (JSON) for the simulated agents")] = None,
     status_file: Annotated[str | None, typer.Option(help="sprint-status.yaml, relative to the project")] = None,
@@ -736,7 +736,7 @@ def sprint_pause(
     sprint_id: Annotated[str, typer.Argument()],
     reason: Annotated[str, typer.Option(help="shown in status and the Web UI")] = "paused by operator",
 ) -> None:
-    """No new batch starts; batches in flight finish their stories (signal `pause`)."""
+    """No new batch starts and no running batch dispatches a new agent; agents in flight finish (signal `pause`)."""
     _operator_action(sprint_id, lambda h: h.signal(SIGNAL_PAUSE, reason), f"pause requested for sprint {sprint_id}")
 
 

@@ -48,6 +48,9 @@ SIGNAL_DEPENDENCY_UPDATE = "dependency_update"
 # histories stay short (a Slave runs one batch; a resident hands over), so even a full replay is far under it.
 # The Master keeps the default: its history grows with the sprint until it continues as new.
 CHILD_WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
+# How long a cancelled Master waits for its batches to end cancelled before it stops the residents and closes
+# (a batch still running then is terminated with the Master, its children's default parent-close policy).
+SLAVE_CANCEL_WAIT = timedelta(seconds=30)
 
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

@@ -127,6 +127,7 @@ class SprintPhase(StrEnum):
     PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELED = "canceled"  # cancelled by the operator: its batches cancelled, its residents stopped
 
 
 class AgentBackend(StrEnum):

@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_SHUTDOWN,
         SIGNAL_STORY_UPDATE,
         SIGNAL_STORY_UPDATES,
+        SLAVE_CANCEL_WAIT,
         UPDATE_DECIDE,
         slave_workflow_id,
     )
@@ -345,7 +346,31 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     @workflow.run
     async def run(self, inp: SprintInput | RawInput | None = None) -> SprintReport:
-        inp = self._input  # as __init__ validated it
+        try:
+            return await self._sprint(self._input)  # the input as __init__ validated it
+        except asyncio.CancelledError:
+            if workflow.patched("master-cancel-winds-down"):
+                await self._wind_down_cancelled()
+            raise
+
+    async def _wind_down_cancelled(self) -> None:
+        """The sprint was cancelled (`bso sprint cancel`, `temporal workflow cancel`): its running batches are
+        cancelled with it (their agents in flight too), rather than terminated when the Master closes, and
+        its residents are stopped (they outlive the Master by design, see workflows/residents.py).
+        The status file keeps each story's last state."""
+        for slave_id in sorted(self._running_batches.values()):
+            try:
+                await workflow.get_external_workflow_handle(slave_id).cancel()
+            except Exception as err:  # noqa: BLE001 - ended meanwhile: nothing to cancel
+                workflow.logger.warning("cancelling %s: %s", slave_id, err)
+        try:
+            await workflow.wait_condition(lambda: not self._running_batches, timeout=SLAVE_CANCEL_WAIT)
+        except asyncio.TimeoutError:
+            workflow.logger.warning("batches still running after the cancel: %s", sorted(self._running_batches))
+        await self._stop_residents()
+        self._set_phase(SprintPhase.CANCELED)
+
+    async def _sprint(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:
             stories = await self._start(inp)  # validates the input (the simulation script too)
             simulation = SimulationScript.model_validate(inp.simulation)

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import CancelledError
 
 from bso.constants import slave_workflow_id
 from bso.models import SprintStatusView
+from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values, wait_status
@@ -223,3 +225,28 @@ async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: P
     assert status_values(tmp_path)[K1] == "done"
     assert status_values(tmp_path)[K2] == "ready-for-dev"
     assert len(started(tmp_path)) == 2  # dev and code review of the story in hand, nothing else
+
+
+async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_path: Path):
+    """A cancelled sprint leaves nothing of it running: its batch ends cancelled (not terminated by the Master's
+    close) and its residents, which outlive the Master by design, are stopped; the status query says canceled."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"default": {"duration_ms": 500}, "stories": {K1: {"duration_ms": 3000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-1", simulation=simulation)
+        )
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert isinstance(failure.value.cause, CancelledError)
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.phase is SprintPhase.CANCELED
+        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1)).describe()
+        assert slave.status is WorkflowExecutionStatus.CANCELED
+        assert status.roster.residents == [] and len(status.unavailable_residents) == 0
+        for role in ("scrum-master", "knowledge-researcher", "debugger"):  # the default resident slots
+            resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
+            assert resident.status is WorkflowExecutionStatus.COMPLETED, (role, resident.status)
+    assert status_values(tmp_path)[K2] == "ready-for-dev"  # nothing started after the cancel
