@@ -174,13 +174,18 @@ def _target() -> tuple[dict[str, Any], str, str]:
 
 async def _client() -> Client:
     from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.runtime import Runtime, TelemetryConfig
 
     config, target, namespace = _target()
     config = dict(config)
     config.pop("target_host")
+    # No SDK core log lines: its retry warnings (coloured text on stdout) would run through `watch`'s view
+    # while the server is away; the CLI says what goes wrong itself, in its own words, on stderr.
+    quiet = Runtime(telemetry=TelemetryConfig(logging=None))
     try:
         return await asyncio.wait_for(
-            Client.connect(target, data_converter=pydantic_data_converter, **config), CONNECT_TIMEOUT_SECONDS
+            Client.connect(target, data_converter=pydantic_data_converter, runtime=quiet, **config),
+            CONNECT_TIMEOUT_SECONDS,
         )
     except (RuntimeError, TimeoutError, OSError) as e:
         reason = str(e).split("(", 1)[0].strip() or type(e).__name__
@@ -239,8 +244,11 @@ async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusV
     except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as e:
         return None, f"status query failed: {e}"
     except RPCError as e:
-        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED):
-            return None, "no worker answered the status query: waiting (start one with `bso worker`)"
+        # The server says it one way or the other: the query timed out, or it saw no poller on the queue lately.
+        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED) or (
+            "no poller seen" in e.message
+        ):
+            return None, f"no worker answered the status query (start one with `bso worker`; {e.message or e.status})"
         if e.status == RPCStatusCode.NOT_FOUND:
             return None, "workflow not found (continuing as new?): waiting"
         return None, f"status query: {e.message}"

@@ -30,7 +30,7 @@ from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
-from workers.telemetry import TelemetryInterceptor, configure_logging, runtime_with_prometheus
+from workers.telemetry import TelemetryInterceptor, configure_logging, worker_runtime
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -114,7 +114,7 @@ async def run(
 ) -> None:
     """Serve `queues` until SIGINT/SIGTERM; Prometheus metrics on `metrics_address` (host:port) if given."""
     configure_logging()
-    runtime = runtime_with_prometheus(metrics_address) if metrics_address else None
+    runtime = worker_runtime(metrics_address)
     client = await _connect_patiently(runtime)
     if metrics_address:
         log.info("Prometheus metrics on http://%s/metrics", metrics_address)

@@ -13,19 +13,28 @@
     bso_tokens_used                                  tokens reported by the agents of finished batches
     bso_sprints_finished{status}                     sprints at their end
   Workflow metrics use `workflow.metric_meter()`, which records nothing during replay.
-- `runtime_with_prometheus(address)`: the SDK Runtime with a Prometheus endpoint (created before the client).
+- `worker_runtime(address)`: the SDK Runtime of a worker process: the SDK core's own log records (Rust) go
+  through the same JSON lines instead of coloured text on stdout, and, with an address, a Prometheus endpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
 import structlog
 from temporalio import activity, workflow
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -73,12 +82,28 @@ def configure_logging(level: int | str = logging.INFO) -> None:
     # JSON lines carry; no need to repeat it inside the message text.
     workflow.logger.workflow_info_on_message = False
     activity.logger.activity_info_on_message = False
+    # A workflow whose init refused its input (workflows/inputs.py) never awaits its run coroutine: the SDK's
+    # doing, and the failure itself is reported; Python's warning would be the one line of the log not JSON.
+    warnings.filterwarnings(
+        "ignore", message="coroutine '_WorkflowInstanceImpl._apply_initialize_workflow.<locals>.run_workflow'"
+    )
+    logging.captureWarnings(True)
     _configured = True
 
 
-def runtime_with_prometheus(bind_address: str) -> Runtime:
-    """An SDK Runtime serving Prometheus metrics on `bind_address` (host:port)."""
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind_address)))
+def worker_runtime(metrics_address: str | None = None) -> Runtime:
+    """The SDK Runtime of a worker process. Its core's log records (connection retries, activities that
+    ended meanwhile) are forwarded to the `temporalio.core` logger, so they are JSON lines like the rest;
+    with `metrics_address` (host:port) it serves Prometheus metrics there."""
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(
+                filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")),
+            ),
+            metrics=PrometheusConfig(bind_address=metrics_address) if metrics_address else None,
+        )
+    )
 
 
 def activity_context(args: tuple[Any, ...] | list[Any] = ()) -> dict[str, Any]:

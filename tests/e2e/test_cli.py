@@ -255,6 +255,10 @@ def test_status_of_a_sprint_that_failed_at_its_start(cli_env, tmp_path: Path):
         assert f"sprint {sprint_id} is failed: " in line and expected in line, (what, line)
         watched = _one_line_error(bso(cli_env, "sprint", "watch", sprint_id))
         assert "did not complete" in watched and expected in watched, (what, watched)
+    # The worker's log stays JSON lines: the SDK's never-awaited run coroutine of a refused start left a
+    # Python warning in it, and the SDK core's own warnings were coloured text.
+    for line in cli_env["log"].read_text().splitlines():
+        assert isinstance(json.loads(line), dict), line
 
 
 def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):

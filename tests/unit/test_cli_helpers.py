@@ -3,16 +3,18 @@ the dev server command line, the envconfig-based client configuration."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from bench.infra import DevServer
 from bso.dev_server import dynamic_config_args
-from bso.cli import BsoError, parse_set, server_command, temporal_start_command, ui_link
+from bso.cli import BsoError, _query_status, parse_set, server_command, temporal_start_command, ui_link
 from bso.models import SprintInput
 from bso.temporal_client import connect_config
 
@@ -95,3 +97,20 @@ def test_connect_config_from_the_environment(monkeypatch, tmp_path):
     config = connect_config()
     assert config["target_host"] == "cluster:7233" and config["namespace"] == "team" and config["api_key"] == "k"
     assert connect_config("other:1", "ns2")["target_host"] == "other:1"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RPCError("no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b""),
+        RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b""),
+    ],
+    ids=["no-poller", "deadline"],
+)
+def test_a_status_query_nobody_answers_reads_the_same_however_the_server_says_it(error):
+    class Unanswered:
+        async def query(self, *args, **kwargs):
+            raise error
+
+    view, note = asyncio.run(_query_status(Unanswered()))
+    assert view is None and note.startswith("no worker answered the status query (start one with `bso worker`")
