@@ -79,6 +79,10 @@ class StoryKeyError(ValueError):
     """A requested story key is unknown or ambiguous."""
 
 
+class UnknownEpicError(StoryKeyError):
+    """A requested epic has no story in the status file."""
+
+
 def _err(source: str, problem: str, line: int | None = None, column: int | None = None) -> StatusFileError:
     where = ""
     if line is not None:
@@ -185,6 +189,19 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
         if full not in out:
             out.append(full)
     return out
+
+
+def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
+    """The sprint's `epic` (`2`, `"2"` or `"epic-2"`) -> `epic-2`, when the status file has a story of it.
+    An epic without stories there is a typo more often than not: it would run an empty sprint."""
+    epic = f"epic-{str(requested).removeprefix('epic-')}"
+    known = sorted({epic_key_of(k) for k in known_full_keys}, key=lambda e: int(e.removeprefix("epic-")))
+    if epic not in known:
+        raise UnknownEpicError(
+            f"unknown epic {requested!r}: the status file has no story of {epic} "
+            f"(its epics with stories: {', '.join(known) or 'none'})"
+        )
+    return epic
 
 
 def title_from_slug(story_key: str) -> str:

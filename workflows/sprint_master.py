@@ -79,7 +79,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.delivery import sprint_message_errors
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
-    from bso.sprint_status import project_root_error, resolve_story_keys
+    from bso.sprint_status import UnknownEpicError, project_root_error, resolve_epic, resolve_story_keys
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -587,8 +587,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _select(self, inp: SprintInput, snapshot: StatusSnapshot) -> list[StoryMeta]:
         stories = [s for s in snapshot.stories if s.state != StoryState.DONE]
         if inp.epic is not None:
-            epic = str(inp.epic).removeprefix("epic-")
-            stories = [s for s in stories if s.epic == f"epic-{epic}"]
+            try:
+                epic = resolve_epic(inp.epic, [s.key for s in snapshot.stories])
+            except UnknownEpicError as err:
+                if workflow.patched("master-unknown-epic"):
+                    raise _invalid_input(str(err)) from None
+                epic = f"epic-{str(inp.epic).removeprefix('epic-')}"  # before the patch: it selected nothing
+            stories = [s for s in stories if s.epic == epic]
         if inp.story_keys:
             try:
                 wanted = resolve_story_keys(inp.story_keys, [s.key for s in snapshot.stories])

@@ -230,6 +230,10 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path)))  # a directory without BMAD files
     assert "no sprint status file" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "carrier-pigeon"))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--epic", "7"))
+    assert "unknown epic '7'" in line and "epic-1, epic-2" in line
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "9-9"))
+    assert "unknown story key '9-9'" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
 

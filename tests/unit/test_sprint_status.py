@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bso.sprint_status import (
+    UnknownEpicError,
     EPIC_KEY_RE,
     RETRO_KEY_RE,
     STORY_KEY_RE,
@@ -26,6 +27,7 @@ from bso.sprint_status import (
     parse_story_file,
     render_story_file,
     project_root_error,
+    resolve_epic,
     resolve_inside,
     resolve_story_keys,
     resolve_story_location,
@@ -366,6 +368,15 @@ def test_resolve_story_keys() -> None:
         resolve_story_keys(["1-1-nope"], KNOWN)
     with pytest.raises(ValueError, match="ambiguous.*1-1"):
         resolve_story_keys(["1-1"], ["1-1-foo", "1-1-other"])
+
+
+def test_resolve_epic() -> None:
+    for spelling in (2, "2", "epic-2"):
+        assert resolve_epic(spelling, KNOWN) == "epic-2"
+    with pytest.raises(UnknownEpicError, match=r"unknown epic 7: .*no story of epic-7 .*epic-1, epic-2, epic-3"):
+        resolve_epic(7, KNOWN)
+    with pytest.raises(UnknownEpicError, match="epics with stories: none"):
+        resolve_epic("1", [])
 
 
 # --- paths ---------------------------------------------------------------------------------------

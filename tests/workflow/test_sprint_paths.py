@@ -324,6 +324,20 @@ async def test_wrongly_shaped_workflow_input_fails_without_task_retries(
         assert start.type == "SPRINT_START" and "without a usable input" in start.detail, start
 
 
+async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "backlog"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, epic=7))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        done = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, epic="epic-1"))
+        assert (await done.result()).stories == {K1: "done"}
+    assert "unknown epic 7: the status file has no story of epic-7 (its epics with stories: epic-1)" in str(
+        failure.value.cause
+    )
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+
+
 async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
