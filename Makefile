@@ -21,7 +21,7 @@ help:
 	@echo "make test    run the whole test suite (what CI runs)"
 	@echo "make server  run the Temporal dev server in the foreground (Web UI on :$(BSO_DEMO_UI_PORT))"
 	@echo "make worker  run a BSO worker in the foreground"
-	@echo "make stop    stop the dev server and worker the demo started"
+	@echo "make stop    stop the dev server and worker the demo started (make server/worker: Ctrl-C)"
 	@echo "make clean   remove .demo, .run and .temporal (the dev server's SQLite file)"
 	@echo "make bench         BSO vs raw Temporal, N = 50, 200, 1000 (results in bench/results/)"
 	@echo "make crash-trials  long crash/restart trials: 10 worker kills, 3 server kills, 4 suspensions"
@@ -51,11 +51,16 @@ server: venv
 	@mkdir -p .temporal
 	$(VENV)/bin/bso server --db-filename .temporal/bso-dev.db --port $(BSO_DEMO_PORT) --ui-port $(BSO_DEMO_UI_PORT)
 
+# The demo's server unless TEMPORAL_ADDRESS says otherwise (BSO_DEMO_PORT=7451 make demo, then make worker alike).
 worker: venv
-	$(PY) -m workers.main
+	TEMPORAL_ADDRESS=$${TEMPORAL_ADDRESS:-localhost:$(BSO_DEMO_PORT)} $(PY) -m workers.main
 
 # Stops only the processes whose pids the demo recorded, and only if they are still what the demo started.
 stop:
+	@if [ ! -f $(RUN_DIR)/worker.pid ] && [ ! -f $(RUN_DIR)/server.pid ]; then \
+		echo "nothing to stop: no server or worker started by make demo is recorded in $(RUN_DIR)/"; \
+		echo "(make server and make worker run in the foreground: Ctrl-C stops them)"; \
+	fi
 	@for name in worker server; do \
 		pidfile=$(RUN_DIR)/$$name.pid; \
 		[ -f $$pidfile ] || continue; \
