@@ -374,8 +374,10 @@ def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Gro
         ProgressBar(total=max(limit, 1), completed=min(view.tokens_used, limit) if limit else 0, width=40),
         f"{view.tokens_used}/{limit}",
     )
+    # The workflow's own status only when it says more than the phase (a finished sprint: its outcome).
+    state = view.phase.value if desc_status in (view.phase.value, "running") else f"{view.phase.value} ({desc_status})"
     header = Text(
-        f"sprint {view.session_id}: {view.phase} ({desc_status}), batches {view.batches_done}/{view.batches_total}"
+        f"sprint {view.session_id}: {state}, batches {view.batches_done}/{view.batches_total}"
         + (f", run {view.runs}" if view.runs > 1 else "")
     )
     parts: list[Any] = [header, bars, _stories_table(view)]
@@ -640,7 +642,7 @@ def sprint_watch(
                 await asyncio.sleep(interval)
             report = await _result(handle)
             final, _ = await _query_status(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else (None, None)
-            live.update(_progress(final or _view_from_report(report), None, _status_name(desc.status)), refresh=True)
+            live.update(_progress(final or _view_from_report(report), None, report.status.value), refresh=True)
         out.print()
         _print_markdown(await _summary(client, handle, report))
 
@@ -663,8 +665,9 @@ def sprint_status(
         if reason is not None and (view is None or not view.stories):
             # Failed at its start (no input, a wrong one, no status file): the failure is all there is to say.
             view = None
-        if view is None and desc.status == WorkflowExecutionStatus.COMPLETED:
-            view, note = _view_from_report(await _result(handle)), None
+        report = await _result(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else None
+        if view is None and report is not None:
+            view, note = _view_from_report(report), None
         if view is None:
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None:
@@ -672,10 +675,11 @@ def sprint_status(
         if as_json:
             data = view.model_dump(mode="json")
             data["execution_status"] = _status_name(desc.status)
+            data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
             out.print(json.dumps(data, indent=2), markup=False)
             return
-        out.print(_progress(view, note, _status_name(desc.status)))
+        out.print(_progress(view, note, report.status.value if report is not None else _status_name(desc.status)))
 
     _run(go())
 

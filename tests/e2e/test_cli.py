@@ -106,10 +106,12 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
 
     status = _status(cli_env, sprint_id)
     assert status["phase"] == "completed" and status["execution_status"] == "completed"
+    assert status["outcome"] == "sprint-partial" and status["failure"] is None
     assert status["stories"]["2-2-expiry-reminder-emails"]["state"] == "needs-intervention"
     assert status["stories"]["1-3-add-and-list-items-api"]["fix_rounds"] == 2
     table = bso(cli_env, "sprint", "status", sprint_id)
     assert table.returncode == 0 and "1-2-pantry-item-model-and-storage" in table.stdout
+    assert f"sprint {sprint_id}: completed (sprint-partial), batches 2/2" in table.stdout
 
     listed = _wait_for(
         lambda: (r := bso(cli_env, "sprint", "list", "--session", sprint_id)).returncode == 0 and sprint_id in r.stdout and r,
@@ -192,6 +194,9 @@ def test_operator_actions(cli_env, tmp_path: Path):
     _wait_for(lambda: _status_name(cli_env, victim) == "canceled", "the cancellation")
     ended = bso(cli_env, "sprint", "watch", victim)
     assert ended.returncode == 1 and "did not complete" in ended.stderr and "Traceback" not in ended.stderr
+    after = _status(cli_env, victim)
+    assert after["phase"] == "canceled" and after["execution_status"] == "canceled", after
+    assert "cancel" in after["failure"].lower() and after["outcome"] is None, after
 
 
 def _status_name(cli_env, sprint_id: str) -> str:
