@@ -21,7 +21,11 @@ from temporalio.client import WorkflowHistory
 
 from bso.constants import (
     SIGNAL_AGENT_COMPLETE,
+    SIGNAL_BROWSER_RESULT,
+    SIGNAL_DEBUG_RESULT,
     SIGNAL_PAUSE,
+    SIGNAL_PLAN_RESULT,
+    SIGNAL_RESEARCH_RESULT,
     SIGNAL_RESUME,
     SIGNAL_SHUTDOWN,
     SIGNAL_STORY_UPDATE,
@@ -74,6 +78,13 @@ MESSAGE_TYPES = (
 _FROM_MASTER_TO_RESIDENT = {"roster_broadcast", "stop", "plan_request"}
 # Signals the Master receives from its residents.
 _FROM_RESIDENT = {"resident_ready", "resident_stopped", "plan_result"}
+# Who sends a resident's answer whose payload does not name its role.
+_RESIDENT_OF_SIGNAL = {
+    SIGNAL_PLAN_RESULT: "scrum-master",
+    SIGNAL_DEBUG_RESULT: "debugger",
+    SIGNAL_RESEARCH_RESULT: "knowledge-researcher",
+    SIGNAL_BROWSER_RESULT: "e2e-live",
+}
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
@@ -142,6 +153,18 @@ def _batch_from_workflow_id(workflow_id: str) -> int | None:
     if len(tail) == 2 and tail[1].isdigit():
         return int(tail[1])
     return None
+
+
+def _party(name: str) -> str:
+    """A sender named by its workflow id (a request's `requested_by` / `report_to`) as the flow names it."""
+    batch_id = _batch_from_workflow_id(name)
+    return slave_name(batch_id) if batch_id is not None else name
+
+
+def _brief(value: Any, limit: int = 160) -> str:
+    """A payload as one short line of the table (the whole of it stays in the record's payload)."""
+    text = json.dumps(value, default=str) if value not in (None, {}) else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _time(event: HistoryEvent) -> datetime:
@@ -298,15 +321,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
                 sender = OPERATOR
                 if attrs.signal_name in _FROM_RESIDENT:
-                    sender = str(_dict(value).get("role") or "resident")
-                add(
-                    event,
-                    type=kind,
-                    sender=sender,
-                    recipient=MASTER,
-                    detail=json.dumps(value) if value not in (None, {}) else "",
-                    payload=_dict(value),
-                )
+                    sender = str(_dict(value).get("role") or _RESIDENT_OF_SIGNAL.get(attrs.signal_name, "resident"))
+                add(event, type=kind, sender=sender, recipient=MASTER, detail=_brief(value), payload=_dict(value))
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             reason = event.workflow_execution_cancel_requested_event_attributes.cause
             add(event, type="CANCEL_REQUEST", sender=OPERATOR, recipient=MASTER, detail=reason)
@@ -472,6 +488,18 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 add(event, **_agent_complete(value, me))
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
+            elif attrs.signal_name == SIGNAL_DEBUG_RESULT:
+                verdict = str(value.get("fix_suggestion") or value.get("root_cause") or value.get("error") or "")
+                add(
+                    event,
+                    type="DEBUG_RESULT",
+                    sender=_RESIDENT_OF_SIGNAL[SIGNAL_DEBUG_RESULT],
+                    recipient=me,
+                    story=value.get("story_key"),
+                    detail=f"{value.get('debug_id', '?')}: {value.get('status', '?')}, confidence "
+                    f"{value.get('confidence', '?')}" + (f": {verdict[:100]}" if verdict else ""),
+                    payload=value,
+                )
     return out
 
 
@@ -540,7 +568,7 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
         if attrs.signal_name in _FROM_MASTER_TO_RESIDENT:
             sender = MASTER
         else:
-            sender = str(value.get("requested_by") or value.get("report_to") or value.get("agent_type") or "agent")
+            sender = _party(str(value.get("requested_by") or value.get("report_to") or value.get("agent_type") or "agent"))
         detail = ""
         if attrs.signal_name == "roster_broadcast":
             roster = _dict(value.get("roster"))

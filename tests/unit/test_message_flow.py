@@ -112,3 +112,19 @@ def test_a_refused_signal_s_fields_are_shown_as_they_came():
     )
     assert (message.story, message.agent, message.dispatch_id) == ("42", '{"a": 1}', "true")
     assert message.batch_id is None and message.payload == {"value": [1, 2]}
+
+
+def test_the_debug_exchange_and_resident_answers_name_their_parties(flow):
+    """The Slave asks the debugger and gets its answer; senders are roles, never workflow ids."""
+    (request,) = [m for m in flow if m.type == "DEBUG_REQUEST"]
+    (result,) = [m for m in flow if m.type == "DEBUG_RESULT"]
+    assert (request.sender, request.recipient) == ("slave-batch-2", "debugger")
+    assert (result.sender, result.recipient) == ("debugger", "slave-batch-2")
+    assert request.story == result.story == "2-2-expiry-reminder-emails"
+    assert result.payload["debug_id"] == request.payload["debug_id"] and result.detail.startswith(result.payload["debug_id"])
+    assert result.time > request.time
+    (plan,) = [m for m in flow if m.type == "PLAN_RESULT"]
+    assert (plan.sender, plan.recipient) == ("scrum-master", "sprint-master")
+    for m in flow:
+        assert "/" not in m.sender, m
+        assert "\n" not in m.detail and len(m.detail) <= 200, m
