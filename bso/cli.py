@@ -905,7 +905,7 @@ def messages(
                 m.detail,
             )
         out.print(table)
-        out.print(f"{len(flow)} messages", markup=False)
+        out.print(f"{len(flow)} message{'' if len(flow) == 1 else 's'}", markup=False)
         if jsonl is not None:
             jsonl.parent.mkdir(parents=True, exist_ok=True)
             with jsonl.open("w", encoding="utf-8") as fh:
