@@ -218,7 +218,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             if inp.get("epic") is not None:
                 scope.append(f"epic {inp['epic']}")
             if inp.get("story_keys"):
-                scope.append("stories " + ", ".join(inp["story_keys"]))
+                keys = inp["story_keys"]  # as it came: a refused input may hold anything here
+                scope.append("stories " + (", ".join(map(str, keys)) if isinstance(keys, list) else str(keys)))
             detail = (
                 f"{inp['project_root']} ({', '.join(scope) or 'all open stories'}; "
                 f"backend {inp.get('agent_backend', 'simulated')})"
@@ -489,7 +490,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
             elif attrs.signal_name == SIGNAL_DEBUG_RESULT:
-                verdict = str(value.get("fix_suggestion") or value.get("root_cause") or value.get("error") or "")
+                verdict = " ".join(str(value.get("fix_suggestion") or value.get("root_cause") or value.get("error") or "").split())
                 add(
                     event,
                     type="DEBUG_RESULT",

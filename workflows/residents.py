@@ -433,6 +433,7 @@ class RosterKeeper:
         self._roster_changes: list[str] = []  # changes not yet broadcast
         self._roster_sender: asyncio.Task[None] | None = None
         self._stopped_residents: set[str] = set()
+        self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -452,7 +453,9 @@ class RosterKeeper:
         s = self._state
         for role in enabled_roles(s.config.resident_slots):
             workflow_id = resident_workflow_id(s.session_id, role)
+            self._resident_starting = workflow_id
             failure = await self._start_resident(role, workflow_id, project_root, simulation, backend)
+            self._resident_starting = None
             if failure is None:
                 s.residents[role] = workflow_id
                 s.agents_created += 1
@@ -515,13 +518,21 @@ class RosterKeeper:
         self._resident_handles[role] = handle
         return None
 
+    async def _cancel_starting_resident(self) -> None:
+        """A cancelled sprint: the resident it was starting is not in the roster yet, and nothing else would stop
+        it (ABANDON)."""
+        if self._resident_starting is not None:
+            workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
+
     async def _stop_residents(self) -> None:
         """Stop the residents in reverse start order, each after the one started after it."""
         s = self._state
         for role in reversed(list(s.residents)):
             # Every broadcast already sent reaches the resident before its stop: nothing arrives while it ends.
             await self._roster_flushed()
-            workflow_id = s.residents.pop(role)
+            workflow_id = s.residents.pop(role, None)
+            if workflow_id is None:  # a cancelled sprint's own end stopped it meanwhile
+                continue
             try:
                 await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP)
                 handle = self._resident_handles.pop(role, None)

@@ -100,6 +100,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         inp = self._input = required_input(inp, SprintInput)
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        self._cancelling = False  # a cancel request came: no batch starts any more
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
@@ -346,29 +347,41 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     @workflow.run
     async def run(self, inp: SprintInput | RawInput | None = None) -> SprintReport:
+        # The sprint runs as a task of its own and run() only waits for it: a cancel request reaches run() at
+        # this condition whatever the sprint awaits at that moment. (Awaiting an activity, a signal or a child,
+        # the sprint itself would see it as an ActivityError some code handles, or not at all.)
+        sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:
-            return await self._sprint(self._input)  # the input as __init__ validated it
+            await workflow.wait_condition(sprint.done)
         except asyncio.CancelledError:
-            if workflow.patched("master-cancel-winds-down"):
-                await self._wind_down_cancelled()
-            raise
+            sprint.cancel()  # what the sprint awaits is cancelled, as when run() awaited it directly
+            if not workflow.patched("master-cancel-winds-down"):
+                return await sprint
+            return await self._wind_down_cancelled(sprint)
+        return sprint.result()
 
-    async def _wind_down_cancelled(self) -> None:
-        """The sprint was cancelled (`bso sprint cancel`, `temporal workflow cancel`): its running batches are
-        cancelled with it (their agents in flight too), rather than terminated when the Master closes, and
-        its residents are stopped (they outlive the Master by design, see workflows/residents.py).
-        The status file keeps each story's last state."""
+    async def _wind_down_cancelled(self, sprint: asyncio.Task[SprintReport]) -> SprintReport:
+        """The sprint was cancelled (`bso sprint cancel`, `temporal workflow cancel`): no batch starts any more,
+        the running ones are cancelled with it (their agents in flight too) rather than terminated when the
+        Master closes, and the residents are stopped (they outlive the Master by design, see
+        workflows/residents.py). The status file keeps each story's last state. A sprint that had finished
+        its work when the cancel came (it was stopping its residents) ends with its report."""
+        self._cancelling = True
         for slave_id in sorted(self._running_batches.values()):
             try:
                 await workflow.get_external_workflow_handle(slave_id).cancel()
-            except Exception as err:  # noqa: BLE001 - ended meanwhile: nothing to cancel
+            except Exception as err:  # noqa: BLE001 - ended meanwhile, or still starting
                 workflow.logger.warning("cancelling %s: %s", slave_id, err)
         try:
-            await workflow.wait_condition(lambda: not self._running_batches, timeout=SLAVE_CANCEL_WAIT)
+            await workflow.wait_condition(lambda: sprint.done() and not self._running_batches, timeout=SLAVE_CANCEL_WAIT)
         except asyncio.TimeoutError:
-            workflow.logger.warning("batches still running after the cancel: %s", sorted(self._running_batches))
+            workflow.logger.warning("after the cancel, batches still running: %s", sorted(self._running_batches))
+        if sprint.done() and not sprint.cancelled() and sprint.exception() is None:
+            return sprint.result()
+        await self._cancel_starting_resident()
         await self._stop_residents()
         self._set_phase(SprintPhase.CANCELED)
+        raise asyncio.CancelledError
 
     async def _sprint(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:
@@ -651,6 +664,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             and s.paused_reason is None
             and not s.stopped_early
             and not self._replanning
+            and not self._cancelling
             and not self._history_is_long()
         )
 

@@ -6,20 +6,28 @@ needs-intervention story, shutdown mid-batch."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+from temporalio import activity
 
-from bso.constants import slave_workflow_id
+from activities.agents import run_agent
+from activities.status_file import load_sprint_status
+from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
+from bso.models import LoadStatusInput, StatusSnapshot
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values, wait_status
 from workflows.sprint_master import SprintMasterWorkflow
+from workers.main import SPRINT_ACTIVITIES, WORKFLOWS, build_workers
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
@@ -250,3 +258,39 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
             resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
             assert resident.status is WorkflowExecutionStatus.COMPLETED, (role, resident.status)
     assert status_values(tmp_path)[K2] == "ready-for-dev"  # nothing started after the cancel
+
+
+@activity.defn(name="load_sprint_status")
+async def slow_load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
+    await asyncio.sleep(2)  # the Master awaits this activity while the cancel comes
+    return await load_sprint_status(inp)
+
+
+async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_env, tmp_path: Path):
+    """The cancel comes while the Master awaits an activity (its status load), not a condition: the sprint
+    still ends cancelled (it used to end failed, the load's cancellation read as a status-file error), none
+    of its residents runs on, and the status file is as it was."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    sprint_worker = Worker(
+        ts_env.client,
+        task_queue=prefix + SPRINT_TASK_QUEUE,
+        workflows=WORKFLOWS,
+        activities=[slow_load_sprint_status, *(a for a in SPRINT_ACTIVITIES if a is not load_sprint_status), run_agent],
+    )
+    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(ts_env.client, prefix + SPRINT_TASK_QUEUE, sprint_input(tmp_path, session_id="cancel-2"))
+        await asyncio.sleep(0.5)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+        for role in ("scrum-master", "knowledge-researcher", "debugger"):
+            try:
+                resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-2", role)).describe()
+            except RPCError as err:  # never started
+                assert err.status is RPCStatusCode.NOT_FOUND, err
+                continue
+            assert resident.status is not WorkflowExecutionStatus.RUNNING, role
+    assert status_values(tmp_path)[K1] == "ready-for-dev"

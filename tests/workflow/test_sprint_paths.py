@@ -296,7 +296,7 @@ async def test_invalid_input_fails_clearly(ts_env, tmp_path: Path, overrides, si
 @pytest.mark.parametrize(
     "args, expected",
     [
-        ([{"project_root": 42, "surprise": True}], "invalid input"),
+        ([{"project_root": 42, "surprise": True, "story_keys": [1, None]}], "invalid input"),
         (["just a string"], "invalid input"),
         ([[1, 2]], "invalid input"),
         ([None], "needs its input"),
