@@ -16,7 +16,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -790,7 +790,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._apply_story_update(update)
             result = result.model_copy(update={"final_updates": []})  # not kept in the sprint's state
         except ChildWorkflowError as err:
-            result = self._abnormal_result(spec, f"batch {spec.batch_id} Slave ended abnormally: {err.cause or err}")
+            why = (
+                "cancelled with the sprint"
+                if self._cancelling and is_cancelled_exception(err)
+                else f"Slave ended abnormally: {err.cause or err}"
+            )
+            result = self._abnormal_result(spec, f"batch {spec.batch_id} {why}")
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
         if spec.batch_id in self._started_batches:

@@ -251,6 +251,7 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
         assert isinstance(failure.value.cause, CancelledError)
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase is SprintPhase.CANCELED
+        assert status.errors == ["batch 1 cancelled with the sprint"], status.errors
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1)).describe()
         assert slave.status is WorkflowExecutionStatus.CANCELED
         assert status.roster.residents == [] and len(status.unavailable_residents) == 0
