@@ -793,9 +793,12 @@ def sprint_shutdown(sprint_id: Annotated[str, typer.Argument()]) -> None:
 
 
 @sprint_app.command("cancel")
-def sprint_cancel(sprint_id: Annotated[str, typer.Argument()]) -> None:
+def sprint_cancel(
+    sprint_id: Annotated[str, typer.Argument()],
+    reason: Annotated[str, typer.Option(help="kept among the sprint's errors")] = "cancelled by the operator",
+) -> None:
     """Cancel the sprint's workflow (Temporal cancellation; prefer `shutdown` for a graceful stop)."""
-    _operator_action(sprint_id, lambda h: h.cancel(), f"cancellation requested for sprint {sprint_id}")
+    _operator_action(sprint_id, lambda h: h.cancel(reason=reason), f"cancellation requested for sprint {sprint_id}")
 
 
 @sprint_app.command("cc")

@@ -380,6 +380,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return sprint.result()
         await self._cancel_starting_resident()
         await self._stop_residents()
+        self._state.errors.append(f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}")
         self._set_phase(SprintPhase.CANCELED)
         raise asyncio.CancelledError
 

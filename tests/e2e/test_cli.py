@@ -189,7 +189,7 @@ def test_operator_actions(cli_env, tmp_path: Path):
 
     victim = f"cancel-{uuid.uuid4().hex[:6]}"
     assert bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", victim).returncode == 0
-    cancelled = bso(cli_env, "sprint", "cancel", victim)
+    cancelled = bso(cli_env, "sprint", "cancel", victim, "--reason", "wrong branch")
     assert cancelled.returncode == 0, cancelled.stderr
     _wait_for(lambda: _status_name(cli_env, victim) == "canceled", "the cancellation")
     ended = bso(cli_env, "sprint", "watch", victim)
@@ -197,6 +197,7 @@ def test_operator_actions(cli_env, tmp_path: Path):
     after = _status(cli_env, victim)
     assert after["phase"] == "canceled" and after["execution_status"] == "canceled", after
     assert "cancel" in after["failure"].lower() and after["outcome"] is None, after
+    assert "sprint cancelled: wrong branch" in after["errors"], after
 
 
 def _status_name(cli_env, sprint_id: str) -> str:

@@ -245,13 +245,13 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
             ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-1", simulation=simulation)
         )
         await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
-        await handle.cancel()
+        await handle.cancel(reason="wrong branch")
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
         assert isinstance(failure.value.cause, CancelledError)
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase is SprintPhase.CANCELED
-        assert status.errors == ["batch 1 cancelled with the sprint"], status.errors
+        assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: wrong branch"], status.errors
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1)).describe()
         assert slave.status is WorkflowExecutionStatus.CANCELED
         assert status.roster.residents == [] and len(status.unavailable_residents) == 0
