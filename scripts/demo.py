@@ -206,21 +206,30 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
 # --- the worker ---------------------------------------------------------------------------------
 
 
-def _stop_stale_worker() -> None:
-    """A worker a previous, interrupted demo left behind (its pid recorded in .run/worker.pid)."""
-    pid_file = RUN_DIR / "worker.pid"
+def stop_recorded(pid_file: Path, expected: str, what: str, timeout: float = 10.0) -> None:
+    """Stop the process whose pid a demo recorded in `pid_file`, only if it still runs `expected` (a pid may
+    have been reused meanwhile): SIGTERM, then SIGKILL if it lingers; the pid file goes either way."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
         return
-    if _pid_alive(pid) and "workers.main" in _cmdline(pid):
-        console.print(f"stopping a worker left by an earlier demo (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(50):
-            if not _pid_alive(pid):
-                break
-            time.sleep(0.2)
+    if _pid_alive(pid) and expected in _cmdline(pid):
+        console.print(f"stopping {what} (pid {pid})")
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
     pid_file.unlink(missing_ok=True)
+
+
+def _stop_stale_worker() -> None:
+    """A worker a previous, interrupted demo left behind (its pid recorded in .run/worker.pid)."""
+    stop_recorded(RUN_DIR / "worker.pid", "workers.main", "a worker left by an earlier demo")
 
 
 def start_worker() -> subprocess.Popen[bytes]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.infra import free_port
 from bso.summary import SECTIONS
 from tests.conftest import EXAMPLE_PROJECT, REPO
 
 pytestmark = pytest.mark.e2e
 
 BSO = str(Path(sys.executable).parent / "bso")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def cli_env(local_env, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=local_env.client.namespace)
     env.pop("COLUMNS", None)
-    metrics_port = _free_port()
+    metrics_port = free_port()
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(
@@ -215,7 +209,7 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_error_paths(cli_env, tmp_path: Path):
-    closed = _free_port()
+    closed = free_port()
     line = _one_line_error(bso(cli_env, "--address", f"127.0.0.1:{closed}", "sprint", "status", "x"))
     assert f"cannot reach the Temporal server at 127.0.0.1:{closed}" in line
     env_only = {**cli_env, "env": {**cli_env["env"], "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"}}

@@ -6,74 +6,46 @@ worker; the server it leaves running is stopped here by the pid the demo recorde
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from bench.infra import free_port
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
+def _demo_module():
+    sys.path.insert(0, str(REPO / "scripts"))
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:  # it ended meanwhile
-        pass
-
-
-def _stop_recorded(pid_file: Path, expected: str) -> None:
-    """Stop a process the demo started and recorded, if it is still that process."""
-    try:
-        pid = int(pid_file.read_text())
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except (OSError, ValueError):
-        return
-    if expected in args:
-        _stop(pid)
+        import demo
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return demo
 
 
 def test_make_demo_runs_the_example_sprint(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "BSO_"))}
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port = free_port(), free_port()
     env.update(BSO_DEMO_HOME=str(tmp_path), BSO_DEMO_PORT=str(port), BSO_DEMO_UI_PORT=str(ui_port))
     proc = subprocess.Popen(
         [sys.executable, "scripts/demo.py"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         out, err = proc.communicate(timeout=400)
+        worker_pid_left = (tmp_path / ".run" / "worker.pid").exists()  # the demo removes it when it stops its worker
     except BaseException:  # a timeout or an interrupted run: SIGTERM lets the demo stop its own worker
         proc.terminate()
         out, err = proc.communicate(timeout=60)
         raise
     finally:
         # Whatever happened: the demo's worker (it stops it itself unless killed) and the server it started.
-        _stop_recorded(tmp_path / ".run" / "worker.pid", "workers.main")
-        _stop_recorded(tmp_path / ".run" / "server.pid", "start-dev")
+        demo = _demo_module()
+        demo.stop_recorded(tmp_path / ".run" / "worker.pid", "workers.main", "the demo's worker")
+        demo.stop_recorded(tmp_path / ".run" / "server.pid", "start-dev", "the demo's server")
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     assert "starting the Temporal dev server" in out and f"--port {port}" in out
     assert "temporal workflow start" in out and "--type SprintMasterWorkflow" in out
@@ -85,7 +57,7 @@ def test_make_demo_runs_the_example_sprint(tmp_path: Path):
     assert "the demo's worker is stopped: run `make worker`" in out
     assert f"http://localhost:{ui_port}/namespaces/default/workflows/demo-" in out
     # Its worker is stopped and its pid file gone; the scratch project is under the demo's home.
-    assert not (tmp_path / ".run" / "worker.pid").exists()
+    assert not worker_pid_left
     (project,) = (tmp_path / ".demo").iterdir()
     status = (project / "_bmad-output/implementation-artifacts/sprint-status.yaml").read_text()
     assert "2-2-expiry-reminder-emails: needs-intervention" in status

@@ -46,15 +46,19 @@ def started(root: Path) -> list[str]:
     return [e["dispatch_id"] for e in ledger(root) if e["event"] == "started"]
 
 
+async def start_with_k1_dev_in_flight(client, queue: str, root: Path, session_id: str, default_ms: int) -> WorkflowHandle:
+    """A sprint on `root` whose K1 agents take 3 s, once K1's dev agent is in flight: an operator action sent
+    then reaches the Slave while that agent still runs, however busy the machine."""
+    simulation = {"default": {"duration_ms": default_ms}, "stories": {K1: {"duration_ms": 3000}}}
+    handle = await start_sprint(client, queue, sprint_input(root, session_id=session_id, simulation=simulation))
+    await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+    return handle
+
+
 async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
-    # K1's agents take 3 s so the pause reaches the Slave while its dev agent still runs, however busy the machine.
-    simulation = {"default": {"duration_ms": 600}, "stories": {K1: {"duration_ms": 3000}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="pause-1", simulation=simulation)
-        )
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "pause-1", 600)
         await handle.signal(SprintMasterWorkflow.pause, "lunch")
         slave = ts_env.client.get_workflow_handle(slave_workflow_id("pause-1", 1))
         # The agent in flight finishes (its answer is applied), then nothing new is dispatched.
@@ -219,13 +223,8 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
 
 async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
-    # K1's agents take 3 s so the shutdown reaches the Slave before K2 is dispatched, however busy the machine.
-    simulation = {"default": {"duration_ms": 500}, "stories": {K1: {"duration_ms": 3000}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="stop-1", simulation=simulation)
-        )
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "stop-1", 500)
         await handle.signal(SprintMasterWorkflow.shutdown_request)
         report = await handle.result()
     assert report.status is SprintStatus.PARTIAL
@@ -239,12 +238,8 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
     """A cancelled sprint leaves nothing of it running: its batch ends cancelled (not terminated by the Master's
     close) and its residents, which outlive the Master by design, are stopped; the status query says canceled."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
-    simulation = {"default": {"duration_ms": 500}, "stories": {K1: {"duration_ms": 3000}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-1", simulation=simulation)
-        )
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "first dispatch")
+        handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "cancel-1", 500)
         await handle.cancel(reason="wrong branch")
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
