@@ -331,14 +331,13 @@ def _stories_table(view: SprintStatusView) -> Table:
     for column in ("story", "batch", "state", "review round", "fixes", "agent in flight", "agents", "tokens"):
         table.add_column(column)
     for key, story in view.stories.items():
-        agent = f"{story.agent_in_flight}/{story.mode_in_flight}" if story.agent_in_flight else ""
         table.add_row(
             key,
             str(story.batch_id or ""),
             Text(story.state, style=_STATE_STYLE.get(story.state, "")),
             str(story.review_round),
             str(story.fix_rounds),
-            agent,
+            story.in_flight,
             str(story.agents_dispatched),
             str(story.tokens_used),
         )

@@ -103,6 +103,15 @@ def debug_request_for(
     )
 
 
+def awaiting_debug(progress: StoryProgress, debug_id: str) -> StoryProgress:
+    """The story while the debugger analyses its failure: the dev-runner is done, nothing else in flight.
+
+    For the status views only: the story's transition is still made from its progress before the request."""
+    return progress.model_copy(
+        update={"pending_agent": None, "pending_mode": None, "pending_debug_id": debug_id}
+    )
+
+
 def after_debug(
     progress: StoryProgress,
     step: DispatchStep,

@@ -169,6 +169,7 @@ def _settled(progress: StoryProgress, tokens: int, **update: object) -> StoryPro
         "pending_dispatch_id": None,
         "pending_agent": None,
         "pending_mode": None,
+        "pending_debug_id": None,
     }
     base.update(update)
     return progress.model_copy(update=base)

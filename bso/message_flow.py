@@ -32,6 +32,7 @@ from bso.constants import (
     SIGNAL_STORY_UPDATES,
 )
 from bso.messages import TerminateDirectivePayload
+from bso.models import describe_in_flight
 
 MASTER = "sprint-master"
 OPERATOR = "operator"
@@ -193,7 +194,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             update = _dict(item)
             view = _dict(update.get("view"))
             batch = update.get("batch_id")
-            agent = view.get("agent_in_flight")
+            in_flight = describe_in_flight(view.get("agent_in_flight"), view.get("mode_in_flight"), view.get("debug_in_flight"))
             add(
                 event,
                 type="STORY_UPDATE",
@@ -203,7 +204,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 story=update.get("story_key"),
                 dispatch_id=view.get("dispatch_id"),
                 detail=f"{view.get('state', '?')}"
-                + (f", {agent}/{view.get('mode_in_flight')} in flight" if agent else "")
+                + (f", {in_flight} in flight" if in_flight else "")
                 + (f", review round {view['review_round']}" if view.get("review_round") else ""),
                 payload=update,
             )

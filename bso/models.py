@@ -155,6 +155,7 @@ class StoryProgress(_Model):
     pending_dispatch_id: str | None = None
     pending_agent: AgentType | None = None
     pending_mode: AgentMode | None = None
+    pending_debug_id: str | None = None  # the DEBUG_REQUEST the story waits on (bso.debugging)
     awaiting_decision: str | None = None  # the question a human must answer (bso.decisions)
     debug_attempts: int = 0  # DEBUG_REQUESTs sent for this story (bso.debugging)
 
@@ -215,6 +216,22 @@ class StoryView(_Model):
     dispatch_id: str | None = None
     error: str | None = None
     awaiting_decision: str | None = None  # set while the story waits for a human `decide`
+    debug_in_flight: str | None = None  # the debug id while the story waits on the debugger's analysis
+
+    @property
+    def in_flight(self) -> str:
+        return describe_in_flight(self.agent_in_flight, self.mode_in_flight, self.debug_in_flight)
+
+
+def describe_in_flight(agent: object, mode: object, debug_id: object) -> str:
+    """What a story waits on, for status lines: its agent ("dev-runner/dev") or the debugger's analysis.
+
+    Takes plain values: message payloads are shown as they came, whatever their shape."""
+    if agent:
+        return f"{agent}/{mode or '?'}"
+    if debug_id:
+        return f"debugger ({debug_id})"
+    return ""
 
 
 class SlaveStatus(_Model):

@@ -35,6 +35,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bso.dev_server import dev_server_args
+from bso.models import describe_in_flight
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "demo-project"
@@ -338,8 +339,8 @@ def _story_line(key: str, view: dict[str, Any]) -> str:
         details.append(f"review round {view['review_round']}")
     if view.get("fix_rounds"):
         details.append(f"fixes {view['fix_rounds']}")
-    if view.get("agent_in_flight"):
-        details.append(f"agent {view['agent_in_flight']}/{view.get('mode_in_flight') or '?'}")
+    if in_flight := describe_in_flight(view.get("agent_in_flight"), view.get("mode_in_flight"), view.get("debug_in_flight")):
+        details.append(in_flight)
     if view.get("error"):
         details.append(f"[red]{escape(str(view['error']))}[/]")
     if details:
@@ -349,7 +350,7 @@ def _story_line(key: str, view: dict[str, Any]) -> str:
 
 def _story_sig(view: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(
-        view.get(k) for k in ("state", "review_round", "fix_rounds", "agent_in_flight", "mode_in_flight", "error")
+        view.get(k) for k in ("state", "review_round", "fix_rounds", "agent_in_flight", "mode_in_flight", "debug_in_flight", "error")
     )
 
 

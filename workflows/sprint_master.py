@@ -847,7 +847,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         for k, v in s.views.items():
             done += v.state == StoryState.DONE
             if v.batch_id in self._running_batches:
-                lines.append(f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.agent_in_flight or ''} |")
+                lines.append(f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |")
             if v.awaiting_decision:
                 waiting.append(f"{k} ({v.awaiting_decision})")
         rows = "\n".join(lines)

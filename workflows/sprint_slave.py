@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         agent_task_queue,
         agents_task_queue_for,
     )
-    from bso.debugging import DebugResult, after_debug, debug_id_for, debug_request_for, wants_debug
+    from bso.debugging import DebugResult, after_debug, awaiting_debug, debug_id_for, debug_request_for, wants_debug
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
     from bso.messages import DeliveryFailed, ResponseTimeout
     from workflows.delivery import await_answer, deliver
@@ -94,6 +94,7 @@ with workflow.unsafe.imports_passed_through():
         StoryUpdate,
         StoryUpdates,
         StoryView,
+        describe_in_flight,
         short_key,
     )
     from bso.po_gates import (
@@ -112,6 +113,7 @@ with workflow.unsafe.imports_passed_through():
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
+PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"  # a story waiting on the debugger is shown so, not its agent
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -152,6 +154,7 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
         tokens_used=progress.tokens_used,
         agent_in_flight=progress.pending_agent.value if progress.pending_agent else None,
         mode_in_flight=progress.pending_mode.value if progress.pending_mode else None,
+        debug_in_flight=progress.pending_debug_id,
         dispatch_id=progress.pending_dispatch_id,
         error=progress.error,
         awaiting_decision=progress.awaiting_decision,
@@ -548,6 +551,9 @@ class SprintSlaveWorkflow:
             }
         )
         self._open_debug[debug_id] = meta.key
+        if workflow.patched(PATCH_SHOW_DEBUG_WAIT):  # Slaves started before it replay without the update
+            self._progress[meta.key] = awaiting_debug(progress, debug_id)
+            self._publish(meta.key)
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
         sent = request.model_dump(mode="json", exclude_none=True)
         failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent)  # retried, then delivery_failed
@@ -943,7 +949,7 @@ class SprintSlaveWorkflow:
     def _show(self) -> None:
         rows = [
             f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
-            f"{(p.pending_agent.value + '/' + p.pending_mode.value) if p.pending_agent and p.pending_mode else ''}"
+            f"{describe_in_flight(p.pending_agent, p.pending_mode, p.pending_debug_id)}"
             f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''} |"
             for k, p in self._progress.items()
         ]

@@ -7,6 +7,7 @@ from bso.debugging import (
     DebugRequest,
     DebugResult,
     after_debug,
+    awaiting_debug,
     error_signature,
     known_result,
     render_entry,
@@ -21,10 +22,12 @@ from bso.dispatch import (
     Outcome,
     apply_agent_result,
     failed_verification,
+    intervention,
     next_dispatch,
+    record_dispatch,
 )
 from bso.messages import AgentComplete
-from bso.models import StoryProgress
+from bso.models import StoryProgress, describe_in_flight
 from bso.states import AgentStatus
 
 
@@ -136,3 +139,16 @@ def test_only_a_recoverable_dev_runner_verification_failure_is_routed_to_a_fix()
     review = failed_verification_of(CODE_REVIEW)
     assert not failed_verification(CODE_REVIEW, review)
     assert apply_agent_result(p, CODE_REVIEW, review, config, []).outcome is Outcome.INTERVENTION
+
+
+def test_a_story_awaiting_the_debugger_has_no_agent_in_flight_and_its_transition_clears_the_wait():
+    dispatched = record_dispatch(StoryProgress(key="1-1-a", state="ready-for-dev"), DEV, "s/batch-1/1-1/1")
+    waiting = awaiting_debug(dispatched, "DBG-b1-1-1-001")
+    assert (waiting.pending_agent, waiting.pending_mode, waiting.pending_debug_id) == (None, None, "DBG-b1-1-1-001")
+    assert describe_in_flight(waiting.pending_agent, waiting.pending_mode, waiting.pending_debug_id) == (
+        "debugger (DBG-b1-1-1-001)"
+    )
+    assert describe_in_flight("dev-runner", "dev", None) == "dev-runner/dev"
+    assert describe_in_flight(None, None, None) == ""
+    # Whatever the transition (made from the progress before the wait), nothing is left in flight.
+    assert intervention(waiting, "no fix").progress.pending_debug_id is None

@@ -9,11 +9,14 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 
-from bso.constants import SIGNAL_DEBUG_RESULT, slave_workflow_id
+from bso.cli import _stories_table
+from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_RESULT, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, status_values
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, wait_status
+from workers.main import build_workers
 from workflows.residents import ResidentWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1, K2 = "1-1-login-form", "1-2-logout"
 
@@ -67,6 +70,29 @@ async def test_a_fixable_analysis_rescues_the_story(ts_env, tmp_path: Path):
     assert SIGNAL_DEBUG_RESULT in signals  # DEBUG_RESULT came back as a signal
     text = journal(tmp_path)
     assert "## DBG-b1-1-1-001-dbg-1" in text and "- confidence: high" in text and "- known_pattern: no" in text
+
+
+async def test_a_story_waiting_on_the_debugger_shows_it_not_its_finished_agent(ts_env, tmp_path: Path):
+    """The analysis runs on the agents queue: with no worker serving it yet, the story waits on the debugger,
+    and every status view says so (the dev-runner that failed is no longer in flight)."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
+    async with bso_worker(ts_env.client, queues=(SPRINT_TASK_QUEUE,)) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-wait", simulation=simulation))
+        status = await wait_status(handle, lambda s: s.stories[K1].debug_in_flight is not None, "debug wait shown")
+        story = status.stories[K1]
+        assert (story.debug_in_flight, story.agent_in_flight) == ("DBG-b1-1-1-001", None)
+        assert story.in_flight == "debugger (DBG-b1-1-1-001)"
+        assert "debugger (DBG-b1-1-1-001)" in "".join(str(cell) for cell in _stories_table(status).columns[5].cells)
+        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("dbg-wait", 1)).query(SprintSlaveWorkflow.status)
+        assert slave.stories[K1].debug_in_flight == "DBG-b1-1-1-001"
+        # The agents' worker comes: the analysis runs, the fix follows, and the wait is no longer shown.
+        agents = build_workers(ts_env.client, (AGENTS_TASK_QUEUE,), queue_prefix=queue.removesuffix(SPRINT_TASK_QUEUE))
+        async with agents[0]:
+            report = await handle.result()
+            final = await handle.query("status")
+    assert report.stories == {K1: "done"}
+    assert final["stories"][K1].get("debug_in_flight") is None
 
 
 async def test_an_unfixable_analysis_gives_needs_intervention(ts_env, tmp_path: Path):
