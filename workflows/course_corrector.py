@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
@@ -29,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error
     from bso.models import LoadStatusInput, StatusWriteInput, StoryView
-    from bso.states import SprintPhase, StoryState
+    from bso.states import StoryState
 
 _WRITE = {
     "start_to_close_timeout": timedelta(seconds=30),
@@ -41,6 +42,7 @@ class CourseCorrector:
     _state: Any  # MasterState
     _running_batches: dict[int, str]
     _project_root: str
+    _sprint_ending: Callable[[], bool]
 
     def _init_course_correction(self) -> None:
         self._replanning = False  # no batch starts while a course correction is being applied
@@ -61,8 +63,7 @@ class CourseCorrector:
             parsed = CourseCorrectionRequest.model_validate(request)
         except ValidationError as err:
             raise ApplicationError(f"CC_REJECTED: {describe_validation_error(err)}", type="CC_REJECTED") from None
-        s = self._state
-        if s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
+        if self._sprint_ending():
             raise ApplicationError("CC_REJECTED: the sprint is ending", type="CC_REJECTED")
         if self._replanning:
             raise ApplicationError("CC_REJECTED: another course correction is being applied", type="CC_REJECTED")
@@ -175,6 +176,11 @@ class CourseCorrector:
                 text = f"{count} stories in a row ended needs-intervention"
                 reason = f"repeated failures: {text}; course_correct, then resume"
                 self._forward("pause", reason)  # the running Slaves dispatch no more from now on
+                if self._replanning and workflow.patched("master-one-replan-at-a-time"):
+                    # A course correction is being applied: a second re-plan from the same queue would race it.
+                    workflow.logger.info("repeated failures during a course correction: paused, no re-plan")
+                    self._pause(reason)
+                    return
                 self._replanning = True  # and no batch starts until the re-plan is in
                 self._auto_corrections.append(asyncio.create_task(self._auto_correct(text, reason)))
 

@@ -87,6 +87,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow
 
+# A Slave still starting when the sprint was shut down is told once it has started.
+PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
+# An update that came while the sprint settled its course corrections finishes before the sprint ends.
+PATCH_ENDING = "master-updates-before-end"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -104,6 +108,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
+        self._deciding: dict[str, int] = {}  # story key -> its batch, while a decide update waits for the Slave
+        self._ending = False  # the sprint will start no batch any more (it is closing or handing over)
         self._init_roster()
         self._init_course_correction()
         self._init_planning()
@@ -245,10 +251,26 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         key = parsed.story_key
         if parsed.decision is not Decision.REARM:
-            view = s.views[key]
-            self._decided_views.pop(key, None)
-            self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=view.batch_id)
-            await workflow.wait_condition(lambda: key in self._decided_views)
+            batch_id = s.views[key].batch_id
+            if key in self._deciding:  # two updates accepted in one workflow task: the validator saw neither
+                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
+            self._deciding[key] = batch_id
+            try:
+                self._decided_views.pop(key, None)
+                self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=batch_id)
+                # The batch may end before its Slave applies the decision (a shutdown came first): then the
+                # decision is lost with it, and the update says so instead of waiting forever.
+                await workflow.wait_condition(
+                    lambda: key in self._decided_views or batch_id not in self._running_batches
+                )
+            finally:
+                self._deciding.pop(key, None)
+            if key not in self._decided_views:
+                raise ApplicationError(
+                    f"story {key!r}: batch {batch_id} ended before the decision reached it "
+                    f"(the story stays {s.views[key].state})",
+                    type="InvalidDecision",
+                )
             return self._decided_views.pop(key)
         target = parsed.rearm_state().value
         written = await workflow.execute_activity(
@@ -295,17 +317,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         view = s.views.get(parsed.story_key)
         try:
             if parsed.decision is Decision.REARM:
-                if s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
+                if self._sprint_ending():
                     raise DecisionError("the sprint is ending: nothing can be rearmed")
                 check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
+            elif parsed.story_key in self._deciding:
+                raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
             elif not view.awaiting_decision:
                 raise DecisionError(f"story {parsed.story_key!r} is not awaiting a decision (state {view.state})")
             elif view.batch_id not in self._started_batches:
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
             raise ApplicationError(str(err), type="InvalidDecision") from None
+
+    def _sprint_ending(self) -> bool:
+        """No batch will start any more: a rearm or a course correction accepted now would be lost."""
+        s = self._state
+        return (
+            self._ending
+            or s.shutdown
+            or s.stopped_early
+            or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED)
+        )
 
     def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:
         """DEPENDENCY_UPDATE to each running Slave with a story depending on one of `states`."""
@@ -337,7 +371,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         """Stop the sprint gracefully: running Slaves finish the story in hand; no new batch starts."""
         self._state.shutdown = True
         for slave_id in list(self._running_batches.values()):
-            await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
+            try:
+                await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
+            except Exception as err:  # noqa: BLE001 - it has just ended (nothing to stop) or is starting (below)
+                workflow.logger.info("shutdown: %s not signalled (%s)", slave_id, err)
 
     def _pause(self, reason: str) -> None:
         self._state.paused_reason = reason
@@ -403,6 +440,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 continue
             await workflow.wait_condition(workflow.all_handlers_finished)
             await self._course_corrections_settled()
+            if not workflow.all_handlers_finished() and workflow.patched(PATCH_ENDING):
+                continue  # an update came meanwhile (a rearm queues a batch): it finishes first
             if s.shutdown or s.stopped_early:
                 break
             if s.queue:  # a rearm decision queued a batch while the last one ended
@@ -412,6 +451,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             # Paused with nothing left to run: the sprint holds (a rearm may still queue a batch) until
             # resumed or shut down.
             await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown or bool(s.queue))
+        self._ending = True  # from here on a rearm or a course correction is refused, not lost
         if self._forwards:
             await asyncio.gather(*self._forwards)
         await self._stop_residents()
@@ -714,6 +754,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
+        self._ending = True  # until the next run: updates then go to it (the client follows the chain)
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._course_corrections_settled()
         await self._stop_residents()  # each run owns its residents; the new run starts them again
@@ -785,6 +826,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._forward(SIGNAL_DEPENDENCY_UPDATE, settled, only=spec.batch_id)
             if s.paused_reason is not None:  # paused while the Slave was starting
                 self._forward(SIGNAL_PAUSE, s.paused_reason, only=spec.batch_id)
+            if s.shutdown and workflow.patched(PATCH_SHUTDOWN_AFTER_START):  # shut down while it was starting
+                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, SIGNAL_SHUTDOWN)))
             result = await child
             # The updates the Slave made after its last story_updates signal, in order, before anything else.
             for update in result.final_updates:
@@ -877,9 +920,9 @@ def _progress_from_view(key: str, view: StoryView) -> StoryProgress:
     )
 
 
-async def _signal_quietly(workflow_id: str, signal: str, arg: Any) -> None:
+async def _signal_quietly(workflow_id: str, signal: str, *args: Any) -> None:
     """A forwarded signal; a Slave that has just ended cannot take it, which is not an error."""
     try:
-        await workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)
+        await workflow.get_external_workflow_handle(workflow_id).signal(signal, args=args)
     except Exception as err:  # noqa: BLE001 - the target is gone; nothing to do
         workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)

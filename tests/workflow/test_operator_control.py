@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,16 @@ from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import ledger, make_project, sprint_input, start_sprint, status_values, wait_status
+from tests.workflow.helpers import (
+    ledger,
+    make_project,
+    poll_until,
+    sprint_input,
+    start_sprint,
+    status_values,
+    wait_status,
+    workflow_task_failures,
+)
 from workflows.sprint_master import SprintMasterWorkflow
 from workers.main import SPRINT_ACTIVITIES, WORKFLOWS, build_workers
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -154,6 +164,102 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
         report = await handle.result()
     assert report.stories == {K1: final}
     assert status_values(tmp_path)[K1] == final
+
+
+async def test_two_decisions_for_one_story_apply_once(ts_env, tmp_path: Path):
+    """Two operators (or a retried call) answer at once: both may pass the validator in one workflow task;
+    one decision is applied, the other refused, and the Master's task never fails."""
+    make_project(tmp_path, {K1: "story-doc-review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="decide-twice", config_overrides=ASK, simulation=NEEDS_IMPROVE)
+        )
+        await _awaiting(handle)
+        decision = {"story_key": K1, "decision": "force_pass"}
+        answers = await asyncio.wait_for(  # a failing workflow task would retry, and the updates wait, forever
+            asyncio.gather(
+                *(handle.execute_update(SprintMasterWorkflow.decide, decision) for _ in range(2)), return_exceptions=True
+            ),
+            60,
+        )
+        report = await asyncio.wait_for(handle.result(), 60)
+        failures = await workflow_task_failures(ts_env.client, handle.id)
+    views = [a for a in answers if not isinstance(a, BaseException)]
+    refusals = [a for a in answers if isinstance(a, WorkflowUpdateFailedError)]
+    assert len(views) == 1 and views[0].state == "ready-for-dev", answers
+    assert len(refusals) == 1 and "already on its way" in str(refusals[0].cause), answers
+    assert failures == 0
+    assert report.stories == {K1: "done"}
+
+
+async def test_a_decision_racing_a_shutdown_gets_an_answer_and_the_sprint_ends(ts_env, tmp_path: Path):
+    """The batch may end on the shutdown before its Slave takes the decision: the update then says so
+    (it used to wait forever, and the sprint with it, for all its handlers to finish)."""
+    make_project(tmp_path, {K1: "story-doc-review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="decide-stop", config_overrides=ASK, simulation=NEEDS_IMPROVE)
+        )
+        await _awaiting(handle)
+        await handle.signal(SprintMasterWorkflow.shutdown_request)
+        try:
+            view = await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
+            assert view.state == "ready-for-dev"  # the Slave took it before it stopped
+        except WorkflowUpdateFailedError as err:  # refused, or the batch ended first
+            assert "not running" in str(err.cause) or "ended before the decision reached it" in str(err.cause), err.cause
+        report = await handle.result()  # time skips: a sprint stuck here would time out, not return
+    assert report.status is SprintStatus.PARTIAL
+    assert report.stories[K1] in ("story-doc-review", "ready-for-dev", "done")
+
+
+async def test_a_rearm_while_the_sprint_ends_is_refused_not_lost(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-end", simulation=simulation))
+
+        async def stopping_residents() -> bool:
+            try:
+                status = await handle.query(SprintMasterWorkflow.status)
+            except Exception:  # noqa: BLE001 - not started yet
+                return False
+            return status.batches_done == 1 and 0 < len(status.roster.residents) < 3
+
+        await poll_until(stopping_residents, "the Master stopping its residents", interval=0.002)
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
+            "the sprint is ending",
+        )
+        report = await handle.result()
+    assert report.stories[K1] == status_values(tmp_path)[K1] == "needs-intervention"
+    assert [b.batch_id for b in report.batches] == [1]
+
+
+async def test_shutdown_when_a_batch_has_just_closed_still_ends_the_sprint(local_env, tmp_path: Path):
+    """The Master learns of a Slave's end only in its next workflow task: a shutdown signalled before that
+    must not fail on the Slave that is gone (it failed the sprint and left its residents running)."""
+    client = local_env.client
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    async with AsyncExitStack() as stack:
+        for worker in build_workers(client, queue_prefix=prefix):
+            await stack.enter_async_context(worker)
+        handle = await start_sprint(
+            client, prefix + SPRINT_TASK_QUEUE, sprint_input(tmp_path, session_id="stop-closed", agent_backend="external")
+        )
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "dev in flight")
+    # No worker (a restart, a laptop asleep): the batch closes and the operator stops the sprint meanwhile.
+    await client.get_workflow_handle(slave_workflow_id("stop-closed", 1)).terminate("stuck batch")
+    await handle.signal(SprintMasterWorkflow.shutdown_request)
+    async with AsyncExitStack() as stack:
+        for worker in build_workers(client, queue_prefix=prefix):
+            await stack.enter_async_context(worker)
+        report = await asyncio.wait_for(handle.result(), 60)
+        for role in ("scrum-master", "knowledge-researcher", "debugger"):  # the default resident slots
+            resident = await client.get_workflow_handle(resident_workflow_id("stop-closed", role)).describe()
+            assert resident.status is WorkflowExecutionStatus.COMPLETED, (role, resident.status)
+    assert report.status is SprintStatus.PARTIAL
+    assert any("Slave ended abnormally" in e for b in report.batches for e in b.errors), report.batches
 
 
 async def test_slave_decide_validator_rejects_a_story_not_waiting(ts_env, tmp_path: Path):
