@@ -614,13 +614,16 @@ class SprintSlaveWorkflow:
         implementation -> NEXT gate (FIX retries). The implementation's AGENT_COMPLETE after NEXT, a
         failure as it came, or needs-intervention (BLOCKED, or no valid PO message)."""
         config = self._input.config
-        scope: StoryScope = await workflow.execute_activity(
-            load_story_scope,
-            StoryScopeInput(project_root=self._input.project_root, story_path=meta.story_path),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=3),
-            summary=f"PO gates: scope of story {meta.key}",
-        )
+        try:
+            scope: StoryScope = await workflow.execute_activity(
+                load_story_scope,
+                StoryScopeInput(project_root=self._input.project_root, story_path=meta.story_path),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"PO gates: scope of story {meta.key}",
+            )
+        except ActivityError as err:
+            return intervention(progress, f"PO gates: the story's scope could not be read ({_cause(err)})")
         base = {"ac_ids": list(scope.ac_ids), "scope": list(scope.files)}
         timeout_minutes = max(1, config.agent_timeout_seconds.dev_execution // 60)
         go_records: list[dict[str, Any]] = []
@@ -731,6 +734,12 @@ class SprintSlaveWorkflow:
             attempt += 1
 
     async def _record_gate(self, story_key: str, gate: str, decisions: list[dict[str, Any]]) -> None:
+        try:
+            await self._write_gate_record(story_key, gate, decisions)
+        except ActivityError as err:  # the record is the gates' audit trail: its loss must not stop the story
+            workflow.logger.error("[Slave] %s: PO gate %s not recorded: %s", story_key, gate, _cause(err))
+
+    async def _write_gate_record(self, story_key: str, gate: str, decisions: list[dict[str, Any]]) -> None:
         await workflow.execute_activity(
             record_gate,
             GateRecordInput(
@@ -871,18 +880,32 @@ class SprintSlaveWorkflow:
         if after.state != before.state:
             # A local activity: the write runs in this worker within the workflow task (one marker event,
             # no activity task round trip through the server); same timeout, retries and idempotency.
-            written = await workflow.execute_local_activity(
-                write_story_status,
-                StatusWriteInput(
-                    project_root=self._input.project_root,
-                    status_file=self._input.status_file,
-                    story_key=before.key,
-                    expected=before.state,
-                    new=after.state,
-                ),
-                summary=f"U4 {before.key}: {before.state} -> {after.state}",
-                **STATUS_WRITE_OPTIONS,
-            )
+            try:
+                written = await workflow.execute_local_activity(
+                    write_story_status,
+                    StatusWriteInput(
+                        project_root=self._input.project_root,
+                        status_file=self._input.status_file,
+                        story_key=before.key,
+                        expected=before.state,
+                        new=after.state,
+                    ),
+                    summary=f"U4 {before.key}: {before.state} -> {after.state}",
+                    **STATUS_WRITE_OPTIONS,
+                )
+            except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
+                # The file cannot take the write (the story renamed or removed, a YAML error saved by hand,
+                # retries spent): this story stops here, the batch's other stories go on.
+                after = intervention(
+                    before,
+                    f"sprint-status.yaml could not be written ({_cause(err)}); "
+                    f"{before.state} -> {after.state} not recorded",
+                    after.tokens_used - before.tokens_used,
+                ).progress
+                self._progress[before.key] = after
+                workflow.logger.error("[Slave] %s: %s", before.key, after.error)
+                self._publish(before.key)
+                return
             if written.outcome == "cas-mismatch":
                 # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
                 after = intervention(

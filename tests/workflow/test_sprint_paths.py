@@ -14,6 +14,8 @@ from temporalio.exceptions import ApplicationError
 
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
+from bso.constants import slave_workflow_id
+from bso.models import DEFAULT_STATUS_FILE
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
@@ -24,6 +26,7 @@ from tests.workflow.helpers import (
     sprint_input,
     start_sprint,
     status_values,
+    wait_status,
     workflow_task_failures,
 )
 
@@ -383,3 +386,23 @@ async def test_the_story_updates_hold_timer_is_never_cancelled(ts_env, tmp_path:
     kinds = [e.event_type for e in history.events]
     assert EventType.EVENT_TYPE_TIMER_STARTED in kinds  # the hold was used
     assert EventType.EVENT_TYPE_TIMER_CANCELED not in kinds
+
+
+async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_the_batch(ts_env, tmp_path: Path):
+    """The user renames K1 in sprint-status.yaml while its agent runs: K1's next write cannot be made (an
+    unknown key, not retried), so K1 needs intervention with the reason; K2 still runs; no workflow task fails."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"duration_ms": 2000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="renamed", simulation=simulation))
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev agent in flight")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(status_file.read_text(encoding="utf-8").replace(K1, "1-1-login-page"), encoding="utf-8")
+        report = await handle.result()
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("renamed", 1))
+    assert report.stories == {K1: "needs-intervention", K2: "done"}
+    error = story_result(report, K1).error
+    assert "sprint-status.yaml could not be written" in error and "ready-for-dev -> review not recorded" in error, error
+    written = status_values(tmp_path)
+    assert (written["1-1-login-page"], written[K2]) == ("ready-for-dev", "done")
+    assert failures == 0
