@@ -29,6 +29,7 @@ from bso.git_rules import (
     GitRuleError,
     commit_message,
     is_secret_path,
+    originals_ref,
     parse_porcelain,
     squash_message,
     story_branch,
@@ -296,8 +297,8 @@ async def clear_story_track(project_root: str, session_id: str, story_key: str, 
 async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     """The story is done: squash its commits into `feat: Story N.M: <title>` (P28) and merge the branch
     into the project's checked-out branch (ff or merge commit), then clear its track (auto_clear_git_track).
-    Idempotent (a merge is recorded before the track is cleared); on conflict nothing changes (the original
-    commits stay) and the worktree is kept."""
+    Idempotent (a merge is recorded before the track is cleared; a retry after a failure at any step finishes
+    the squash and the merge); on conflict nothing changes (the original commits stay) and the worktree is kept."""
     try:  # the key names paths and a branch: checked before anything uses it
         story_branch(inp.session_id, inp.story_key)
     except GitRuleError as err:
@@ -316,22 +317,67 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     return result
 
 
+async def _commit_of(cwd: str, rev: str) -> str | None:
+    return (await git(cwd, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)).strip() or None
+
+
+async def _is_ancestor(root: str, commit: str, of: str) -> bool:
+    done = await run_command(["git", "-C", root, "merge-base", "--is-ancestor", commit, of], cwd=root)
+    return done.returncode == 0
+
+
+async def _same_tree(root: str, a: str, b: str) -> bool:
+    trees = (await git(root, "rev-parse", f"{a}^{{tree}}", f"{b}^{{tree}}")).split()
+    return len(trees) == 2 and trees[0] == trees[1]
+
+
+async def _recover_reset_branch(root: str, worktree: Path, branch: str, base: str, originals: str | None) -> bool:
+    """A worker before the squash by commit-tree squashed with `reset --soft <base>` then `commit`; stopped
+    between the two, it left the branch at the base with the story's tree staged in its worktree, the work
+    only under refs/bso-originals. Put the branch back on the originals (the staged tree is theirs, so the
+    worktree stays clean). Whether it did."""
+    if originals is None or not (worktree / ".git").exists():
+        return False
+    staged_is_originals = await run_command(
+        ["git", "-C", str(worktree), "diff", "--cached", "--quiet", originals], cwd=str(worktree)
+    )
+    if staged_is_originals.returncode != 0:
+        return False
+    await git(root, "update-ref", f"refs/heads/{branch}", originals, base)
+    return True
+
+
 async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
+    """Safe to retry after a failure at any step: the squash commit is built aside (commit-tree) and the
+    branch moves to it in one ref update, so the branch always holds the story's whole work."""
     settings = _git_settings(inp.project_root)
     path = worktree_path(inp.project_root, inp.session_id, inp.story_key)
     try:
         branch = story_branch(inp.session_id, inp.story_key)
+        saved_originals = originals_ref(inp.session_id, inp.story_key)
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     root = inp.project_root
-    exists = await git(root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
-    if not exists.strip():
+    tip = await _commit_of(root, f"refs/heads/{branch}")
+    if tip is None:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no branch: nothing to merge")
-    tip = (await git(root, "rev-parse", branch)).strip()
-    ancestor = await run_command(["git", "-C", root, "merge-base", "--is-ancestor", tip, "HEAD"], cwd=root)
-    if ancestor.returncode == 0:
-        return FinishStoryResult(story_key=inp.story_key, merged=True, commit=tip, note="already merged")
     base = await sprint_base(root, inp.session_id)
+    originals = await _commit_of(root, saved_originals)
+    if tip == base and await _recover_reset_branch(root, path, branch, base, originals):
+        activity.logger.info("%s: an interrupted squash left %s at the base; restored from %s",
+                             inp.story_key, branch, saved_originals)
+        tip = originals
+    # An earlier attempt squashed, then failed before (or while) merging: the originals are what a conflict
+    # restores, and the result still says squashed.
+    squashed_before = bool(
+        originals and originals != tip and await _commit_of(root, f"{tip}^") == base
+        and await _same_tree(root, tip, originals)
+    )
+    # A branch still at the base carries nothing of its own: never "already merged" (it is an ancestor of
+    # anything built on the base), which would clear the track of a story whose work never arrived.
+    if tip != base and await _is_ancestor(root, tip, "HEAD"):
+        return FinishStoryResult(story_key=inp.story_key, merged=True, squashed=squashed_before, commit=tip,
+                                 note="already merged")
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
     if count == 0:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
@@ -347,16 +393,20 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             note=f"not merged: the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
                  "worktree kept",
         )
-    squashed = False
+    squashed = squashed_before
+    restore_on_conflict = originals if squashed_before else tip
     identity = await identity_args(root)
     message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
-    if inp.squash and (path / ".git").exists():
-        subject = (await git(str(path), "log", "-1", "--format=%s")).strip()
+    if inp.squash:
+        subject = (await git(root, "log", "-1", "--format=%s", tip)).strip()
         if count > 1 or subject != message:
-            await git(root, "update-ref", f"refs/bso-originals/{inp.session_id}/{inp.story_key}", tip)
-            await git(str(path), "reset", "--soft", base)
-            await git(str(path), *identity, "commit", "-q", "--no-verify", "-m", message)
-            squashed = True
+            await git(root, "update-ref", saved_originals, tip)
+            squash_commit = (await git(
+                root, *identity, "commit-tree", f"{tip}^{{tree}}", "-p", base, "-m", message
+            )).strip().splitlines()[-1]
+            # The branch moves only from the tip we read; its worktree's index already holds this tree.
+            await git(root, "update-ref", f"refs/heads/{branch}", squash_commit, tip)
+            squashed, restore_on_conflict = True, tip
     new_tip = (await git(root, "rev-parse", branch)).strip()
     merged_ff = False
     if settings.merge == "ff":
@@ -369,8 +419,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         )
         if merge.returncode != 0:
             await git(root, "merge", "--abort", check=False)
-            if squashed:
-                await git(str(path), "reset", "--hard", tip)  # the original commits stay (P28)
+            if squashed:  # the original commits stay (P28)
+                await git(root, "update-ref", f"refs/heads/{branch}", restore_on_conflict, new_tip)
             return FinishStoryResult(
                 story_key=inp.story_key,
                 merged=False,

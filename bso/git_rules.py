@@ -31,6 +31,11 @@ def story_branch(session_id: str, story_key: str) -> str:
     return f"bso/{check_ref_part(session_id, 'session id')}/{check_ref_part(story_key, 'story key')}"
 
 
+def originals_ref(session_id: str, story_key: str) -> str:
+    """`refs/bso-originals/<session>/<story key>`: a story's commits as they were before the squash (P28)."""
+    return f"refs/bso-originals/{check_ref_part(session_id, 'session id')}/{check_ref_part(story_key, 'story key')}"
+
+
 def is_secret_path(path: str, patterns: list[str]) -> bool:
     """Does a changed file look like a secret (`.env*`, private keys, credential files)?"""
     name = posixpath.basename(path)

@@ -12,6 +12,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.git_ops as git_ops
 from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from bso.dispatch import VERIFICATION_FAILED
@@ -185,6 +186,56 @@ async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_
     assert git(root, "rev-parse", "HEAD").strip() == user_head and git(root, "status", "--porcelain") == user_status
     assert git(root, "rev-parse", branch).strip() == tip  # the original commits stay, not the squash
     assert worktree_path(str(root), "s1", STORY).exists()
+
+
+async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A project whose story's dev dispatch succeeded: (root, the files its branch changes)."""
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    changed = git(root, "diff", "--name-only", "HEAD", f"bso/s1/{STORY}").split()
+    assert changed, "the story branch carries the agent's work"
+    return root, changed
+
+
+@pytest.mark.parametrize("crash_after", range(15))  # a clean finish runs 15 git commands
+async def test_a_finish_retried_after_a_crash_at_any_step_merges_the_story(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_after: int
+) -> None:
+    """The worker dies right after the n-th git command of finish_story_git; Temporal's retry must still land
+    the story's work on the user's branch (not answer "already merged" for a branch reset to the base)."""
+    root, changed = await _done_story(tmp_path)
+    real_git, calls = git_ops.git, [0]
+
+    async def crashing_git(cwd: str, *args: str, **kw) -> str:
+        out = await real_git(cwd, *args, **kw)
+        calls[0] += 1
+        if calls[0] == crash_after + 1:
+            raise git_ops.GitError("simulated crash")
+        return out
+
+    monkeypatch.setattr(git_ops, "git", crashing_git)
+    with pytest.raises(git_ops.GitError):
+        await finish(root, story_title="Hello")
+    monkeypatch.setattr(git_ops, "git", real_git)
+    result = await finish(root, story_title="Hello")
+    assert result.merged and result.squashed, result.note
+    assert set(changed) <= set(git(root, "ls-files").split())
+    assert git(root, "log", "-1", "--format=%s", "--no-merges").strip() == "feat: Story 1.1: Hello"
+
+
+async def test_a_squash_an_older_worker_left_half_done_is_finished_from_the_originals(tmp_path: Path) -> None:
+    """Before commit-tree, the squash was `reset --soft <base>` then `commit`: a worker stopped between the two
+    left the branch at the base, the work staged in the worktree and kept under refs/bso-originals."""
+    root, changed = await _done_story(tmp_path)
+    wt, branch = worktree_path(str(root), "s1", STORY), f"bso/s1/{STORY}"
+    tip, base = git(root, "rev-parse", branch).strip(), git(root, "rev-parse", "HEAD").strip()
+    git(root, "update-ref", f"refs/bso-originals/s1/{STORY}", tip)
+    git(wt, "reset", "-q", "--soft", base)
+    result = await finish(root, story_title="Hello")
+    assert result.merged and result.squashed, result.note
+    assert set(changed) <= set(git(root, "ls-files").split())
+    assert git(root, "rev-parse", f"refs/bso-originals/s1/{STORY}").strip() == tip
 
 
 async def test_merge_mode_always_makes_a_merge_commit(tmp_path: Path) -> None:
