@@ -254,16 +254,21 @@ def _redact_file(path: Path, env: dict[str, str]) -> None:
         path.write_text(redacted, encoding="utf-8")
 
 
+CHECKING_PHASE = "checking"  # BSO checks the agent's work: Exit Gate, scope guard, verification
+FIX_SNAPSHOT_PHASE = "fix-snapshot"  # P20: BSO counts the passing tests before a fix agent starts
+
+
 @asynccontextmanager
-async def _beating(a: TaskAssignment, phase: str, every: float) -> AsyncIterator[None]:
-    """Heartbeat (a PROGRESS_UPDATE) while BSO checks the agent's work (the verification can take minutes)."""
+async def _beating(a: TaskAssignment, phase: str, doing: str, every: float) -> AsyncIterator[None]:
+    """Heartbeat (a PROGRESS_UPDATE) while BSO runs the project's checks itself: they can take minutes, longer
+    than the heartbeat timeout, and the server would time out and retry the attempt."""
 
     async def beat() -> None:
         while True:
             activity.heartbeat(
                 progress_update(
                     agent_id=a.agent_type.value, task_id=a.story_key, at=datetime.now(UTC), percent=99,
-                    current_activity=f"BSO {phase} the agent's work", dispatch_id=a.dispatch_id, phase=phase,
+                    current_activity=doing, dispatch_id=a.dispatch_id, phase=phase,
                 )
             )
             await asyncio.sleep(every)
@@ -359,7 +364,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
     checks = agents.verification
     if exited is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
         # P20: the fix snapshot: how many tests pass before the fix.
-        snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
+        async with _beating(a, FIX_SNAPSHOT_PHASE, "BSO counting the passing tests before the fix", _beat_every(agents)):
+            snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
         passing_before = count_passed(snapshot.output, checks.passed_pattern)
 
     story_text = Path(story_file).read_text(encoding="utf-8") if Path(story_file).is_file() else ""
@@ -440,7 +446,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         )
     else:
         run = exited[0]
-    async with _beating(a, "checking", _beat_every(agents)):
+    async with _beating(a, CHECKING_PHASE, "BSO checking the agent's work", _beat_every(agents)):
         return await _checked(
             a, profile, agents, env, wt, root, run_dir, marker, result_file, run, timeout, before,
             passing_before, scope, verification_file, po_base,

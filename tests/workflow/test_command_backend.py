@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -415,6 +416,27 @@ async def test_a_failed_fix_that_lowers_passing_tests_is_rolled_back_too(tmp_pat
     assert fix.status is AgentStatus.FAILURE
     assert "passing tests fell from 1 to 0" in fix.error and "could not finish the fix" in fix.error
     assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+
+
+async def test_the_fix_snapshot_heartbeats(tmp_path: Path) -> None:
+    """P20's count before a fix runs the project's checks: a suite slower than the heartbeat timeout (60 s by
+    default) would have every fix attempt timed out by the server if nothing heartbeat meanwhile."""
+    suite_seconds = 2
+    root = dev_project(tmp_path)
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace(
+        'commands = [["python3", "run_checks.py"]]',
+        f'commands = [["python3", "-c", "import time; time.sleep({suite_seconds}); print(\'1 passed\')"]]',
+    ))
+    beats: list[tuple[float, dict]] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append((time.monotonic(), details[0] if details else {}))
+    started = time.monotonic()
+    await env.run(command.run, assignment(root, mode=AgentMode.FIX))
+    times = [started, *(t for t, _ in beats)]
+    longest = max(b - a for a, b in zip(times, times[1:]))
+    assert longest < 1.5, f"{longest:.1f}s without a heartbeat (heartbeat_seconds = 0.5)"
+    assert beats[0][1].get("phase") == command.FIX_SNAPSHOT_PHASE
 
 
 async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Path) -> None:
