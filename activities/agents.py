@@ -3,8 +3,10 @@
 It runs the agent through the chosen backend and delivers AGENT_COMPLETE to the Slave: as the
 activity's result when the assignment asks for it (`answer_in_result`, what the Slave does for agents
 that answer in-process), else as a signal. Before delivering it records the answer on disk
-(`.sprint-session/dispatches/`): an activity retried after its agent had answered (a worker killed at the
-wrong moment) re-delivers that answer instead of running the agent again. The Slave ignores the duplicate.
+(`.sprint-session/dispatches/`, with the workflow run it answers): an activity retried after its agent had
+answered (a worker killed at the wrong moment) re-delivers that answer instead of running the agent again. The
+Slave ignores the duplicate. An answer another run recorded (a sprint started again under its id reuses the
+dispatch ids) is not re-delivered: the agent runs and its answer replaces it.
 One attempt of a dispatch runs at a time on a host: a retry that starts while an earlier attempt is still
 running (its worker stood still past the heartbeat timeout, as on a closed laptop, and woke with both) waits
 for it. If the earlier attempt records its answer before its next heartbeat, the retry re-delivers that
@@ -17,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -27,7 +28,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.backends import command, external, simulated
-from activities.session_files import dispatch_answer_path, dispatch_lock_path, write_json_atomic
+from activities.session_files import (
+    dispatch_answer_path,
+    dispatch_lock_path,
+    record_dispatch_answer,
+    recorded_dispatch_answer,
+)
 from bso.agent_progress import progress_update
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
@@ -112,9 +118,14 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
             non_retryable=True,
         )
     answer_file = _answer_path(assignment)
+    info = activity.info()
+
+    def recorded_answer() -> dict | None:
+        return recorded_dispatch_answer(answer_file, info.workflow_run_id, info.scheduled_time)
+
     async with one_attempt_at_a_time(assignment):
-        if answer_file.exists():
-            recorded = AgentComplete.model_validate(json.loads(answer_file.read_text(encoding="utf-8")))
+        if (answer := recorded_answer()) is not None:
+            recorded = AgentComplete.model_validate(answer)
             if assignment.answer_in_result:
                 return _in_result(assignment, recorded, replayed_from_ledger=True)
             delivered = await _deliver(assignment, recorded)
@@ -125,8 +136,10 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
         complete = await backend(assignment)
         if complete is None:
             return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=False)
-        if not answer_file.exists():  # a backend may record its answer itself (the simulated one does)
-            await asyncio.to_thread(write_json_atomic, answer_file, complete.model_dump(mode="json"))
+        if recorded_answer() is None:  # a backend may record its answer itself (the simulated one does)
+            await asyncio.to_thread(
+                record_dispatch_answer, answer_file, complete.model_dump(mode="json"), info.workflow_run_id
+            )
     if assignment.answer_in_result:
         return _in_result(assignment, complete)
     delivered = await _deliver(assignment, complete)

@@ -6,8 +6,11 @@ import hashlib
 import json
 import os
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bso.dispatch import written_by_this_run
 
 SESSION_DIR = ".sprint-session"
 
@@ -44,6 +47,32 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 def dispatch_answer_path(project_root: str, dispatch_id: str) -> Path:
     """Where the agent activity records the AGENT_COMPLETE of one dispatch (re-delivered on a retry)."""
     return session_path(project_root, "dispatches", f"{safe_name(dispatch_id)}.json")
+
+
+def file_written_at(path: Path) -> datetime:
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC)
+
+
+def record_dispatch_answer(path: Path, answer: dict[str, Any], run_id: str) -> None:
+    """Record a dispatch's AGENT_COMPLETE with the workflow run it answers (see recorded_dispatch_answer)."""
+    write_json_atomic(path, {"workflow_run_id": run_id, "answer": answer})
+
+
+def recorded_dispatch_answer(path: Path, run_id: str, first_scheduled_at: datetime) -> dict[str, Any] | None:
+    """The AGENT_COMPLETE recorded for this dispatch by this workflow run; None when there is none, or when
+    another run of a workflow with the same id (a sprint started again under its id) recorded it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        written_at = file_written_at(path)
+    except FileNotFoundError:
+        return None
+    if isinstance(data, dict) and "answer" in data and "workflow_run_id" in data:
+        recorded_run_id, answer = data["workflow_run_id"], data["answer"]
+    else:  # written before answers named their run: the AGENT_COMPLETE alone
+        recorded_run_id, answer = None, data
+    if not written_by_this_run(recorded_run_id, run_id, written_at=written_at, first_scheduled_at=first_scheduled_at):
+        return None
+    return answer
 
 
 def dispatch_lock_path(project_root: str, dispatch_id: str) -> Path:

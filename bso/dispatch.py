@@ -9,6 +9,7 @@ max_review_rounds cap, story-review fallbacks, E2E triggers) lives here, in one 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from bso.config import ReviewDegradation, SprintConfig
@@ -133,6 +134,20 @@ class Transition:
     progress: StoryProgress
     outcome: Outcome
     note: str
+
+
+def written_by_this_run(recorded_run_id: str | None, run_id: str, *, written_at: datetime,
+                        first_scheduled_at: datetime) -> bool:
+    """Does a record a dispatch left on disk (its answer, the command backend's exit and marker files) belong to
+    this workflow run? Dispatch ids repeat when a sprint is started again under its id (once the first run
+    closed), so a record names the run that wrote it, and another run's record is not this dispatch's.
+    A record without a run id (written by a worker before this rule) counts as this run's only when it was
+    written after this activity was first scheduled: a retry after the worker was upgraded mid-run must still
+    re-deliver the agent's finished work instead of running it again, and a record an earlier sprint left is
+    older than this dispatch."""
+    if recorded_run_id is not None:
+        return recorded_run_id == run_id
+    return written_at >= first_scheduled_at
 
 
 def record_dispatch(progress: StoryProgress, step: DispatchStep, dispatch_id: str) -> StoryProgress:

@@ -8,11 +8,12 @@ command) run as a child process of the agent activity, in the story's git worktr
   the CLI's JSON. After a dev-runner: the Git Exit Gate, the scope guard and BSO's own verification.
 - Prompt, command (env redacted), stdout/stderr and the result go to `.sprint-session/agents/<dispatch>/`;
   the AGENT_COMPLETE (history) carries only a short summary, the transcript's path and its hash.
-- Idempotency: a marker (dispatch id, commit) in the worktree's git dir; a retried activity whose agent
-  already finished (and whose commit is still the worktree's HEAD) reports the recorded answer. An agent
-  that exited before the worker died (BSO was still checking its work) is never run again: `exit.json` in
-  its run directory records the exit, and the retry only checks the work again. The activity heartbeats
-  through the checks too.
+- Idempotency: a marker (dispatch id, workflow run, commit) in the worktree's git dir; a retried activity
+  whose agent already finished (and whose commit is still the worktree's HEAD) reports the recorded answer.
+  An agent that exited before the worker died (BSO was still checking its work) is never run again:
+  `exit.json` in its run directory records the exit, and the retry only checks the work again. Both belong
+  to their workflow run: a sprint started again under its id runs its agents. The activity heartbeats
+  through the fix snapshot and the checks too.
 - A failed verification is an AGENT_COMPLETE failure with error_type `verification_failed`
   (bso.dispatch routes it to the debugger, then a fix with the output among its findings).
 """
@@ -49,7 +50,7 @@ from activities.git_ops import (
     verify,
 )
 from activities.process import group_alive, kill_group, kill_group_now
-from activities.session_files import safe_name, session_path, write_json_atomic
+from activities.session_files import file_written_at, safe_name, session_path, write_json_atomic
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
@@ -64,7 +65,7 @@ from bso.agent_profiles import (
     resolve_profile,
 )
 from bso.config import ConfigError, SprintConfig, resolve_config
-from bso.dispatch import VERIFICATION_FAILED
+from bso.dispatch import VERIFICATION_FAILED, written_by_this_run
 from bso.git_rules import (
     GitRuleError,
     check_ref_part,
@@ -234,8 +235,8 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data["dispatch_id"] != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
-            return None  # another run of a workflow with the same id (a session id used again)
+        if data["dispatch_id"] != dispatch_id or not _this_runs(data, path):
+            return None  # another run of a workflow with the same id (a session id used again): the agent runs
         run = AgentRun(data["returncode"], bool(data["timed_out"]), float(data["elapsed"]), str(data["last_line"]))
         return run, data.get("before"), data.get("passing_before")
     except (ValueError, KeyError, TypeError):
@@ -280,6 +281,15 @@ async def _beating(a: TaskAssignment, phase: str, doing: str, every: float) -> A
         task.cancel()
 
 
+def _this_runs(record: dict, path: Path) -> bool:
+    """Was this record (exit.json, the marker) written by this workflow run? (bso.dispatch.written_by_this_run)"""
+    info = activity.info()
+    return written_by_this_run(
+        record.get("run_id"), info.workflow_run_id, written_at=file_written_at(path),
+        first_scheduled_at=info.scheduled_time,
+    )
+
+
 async def _marker_path(wt: Worktree | None, run_dir: Path, dispatch_id: str) -> Path:
     if wt is None:
         return run_dir / "marker.json"
@@ -294,6 +304,8 @@ async def _recorded(marker: Path, wt: Worktree | None) -> AgentComplete | None:
         return None
     try:
         data = json.loads(marker.read_text(encoding="utf-8"))
+        if not _this_runs(data, marker):
+            return None  # another run of a workflow with the same id: its answer is not this dispatch's
         if wt is not None and data.get("commit") != await head(wt.path):
             return None  # the worktree moved on (reset by hand): run again
         return AgentComplete.model_validate(data["complete"])
@@ -539,6 +551,7 @@ async def _checked(
         marker,
         {
             "dispatch_id": a.dispatch_id,
+            "run_id": activity.info().workflow_run_id,
             "commit": await head(wt.path) if wt else None,
             "complete": complete.model_dump(mode="json"),
         },

@@ -11,7 +11,12 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.session_files import append_jsonl, dispatch_answer_path, session_path, write_json_atomic
+from activities.session_files import (
+    append_jsonl,
+    dispatch_answer_path,
+    record_dispatch_answer,
+    session_path,
+)
 from bso.agent_progress import percent_of, progress_update
 from bso.dispatch import SCRIPT_KEYS
 from bso.messages import AgentComplete, TaskAssignment
@@ -134,11 +139,12 @@ async def run(assignment: TaskAssignment) -> AgentComplete | None:
     # re-delivers the recorded answer on the retry instead of doing the work (and finishing) again.
     answer_file = dispatch_answer_path(assignment.project_root, assignment.dispatch_id)
     finished = {"dispatch_id": assignment.dispatch_id, "attempt": attempt, "event": "finished"}
-    await asyncio.to_thread(_record_answer, answer_file, complete.model_dump(mode="json"), ledger, finished)
+    run_id = activity.info().workflow_run_id
+    await asyncio.to_thread(_record_answer, answer_file, complete.model_dump(mode="json"), run_id, ledger, finished)
     return complete
 
 
-def _record_answer(answer_file: Path, answer: dict, ledger: Path, finished: dict) -> None:
+def _record_answer(answer_file: Path, answer: dict, run_id: str, ledger: Path, finished: dict) -> None:
     """The answer, then the ledger's `finished`, in one trip to a thread (each hop costs the event loop)."""
-    write_json_atomic(answer_file, answer)
+    record_dispatch_answer(answer_file, answer, run_id)
     append_jsonl(ledger, finished)

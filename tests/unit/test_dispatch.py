@@ -7,6 +7,8 @@ token accounting and the P26 budget levels. No Temporal here: these are plain fu
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +37,7 @@ from bso.dispatch import (
     next_dispatch,
     normalize_state,
     record_dispatch,
+    written_by_this_run,
 )
 from bso.messages import AgentComplete, Finding
 from bso.models import StoryProgress
@@ -907,3 +910,19 @@ def test_review_fix_e2e_loop_terminates_when_e2e_eventually_passes(
     assert steps <= 2 * max_review_rounds + 2 * e2e_failures + 3
     if p.state == "done":
         assert p.e2e_rounds >= 1  # a tagged story only reaches done through e2e-verify
+
+
+SCHEDULED = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("recorded_run", "written_at", "mine"),
+    [
+        ("run-2", SCHEDULED - timedelta(days=1), True),  # this run's, whenever written
+        ("run-1", SCHEDULED + timedelta(seconds=5), False),  # a sprint started again under its id
+        (None, SCHEDULED + timedelta(seconds=5), True),  # an older worker's, written by this dispatch's attempt
+        (None, SCHEDULED - timedelta(seconds=5), False),  # an older worker's, left by an earlier sprint
+    ],
+)
+def test_a_dispatch_record_belongs_to_the_run_that_wrote_it(recorded_run, written_at, mine):
+    assert written_by_this_run(recorded_run, "run-2", written_at=written_at, first_scheduled_at=SCHEDULED) is mine

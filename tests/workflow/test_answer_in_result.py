@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agents import WAITING_PHASE, run_agent
 from activities.backends.simulated import LEDGER
-from activities.session_files import SESSION_DIR, dispatch_answer_path, write_json_atomic
+from activities.session_files import SESSION_DIR, dispatch_answer_path, record_dispatch_answer, write_json_atomic
 from bso.constants import slave_workflow_id
 from bso.message_flow import message_flow
 from bso.messages import AgentComplete, TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, status_values, workflow_task_failures
+from tests.workflow.helpers import ledger, make_project, run_sprint, sprint_input, status_values, workflow_task_failures
 from workflows.sprint_slave import STORY_UPDATES_HOLD_SUMMARY
 
 K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile"
@@ -100,10 +101,64 @@ async def test_a_recorded_answer_is_returned_again_on_a_retry(tmp_path: Path):
         dispatch_id=assignment.dispatch_id, story_key=K1, agent_type=AgentType.REVIEW_RUNNER,
         mode=AgentMode.REVIEW, status=AgentStatus.SUCCESS, tokens_used=7,
     )
-    write_json_atomic(dispatch_answer_path(str(tmp_path), assignment.dispatch_id), recorded.model_dump(mode="json"))
-    receipt = await ActivityEnvironment().run(run_agent, assignment)
+    answer_file = dispatch_answer_path(str(tmp_path), assignment.dispatch_id)
+    env = ActivityEnvironment()
+    record_dispatch_answer(answer_file, recorded.model_dump(mode="json"), env.info.workflow_run_id)
+    receipt = await env.run(run_agent, assignment)
     assert receipt.replayed_from_ledger and receipt.delivered
     assert AgentComplete.model_validate(receipt.answer) == recorded
+    # An answer an older worker recorded (no run named) after this dispatch was scheduled: this run's too.
+    write_json_atomic(answer_file, recorded.model_dump(mode="json"))
+    assert (await env.run(run_agent, assignment)).replayed_from_ledger
+
+
+def _recorded(assignment: TaskAssignment) -> AgentComplete:
+    return AgentComplete(
+        dispatch_id=assignment.dispatch_id, story_key=K1, agent_type=AgentType.REVIEW_RUNNER,
+        mode=AgentMode.REVIEW, status=AgentStatus.FAILURE, error="the earlier sprint's failure",
+    )
+
+
+async def test_an_answer_another_run_recorded_is_not_replayed_but_replaced(tmp_path: Path):
+    """A sprint started again under its id reuses its dispatch ids: the first run's answers are not this run's."""
+    assignment = _assignment(tmp_path, answer_in_result=True)
+    answer_file = dispatch_answer_path(str(tmp_path), assignment.dispatch_id)
+    record_dispatch_answer(answer_file, _recorded(assignment).model_dump(mode="json"), "the-first-run")
+    receipt = await ActivityEnvironment().run(run_agent, assignment)
+    assert not receipt.replayed_from_ledger and AgentComplete.model_validate(receipt.answer).status is AgentStatus.SUCCESS
+    assert _ledger(tmp_path) == [(1, "started"), (1, "finished")]
+    again = await ActivityEnvironment().run(run_agent, assignment)  # a retry of this run re-delivers its own
+    assert again.replayed_from_ledger and again.answer == receipt.answer
+
+
+async def test_an_older_workers_answer_from_before_this_dispatch_is_not_replayed(tmp_path: Path):
+    """No run named (a worker before answers named their run), written before this activity was scheduled: it
+    was left by an earlier sprint under the same id."""
+    assignment = _assignment(tmp_path, answer_in_result=True)
+    write_json_atomic(
+        dispatch_answer_path(str(tmp_path), assignment.dispatch_id), _recorded(assignment).model_dump(mode="json")
+    )
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, scheduled_time=datetime.now(UTC) + timedelta(seconds=1))
+    receipt = await env.run(run_agent, assignment)
+    assert not receipt.replayed_from_ledger and AgentComplete.model_validate(receipt.answer).status is AgentStatus.SUCCESS
+
+
+async def test_a_sprint_started_again_under_its_id_runs_its_agents(ts_env, tmp_path: Path):
+    """The workflow id is the session id, which Temporal lets a sprint reuse once the first run closed: the
+    second run must not be handed the first run's recorded answers (its agents would never run)."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    async with bso_worker(ts_env.client) as queue:
+        failing = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+        first = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="same-id", simulation=failing))
+        assert first.stories[K1] == "needs-intervention"
+        # The user fixes what made the agent fail, resets the story and runs the sprint again under its id.
+        make_project(tmp_path, {K1: "ready-for-dev"})
+        started_before = sum(e["event"] == "started" for e in ledger(tmp_path))
+        second = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="same-id"))
+        started_after = sum(e["event"] == "started" for e in ledger(tmp_path))
+    assert second.stories[K1] == "done", f"the first run's failure was replayed; agents run: {started_after - started_before}"
+    assert started_after > started_before
 
 
 async def test_a_fresh_answer_is_recorded_then_returned(tmp_path: Path):
@@ -112,7 +167,8 @@ async def test_a_fresh_answer_is_recorded_then_returned(tmp_path: Path):
     answer = AgentComplete.model_validate(receipt.answer)
     assert answer.dispatch_id == assignment.dispatch_id and not receipt.replayed_from_ledger
     on_disk = json.loads(dispatch_answer_path(str(tmp_path), assignment.dispatch_id).read_text())
-    assert AgentComplete.model_validate(on_disk) == answer
+    assert AgentComplete.model_validate(on_disk["answer"]) == answer
+    assert on_disk["workflow_run_id"] == ActivityEnvironment().info.workflow_run_id
 
 
 async def test_a_retry_waits_for_an_earlier_attempt_still_running(tmp_path: Path):
