@@ -2,7 +2,8 @@
 command) run as a child process of the agent activity, in the story's git worktree.
 
 - The profile (bso.agent_profiles) gives the argv (no shell), how the prompt is passed, env, workdir, timeout.
-- The process runs in its own process group; the activity heartbeats (elapsed, last output line),
+- The process runs in its own process group, under a launcher (activities/agent_launcher.py) that writes its
+  transcript and records its exit (`exit.json`) itself; the activity heartbeats (elapsed, last output line),
   enforces the timeout itself and kills the whole group on timeout, cancellation or worker shutdown.
 - AGENT_COMPLETE is read from `$BSO_RESULT_FILE`, else from the CLI's final JSON output; token use from
   the CLI's JSON. After a dev-runner: the Git Exit Gate, the scope guard and BSO's own verification.
@@ -10,10 +11,12 @@ command) run as a child process of the agent activity, in the story's git worktr
   the AGENT_COMPLETE (history) carries only a short summary, the transcript's path and its hash.
 - Idempotency: a marker (dispatch id, workflow run, commit) in the worktree's git dir; a retried activity
   whose agent already finished (and whose commit is still the worktree's HEAD) reports the recorded answer.
-  An agent that exited before the worker died (BSO was still checking its work) is never run again:
-  `exit.json` in its run directory records the exit, and the retry only checks the work again. Both belong
-  to their workflow run: a sprint started again under its id runs its agents. The activity heartbeats
-  through the fix snapshot and the checks too.
+  An agent that exited after its worker died, or before (BSO was still checking its work), is never run
+  again: the launcher's `exit.json` records the exit, and the retry only checks the work again. One still
+  running (its worker was killed hard) is adopted: the retry waits for it, heartbeating and holding it to its
+  timeout. Only an agent that died unfinished runs again (the earlier transcript kept under `previous/<n>/`).
+  Marker and `exit.json` belong to their workflow run: a sprint started again under its id runs its agents.
+  The activity heartbeats through the fix snapshot and the checks too.
 - A failed verification is an AGENT_COMPLETE failure with error_type `verification_failed`
   (bso.dispatch routes it to the debugger, then a fix with the output among its findings).
 """
@@ -25,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -58,6 +62,7 @@ from bso.agent_profiles import (
     AgentsFile,
     ResolvedProfile,
     dispatch_session_id,
+    is_secret_env_key,
     redact_env,
     redact_text,
     redact_values,
@@ -80,6 +85,8 @@ from bso.sprint_status import resolve_inside
 from bso.states import AgentMode, AgentStatus, AgentType, Severity
 
 LAST_LINE_CHARS = 300
+LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
+TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 
 def run_dir_for(project_root: str, dispatch_id: str) -> Path:
@@ -136,16 +143,15 @@ class AgentRun:
     last_line: str
 
 
-async def _pump(stream: asyncio.StreamReader | None, path: Path, last: list[str], env: dict[str, str]) -> None:
-    if stream is None:
-        return
-    with open(path, "w", encoding="utf-8") as fh:
-        while line := await stream.readline():
-            text = redact_text(line.decode(errors="replace"), env)
-            fh.write(text)
-            fh.flush()
-            if text.strip():
-                last[0] = text.strip()[:LAST_LINE_CHARS]
+def _last_line(path: Path) -> str:
+    """The transcript's last non-empty line (the launcher writes it)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 8192))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return next((line.strip()[:LAST_LINE_CHARS] for line in reversed(tail.splitlines()) if line.strip()), "")
 
 
 def _beat_every(agents: AgentsFile) -> float:
@@ -156,34 +162,26 @@ def _beat_every(agents: AgentsFile) -> float:
 
 
 async def _run_process(
-    argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, timeout: float,
-    run_dir: Path, agents: AgentsFile, dispatch_id: str,
+    argv: list[str], cwd: str, env: dict[str, str], stdin_file: Path | None, timeout: float,
+    run_dir: Path, agents: AgentsFile, dispatch_id: str, record: dict[str, object],
 ) -> AgentRun:
-    info = activity.info()
     beat_every = _beat_every(agents)
+    spec = {
+        "run_dir": str(run_dir),
+        "stdin": str(stdin_file) if stdin_file else None,
+        "secret_keys": sorted(k for k in env if is_secret_env_key(k)),  # names only: the values stay in env
+        "record": record,
+    }
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        sys.executable, "-I", str(LAUNCHER), json.dumps(spec), *argv,
         cwd=cwd,
         env=env,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,  # no pipe to the worker: the agent outlives a worker killed hard
+        stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,  # its own process group: killed as a whole
     )
     pgid = proc.pid
-    write_json_atomic(run_dir / "pid.json", {"pid": proc.pid, "pgid": pgid, "attempt": info.attempt})
-    last = [""]
-    pumps = [
-        asyncio.create_task(_pump(proc.stdout, run_dir / "stdout.log", last, env)),
-        asyncio.create_task(_pump(proc.stderr, run_dir / "stderr.log", [""], env)),
-    ]
-    if stdin is not None and proc.stdin is not None:
-        try:
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        proc.stdin.close()
     started = time.monotonic()
     waiter = asyncio.ensure_future(proc.wait())
     timed_out = False
@@ -193,7 +191,9 @@ async def _run_process(
             elapsed = time.monotonic() - started
             if done:
                 break
-            activity.heartbeat(heartbeat_detail(env, dispatch_id, proc.pid, elapsed, timeout, last[0]))
+            activity.heartbeat(
+                heartbeat_detail(env, dispatch_id, proc.pid, elapsed, timeout, _last_line(run_dir / "stdout.log"))
+            )
             if elapsed >= timeout:
                 timed_out = True
                 await kill_group(pgid, agents.kill_grace_seconds)
@@ -206,16 +206,70 @@ async def _run_process(
     finally:
         if group_alive(pgid):  # the agent exited but left children behind
             kill_group_now(pgid)
+    exited = None if timed_out else _exit_record(run_dir, dispatch_id)
+    if exited is not None:  # the launcher's record of the agent's exit
+        return exited[0]
+    return AgentRun(proc.returncode, timed_out, time.monotonic() - started, _last_line(run_dir / "stdout.log"))
+
+
+def _launcher_running(pid: int) -> bool:
+    """The launcher `pid` (its group's leader) still runs: alive, not a zombie, and really BSO's launcher."""
+    if not group_alive(pid):
+        return False
     try:
-        await asyncio.wait_for(asyncio.gather(*pumps), timeout=10)
-    except asyncio.TimeoutError:
-        for p in pumps:
-            p.cancel()
-    return AgentRun(proc.returncode, timed_out, time.monotonic() - started, last[0])
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return not Path("/proc/self").exists()  # no procfs (macOS): the live group is taken as the launcher's
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(LAUNCHER).encode() in cmdline
+
+
+def _earlier_launch(run_dir: Path, dispatch_id: str) -> dict | None:
+    """pid.json of an earlier attempt of this dispatch (this workflow run) whose agent still runs: its worker
+    was killed hard (the dispatch lock tells that no live attempt holds it)."""
+    try:
+        data = json.loads((run_dir / "pid.json").read_text(encoding="utf-8"))
+        pgid, started = int(data["pgid"]), float(data["started_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if data.get("dispatch_id") != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
+        return None
+    return data if pgid > 0 and started > 0 and _launcher_running(pgid) else None
+
+
+async def _adopt(
+    launch: dict, run_dir: Path, agents: AgentsFile, env: dict[str, str], dispatch_id: str, timeout: float
+) -> None:
+    """Wait for the earlier attempt's agent, heartbeating and holding it to its timeout (counted from its start),
+    until the launcher records its exit. On timeout the group is killed and the timeout recorded; cancelled, the
+    group is killed. If the launcher dies without a record, the agent runs again."""
+    pgid = int(launch["pgid"])
+    activity.logger.warning("dispatch %s: the previous attempt's agent still runs (process group %s): waiting for it",
+                            dispatch_id, pgid)
+    beat_every = _beat_every(agents)
+    try:
+        while _launcher_running(pgid) and not (run_dir / "exit.json").exists():
+            elapsed = time.time() - float(launch["started_at"])
+            last = _last_line(run_dir / "stdout.log")
+            activity.heartbeat(heartbeat_detail(env, dispatch_id, pgid, elapsed, timeout, last))
+            if elapsed >= timeout:
+                await kill_group(pgid, agents.kill_grace_seconds)
+                keep = ("dispatch_id", "run_id", "attempt", "before", "passing_before")
+                write_json_atomic(
+                    run_dir / "exit.json",
+                    {**{k: launch.get(k) for k in keep}, "returncode": None, "timed_out": True,
+                     "elapsed": elapsed, "last_line": last},
+                )
+                return
+            await asyncio.sleep(beat_every)
+    except asyncio.CancelledError:
+        kill_group_now(pgid)
+        raise
 
 
 def _kill_previous_attempt(run_dir: Path) -> None:
-    """A worker that died hard leaves its agent running: stop it before a retry starts another."""
+    """What an earlier attempt left running and no one waits for (a launcher that died unfinished, or children
+    an exited agent left behind): stop it before the retry goes on."""
     pid_file = run_dir / "pid.json"
     if pid_file.exists():
         try:
@@ -227,9 +281,24 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             kill_group_now(pgid)
 
 
+def _keep_earlier_transcript(run_dir: Path) -> None:
+    """The agent runs again: the earlier run's transcript moves to `previous/<n>/`, its process files go."""
+    found = [run_dir / name for name in TRANSCRIPT_FILES if (run_dir / name).exists()]
+    if found:
+        n = 1
+        while (run_dir / "previous" / str(n)).exists():
+            n += 1
+        kept = run_dir / "previous" / str(n)
+        kept.mkdir(parents=True)
+        for path in found:
+            path.rename(kept / path.name)
+    for name in ("pid.json", "exit.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
 def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None, int | None] | None:
-    """The agent of this dispatch already exited in an earlier attempt (the worker died while BSO checked
-    its work): its run, the commit before it, the fix snapshot; None when it must run."""
+    """The agent of this dispatch already exited in an earlier attempt (its worker died while it ran, or while
+    BSO checked its work): its run, the commit before it, the fix snapshot; None when it must run."""
     path = run_dir / "exit.json"
     if not path.exists():
         return None
@@ -362,9 +431,15 @@ async def run(a: TaskAssignment) -> AgentComplete:
     if recorded is not None:
         activity.logger.info("dispatch %s already finished: recorded answer reported", a.dispatch_id)
         return recorded
+    timeout = _timeout(a, profile)
     exited = _exit_record(run_dir, a.dispatch_id)
+    if exited is None and (launch := _earlier_launch(run_dir, a.dispatch_id)) is not None:
+        beat_env = {**env, "BSO_AGENT_TYPE": a.agent_type.value, "BSO_STORY_KEY": a.story_key, **po_command.env(a)}
+        await _adopt(launch, run_dir, agents, beat_env, a.dispatch_id, timeout)
+        exited = _exit_record(run_dir, a.dispatch_id)
+    _kill_previous_attempt(run_dir)
     if exited is None:
-        _kill_previous_attempt(run_dir)
+        _keep_earlier_transcript(run_dir)
         before = await head(wt.path) if wt else None
     else:  # the agent finished in an earlier attempt: check its work, never run it again
         activity.logger.info("dispatch %s: agent already exited; checking its work again", a.dispatch_id)
@@ -430,7 +505,6 @@ async def run(a: TaskAssignment) -> AgentComplete:
             "result_file": str(result_file),
         },
     )
-    timeout = _timeout(a, profile)
     write_json_atomic(
         run_dir / "command.json",
         {
@@ -444,16 +518,19 @@ async def run(a: TaskAssignment) -> AgentComplete:
         },
     )
     if exited is None:
+        record = {
+            "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
+            "attempt": activity.info().attempt, "before": before, "passing_before": passing_before,
+        }
         run = await _run_process(
-            argv, workdir, env, prompt.encode() if profile.prompt_via == "stdin" else None,
-            timeout, run_dir, agents, a.dispatch_id,
+            argv, workdir, env, prompt_file if profile.prompt_via == "stdin" else None,
+            timeout, run_dir, agents, a.dispatch_id, record,
         )
-        write_json_atomic(
+        write_json_atomic(  # the launcher's record, or the timeout's (it killed the launcher)
             run_dir / "exit.json",
             {
-                "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
-                "returncode": run.returncode, "timed_out": run.timed_out, "elapsed": run.elapsed,
-                "last_line": run.last_line, "before": before, "passing_before": passing_before,
+                **record, "returncode": run.returncode, "timed_out": run.timed_out, "elapsed": run.elapsed,
+                "last_line": run.last_line,
             },
         )
     else:

@@ -6,7 +6,7 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 `usage`) plus, unless told otherwise, an AGENT_COMPLETE in $BSO_RESULT_FILE.
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
-`FAKE_AGENT_BEHAVIOR: ...`: hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
+`FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -138,6 +138,9 @@ def main():
     if dev and phase == "fix" and Path("docs/notes.md").exists():
         git("rm", "-q", "docs/notes.md")
         git("commit", "-q", "-m", f"fix {key}: remove docs/notes.md")
+    if dev and "slow" in behavior:
+        print("thinking slowly", flush=True)
+        time.sleep(float(os.environ.get("FAKE_AGENT_SLEEP", "3")))
     if dev and "hang" in behavior:
         child = subprocess.Popen(["sleep", "300"])
         Path(os.environ["FAKE_AGENT_PIDS"]).write_text(json.dumps([os.getpid(), child.pid]))

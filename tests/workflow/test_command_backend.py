@@ -388,6 +388,114 @@ async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) 
     assert orphan.wait(timeout=10) is not None
 
 
+# Attempt 1 of the dispatch in a worker process of its own, killed with SIGKILL like a worker killed hard.
+ATTEMPT = (
+    "import asyncio, sys\n"
+    "from temporalio.testing import ActivityEnvironment\n"
+    "from activities.backends import command\n"
+    "from bso.messages import TaskAssignment\n"
+    "asyncio.run(ActivityEnvironment().run(command.run, TaskAssignment.model_validate_json(sys.argv[1])))\n"
+)
+
+
+async def _worker_killed_while_its_agent_runs(tmp_path: Path, a: TaskAssignment) -> int:
+    """Attempt 1 starts the agent, then its worker is killed hard (the agent, in its own process group, is
+    left running): the agent's pid."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    worker = subprocess.Popen([sys.executable, "-c", ATTEMPT, a.model_dump_json()], cwd=repo)
+    try:
+        for _ in range(300):
+            if runs(tmp_path) or worker.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert len(runs(tmp_path)) == 1, "the agent never started"
+    finally:
+        worker.kill()
+        worker.wait()
+    pid = runs(tmp_path)[0]["pid"]
+    assert alive(pid)  # the orphan agent runs on
+    return pid
+
+
+async def test_an_agent_that_finished_after_its_worker_died_is_not_run_again(tmp_path: Path) -> None:
+    """kill -9 of the worker while its agent works; the agent finishes alone; the retry picks up its exit and
+    its answer and only checks its work: the agent ran once, its work is committed once."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="2")
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    for _ in range(200):
+        if not alive(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert not alive(pid)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert len(runs(tmp_path)) == 1
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert done.summary.startswith("fake dev-runner/dev") and done.tokens_used == 1700  # attempt 1's answer
+    wt = worktree_path(str(root), "s1", STORY)
+    log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
+    assert log == [f"bso(dev-runner): {STORY}: src/story_1_1_hello_world_extra.py", f"implement {STORY}"]
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    assert "thinking slowly" in (run_dir / "stdout.log").read_text()  # attempt 1's whole transcript
+
+
+async def test_an_agent_still_running_after_its_worker_died_is_adopted(tmp_path: Path) -> None:
+    """The retry starts while the previous attempt's agent still works: it waits for it (heartbeating)
+    instead of killing it and running the agent again."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3")
+    a = assignment(root)
+    await _worker_killed_while_its_agent_runs(tmp_path, a)
+    env = ActivityEnvironment()
+    beats: list = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    done = await env.run(command.run, a)
+    assert len(runs(tmp_path)) == 1
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert any("pid" in b and b["last_line"] == "thinking slowly" for b in beats), beats
+    wt = worktree_path(str(root), "s1", STORY)
+    assert len(git(wt, "log", "--format=%s", "main..HEAD").splitlines()) == 2
+
+
+async def test_an_adopted_agent_is_still_held_to_its_timeout(tmp_path: Path) -> None:
+    root = dev_project(
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n",
+        FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="300",
+    )
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.FAILURE and "timed out" in done.error
+    assert len(runs(tmp_path)) == 1
+    for _ in range(50):
+        if not alive(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert not alive(pid)
+
+async def test_an_agent_that_died_with_its_worker_runs_again(tmp_path: Path) -> None:
+    """The agent died unfinished (the whole machine went down): the retry runs it again, and the first
+    run's transcript is kept."""
+    import signal
+
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="2")
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    for _ in range(100):
+        if not alive(pid):
+            break
+        await asyncio.sleep(0.1)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert len(runs(tmp_path)) == 2
+    assert done.status is AgentStatus.SUCCESS, done.error
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    kept = list(run_dir.glob("previous/*/stdout.log"))
+    assert len(kept) == 1 and kept[0].read_text() == "thinking slowly\n"
+
+
 async def _fix_after_a_passing_dev(tmp_path: Path, behavior: str):
     """A dev dispatch whose test passes, then a fix told `behavior`: (the fix's answer, worktree, dev's HEAD)."""
     root = dev_project(tmp_path)

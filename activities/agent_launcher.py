@@ -1,0 +1,105 @@
+"""The command backend's launcher: the agent CLI's parent, in the agent's process group, so the agent's exit is
+recorded durably even when the worker that started it is gone (killed hard while the agent worked).
+
+    python -I agent_launcher.py SPEC_JSON AGENT_ARGV...
+
+SPEC_JSON: `run_dir`; `stdin` (a file given to the agent as its stdin, or null); `secret_keys` (the names of the
+env variables whose values are redacted from the transcript); `record` (what pid.json and exit.json carry besides
+the process facts: dispatch id, workflow run id, attempt, the commit before the agent...).
+
+It writes `pid.json` before the agent starts, pumps the agent's stdout and stderr (secrets redacted) into
+`stdout.log` and `stderr.log` itself (no pipe to the worker: an orphaned agent neither dies of SIGPIPE nor loses
+its output), and writes `exit.json` once the agent exited. Killed with its group (a timeout, a cancellation),
+it writes no `exit.json`. Standard library only: the worker's interpreter runs it in isolated mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+LAST_LINE_CHARS = 300
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def redactor(secret_keys: list[str]):
+    """bso.agent_profiles.redact_text over the values of `secret_keys` in this process's environment."""
+    secrets = sorted({v for k in secret_keys if len(v := os.environ.get(k, "")) >= 4}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for value in secrets:
+            text = text.replace(value, "***")
+        return text
+
+    return redact
+
+
+def pump(stream, path: Path, redact, last: list[str]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for line in iter(stream.readline, b""):
+            text = redact(line.decode(errors="replace"))
+            fh.write(text)
+            fh.flush()
+            if text.strip():
+                last[0] = text.strip()[:LAST_LINE_CHARS]
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    command = argv[1:]
+    run_dir = Path(spec["run_dir"])
+    record = dict(spec.get("record", {}))
+    redact = redactor(spec.get("secret_keys", []))
+    started = time.time()
+    write_json_atomic(
+        run_dir / "pid.json", {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
+    )
+    last = [""]
+    stdin = open(spec["stdin"], "rb") if spec.get("stdin") else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as err:  # the worker checked the command; it may have gone since
+        (run_dir / "stdout.log").write_text("", encoding="utf-8")
+        (run_dir / "stderr.log").write_text(f"cannot start the agent: {err}\n", encoding="utf-8")
+        returncode = 127
+    else:
+        pumps = [
+            threading.Thread(target=pump, args=(proc.stdout, run_dir / "stdout.log", redact, last), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, run_dir / "stderr.log", redact, [""]), daemon=True),
+        ]
+        for t in pumps:
+            t.start()
+        if stdin is not subprocess.DEVNULL:
+            stdin.close()
+        returncode = proc.wait()
+        deadline = time.monotonic() + 10  # a child the agent left behind may hold its output open
+        for t in pumps:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+    write_json_atomic(
+        run_dir / "exit.json",
+        {**record, "returncode": returncode, "timed_out": False, "elapsed": time.time() - started, "last_line": last[0]},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:  # the launcher's own failure: kept where the transcripts are (the worker reads no pipe)
+        with open(Path(json.loads(sys.argv[1])["run_dir"], "launcher-error.log"), "a", encoding="utf-8") as fh:
+            fh.write(traceback.format_exc())
+        sys.exit(1)
