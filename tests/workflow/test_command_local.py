@@ -2,8 +2,8 @@
 time-skipping one): the fake agent CLI in a real temporary git repository.
 
 A full story from backlog to done (squashed and merged back), an agent hanging past its timeout (its process
-group killed), a worker killed -9 while BSO checked a finished agent's work (the retry does not rerun the
-agent), a leaked `.env` refused, and BSO's verification overriding the agent's false success (the failing
+group killed), a worker killed -9 while BSO checked a finished agent's work or while the agent itself worked (either way the
+retry does not rerun the agent), a leaked `.env` refused, and BSO's verification overriding the agent's false success (the failing
 output goes to a fix, and the fix makes the story done).
 """
 
@@ -193,4 +193,46 @@ async def test_worker_killed_while_checking_a_finished_agent_does_not_rerun_it(l
     run_dir = command.run_dir_for(str(root), devs[0]["dispatch_id"])
     assert json.loads((run_dir / "command.json").read_text())["attempt"] >= 2  # ... though its activity ran twice
     assert len(check_log.read_text().split()) >= 2  # the retry verified the work again
+    assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
+
+
+async def test_worker_killed_while_its_agent_works_does_not_rerun_it(local_env, tmp_path: Path) -> None:
+    """kill -9 of the worker process while the dev agent works; the orphaned agent finishes alone, then a
+    worker is restarted: the retry picks up the agent's exit and answer, it never runs the agent again."""
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3")
+    prefix = f"orphan-{uuid.uuid4().hex[:6]}-"
+    address = local_env.client.service_client.config.target_host
+    logs = tmp_path / "worker.log"
+    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    inp = sprint_input(
+        root, session_id=f"cmd-orphan-{uuid.uuid4().hex[:6]}", agent_backend="command",
+        config_overrides={"agent_retry": {"heartbeat_timeout_seconds": 5, "initial_interval_seconds": 0.5}},
+    )
+    first_worker.start()
+    try:
+        handle = await start_sprint(local_env.client, prefix + SPRINT_TASK_QUEUE, inp)
+        for _ in range(1800):  # the dev agent started (after its plan)
+            devs = [r for r in agent_runs(tmp_path) if r["agent"] == "dev-runner" and r["phase"] == "implement"]
+            if devs:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"the dev agent never started; worker log:\n{logs.read_text()[-3000:]}")
+        first_worker.kill9()
+        assert alive(devs[0]["pid"])
+        for _ in range(300):  # the orphan finishes while no worker runs
+            if not alive(devs[0]["pid"]):
+                break
+            await asyncio.sleep(0.1)
+        second_worker.start()
+        report = await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
+    finally:
+        first_worker.kill9()
+        second_worker.stop()
+    assert report.stories == {STORY: "done"}, report
+    devs = [r for r in agent_runs(tmp_path) if r["agent"] == "dev-runner" and r["phase"] == "implement"]
+    assert len(devs) == 1, devs
+    run_dir = command.run_dir_for(str(root), devs[0]["dispatch_id"])
+    assert "thinking slowly" in (run_dir / "stdout.log").read_text() and not (run_dir / "previous").exists()
     assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
