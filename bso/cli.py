@@ -41,6 +41,7 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -344,6 +345,26 @@ def _stories_table(view: SprintStatusView) -> Table:
     return table
 
 
+STORY_PROBLEMS_SHOWN = 8
+
+
+def _story_problems(view: SprintStatusView) -> list[Text]:
+    """Why stories stopped (needs-intervention, skipped, not merged ...): the table has no room for it."""
+    problems = [(key, story) for key, story in view.stories.items() if story.error]
+    lines = [
+        Text(f"{key}: {story.state}: {_shorten(story.error or '', 160)}", style=_STATE_STYLE.get(story.state, ""))
+        for key, story in problems[:STORY_PROBLEMS_SHOWN]
+    ]
+    if len(problems) > STORY_PROBLEMS_SHOWN:
+        lines.append(Text(f"... and {len(problems) - STORY_PROBLEMS_SHOWN} more (--json, or bso sprint report)"))
+    return lines
+
+
+def _shorten(text: str, limit: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
@@ -379,9 +400,17 @@ def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Gro
         f"sprint {view.session_id}: {state}, batches {view.batches_done}/{view.batches_total}"
         + (f", run {view.runs}" if view.runs > 1 else "")
     )
-    parts: list[Any] = [header, bars, _stories_table(view)]
+    parts: list[Any] = [header, bars, _stories_table(view), *_story_problems(view)]
     if view.pause_reason:
         parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))
+        if done == len(stories) and view.current_batch is None:
+            parts.append(
+                Text(
+                    f"nothing left to run: `bso sprint decide {view.session_id} STORY rearm` runs a story again, "
+                    f"`bso sprint resume {view.session_id}` ends the sprint",
+                    style="yellow",
+                )
+            )
     for error in view.errors[-3:]:
         parts.append(Text(f"error: {error}", style="red"))
     if note:
@@ -532,6 +561,7 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
     if namespace != "default":
         command += ["--namespace", namespace]
     command += ["--type", MASTER_TYPE, "--task-queue", task_queue, "--workflow-id", sprint_id]
+    command += ["--id-reuse-policy", "AllowDuplicateFailedOnly"]
     payload = inp.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
     command += ["--input", json.dumps(payload, separators=(",", ":"))]
     return shlex.join(command)
@@ -593,9 +623,15 @@ def sprint_start(
                 id=sid,
                 task_queue=task_queue,
                 static_summary=f"Sprint {sid}: {root.name}",
+                # A completed sprint's id stays its own (its report and summary file are kept under it);
+                # a failed, cancelled or terminated one's may be used again.
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             )
         except WorkflowAlreadyStartedError:
-            raise BsoError(f"a sprint with id {sid!r} already exists; choose another --id") from None
+            raise BsoError(
+                f"a sprint with id {sid!r} is running or completed; choose another --id "
+                "(a failed or cancelled sprint's id can be used again)"
+            ) from None
         out.print(f"started sprint {sid}", markup=False)
         out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)

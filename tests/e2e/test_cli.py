@@ -106,6 +106,10 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
     table = bso(cli_env, "sprint", "status", sprint_id)
     assert table.returncode == 0 and "1-2-pantry-item-model-and-storage" in table.stdout
     assert f"sprint {sprint_id}: completed (sprint-partial), batches 2/2" in table.stdout
+    assert "2-2-expiry-reminder-emails: needs-intervention: " in table.stdout  # why, under the table
+    # A completed sprint's id is its own: starting again under it would overwrite its summary.
+    again = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
+    assert again.returncode == 1 and f"a sprint with id {sprint_id!r} is running or completed" in again.stderr
 
     listed = _wait_for(
         lambda: (r := bso(cli_env, "sprint", "list", "--session", sprint_id)).returncode == 0 and sprint_id in r.stdout and r,

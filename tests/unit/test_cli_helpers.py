@@ -4,18 +4,21 @@ the dev server command line, the envconfig-based client configuration."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
 from bench.infra import DevServer
 from bso.dev_server import dynamic_config_args
-from bso.cli import BsoError, _query_status, parse_set, server_command, temporal_start_command, ui_link
-from bso.models import SprintInput
+from bso.cli import BsoError, _progress, _query_status, parse_set, server_command, temporal_start_command, ui_link
+from bso.models import SprintInput, SprintStatusView, StoryView
+from bso.states import SprintPhase
 from bso.temporal_client import connect_config
 
 
@@ -44,6 +47,7 @@ def test_temporal_start_command_round_trips_the_input():
     assert argv[:3] == ["temporal", "workflow", "start"] and "--address" not in argv
     assert argv[argv.index("--type") + 1] == "SprintMasterWorkflow"
     assert argv[argv.index("--workflow-id") + 1] == "s-1"
+    assert argv[argv.index("--id-reuse-policy") + 1] == "AllowDuplicateFailedOnly"  # as `bso sprint start`
     assert SprintInput.model_validate(json.loads(argv[argv.index("--input") + 1])) == inp
     remote = shlex.split(temporal_start_command(inp, "s-1", "bso-sprint", "temporal.example:7233", "team"))
     assert remote[remote.index("--address") + 1] == "temporal.example:7233"
@@ -114,3 +118,25 @@ def test_a_status_query_nobody_answers_reads_the_same_however_the_server_says_it
 
     view, note = asyncio.run(_query_status(Unanswered()))
     assert view is None and note.startswith("no worker answered the status query (start one with `bso worker`")
+
+
+def _rendered(view: SprintStatusView) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(_progress(view, None, view.phase.value))
+    return console.export_text()
+
+
+def test_status_says_why_stories_stopped_and_what_a_pause_with_nothing_left_waits_for():
+    stories = {
+        f"1-{n}-story": StoryView(state="needs-intervention", batch_id=1, error=f"dev-runner/dev failed: reason {n}\nmore")
+        for n in range(1, 11)
+    }
+    stories["2-1-done"] = StoryView(state="done", batch_id=2)
+    view = SprintStatusView(session_id="s-1", phase=SprintPhase.PAUSED, stories=stories, pause_reason="repeated failures")
+    text = _rendered(view)
+    assert "1-1-story: needs-intervention: dev-runner/dev failed: reason 1 more" in text
+    assert "1-8-story:" in text and "1-9-story:" not in text and "... and 2 more" in text
+    assert "2-1-done:" not in text
+    assert "nothing left to run: `bso sprint decide s-1 STORY rearm`" in text
+    running = view.model_copy(update={"current_batch": 2})
+    assert "nothing left to run" not in _rendered(running)
