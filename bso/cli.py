@@ -567,6 +567,28 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
     return shlex.join(command)
 
 
+RUNNING_SPRINTS_CHECKED = 100
+
+
+async def _sprint_running_on(client: Client, root: Path) -> str | None:
+    """A running sprint on this project, whoever started it: read from each running Master's input (its first
+    history event), so sprints started with the temporal CLI count too. The visibility store lags by a second
+    or two: a sprint started just before may not be seen."""
+    query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
+    async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            try:
+                started_on = json.loads(payloads[0].data).get("project_root") if payloads else None
+            except (ValueError, AttributeError):  # not a JSON object: not a sprint BSO could run
+                started_on = None
+            if isinstance(started_on, str) and Path(started_on).expanduser().resolve() == root:
+                return wf.id
+            break
+    return None
+
+
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
@@ -616,6 +638,11 @@ def sprint_start(
         )
         _, target, namespace = _target()
         client = await _client()
+        if (other := await _sprint_running_on(client, root)) is not None:
+            raise BsoError(
+                f"sprint {other} is already running on {root}: two sprints would drive the same stories and "
+                f"status file (wait for it, or `bso sprint shutdown {other}` first)"
+            )
         try:
             await client.start_workflow(
                 MASTER_TYPE,

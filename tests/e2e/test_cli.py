@@ -167,6 +167,9 @@ def test_operator_actions(cli_env, tmp_path: Path):
     paused = bso(cli_env, "sprint", "pause", sprint_id, "--reason", "lunch")
     assert paused.returncode == 0 and paused.stdout.strip() == f"pause requested for sprint {sprint_id}"
     _wait_for(lambda: _status(cli_env, sprint_id)["pause_reason"] == "lunch", "the pause")
+    # One sprint at a time on a project: a second one would drive the same stories and status file.
+    second = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim))
+    assert second.returncode == 1 and f"sprint {sprint_id} is already running on {project.resolve()}" in second.stderr
 
     resumed = bso(cli_env, "sprint", "resume", sprint_id, "--token-limit", "5000000")
     assert resumed.returncode == 0, resumed.stderr
