@@ -75,7 +75,7 @@ from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
 from bso.sprint_status import StoryKeyError, parse_status_text, resolve_epic, resolve_story_keys
-from bso.states import AgentBackend, StoryState
+from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories
 
@@ -732,8 +732,8 @@ def sprint_status(
             view, note = _view_from_report(report), None
         if view is None:
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
-        if reason is not None:
-            note = f"{_status_name(desc.status)}: {reason}"
+        if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
+            note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
         if as_json:
             data = view.model_dump(mode="json")
             data["execution_status"] = _status_name(desc.status)

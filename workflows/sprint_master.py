@@ -117,6 +117,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._started_batches: set[int] = set()
         self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
+        self._batch_tasks: dict[int, asyncio.Task[SlaveResult]] = {}  # running batch id -> its _run_slave task
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -415,6 +416,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             workflow.logger.warning("after the cancel, batches still running: %s", sorted(self._running_batches))
         if sprint.done() and not sprint.cancelled() and sprint.exception() is None:
             return sprint.result()
+        # The batches that ended with the cancel: their results, which the cancelled sprint no longer takes in
+        # (the status's batches and tokens count them).
+        for batch_id, task in sorted(self._batch_tasks.items()):
+            if task.done() and not task.cancelled() and task.exception() is None:
+                self._state.results.append(task.result())
+                self._state.tokens_used += task.result().tokens_used
+        self._batch_tasks.clear()
         await self._cancel_starting_resident()
         await self._stop_residents()
         self._state.errors.append(f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}")
@@ -661,7 +669,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
         Returns True when the Master should continue as new (between batches, nothing running)."""
         s = self._state
-        running: dict[int, asyncio.Task[SlaveResult]] = {}
+        running = self._batch_tasks
         while s.queue or running:
             if not running and self._history_is_long():
                 return True
@@ -855,7 +863,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         """The batch's result as the Master last saw it, when its Slave failed or timed out."""
         s = self._state
         s.errors.append(reason)
-        workflow.logger.error(reason)
+        (workflow.logger.warning if self._cancelling else workflow.logger.error)(reason)
+        for key in spec.stories:  # nothing of the batch is in flight any more
+            s.views[key] = s.views[key].model_copy(
+                update={"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
+            )
         progress = [_progress_from_view(k, s.views[k]) for k in spec.stories]
         dispatched = sum(p.agents_dispatched for p in progress)
         return build_slave_result(

@@ -113,7 +113,8 @@ with workflow.unsafe.imports_passed_through():
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
-PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"  # a story waiting on the debugger is shown so, not its agent
+PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"
+PATCH_CANCEL_TERMINATES_AGENT = "slave-cancel-terminates-agent"  # a story waiting on the debugger is shown so, not its agent
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -840,6 +841,12 @@ class SprintSlaveWorkflow:
                     await workflow.wait_condition(lambda: dispatch_id in self._answers, timeout=left)
         except asyncio.TimeoutError:
             pass
+        except asyncio.CancelledError:
+            # The batch is cancelled (with its sprint): the agent in flight gets its TERMINATE_DIRECTIVE too.
+            # The activity is only started, not awaited, so the workflow's cancel would not reach it.
+            if not handle.done() and workflow.patched(PATCH_CANCEL_TERMINATES_AGENT):
+                handle.cancel()
+            raise
         self._open_dispatches.pop(dispatch_id, None)
         if dispatch_id in self._answers:
             return self._answers[dispatch_id]

@@ -199,6 +199,8 @@ def test_operator_actions(cli_env, tmp_path: Path):
     assert after["phase"] == "canceled" and after["execution_status"] == "canceled", after
     assert "cancel" in after["failure"].lower() and after["outcome"] is None, after
     assert "sprint cancelled: wrong branch" in after["errors"], after
+    table = bso(cli_env, "sprint", "status", victim)
+    assert "error: sprint cancelled: wrong branch" in table.stdout and "canceled: " not in table.stdout, table.stdout
 
 
 def _status_name(cli_env, sprint_id: str) -> str:

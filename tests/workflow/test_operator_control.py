@@ -11,6 +11,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import CancelledError
@@ -353,8 +354,13 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase is SprintPhase.CANCELED
         assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: wrong branch"], status.errors
-        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1)).describe()
-        assert slave.status is WorkflowExecutionStatus.CANCELED
+        # The cancelled batch counts (batches, tokens), and nothing of it shows in flight any more.
+        assert (status.batches_done, status.stories[K1].agent_in_flight) == (1, None), status
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1))
+        assert (await slave.describe()).status is WorkflowExecutionStatus.CANCELED
+        # K1's agent in flight was cancelled with its batch (its TERMINATE_DIRECTIVE), not left to run out.
+        events = [e.event_type for e in (await slave.fetch_history()).events]
+        assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in events
         assert status.roster.residents == [] and len(status.unavailable_residents) == 0
         for role in ("scrum-master", "knowledge-researcher", "debugger"):  # the default resident slots
             resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
