@@ -74,7 +74,7 @@ from bso.messages import describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
-from bso.sprint_status import StoryKeyError, parse_status_text, resolve_epic, resolve_story_keys
+from bso.sprint_status import StoryKeyError, parse_status_text, stories_to_run
 from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories
@@ -536,18 +536,21 @@ def parse_set(values: list[str]) -> dict[str, Any]:
 
 def _check_selection(status_path: Path, epic: str | None, stories: list[str]) -> None:
     """--epic and --story checked against the status file before anything starts, by the rules the sprint
-    applies (bso.sprint_status); the file's own problems are left to the sprint, which reports them."""
+    applies (bso.sprint_status), and that the selection leaves something to run; the file's own problems are
+    left to the sprint, which reports them."""
     try:
-        keys = [e.key for e in parse_status_text(status_path.read_text(encoding="utf-8"), str(status_path)).stories()]
+        entries = parse_status_text(status_path.read_text(encoding="utf-8"), str(status_path)).stories()
     except (OSError, ValueError):
         return
     try:
-        if epic is not None:
-            resolve_epic(epic, keys)
-        if stories:
-            resolve_story_keys(stories, keys)
+        to_run = stories_to_run([(e.key, e.value) for e in entries], epic, stories)
     except StoryKeyError as err:
         raise BsoError(str(err)) from None
+    if entries and not to_run:
+        raise BsoError(
+            "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
+            "needs-intervention story again, set its state in the status file back, e.g. to ready-for-dev)"
+        )
 
 
 def new_sprint_id() -> str:
@@ -610,8 +613,7 @@ def sprint_start(
         status_path = root / (status_file or DEFAULT_STATUS_FILE)
         if not status_path.is_file():
             raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
-        if epic is not None or story:
-            _check_selection(status_path, epic, story or [])
+        _check_selection(status_path, epic, story or [])
         if backend not in {b.value for b in AgentBackend}:
             raise BsoError(f"--backend {backend!r}: use one of {', '.join(b.value for b in AgentBackend)}")
         overrides = parse_set(set_ or [])

@@ -204,6 +204,26 @@ def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
     return epic
 
 
+# A story in one of these states is not taken on by a new sprint: its journey is over (done, skipped) or a human
+# must act first (needs-intervention: set its state back in the file, e.g. to ready-for-dev, to run it again).
+SETTLED_AT_START = frozenset({"done", "needs-intervention", "skipped"})
+
+
+def stories_to_run(stories: list[tuple[str, str]], epic: int | str | None, story_keys: list[str]) -> list[str]:
+    """The keys (file order) a sprint on these (key, state) stories would take on, by the Master's selection:
+    its epic's and its requested stories, not settled. Raises UnknownEpicError / StoryKeyError."""
+    known = [key for key, _ in stories]
+    chosen = resolve_epic(epic, known) if epic is not None else None
+    wanted = set(resolve_story_keys(story_keys, known)) if story_keys else None
+    return [
+        key
+        for key, state in stories
+        if state not in SETTLED_AT_START
+        and (chosen is None or epic_key_of(key) == chosen)
+        and (wanted is None or key in wanted)
+    ]
+
+
 def title_from_slug(story_key: str) -> str:
     """`3-2-chunk-manager` -> `Chunk Manager`."""
     m = STORY_KEY_RE.match(story_key)

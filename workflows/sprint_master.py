@@ -79,7 +79,13 @@ with workflow.unsafe.imports_passed_through():
     from bso.delivery import sprint_message_errors
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
-    from bso.sprint_status import UnknownEpicError, project_root_error, resolve_epic, resolve_story_keys
+    from bso.sprint_status import (
+        SETTLED_AT_START,
+        UnknownEpicError,
+        project_root_error,
+        resolve_epic,
+        resolve_story_keys,
+    )
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -91,6 +97,8 @@ with workflow.unsafe.imports_passed_through():
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
 # An update that came while the sprint settled its course corrections finishes before the sprint ends.
 PATCH_ENDING = "master-updates-before-end"
+# A new sprint leaves out needs-intervention and skipped stories (it counted them as its own failures).
+PATCH_SETTLED_LEFT_OUT = "master-settled-stories-left-out"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -647,7 +655,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             raise ApplicationError(message, type="StatusFileError", non_retryable=True) from None
 
     def _select(self, inp: SprintInput, snapshot: StatusSnapshot) -> list[StoryMeta]:
-        stories = [s for s in snapshot.stories if s.state != StoryState.DONE]
+        if workflow.patched(PATCH_SETTLED_LEFT_OUT):  # needs-intervention and skipped too: a human acts first
+            stories = [s for s in snapshot.stories if s.state not in SETTLED_AT_START]
+            for story in snapshot.stories:
+                if story.state in (StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED):
+                    workflow.logger.info("left out: %s is %s", story.key, story.state)
+        else:
+            stories = [s for s in snapshot.stories if s.state != StoryState.DONE]
         if inp.epic is not None:
             try:
                 epic = resolve_epic(inp.epic, [s.key for s in snapshot.stories])

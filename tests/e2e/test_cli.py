@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.infra import free_port
+from bso.models import DEFAULT_STATUS_FILE
 from bso.summary import SECTIONS
 from tests.conftest import EXAMPLE_PROJECT, REPO
 
@@ -108,7 +109,8 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
     assert f"sprint {sprint_id}: completed (sprint-partial), batches 2/2" in table.stdout
     assert "2-2-expiry-reminder-emails: needs-intervention: " in table.stdout  # why, under the table
     # A completed sprint's id is its own: starting again under it would overwrite its summary.
-    again = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
+    fresh, _ = _project(tmp_path / "fresh", duration_ms=20)
+    again = bso(cli_env, "sprint", "start", str(fresh), "--simulation", str(sim), "--id", sprint_id)
     assert again.returncode == 1 and f"a sprint with id {sprint_id!r} is running or completed" in again.stderr
 
     listed = _wait_for(
@@ -244,6 +246,14 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "9-9"))
     assert "unknown story key '9-9'" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
+    settled = tmp_path / "settled"  # every story done or needs-intervention: nothing a sprint would run
+    settled_status = settled / DEFAULT_STATUS_FILE
+    settled_status.parent.mkdir(parents=True)
+    settled_status.write_text(
+        "development_status:\n  epic-1: in-progress\n  1-1-a: done\n  1-2-b: needs-intervention\n", encoding="utf-8"
+    )
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))
+    assert "nothing to run" in line and "set its state in the status file back" in line
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
 
 

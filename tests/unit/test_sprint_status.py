@@ -23,6 +23,7 @@ from bso.sprint_status import (
     epic_key_of,
     format_last_updated,
     is_inside,
+    stories_to_run,
     parse_status_text,
     parse_story_file,
     render_story_file,
@@ -475,3 +476,16 @@ def test_set_value_then_parse(generated, data) -> None:
     expected[key] = new
     assert after == expected
     assert len(changed_lines(text, new_text)) in (0, 2)
+
+
+def test_a_sprint_takes_on_the_selected_stories_that_are_not_settled():
+    stories = [("1-1-a", "done"), ("1-2-b", "needs-intervention"), ("1-3-c", "review"), ("2-1-d", "skipped"),
+               ("2-2-e", "backlog"), ("2-3-f", "in-progress")]  # fmt: skip
+    assert stories_to_run(stories, None, []) == ["1-3-c", "2-2-e", "2-3-f"]
+    assert stories_to_run(stories, 2, []) == ["2-2-e", "2-3-f"]
+    assert stories_to_run(stories, "epic-1", ["1-2", "1-3-c"]) == ["1-3-c"]
+    assert stories_to_run(stories, None, ["1-2"]) == []
+    with pytest.raises(UnknownEpicError):
+        stories_to_run(stories, 3, [])
+    with pytest.raises(StoryKeyError):
+        stories_to_run(stories, None, ["9-9"])

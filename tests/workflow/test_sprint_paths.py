@@ -406,3 +406,14 @@ async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_t
     written = status_values(tmp_path)
     assert (written["1-1-login-page"], written[K2]) == ("ready-for-dev", "done")
     assert failures == 0
+
+
+async def test_a_new_sprint_leaves_settled_stories_out(ts_env, tmp_path: Path):
+    """needs-intervention waits for a human (who sets the state back in the file) and skipped was dropped: a new
+    sprint neither runs them nor counts them as its own failures."""
+    make_project(tmp_path, {K1: "needs-intervention", K2: "review", K3: "skipped"})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="settled"))
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == {K2: "done"}
+    assert status_values(tmp_path)[K1] == "needs-intervention" and status_values(tmp_path)[K3] == "skipped"
