@@ -16,7 +16,7 @@ from temporalio.client import WorkflowHistory
 from bso.config import ConfigError, SprintConfig, resolve_config
 from bso.message_flow import AgentStats, agent_performance, decode, message_flow
 from bso.models import SprintInput, SprintReport
-from bso.states import StoryState
+from bso.states import TERMINAL_STATES, StoryState
 
 SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
 
@@ -126,15 +126,22 @@ def render_summary(
 
     lines += ["## Failures", ""]
     failures: list[str] = []
+    not_run: list[str] = []
     for key, state in stories.items():
-        if state != StoryState.DONE:
-            why = errors.get(key, "")
-            failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
+        if state == StoryState.DONE:
+            continue
+        if state not in TERMINAL_STATES and not dispatched.get(key) and key not in errors:
+            not_run.append(f"`{key}` ({state})")  # a shutdown, a stop or a cancel came first: nothing failed
+            continue
+        why = errors.get(key, "")
+        failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
     for batch in report.batches:
         failures += [f"- batch {batch.batch_id}: {_cell(e)}" for e in batch.errors]
     if report.error:
         failures.append(f"- sprint: {_cell(report.error)}")
     lines += failures or ["None."]
+    if not_run:
+        lines += ["", f"Not run (the sprint ended before them; they keep their state for the next sprint): {', '.join(not_run)}."]
     lines.append("")
 
     lines += ["## Agent Performance", ""]

@@ -70,3 +70,13 @@ def test_filename_is_safe():
     assert summary_filename("sprint-1") == "execution-summary-sprint-1.md"
     assert "/" not in summary_filename("a/../b")
     json.dumps(summary_filename("x"))
+
+
+def test_stories_a_shutdown_left_unstarted_are_not_failures():
+    report = _report(_histories())
+    untouched = "3-1-not-started-yet"
+    stopped = report.model_copy(update={"stories": {**report.stories, untouched: "review"}})
+    failures = _section(render_summary(stopped), "Failures")
+    assert f"`{untouched}`" not in failures.split("Not run")[0]
+    assert f"Not run (the sprint ended before them; they keep their state for the next sprint): `{untouched}` (review)." in failures
+    assert "`2-2-expiry-reminder-emails`: needs-intervention" in failures  # a real failure stays one
