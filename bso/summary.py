@@ -58,7 +58,7 @@ def render_summary(
     for batch in report.batches:
         rounds.update(batch.results.review_fix_rounds)
         for r in batch.results.story_results:
-            dispatched[r.story_key] = r.agents_dispatched
+            dispatched[r.story_key] = dispatched.get(r.story_key, 0) + r.agents_dispatched  # a rearmed story: both batches
             if r.review_scores:
                 scores[r.story_key] = list(r.review_scores)
             batch_of[r.story_key] = batch.batch_id

@@ -26,6 +26,7 @@ from bso.models import LoadStatusInput, StatusSnapshot
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
+from bso.summary import render_summary
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     ledger,
@@ -326,6 +327,9 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {K1: "done", K2: "done"}
     assert [b.batch_id for b in report.batches] == [1, 2, 3]
+    # The summary counts both attempts' agents (the failed dev in batch 1, then code review in batch 3).
+    details = render_summary(report).split("## Story Details", 1)[1]
+    assert f"| {K1} | 3 | done | 0 | 2 |" in details, details
 
 
 async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: Path):
