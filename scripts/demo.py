@@ -171,6 +171,8 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
     """Reuse a server that answers on ADDRESS, else start the dev server in the background."""
     if await _server_answers():
         console.print(f"Temporal server already answers on {ADDRESS}: reusing it (it will not be stopped)")
+        if recorded_alive(RUN_DIR / "server.pid", "start-dev") is None:  # not the one an earlier demo started
+            (RUN_DIR / "server.pid").unlink(missing_ok=True)
         return None
     RUN_DIR.mkdir(exist_ok=True)
     DB_FILE.parent.mkdir(exist_ok=True)
@@ -207,14 +209,19 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
 # --- the worker ---------------------------------------------------------------------------------
 
 
-def stop_recorded(pid_file: Path, expected: str, what: str, timeout: float = 10.0) -> None:
-    """Stop the process whose pid a demo recorded in `pid_file`, only if it still runs `expected` (a pid may
-    have been reused meanwhile): SIGTERM, then SIGKILL if it lingers; the pid file goes either way."""
+def recorded_alive(pid_file: Path, expected: str) -> int | None:
+    """The pid a demo recorded in `pid_file`, if that process still runs `expected` (a pid may be reused)."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
-        return
-    if _pid_alive(pid) and expected in _cmdline(pid):
+        return None
+    return pid if _pid_alive(pid) and expected in _cmdline(pid) else None
+
+
+def stop_recorded(pid_file: Path, expected: str, what: str, timeout: float = 10.0) -> None:
+    """Stop the process whose pid a demo recorded in `pid_file`, only if it still runs `expected` (a pid may
+    have been reused meanwhile): SIGTERM, then SIGKILL if it lingers; the pid file goes either way."""
+    if (pid := recorded_alive(pid_file, expected)) is not None:
         console.print(f"stopping {what} (pid {pid})")
         try:
             os.kill(pid, signal.SIGTERM)
@@ -493,7 +500,7 @@ def print_report(report: dict[str, Any], project_root: Path, session_id: str) ->
 def print_epilogue(session_id: str, server_started: bool) -> None:
     url = f"http://localhost:{UI_PORT}/namespaces/{NAMESPACE}/workflows" + (f"/{session_id}" if session_id else "")
     console.print(f"\n[bold]Web UI[/]: {url}")
-    if server_started or (RUN_DIR / "server.pid").exists():
+    if server_started or recorded_alive(RUN_DIR / "server.pid", "start-dev") is not None:
         console.print(f"the dev server keeps running (its state is in {DB_FILE}); stop it with: make stop")
     else:
         console.print(f"the Temporal server at {ADDRESS} was already running and is left as it was")

@@ -62,3 +62,19 @@ def test_make_demo_runs_the_example_sprint(tmp_path: Path):
     status = (project / "_bmad-output/implementation-artifacts/sprint-status.yaml").read_text()
     assert "2-2-expiry-reminder-emails: needs-intervention" in status
     assert (tmp_path / ".temporal" / "bso-dev.db").exists()
+
+
+def test_the_demo_offers_make_stop_only_for_a_server_it_started(tmp_path: Path, monkeypatch):
+    """A server an earlier demo started, since killed and restarted by hand (`make server`): its stale pid file
+    must not make the demo say `make stop` will stop the server that runs now."""
+    demo = _demo_module()
+    monkeypatch.setattr(demo, "RUN_DIR", tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "server.pid").write_text(f"{gone.pid}\n")
+    with demo.console.capture() as captured:
+        demo.print_epilogue("s-1", server_started=False)
+    assert "was already running and is left as it was" in captured.get() and "make stop" not in captured.get()
+    with demo.console.capture() as captured:
+        demo.print_epilogue("s-1", server_started=True)
+    assert "stop it with: make stop" in captured.get()
