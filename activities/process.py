@@ -6,8 +6,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+
+def machine_id() -> str:
+    """This host and boot: a process group id recorded elsewhere or before a reboot names another process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:  # no procfs (macOS): the host name alone
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
 
 
 def group_alive(pgid: int) -> bool:

@@ -53,7 +53,7 @@ from activities.git_ops import (
     identity_args,
     verify,
 )
-from activities.process import group_alive, kill_group, kill_group_now
+from activities.process import group_alive, kill_group, kill_group_now, machine_id
 from activities.session_files import file_written_at, safe_name, session_path, write_json_atomic
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
@@ -234,7 +234,15 @@ def _earlier_launch(run_dir: Path, dispatch_id: str) -> dict | None:
         return None
     if data.get("dispatch_id") != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
         return None
+    if not _on_this_machine(data):
+        return None
     return data if pgid > 0 and started > 0 and _launcher_running(pgid) else None
+
+
+def _on_this_machine(pid_record: dict) -> bool:
+    """Recorded on this host since its last boot (records from before the field existed are taken as such):
+    elsewhere (a second agent host sharing the project) or before a reboot, the group id names another process."""
+    return pid_record.get("machine") in (None, machine_id())
 
 
 async def _adopt(
@@ -273,8 +281,12 @@ def _kill_previous_attempt(run_dir: Path) -> None:
     pid_file = run_dir / "pid.json"
     if pid_file.exists():
         try:
-            pgid = int(json.loads(pid_file.read_text(encoding="utf-8"))["pgid"])
+            data = json.loads(pid_file.read_text(encoding="utf-8"))
+            pgid = int(data["pgid"])
         except (ValueError, KeyError, TypeError):
+            return
+        if not _on_this_machine(data):
+            activity.logger.warning("the previous attempt ran on %s: its process group is not this host's", data.get("machine"))
             return
         if group_alive(pgid):
             activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
@@ -521,6 +533,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         record = {
             "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
             "attempt": activity.info().attempt, "before": before, "passing_before": passing_before,
+            "machine": machine_id(),
         }
         run = await _run_process(
             argv, workdir, env, prompt_file if profile.prompt_via == "stdin" else None,

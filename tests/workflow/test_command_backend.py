@@ -16,6 +16,7 @@ from temporalio.testing import ActivityEnvironment
 import activities.git_ops as git_ops
 from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
+from activities.process import machine_id
 from bso.dispatch import VERIFICATION_FAILED
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.messages import TaskAssignment
@@ -474,6 +475,28 @@ async def test_an_adopted_agent_is_still_held_to_its_timeout(tmp_path: Path) -> 
             break
         await asyncio.sleep(0.1)
     assert not alive(pid)
+
+async def test_a_process_group_recorded_on_another_machine_is_never_killed(tmp_path: Path) -> None:
+    """pid.json names a process group of the host and boot that wrote it: read on another agent host sharing the
+    project, or after a reboot, the same number is someone else's group."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60")
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    pid_file = command.run_dir_for(str(root), a.dispatch_id) / "pid.json"
+    record = json.loads(pid_file.read_text())
+    assert record["machine"] == machine_id()
+    pid_file.write_text(json.dumps({**record, "machine": "another-host/another-boot"}))
+    command._kill_previous_attempt(pid_file.parent)
+    await asyncio.sleep(0.3)
+    assert alive(pid)
+    pid_file.write_text(json.dumps(record))  # this machine's: the orphan is stopped (and the test cleans up)
+    command._kill_previous_attempt(pid_file.parent)
+    for _ in range(50):
+        if not alive(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert not alive(pid)
+
 
 async def test_an_agent_that_died_with_its_worker_runs_again(tmp_path: Path) -> None:
     """The agent died unfinished (the whole machine went down): the retry runs it again, and the first
