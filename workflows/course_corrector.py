@@ -38,6 +38,10 @@ _WRITE = {
 }
 
 
+# A course correction is planned before the status file is written (a rejected one changed the file).
+PATCH_CC_PLAN_FIRST = "master-cc-plans-first"
+
+
 class CourseCorrector:
     _state: Any  # MasterState
     _running_batches: dict[int, str]
@@ -94,20 +98,42 @@ class CourseCorrector:
             )
             metas = {m.key: m for m in snapshot.stories}
         note = f"dropped by course correction ({request.reason.value})"
-        for key in drop:
-            current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
-            s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
-        for key in add:
-            meta = metas[key]
-            first = start_value(meta.state)
-            if first is not None:
-                meta = meta.model_copy(update={"state": await self._cc_write(key, meta.state, first)})
-            s.stories[key] = meta
-            s.views[key] = StoryView(state=meta.state)
-            s.outside_stories.pop(key, None)
-        cc = await self._replan_pending(request.reason, request.text, add, drop)
-        if cc is None:
-            raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED")
+        if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
+            for key in drop:
+                current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
+                s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
+            for key in add:
+                meta = metas[key]
+                first = start_value(meta.state)
+                if first is not None:
+                    meta = meta.model_copy(update={"state": await self._cc_write(key, meta.state, first)})
+                s.stories[key] = meta
+                s.views[key] = StoryView(state=meta.state)
+                s.outside_stories.pop(key, None)
+            cc = await self._replan_pending(request.reason, request.text, add, drop)
+            if cc is None:
+                raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED")
+        else:
+            # Planned first, with the states the added stories will start from: a correction the planner
+            # cannot plan (a dependency cycle) is rejected having changed nothing, in the file or the sprint.
+            for key in add:
+                first = start_value(metas[key].state)
+                s.stories[key] = metas[key].model_copy(update={"state": first}) if first is not None else metas[key]
+                s.views[key] = StoryView(state=s.stories[key].state)
+            cc = await self._replan_pending(request.reason, request.text, add, drop)
+            if cc is None:
+                for key in add:
+                    del s.stories[key], s.views[key]
+                raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED")
+            for key in drop:
+                current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
+                s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
+            for key in add:
+                if s.stories[key].state != metas[key].state:
+                    current = await self._cc_write(key, metas[key].state, s.stories[key].state)
+                    s.stories[key] = s.stories[key].model_copy(update={"state": current})
+                    s.views[key] = s.views[key].model_copy(update={"state": current})
+                s.outside_stories.pop(key, None)
         if drop:
             self._tell_dependants({key: s.views[key].state for key in drop}, None)
         return cc

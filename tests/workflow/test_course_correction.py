@@ -82,3 +82,34 @@ async def test_repeated_failures_trigger_a_course_correction_and_a_pause(ts_env,
         report = await handle.result()
     assert report.stories == {K1: "needs-intervention", K2: "needs-intervention", K3: "done"}
     assert [b.batch_id for b in report.batches] == [1, 2, 4]  # 1-3 re-planned after batch 3
+
+
+async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_path: Path):
+    """The added stories depend on each other: no plan exists. CC_REJECTED, and neither the dropped story nor the
+    added ones were written to the status file (they used to be, before the plan failed)."""
+    other2 = "2-2-filters"
+    make_project(
+        tmp_path,
+        {K1: "review", K2: "review", K3: "review", OTHER: "skipped", other2: "skipped"},
+        story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", other2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
+    )
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-cycle", epic=1, config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        before = status_values(tmp_path)
+        await rejected(
+            handle.execute_update(
+                SprintMasterWorkflow.course_correct,
+                {"reason": "new_requirements", "add_stories": ["2-1", "2-2"], "drop_stories": ["1-3"]},
+            ),
+            "cannot be re-planned",
+        )
+        assert status_values(tmp_path) == before
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert OTHER not in status.stories and status.stories[K3].state == "review"
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done", K3: "done"}
