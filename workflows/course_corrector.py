@@ -46,7 +46,7 @@ class CourseCorrector:
     _state: Any  # MasterState
     _running_batches: dict[int, str]
     _project_root: str
-    _sprint_ending: Callable[[], bool]
+    _not_replannable: Callable[[], str | None]
 
     def _init_course_correction(self) -> None:
         self._replanning = False  # no batch starts while a course correction is being applied
@@ -67,8 +67,8 @@ class CourseCorrector:
             parsed = CourseCorrectionRequest.model_validate(request)
         except ValidationError as err:
             raise ApplicationError(f"CC_REJECTED: {describe_validation_error(err)}", type="CC_REJECTED") from None
-        if self._sprint_ending():
-            raise ApplicationError("CC_REJECTED: the sprint is ending", type="CC_REJECTED")
+        if (why := self._not_replannable()) is not None:
+            raise ApplicationError(f"CC_REJECTED: {why}", type="CC_REJECTED")
         if self._replanning:
             raise ApplicationError("CC_REJECTED: another course correction is being applied", type="CC_REJECTED")
         try:

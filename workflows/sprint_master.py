@@ -97,6 +97,8 @@ with workflow.unsafe.imports_passed_through():
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
 # An update that came while the sprint settled its course corrections finishes before the sprint ends.
 PATCH_ENDING = "master-updates-before-end"
+# A decide update answers (refused) when its batch ends first, and two for one story cannot both wait.
+PATCH_DECIDE_ENDS = "master-decide-ends-with-batch"
 # A new sprint leaves out needs-intervention and skipped stories (it counted them as its own failures).
 PATCH_SETTLED_LEFT_OUT = "master-settled-stories-left-out"
 
@@ -117,7 +119,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
         self._deciding: dict[str, int] = {}  # story key -> its batch, while a decide update waits for the Slave
-        self._ending = False  # the sprint will start no batch any more (it is closing or handing over)
+        self._ending = False  # the sprint will start no batch any more: it is closing
+        self._handing_over = False  # continuing as new: the next run takes rearms and course corrections
         self._init_roster()
         self._init_course_correction()
         self._init_planning()
@@ -261,6 +264,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         key = parsed.story_key
         if parsed.decision is not Decision.REARM:
             batch_id = s.views[key].batch_id
+            if not workflow.patched(PATCH_DECIDE_ENDS):  # updates accepted before: they wait as they did
+                self._decided_views.pop(key, None)
+                self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=batch_id)
+                await workflow.wait_condition(lambda: key in self._decided_views)
+                return self._decided_views.pop(key)
             if key in self._deciding:  # two updates accepted in one workflow task: the validator saw neither
                 raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
             self._deciding[key] = batch_id
@@ -326,8 +334,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         view = s.views.get(parsed.story_key)
         try:
             if parsed.decision is Decision.REARM:
-                if self._sprint_ending():
-                    raise DecisionError("the sprint is ending: nothing can be rearmed")
+                if (why := self._not_replannable()) is not None:
+                    raise DecisionError(f"{why}: nothing can be rearmed now")
                 check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
@@ -340,15 +348,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         except DecisionError as err:
             raise ApplicationError(str(err), type="InvalidDecision") from None
 
-    def _sprint_ending(self) -> bool:
-        """No batch will start any more: a rearm or a course correction accepted now would be lost."""
+    def _not_replannable(self) -> str | None:
+        """Why no batch can be queued now, or None: a rearm or a course correction accepted then would be lost."""
         s = self._state
-        return (
-            self._ending
-            or s.shutdown
-            or s.stopped_early
-            or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED)
-        )
+        if self._ending or s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
+            return "the sprint is ending"
+        if self._handing_over:
+            return "the sprint is handing over to its next run (continue-as-new); send it again in a few seconds"
+        return None
 
     def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:
         """DEPENDENCY_UPDATE to each running Slave with a story depending on one of `states`."""
@@ -776,7 +783,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
-        self._ending = True  # until the next run: updates then go to it (the client follows the chain)
+        self._handing_over = True  # an update accepted now could be dropped with this run
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._course_corrections_settled()
         await self._stop_residents()  # each run owns its residents; the new run starts them again

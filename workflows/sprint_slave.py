@@ -14,7 +14,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -113,8 +113,8 @@ with workflow.unsafe.imports_passed_through():
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
-PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"
-PATCH_CANCEL_TERMINATES_AGENT = "slave-cancel-terminates-agent"  # a story waiting on the debugger is shown so, not its agent
+PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"  # a story waiting on the debugger is shown so, not its agent
+PATCH_CANCEL_TERMINATES_AGENT = "slave-cancel-terminates-agent"  # a cancelled batch cancels its agent in flight
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -624,6 +624,8 @@ class SprintSlaveWorkflow:
                 summary=f"PO gates: scope of story {meta.key}",
             )
         except ActivityError as err:
+            if is_cancelled_exception(err):  # the batch is cancelled: not this story's failure
+                raise
             return intervention(progress, f"PO gates: the story's scope could not be read ({_cause(err)})")
         base = {"ac_ids": list(scope.ac_ids), "scope": list(scope.files)}
         timeout_minutes = max(1, config.agent_timeout_seconds.dev_execution // 60)
@@ -738,6 +740,8 @@ class SprintSlaveWorkflow:
         try:
             await self._write_gate_record(story_key, gate, decisions)
         except ActivityError as err:  # the record is the gates' audit trail: its loss must not stop the story
+            if is_cancelled_exception(err):  # the batch is cancelled
+                raise
             workflow.logger.error("[Slave] %s: PO gate %s not recorded: %s", story_key, gate, _cause(err))
 
     async def _write_gate_record(self, story_key: str, gate: str, decisions: list[dict[str, Any]]) -> None:
@@ -901,6 +905,8 @@ class SprintSlaveWorkflow:
                     **STATUS_WRITE_OPTIONS,
                 )
             except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
+                if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
+                    raise
                 # The file cannot take the write (the story renamed or removed, a YAML error saved by hand,
                 # retries spent): this story stops here, the batch's other stories go on.
                 after = intervention(

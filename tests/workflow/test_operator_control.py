@@ -20,9 +20,10 @@ from temporalio.worker import Worker
 from temporalio import activity
 
 from activities.agents import run_agent
-from activities.status_file import load_sprint_status
+from activities.status_file import load_sprint_status, write_story_status
+from activities.summary import SummaryInput, write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
-from bso.models import LoadStatusInput, StatusSnapshot
+from bso.models import LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
@@ -214,20 +215,29 @@ async def test_a_decision_racing_a_shutdown_gets_an_answer_and_the_sprint_ends(t
     assert report.stories[K1] in ("story-doc-review", "ready-for-dev", "done")
 
 
+@activity.defn(name="write_execution_summary")
+async def slow_write_execution_summary(inp: SummaryInput) -> str:
+    Path(inp.project_root, "summarizing").touch()  # the Master is ending: it writes its summary last
+    await asyncio.sleep(3)
+    return await write_execution_summary(inp)
+
+
 async def test_a_rearm_while_the_sprint_ends_is_refused_not_lost(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
-    async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-end", simulation=simulation))
-
-        async def stopping_residents() -> bool:
-            try:
-                status = await handle.query(SprintMasterWorkflow.status)
-            except Exception:  # noqa: BLE001 - not started yet
-                return False
-            return status.batches_done == 1 and 0 < len(status.roster.residents) < 3
-
-        await poll_until(stopping_residents, "the Master stopping its residents", interval=0.002)
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    sprint_worker = Worker(
+        ts_env.client,
+        task_queue=prefix + SPRINT_TASK_QUEUE,
+        workflows=WORKFLOWS,
+        activities=[slow_write_execution_summary, *(a for a in SPRINT_ACTIVITIES if a is not write_execution_summary), run_agent],
+    )
+    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(
+            ts_env.client, prefix + SPRINT_TASK_QUEUE, sprint_input(tmp_path, session_id="rearm-end", simulation=simulation)
+        )
+        await poll_until(lambda: asyncio.sleep(0, (tmp_path / "summarizing").exists()), "the Master writing its summary")
         await rejected(
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
             "the sprint is ending",
@@ -406,3 +416,39 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
                 continue
             assert resident.status is not WorkflowExecutionStatus.RUNNING, role
     assert status_values(tmp_path)[K1] == "ready-for-dev"
+
+
+@activity.defn(name="write_story_status")
+async def slow_write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
+    Path(inp.project_root, "writing").touch()  # the Slave now awaits this write: the test cancels
+    # Longer than the Slave's workflow task timeout (5 s) allows a local activity within one task: the SDK then
+    # ends the task while the write goes on, and the cancel reaches the Slave during the write.
+    await asyncio.sleep(8)
+    return await write_story_status(inp)
+
+
+async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(ts_env, tmp_path: Path):
+    """The cancel comes while the Slave awaits its U4 write (a local activity): the batch ends cancelled; the
+    cancelled write is not taken for the file refusing it (the story to needs-intervention, the batch going on)."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    sprint_worker = Worker(
+        ts_env.client,
+        task_queue=prefix + SPRINT_TASK_QUEUE,
+        workflows=WORKFLOWS,
+        activities=[slow_write_story_status, *(a for a in SPRINT_ACTIVITIES if a is not write_story_status), run_agent],
+    )
+    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(
+            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            sprint_input(tmp_path, session_id="cancel-3", config_overrides={"batch_size": 2}),
+        )
+        await poll_until(lambda: asyncio.sleep(0, (tmp_path / "writing").exists()), "K1's status write")
+        await asyncio.sleep(5)  # past the workflow task the write began in
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1)).describe()
+    assert slave.status is WorkflowExecutionStatus.CANCELED
+    assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
