@@ -570,7 +570,7 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
     return shlex.join(command)
 
 
-RUNNING_SPRINTS_CHECKED = 100
+RUNNING_SPRINTS_CHECKED = 1000  # a first history page each: cheap, and more sprints than a team runs at once
 
 
 async def _sprint_running_on(client: Client, root: Path) -> str | None:
@@ -584,9 +584,10 @@ async def _sprint_running_on(client: Client, root: Path) -> str | None:
             payloads = event.workflow_execution_started_event_attributes.input.payloads
             try:
                 started_on = json.loads(payloads[0].data).get("project_root") if payloads else None
-            except (ValueError, AttributeError):  # not a JSON object: not a sprint BSO could run
-                started_on = None
-            if isinstance(started_on, str) and Path(started_on).expanduser().resolve() == root:
+                same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == root
+            except (ValueError, AttributeError, OSError):  # not a JSON object or not a path: not a sprint BSO runs
+                same = False
+            if same:
                 return wf.id
             break
     return None

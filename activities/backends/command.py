@@ -212,6 +212,15 @@ async def _run_process(
     return AgentRun(proc.returncode, timed_out, time.monotonic() - started, _last_line(run_dir / "stdout.log"))
 
 
+def _someone_elses(pid: int) -> bool:
+    """A live process `pid` that is not BSO's launcher (a zombie, or no procfs to tell: taken as the launcher)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return bool(cmdline) and str(LAUNCHER).encode() not in cmdline
+
+
 def _launcher_running(pid: int) -> bool:
     """The launcher `pid` (its group's leader) still runs: alive, not a zombie, and really BSO's launcher."""
     if not group_alive(pid):
@@ -288,7 +297,11 @@ def _kill_previous_attempt(run_dir: Path) -> None:
         if not _on_this_machine(data):
             activity.logger.warning("the previous attempt ran on %s: its process group is not this host's", data.get("machine"))
             return
-        if group_alive(pgid):
+        if _someone_elses(pgid):
+            # The group's leader runs and is not BSO's launcher: the number was taken by someone else since.
+            activity.logger.warning("process group %s is not the previous attempt's any more: left alone", pgid)
+            return
+        if group_alive(pgid):  # its launcher, or what an exited launcher's agent left behind
             activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
             kill_group_now(pgid)
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -489,7 +490,17 @@ async def test_a_process_group_recorded_on_another_machine_is_never_killed(tmp_p
     command._kill_previous_attempt(pid_file.parent)
     await asyncio.sleep(0.3)
     assert alive(pid)
-    pid_file.write_text(json.dumps(record))  # this machine's: the orphan is stopped (and the test cleans up)
+    # This machine's, but the number now leads someone else's group (a `sleep` in a session of its own).
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        pid_file.write_text(json.dumps({**record, "pgid": other.pid}))
+        command._kill_previous_attempt(pid_file.parent)
+        await asyncio.sleep(0.3)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    pid_file.write_text(json.dumps(record))  # this machine's and the launcher's: the orphan is stopped
     command._kill_previous_attempt(pid_file.parent)
     for _ in range(50):
         if not alive(pid):
