@@ -8,13 +8,27 @@ max_review_rounds cap, story-review fallbacks, E2E triggers) lives here, in one 
 
 from __future__ import annotations
 
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
+
+from pydantic import ValidationError
 
 from bso.config import ReviewDegradation, SprintConfig
-from bso.messages import MAX_SUMMARY_CHARS, AgentComplete, AgentErrorPayload, FeedbackItem, Finding, MessagePriority
-from bso.models import StoryProgress
+from bso.messages import (
+    MAX_SUMMARY_CHARS,
+    AgentComplete,
+    AgentErrorPayload,
+    FeedbackItem,
+    Finding,
+    MessagePriority,
+    RejectedMessage,
+    parse_message,
+    rejected_invalid,
+)
+from bso.models import StoryProgress, short_key
 from bso.states import (
     LEGACY_STORY_VALUES,
     AgentMode,
@@ -227,6 +241,52 @@ def fatal_error(result: AgentComplete, config: SprintConfig) -> str | None:
     return f"unrecoverable {kind} from {result.agent_type.value}/{result.mode.value} on {result.story_key}: " + (
         result.error or result.summary or "no detail"
     )
+
+
+def is_agent_error(payload: Any) -> bool:
+    """Gear 2's agent_error, sent on the agent_complete signal (its task_id is the dispatch id it ends)."""
+    return isinstance(payload, dict) and "agent_error" in (payload.get("message_type"), payload.get("type"))
+
+
+def check_agent_complete(
+    payload: Any, open_dispatches: Mapping[str, str], answered: Container[str]
+) -> AgentComplete | RejectedMessage:
+    """The Slave's rule for an AGENT_COMPLETE (signalled or returned as the agent activity's result): valid,
+    for a dispatch still open (dispatch id -> story key), of that dispatch's story. The answer to act on, or
+    the rejection the Slave records. Pure: `bso messages` applies it again to a Slave's history."""
+    dispatch_id = payload.get("dispatch_id") if isinstance(payload, dict) else None
+    try:
+        message = AgentComplete.model_validate(payload)
+    except ValidationError as err:
+        # message-schemas' validation_failed, naming each field.
+        return rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(
+            update={"dispatch_id": dispatch_id if isinstance(dispatch_id, str) else None}
+        )
+    story_key = open_dispatches.get(message.dispatch_id)
+    if story_key is None:
+        reason = "already answered" if message.dispatch_id in answered else "unknown dispatch id"
+        return RejectedMessage(msg_type="AGENT_COMPLETE", reason=reason, dispatch_id=message.dispatch_id)
+    if message.story_key not in (story_key, short_key(story_key)):
+        return RejectedMessage(
+            msg_type="AGENT_COMPLETE",
+            reason=f"story_key {message.story_key!r} does not match dispatch ({story_key})",
+            dispatch_id=message.dispatch_id,
+        )
+    return message
+
+
+def check_agent_error(payload: Any, open_dispatches: Mapping[str, str]) -> AgentErrorPayload | RejectedMessage:
+    """The Slave's rule for an agent_error: a valid one whose task_id names a dispatch still open."""
+    try:
+        message = parse_message(payload)
+    except ValidationError as err:
+        return rejected_invalid("agent_error", payload, err)
+    error = getattr(message, "payload", None)
+    if not isinstance(error, AgentErrorPayload):
+        return RejectedMessage(msg_type="agent_error", reason=f"not an agent_error: {message.type}")
+    if not error.task_id or error.task_id not in open_dispatches:
+        return RejectedMessage(msg_type="agent_error", reason="task_id names no open dispatch", dispatch_id=error.task_id)
+    return error
 
 
 def agent_error_to_complete(

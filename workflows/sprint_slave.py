@@ -59,6 +59,9 @@ with workflow.unsafe.imports_passed_through():
         Transition,
         apply_agent_result,
         agent_error_to_complete,
+        check_agent_complete,
+        check_agent_error,
+        is_agent_error,
         apply_no_answer,
         fatal_error,
         BudgetLevel,
@@ -74,13 +77,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.messages import (
         AgentComplete,
-        AgentErrorPayload,
         MessagePriority,
         RejectedMessage,
         TaskAssignment,
         describe_validation_error,
         keep_rejected,
-        parse_message,
         rejected_invalid,
     )
     from bso.models import (
@@ -95,7 +96,6 @@ with workflow.unsafe.imports_passed_through():
         StoryUpdates,
         StoryView,
         describe_in_flight,
-        short_key,
     )
     from bso.po_gates import (
         StoryScope,
@@ -208,49 +208,26 @@ class SprintSlaveWorkflow:
 
     def _receive_answer(self, payload: Any) -> None:
         """An AGENT_COMPLETE, by signal or as the agent activity's result: validated, matched to its open
-        dispatch and deduplicated the same way either way."""
-        dispatch_id = payload.get("dispatch_id") if isinstance(payload, dict) else None
-        if isinstance(payload, dict) and "agent_error" in (payload.get("message_type"), payload.get("type")):
+        dispatch and deduplicated the same way either way (check_agent_complete, which `bso messages` shares)."""
+        if is_agent_error(payload):
             self._agent_error(payload)
             return
-        try:
-            message = AgentComplete.model_validate(payload)
-        except ValidationError as err:
-            # message-schemas' validation_failed, naming each field; recorded, never acted on.
-            self._record(
-                rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(
-                    update={"dispatch_id": dispatch_id if isinstance(dispatch_id, str) else None}
-                )
-            )
+        checked = check_agent_complete(payload, self._open_dispatches, self._answers)
+        if isinstance(checked, RejectedMessage):
+            self._record(checked)  # recorded, never acted on
             return
-        story_key = self._open_dispatches.get(message.dispatch_id)
-        if story_key is None:
-            reason = "already answered" if message.dispatch_id in self._answers else "unknown dispatch id"
-            self._reject("AGENT_COMPLETE", reason, message.dispatch_id)
-            return
-        if message.story_key not in (story_key, short_key(story_key)):
-            self._reject(
-                "AGENT_COMPLETE", f"story_key {message.story_key!r} does not match dispatch ({story_key})",
-                message.dispatch_id,
-            )
-            return
-        del self._open_dispatches[message.dispatch_id]
-        self._answers[message.dispatch_id] = message
+        del self._open_dispatches[checked.dispatch_id]
+        self._answers[checked.dispatch_id] = checked
 
     def _agent_error(self, payload: dict[str, Any]) -> None:
         """Gear 2's agent_error on the same signal: its task_id is the dispatch id it ends (as a failure)."""
-        try:
-            message = parse_message(payload)
-        except ValidationError as err:
-            self._record(rejected_invalid("agent_error", payload, err))
-            return
-        error = getattr(message, "payload", None)
-        if not isinstance(error, AgentErrorPayload):
-            self._reject("agent_error", f"not an agent_error: {message.type}", None)
+        error = check_agent_error(payload, self._open_dispatches)
+        if isinstance(error, RejectedMessage):
+            self._record(error)
             return
         dispatch_id = error.task_id
-        story_key = self._open_dispatches.get(dispatch_id) if dispatch_id else None
-        progress = self._progress.get(story_key) if story_key else None
+        story_key = self._open_dispatches[dispatch_id]
+        progress = self._progress.get(story_key)
         if progress is None or progress.pending_agent is None or progress.pending_mode is None:
             self._reject("agent_error", "task_id names no open dispatch", dispatch_id)
             return
