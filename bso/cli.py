@@ -931,6 +931,7 @@ def message_record(m: FlowMessage) -> dict[str, Any]:
         "batch_id": m.batch_id,
         "dispatch_id": m.dispatch_id,
         "detail": m.detail,
+        "rejected": m.rejected,  # the recipient's reason when it rejected the message, else null
         "workflow_id": m.workflow_id,
         "event_id": m.event_id,
         "payload": m.payload,

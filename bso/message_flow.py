@@ -13,26 +13,37 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
+from bso.browser import BrowserRequest
 from bso.constants import (
     SIGNAL_AGENT_COMPLETE,
+    SIGNAL_BROWSER_REQUEST,
     SIGNAL_BROWSER_RESULT,
+    SIGNAL_DEBUG_REQUEST,
     SIGNAL_DEBUG_RESULT,
     SIGNAL_PAUSE,
+    SIGNAL_PLAN_REQUEST,
     SIGNAL_PLAN_RESULT,
+    SIGNAL_RESEARCH_REQUEST,
     SIGNAL_RESEARCH_RESULT,
     SIGNAL_RESUME,
+    SIGNAL_ROSTER_BROADCAST,
     SIGNAL_SHUTDOWN,
     SIGNAL_STORY_UPDATE,
     SIGNAL_STORY_UPDATES,
 )
-from bso.messages import TerminateDirectivePayload
-from bso.models import describe_in_flight
+from bso.debugging import DebugRequest, DebugResult
+from bso.dispatch import check_agent_complete, check_agent_error, is_agent_error
+from bso.messages import RejectedMessage, TerminateDirectivePayload, rejected_invalid
+from bso.models import ResumeRequest, StoryUpdate, describe_in_flight, short_key
+from bso.research import ResearchRequest
+from bso.roster import RosterBroadcast
+from bso.scrum_master import FALLBACK, PlanAnswer, PlanRequest, answer
 
 MASTER = "sprint-master"
 OPERATOR = "operator"
@@ -89,6 +100,16 @@ _RESIDENT_OF_SIGNAL = {
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
+# The model each resident validates a signal with (workflows/residents.py), and the name it records a
+# rejection under.
+_RESIDENT_MODELS: dict[str, tuple[str, type[BaseModel]]] = {
+    SIGNAL_DEBUG_REQUEST: ("DEBUG_REQUEST", DebugRequest),
+    SIGNAL_PLAN_REQUEST: ("PLAN_REQUEST", PlanRequest),
+    SIGNAL_RESEARCH_REQUEST: ("RESEARCH_REQUEST", ResearchRequest),
+    SIGNAL_BROWSER_REQUEST: ("BROWSER_REQUEST", BrowserRequest),
+    SIGNAL_ROSTER_BROADCAST: ("AGENT_ROSTER_BROADCAST", RosterBroadcast),
+}
+
 
 def _as_text(value: Any) -> str | None:
     return value if value is None or isinstance(value, str) else json.dumps(value, default=str)
@@ -122,6 +143,9 @@ class FlowMessage(BaseModel):
     dispatch_id: Text = None
     detail: str = ""
     payload: Annotated[dict[str, Any], BeforeValidator(_as_payload)] = Field(default_factory=dict)
+    # Why the recipient rejected this message (recorded, never acted on), by the recipient's own rule; None:
+    # it was accepted (or the flow cannot tell).
+    rejected: str | None = None
 
     @property
     def owner(self) -> str:
@@ -180,10 +204,46 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _invalid(msg_type: str, model: type[BaseModel], value: Any) -> str | None:
+    """Why the recipient's model rejects `value` (the reason it records: validation_failed naming each
+    field), or None when it is valid."""
+    try:
+        model.model_validate(value)
+    except ValidationError as err:
+        return rejected_invalid(msg_type, value, err).reason
+    return None
+
+
+def _batches_text(batches: Any, limit: int = 160) -> str:
+    """A plan's batches on one line: `3 batches: [1-1, 1-2] [2-1] [3-1]` (short story keys)."""
+    specs = [_dict(b) for b in batches] if isinstance(batches, list) else []
+    text = f"{len(specs)} batch{'' if len(specs) == 1 else 'es'}: " + " ".join(
+        "[" + ", ".join(short_key(str(k)) for k in (b.get("stories") or [])) + "]" for b in specs
+    )
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plan_result_detail(value: dict[str, Any]) -> str:
+    """PLAN_RESULT on one line: which request, by whom, and the plan, re-plan or error it carries."""
+    head = f"{value.get('request_id', '?')} by {value.get('planner', '?')}"
+    if value.get("error"):
+        return f"{head}: error: {' '.join(str(value['error']).split())}"[:200]
+    if isinstance(value.get("plan"), dict):
+        return f"{head}: {_batches_text(value['plan'].get('batches'))}"
+    if isinstance(value.get("course_correction"), dict):
+        cc = value["course_correction"]
+        return f"{head}: course correction ({cc.get('reason', '?')}): {_batches_text(cc.get('batches'))}"
+    return f"{head}: no plan"
+
+
 def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
     out: list[FlowMessage] = []
     children: dict[str, dict[str, Any]] = {}  # child workflow id -> its SlaveInput
     planned = False
+    # The plan as planned, from the first of: the report's, the carried state's (a continued run), the
+    # scrum-master's accepted answer to the Master's plan request, the Master's fallback plan for that request.
+    plans: dict[str, Any] = {}
+    plan_request: dict[str, Any] | None = None  # the first plan request the Master sent (not a re-plan)
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
@@ -195,25 +255,29 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             view = _dict(update.get("view"))
             batch = update.get("batch_id")
             in_flight = describe_in_flight(view.get("agent_in_flight"), view.get("mode_in_flight"), view.get("debug_in_flight"))
-            add(
-                event,
-                type="STORY_UPDATE",
-                sender=slave_name(batch),
-                recipient=MASTER,
-                batch_id=batch,
-                story=update.get("story_key"),
-                dispatch_id=view.get("dispatch_id"),
-                detail=f"{view.get('state', '?')}"
+            fields = {
+                "type": "STORY_UPDATE",
+                "sender": slave_name(batch),
+                "recipient": MASTER,
+                "batch_id": batch,
+                "story": update.get("story_key"),
+                "dispatch_id": view.get("dispatch_id"),
+                "detail": f"{view.get('state', '?')}"
                 + (f", {in_flight} in flight" if in_flight else "")
                 + (f", review round {view['review_round']}" if view.get("review_round") else ""),
-                payload=update,
-            )
+                "payload": update if isinstance(item, dict) else {"value": item},
+            }
+            reason = _invalid("STORY_UPDATE", StoryUpdate, item)  # the Master's rule (_apply_story_update)
+            add(event, **(_rejected(fields, reason) if reason else fields))
 
     for event in events:
         et = event.event_type
         if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             inp = _dict(decode(event.workflow_execution_started_event_attributes.input))
             if inp.get("carried_state"):
+                carried = _dict(_dict(inp["carried_state"]).get("plan"))
+                if carried:
+                    plans.setdefault("carried", carried)
                 continue  # a continued run: its start is not a new sprint
             scope = []
             if inp.get("epic") is not None:
@@ -318,13 +382,37 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             if attrs.signal_name in (SIGNAL_STORY_UPDATE, SIGNAL_STORY_UPDATES):
                 # story_updates: several story_update payloads in one signal, each its own message.
                 many = _dict(value).get("updates") if attrs.signal_name == SIGNAL_STORY_UPDATES else [value]
-                add_story_updates(event, many)
+                if isinstance(many, list):
+                    add_story_updates(event, many)
+                else:  # the Master's rule (story_updates): the whole signal is rejected
+                    fields = {"type": "STORY_UPDATE", "sender": "slave", "recipient": MASTER,
+                              "detail": _brief(value), "payload": _dict(value)}
+                    add(event, **_rejected(fields, "expected an object with a list of updates"))
             else:
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
                 sender = OPERATOR
                 if attrs.signal_name in _FROM_RESIDENT:
                     sender = str(_dict(value).get("role") or _RESIDENT_OF_SIGNAL.get(attrs.signal_name, "resident"))
-                add(event, type=kind, sender=sender, recipient=MASTER, detail=_brief(value), payload=_dict(value))
+                fields = {"type": kind, "sender": sender, "recipient": MASTER, "detail": _brief(value),
+                          "payload": _dict(value)}
+                reason = None
+                if attrs.signal_name == SIGNAL_RESUME:
+                    reason = _invalid("RESUME", ResumeRequest, value or {})  # as the Master's resume handler
+                elif attrs.signal_name == SIGNAL_PLAN_RESULT:
+                    # The Master ignores (and logs) an answer its planner mixin cannot validate.
+                    reason = _invalid("PLAN_RESULT", PlanAnswer, value)
+                    fields["detail"] = _plan_result_detail(_dict(value))
+                    if reason is None and isinstance(value.get("plan"), dict) and (
+                        plan_request is None or value.get("request_id") == plan_request.get("request_id")
+                    ):
+                        plans.setdefault("answer", value["plan"])
+                add(event, **(_rejected(fields, reason) if reason else fields))
+        elif et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            attrs = event.signal_external_workflow_execution_initiated_event_attributes
+            if attrs.signal_name == SIGNAL_PLAN_REQUEST and plan_request is None:
+                request = _dict(decode(attrs.input))
+                if request and not request.get("course_correction"):
+                    plan_request = request
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             reason = event.workflow_execution_cancel_requested_event_attributes.cause
             add(event, type="CANCEL_REQUEST", sender=OPERATOR, recipient=MASTER, detail=reason)
@@ -332,6 +420,8 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             add(event, type="CONTINUED_AS_NEW", sender=MASTER, recipient=MASTER, detail="history handed to a new run")
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
             report = _dict(decode(event.workflow_execution_completed_event_attributes.result))
+            if _dict(report.get("batch_plan")):
+                plans.setdefault("report", report["batch_plan"])
             stories = _dict(report.get("stories"))
             done = sum(v == "done" for v in stories.values())
             add(
@@ -354,18 +444,27 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 detail += ": " + event.workflow_execution_failed_event_attributes.failure.message
             add(event, type="SPRINT_FAILED", sender=MASTER, recipient=OPERATOR, detail=detail)
 
-    # The plan's content, once the batches are known.
-    if children:
-        plan = [
-            {"batch_id": inp.get("batch_id"), "stories": [s.get("key") for s in inp.get("stories", [])]}
-            for inp in children.values()
+    # The plan as planned (BATCH_PLAN_READY), the same while the sprint runs and once it ended.
+    plan, source = _planned(plans, plan_request)
+    if plan is None and children:
+        # Planned by the Master itself with no scrum-master (its plan is in no history until the report):
+        # the batches it started so far.
+        plan = {"batches": [{"batch_id": i.get("batch_id"), "stories": [_dict(s).get("key") for s in i.get("stories", [])]}
+                            for i in children.values()]}
+        source = "batches started so far"
+    if plan is not None:
+        batches = [
+            {"batch_id": b.get("batch_id"), "stories": [str(k) for k in (b.get("stories") or [])]}
+            for b in map(_dict, plan.get("batches") or [])
         ]
+        detail = f"{len(batches)} batch{'' if len(batches) == 1 else 'es'}: " + "; ".join(
+            f"{b['batch_id']}: {', '.join(b['stories'])}" for b in batches
+        )
         out = [
             m.model_copy(
                 update={
-                    "detail": f"{len(plan)} batches: "
-                    + "; ".join(f"{b['batch_id']}: {', '.join(b['stories'])}" for b in plan),
-                    "payload": {"batches": plan},
+                    "detail": (detail if source != "batches started so far" else f"{source}: {detail}")[:200],
+                    "payload": {"batches": batches, "source": source},
                 }
             )
             if m.type == "BATCH_PLAN_READY"
@@ -375,6 +474,23 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     return out
 
 
+def _planned(plans: dict[str, Any], plan_request: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+    """The sprint's plan (BatchPlanReady as JSON) and where it was read, from a Master run's history."""
+    for source in ("report", "carried", "answer"):
+        if source in plans:
+            return _dict(plans[source]), source
+    if plan_request is not None:
+        # The scrum-master did not answer with a plan: the Master planned this request by itself, by the
+        # same pure rules (bso/scrum_master.py answer(request, FALLBACK)).
+        try:
+            fallback = answer(PlanRequest.model_validate(plan_request), FALLBACK).plan
+        except ValidationError:
+            fallback = None
+        if fallback is not None:
+            return fallback.model_dump(mode="json"), "fallback"
+    return None, ""
+
+
 def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
     out: list[FlowMessage] = []
     batch = _batch_from_workflow_id(workflow_id)
@@ -382,11 +498,44 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     scheduled: dict[int, tuple[str, dict[str, Any]]] = {}  # event id -> (activity type, input)
     writes: dict[int, int] = {}  # scheduled event id -> index in out
     cancelling = False  # the Slave itself was asked to cancel (the sprint was cancelled)
+    # The Slave's dispatches as it saw them, to judge each answer by its own rule (check_agent_complete):
+    # opened when the agent activity is scheduled, closed by an accepted answer, the activity's failure or
+    # time-out, or its deadline timer (external agents). Within a workflow task the Slave runs the signals
+    # first, then the rest (an answer returned as the activity's result, a close): those wait for the task's end.
+    opened: dict[str, str] = {}  # dispatch id -> story key
+    answered: set[str] = set()
+    assignments: dict[str, dict[str, Any]] = {}  # dispatch id -> its assignment
+    deferred: list[tuple[HistoryEvent, str, Any]] = []  # answers returned as results, this task
+    closing: list[str] = []  # dispatches closed by this task
+    no_answer_yet: list[str] = []  # activities done without an answer this task: a deadline timer follows
+    arming: list[str] = []  # ... whose timer the next commands start
+    timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
             FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, batch_id=batch, **fields)
         )
+
+    def answer(event: HistoryEvent, raw: Any) -> None:
+        """An AGENT_COMPLETE or agent_error (as it came) as the Slave judged it."""
+        value = _dict(raw)
+        if is_agent_error(raw):
+            error = check_agent_error(raw, opened)
+            if isinstance(error, RejectedMessage):
+                add(event, **_rejected(_agent_error(value, me, assignments), error.reason))
+                return
+            opened.pop(str(error.task_id), None)
+            answered.add(str(error.task_id))
+            add(event, **_agent_error(value, me, assignments))
+            return
+        checked = check_agent_complete(raw, opened, answered)
+        fields = _agent_complete(value, me)
+        if isinstance(checked, RejectedMessage):
+            add(event, **_rejected(fields, checked.reason))
+            return
+        del opened[checked.dispatch_id]
+        answered.add(checked.dispatch_id)
+        add(event, **fields)
 
     for event in events:
         et = event.event_type
@@ -395,6 +544,11 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             name = attrs.activity_type.name
             inp = _dict(decode(attrs.input))
             scheduled[event.event_id] = (name, inp)
+            if name == "run_agent" and isinstance(inp.get("dispatch_id"), str):
+                # The Slave closed the story's earlier dispatch before it started this one.
+                opened = {d: k for d, k in opened.items() if k != inp.get("story_key")}
+                opened[inp["dispatch_id"]] = str(inp.get("story_key"))
+                assignments[inp["dispatch_id"]] = inp
             if name == "run_agent":
                 findings = inp.get("fix_findings") or []
                 add(
@@ -440,10 +594,12 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             attrs = event.activity_task_completed_event_attributes
-            name, _ = scheduled.get(attrs.scheduled_event_id, ("?", {}))
-            answer = _dict(_dict(decode(attrs.result)).get("answer")) if name == "run_agent" else {}
-            if answer:  # AGENT_COMPLETE returned as the agent activity's result
-                add(event, **_agent_complete(answer, me))
+            name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            returned = _dict(decode(attrs.result)).get("answer") if name == "run_agent" else None
+            if returned is not None:  # AGENT_COMPLETE returned as the agent activity's result
+                deferred.append((event, str(inp.get("dispatch_id")), returned))
+            elif name == "run_agent":
+                no_answer_yet.append(str(inp.get("dispatch_id")))
             if attrs.scheduled_event_id in writes:
                 result = _dict(decode(attrs.result))
                 i = writes[attrs.scheduled_event_id]
@@ -462,6 +618,8 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             else:
                 attrs = event.activity_task_timed_out_event_attributes
             name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
+            if name == "run_agent":
+                closing.append(str(inp.get("dispatch_id")))
             if name == "run_agent" and et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
                 # The agent's time (the activity's timeout) is up: its worker cancels it, as a TERMINATE would.
                 add(event, **terminate_directive(me, inp, sprint_cancelled=False))
@@ -487,22 +645,51 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             attrs = event.workflow_execution_signaled_event_attributes
             value = _dict(decode(attrs.input))
             if attrs.signal_name == SIGNAL_AGENT_COMPLETE:
-                add(event, **_agent_complete(value, me))
+                answer(event, decode(attrs.input))
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
             elif attrs.signal_name == SIGNAL_DEBUG_RESULT:
                 verdict = " ".join(str(value.get("fix_suggestion") or value.get("root_cause") or value.get("error") or "").split())
-                add(
-                    event,
-                    type="DEBUG_RESULT",
-                    sender=_RESIDENT_OF_SIGNAL[SIGNAL_DEBUG_RESULT],
-                    recipient=me,
-                    story=value.get("story_key"),
-                    detail=f"{value.get('debug_id', '?')}: {value.get('status', '?')}, confidence "
+                fields = {
+                    "type": "DEBUG_RESULT",
+                    "sender": _RESIDENT_OF_SIGNAL[SIGNAL_DEBUG_RESULT],
+                    "recipient": me,
+                    "story": value.get("story_key"),
+                    "detail": f"{value.get('debug_id', '?')}: {value.get('status', '?')}, confidence "
                     f"{value.get('confidence', '?')}" + (f": {verdict[:100]}" if verdict else ""),
-                    payload=value,
-                )
-    return out
+                    "payload": value,
+                }
+                reason = _invalid("DEBUG_RESULT", DebugResult, decode(attrs.input))  # the Slave's debug_result
+                add(event, **(_rejected(fields, reason) if reason else fields))
+        elif et == EventType.EVENT_TYPE_TIMER_STARTED and arming and not event.user_metadata.HasField("summary"):
+            # The deadline of a dispatch answered by the agent itself (the story-updates hold timer has a summary).
+            timers[event.timer_started_event_attributes.timer_id] = arming.pop(0)
+        elif et == EventType.EVENT_TYPE_TIMER_FIRED:
+            dispatch_id = timers.pop(event.timer_fired_event_attributes.timer_id, None)
+            if dispatch_id is not None:
+                closing.append(dispatch_id)
+        elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            # The end of a workflow task: what its code did after the signals.
+            for answered_event, dispatch_id, value in deferred:
+                if dispatch_id in answered:  # a signal answered it first: the Slave never read the result
+                    add(answered_event, **_rejected(_agent_complete(_dict(value), me), "not read: the dispatch was answered"))
+                    continue
+                answer(answered_event, value)
+                if dispatch_id in opened:  # rejected: the Slave waits out the agent's time for a signal
+                    no_answer_yet.append(dispatch_id)
+            for dispatch_id in closing:
+                opened.pop(dispatch_id, None)
+            arming = [d for d in no_answer_yet if d in opened]
+            deferred, closing, no_answer_yet = [], [], []
+    for answered_event, _, value in deferred:  # a history that ends inside a workflow task
+        answer(answered_event, value)
+    return sorted(out, key=lambda m: m.event_id)
+
+
+def _rejected(fields: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A message's fields marked as rejected by its recipient (the table's detail says so first)."""
+    short = reason if len(reason) <= 100 else reason[:97] + "..."
+    return {**fields, "rejected": reason, "detail": f"REJECTED ({short}): {fields.get('detail', '')}"[:200]}
 
 
 def terminate_directive(slave: str, assignment: dict[str, Any], sprint_cancelled: bool) -> dict[str, Any]:
@@ -547,6 +734,24 @@ def _agent_complete(value: dict[str, Any], recipient: str) -> dict[str, Any]:
     }
 
 
+def _agent_error(value: dict[str, Any], recipient: str, assignments: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Gear 2's agent_error sent on the agent_complete signal: the failure of the dispatch its task_id names."""
+    error = _dict(value.get("payload"))
+    assignment = assignments.get(str(error.get("task_id")), {})
+    agent = assignment.get("agent_type") or value.get("from") or value.get("sender")
+    message = " ".join(str(error.get("error_message") or "").split())
+    return {
+        "type": "AGENT_FAILURE",
+        "sender": str(agent or "agent"),
+        "recipient": recipient,
+        "story": assignment.get("story_key"),
+        "agent": assignment.get("agent_type"),
+        "dispatch_id": error.get("task_id"),
+        "detail": f"agent_error {error.get('error_type', '?')}" + (f": {message[:120]}" if message else ""),
+        "payload": value,
+    }
+
+
 def _local_status_write(event: HistoryEvent) -> dict[str, Any] | None:
     """The result of a U4 write run as a local activity (its marker), or None for any other marker."""
     attrs = event.marker_recorded_event_attributes
@@ -577,6 +782,11 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             detail = ", ".join(f"{len(v)} {k}" for k, v in roster.items() if isinstance(v, list))
         elif value.get("error_summary"):
             detail = str(value["error_summary"])[:120]
+        fields: dict[str, Any] = {"detail": detail}
+        if attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
+            msg_type, model = _RESIDENT_MODELS[attrs.signal_name]
+            reason = _invalid(msg_type, model, decode(attrs.input))
+            fields = _rejected(fields, reason) if reason else fields
         out.append(
             FlowMessage(
                 time=_time(event),
@@ -586,8 +796,8 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
                 sender=sender,
                 recipient=role,
                 story=value.get("story_key"),
-                detail=detail,
                 payload=value,
+                **fields,
             )
         )
     return out
@@ -662,7 +872,7 @@ def agent_performance(messages: Sequence[FlowMessage]) -> list[AgentStats]:
     stats: dict[str, AgentStats] = {}
     assigned: dict[str, datetime] = {}
     for m in messages:
-        if not m.agent:
+        if not m.agent or m.rejected:  # a rejected answer was never acted on
             continue
         s = stats.setdefault(m.agent, AgentStats(agent=m.agent))
         if m.type == "TASK_ASSIGNMENT":

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import collections
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.common.v1 import ActivityType, Payloads, WorkflowType
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
+from temporalio.converter import DataConverter
 
 from bso.message_flow import (
     MESSAGE_TYPES,
@@ -128,3 +132,219 @@ def test_the_debug_exchange_and_resident_answers_name_their_parties(flow):
     for m in flow:
         assert "/" not in m.sender, m
         assert "\n" not in m.detail and len(m.detail) <= 200, m
+
+
+# --- hand-made histories: what a recipient rejected, and the plan as planned ----------------------------
+
+_T0 = datetime(2026, 1, 5, 9, 0, 0)
+
+
+def _payloads(*values):
+    return Payloads(payloads=DataConverter.default.payload_converter.to_payloads(list(values)))
+
+
+class _History:
+    """A workflow history built event by event (ids and times in order)."""
+
+    def __init__(self, workflow_id: str, workflow_type: str, inp=None) -> None:
+        self.workflow_id = workflow_id
+        self.events: list[HistoryEvent] = []
+        self.add(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED, "workflow_execution_started_event_attributes",
+                 workflow_type=WorkflowType(name=workflow_type), input=_payloads(inp or {}))
+
+    def add(self, event_type, attrs_field: str | None = None, **attrs) -> int:
+        event = HistoryEvent(event_id=len(self.events) + 1, event_type=event_type)
+        event.event_time.FromDatetime(_T0 + timedelta(milliseconds=10 * len(self.events)))
+        if attrs_field:
+            getattr(event, attrs_field).CopyFrom(type(getattr(event, attrs_field))(**attrs))
+        self.events.append(event)
+        return event.event_id
+
+    def task(self) -> None:
+        """A whole workflow task: what came before it is what its activation saw."""
+        for et in (EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+                   EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED):
+            self.add(et)
+
+    def signal(self, name: str, value) -> int:
+        return self.add(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "workflow_execution_signaled_event_attributes",
+                        signal_name=name, input=_payloads(value))
+
+    def dispatch(self, dispatch_id: str, story: str, agent: str = "story-reviewer", mode: str = "review") -> int:
+        return self.add(
+            EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, "activity_task_scheduled_event_attributes",
+            activity_id=dispatch_id, activity_type=ActivityType(name="run_agent"),
+            input=_payloads({"dispatch_id": dispatch_id, "story_key": story, "agent_type": agent, "mode": mode}),
+        )
+
+    def activity_completed(self, scheduled: int, result) -> int:
+        return self.add(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, "activity_task_completed_event_attributes",
+                        scheduled_event_id=scheduled, result=_payloads(result))
+
+    def history(self) -> WorkflowHistory:
+        return WorkflowHistory(self.workflow_id, self.events)
+
+
+def _answer(dispatch_id: str, story: str = "1-1", **extra) -> dict:
+    return {"dispatch_id": dispatch_id, "story_key": story, "agent_type": "story-reviewer", "mode": "review",
+            "status": "success", "verdict": "passed", "tokens_used": 10, **extra}
+
+
+def test_answers_the_slave_rejected_are_marked_with_its_reason():
+    """The Slave's rule (check_agent_complete) applied to its history: unknown, mismatched, malformed and
+    repeated answers are marked rejected with the reason the Slave recorded; the accepted one is not."""
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    h.dispatch("d-1", "1-1-login-form")
+    h.signal("agent_complete", _answer("d-9"))  # no such dispatch
+    h.signal("agent_complete", _answer("d-1", story="2-1"))  # another story's key
+    h.signal("agent_complete", {"dispatch_id": "d-1", "status": "great"})  # malformed
+    h.signal("agent_complete", "not even an object")
+    h.signal("agent_complete", _answer("d-1"))  # the answer
+    h.signal("agent_complete", _answer("d-1"))  # delivered twice
+    h.task()
+    answers = [m for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
+    reasons = [m.rejected for m in answers]
+    assert reasons[0] == "unknown dispatch id"
+    assert reasons[1] == "story_key '2-1' does not match dispatch (1-1-login-form)"
+    assert reasons[2].startswith("validation_failed: ") and "status: invalid value: great" in reasons[2]
+    assert reasons[3] == "validation_failed: (message): must be an object"
+    assert reasons[4:] == [None, "already answered"]
+    assert answers[0].sender == "story-reviewer" and answers[0].recipient == "slave-batch-1"
+    assert answers[0].detail.startswith("REJECTED (unknown dispatch id): success, verdict passed")
+    assert answers[4].detail == "success, verdict passed, 10 tokens"
+    # A rejected answer was never acted on: not an answer in the agents' performance.
+    assert [(s.agent, s.answered) for s in agent_performance(answers)] == [("story-reviewer", 1)]
+
+
+def test_the_slave_reads_signals_before_an_answer_returned_in_the_same_task():
+    """Within one workflow task the Slave runs the signals first: a signalled answer wins over the
+    activity's returned one (never read), and a returned answer that is rejected leaves the dispatch open."""
+    h = _History("s/batch-2", "SprintSlaveWorkflow")
+    h.task()
+    d1 = h.dispatch("d-1", "1-1-login-form")
+    h.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True, "answer": _answer("d-1", summary="result")})
+    h.signal("agent_complete", _answer("d-1", summary="signal"))
+    h.task()
+    d2 = h.dispatch("d-2", "1-1-login-form")
+    h.activity_completed(d2, {"dispatch_id": "d-2", "delivered": True, "answer": _answer("d-2", status="bogus")})
+    h.task()
+    h.signal("agent_complete", _answer("d-2"))  # still open: the Slave waits out the agent's time for it
+    h.task()
+    answers = [(m.payload.get("summary"), m.dispatch_id, m.rejected) for m in message_flow([h.history()])
+               if m.type == "AGENT_COMPLETE"]
+    assert answers[0] == ("result", "d-1", "not read: the dispatch was answered")
+    assert answers[1] == ("signal", "d-1", None)
+    assert answers[2][1] == "d-2" and answers[2][2].startswith("validation_failed: status")
+    assert answers[3] == (None, "d-2", None)
+
+
+def test_an_answer_after_the_agents_deadline_is_rejected():
+    """An external agent's dispatch closes when its deadline timer fires: a later answer is unknown."""
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    d1 = h.dispatch("d-1", "1-1-login-form")
+    h.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True})
+    h.task()
+    h.add(EventType.EVENT_TYPE_TIMER_STARTED, "timer_started_event_attributes", timer_id="7")
+    h.add(EventType.EVENT_TYPE_TIMER_FIRED, "timer_fired_event_attributes", timer_id="7")
+    h.signal("agent_complete", _answer("d-1"))  # in the same task as the timer: signals come first
+    h.task()
+    h.signal("agent_complete", _answer("d-1"))
+    h.task()
+    answers = [m.rejected for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
+    assert answers == [None, "already answered"]
+    h2 = _History("s/batch-1", "SprintSlaveWorkflow")
+    h2.task()
+    d1 = h2.dispatch("d-1", "1-1-login-form")
+    h2.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True})
+    h2.task()
+    h2.add(EventType.EVENT_TYPE_TIMER_STARTED, "timer_started_event_attributes", timer_id="7")
+    h2.add(EventType.EVENT_TYPE_TIMER_FIRED, "timer_fired_event_attributes", timer_id="7")
+    h2.task()
+    h2.signal("agent_complete", _answer("d-1"))
+    h2.task()
+    assert [m.rejected for m in message_flow([h2.history()]) if m.type == "AGENT_COMPLETE"] == ["unknown dispatch id"]
+
+
+def test_an_agent_error_is_the_failure_of_the_dispatch_it_names():
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    h.dispatch("d-1", "1-1-login-form", agent="dev-runner", mode="dev")
+    error = {"message_id": "msg_err001", "message_type": "agent_error", "from_agent": "dev", "to_agent": "moderator",
+             "timestamp": "2024-10-15T10:35:00", "payload": {"error_type": "crash", "error_message": "boom"}}
+    h.signal("agent_complete", {**error, "payload": {**error["payload"], "task_id": "d-7"}})
+    h.signal("agent_complete", {**error, "payload": {**error["payload"], "task_id": "d-1"}})
+    h.task()
+    failures = [m for m in message_flow([h.history()]) if m.type == "AGENT_FAILURE"]
+    assert [(m.dispatch_id, m.rejected) for m in failures] == [("d-7", "task_id names no open dispatch"), ("d-1", None)]
+    assert failures[1].sender == "dev-runner" and failures[1].detail == "agent_error crash: boom"
+
+
+def test_signals_the_master_and_residents_rejected_are_marked():
+    master = _History("m", "SprintMasterWorkflow", {"project_root": "/p"})
+    master.task()
+    master.signal("story_update", {"batch_id": 1, "story_key": "1-1-login-form"})  # no view
+    master.signal("story_updates", {"updates": "all of them"})
+    master.signal("resume", {"token_limit": -5})
+    master.signal("resume", None)
+    master.signal("plan_result", {"request_id": "plan-1"})  # no planner
+    master.task()
+    resident = _History("m/resident-debugger", "ResidentWorkflow")
+    resident.signal("debug_request", {"debug_id": "DBG-1", "story_key": "1-1"})  # no report_to
+    flow = message_flow([master.history(), resident.history()])
+    rejected = [(m.type, m.rejected) for m in sorted(flow, key=lambda m: (m.workflow_id, m.event_id))
+                if m.type != "SPRINT_START"]
+    assert rejected == [
+        ("STORY_UPDATE", "validation_failed: view: required field missing"),
+        ("STORY_UPDATE", "expected an object with a list of updates"),
+        ("RESUME", "validation_failed: token_limit: Input should be greater than 0"),
+        ("RESUME", None),
+        ("PLAN_RESULT", "validation_failed: planner: required field missing"),
+        ("DEBUG_REQUEST", "validation_failed: report_to: required field missing"),
+    ]
+    assert all(m.detail.startswith("REJECTED (") and len(m.detail) <= 200 for m in flow if m.rejected)
+
+
+def test_the_plan_is_shown_as_planned_while_the_sprint_runs(histories, flow):
+    """BATCH_PLAN_READY shows the planner's plan: the same with only the first batch started as at the end."""
+    master = next(h for h in histories if h.workflow_id == "example-sprint")
+    first_child = next(i for i, e in enumerate(master.events)
+                       if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+                       and e.start_child_workflow_execution_initiated_event_attributes.workflow_type.name
+                       == "SprintSlaveWorkflow")
+    running = message_flow([WorkflowHistory(master.workflow_id, master.events[: first_child + 1])])
+    (during,) = [m for m in running if m.type == "BATCH_PLAN_READY"]
+    (after,) = [m for m in flow if m.type == "BATCH_PLAN_READY"]
+    assert during.detail == after.detail and during.detail.startswith("2 batches: 1: 1-2-pantry-item-model")
+    assert during.payload["batches"] == after.payload["batches"]
+    assert (during.payload["source"], after.payload["source"]) == ("answer", "report")
+
+
+def test_plan_result_is_one_readable_line(flow):
+    (plan,) = [m for m in flow if m.type == "PLAN_RESULT"]
+    assert plan.detail == "plan-1 by scrum-master: 2 batches: [1-2, 1-3, 2-1] [2-2, 2-2a]"
+    assert plan.rejected is None and plan.payload["plan"]["batches"]
+
+
+def test_the_fallback_plan_is_the_masters_answer_to_its_own_request():
+    """The scrum-master did not answer: the plan is the Master's fallback for the request it sent."""
+    stories = [{"key": k, "state": "backlog", "epic": "epic-1", "short_key": k[:3], "story_path": f"{k}.md"}
+               for k in ("1-1-a", "1-2-b", "1-3-c")]
+    master = _History("m", "SprintMasterWorkflow", {"project_root": "/p"})
+    master.task()
+    master.add(
+        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+        "signal_external_workflow_execution_initiated_event_attributes",
+        signal_name="plan_request",
+        input=_payloads({"request_id": "plan-1", "session_id": "m", "report_to": "m", "stories": stories,
+                         "batch_size": 2}),
+    )
+    master.task()
+    master.add(EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+               "upsert_workflow_search_attributes_event_attributes")
+    master.events[-1].upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields[
+        "BsoPhase"].CopyFrom(_payloads("running").payloads[0])
+    (plan,) = [m for m in message_flow([master.history()]) if m.type == "BATCH_PLAN_READY"]
+    assert plan.payload["source"] == "fallback"
+    assert plan.detail == "2 batches: 1: 1-1-a, 1-2-b; 2: 1-3-c"

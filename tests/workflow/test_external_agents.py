@@ -11,7 +11,10 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from bso.cli import message_record
 from bso.constants import slave_workflow_id
+from bso.message_flow import agent_performance, message_flow
+from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
@@ -115,6 +118,17 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
     assert master_status.stories[K1].state == "done"
     for workflow_id in (handle.id, slave_id):
         assert await workflow_task_failures(client, workflow_id) == 0
+
+    # bso messages marks what the Slave rejected, with the Slave's own reason, from the histories alone.
+    flow = message_flow(await fetch_sprint_histories(client, handle.id))
+    answers = [m for m in flow if m.type == "AGENT_COMPLETE"]
+    assert [m.rejected for m in answers[:5]] == [*reasons[:3], None, reasons[3]]
+    assert all(m.rejected is None for m in answers[5:]) and len(answers) == 8
+    unknown = answers[2]
+    assert unknown.dispatch_id == "unknown-dispatch" and unknown.detail.startswith("REJECTED (unknown dispatch id): ")
+    assert message_record(unknown)["rejected"] == "unknown dispatch id"
+    assert message_record(answers[3])["rejected"] is None
+    assert {s.agent: s.answered for s in agent_performance(flow)} == {"dev-runner": 2, "review-runner": 2}
 
 
 async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
