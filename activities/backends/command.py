@@ -297,8 +297,9 @@ def _kill_previous_attempt(run_dir: Path) -> None:
         if not _on_this_machine(data):
             activity.logger.warning("the previous attempt ran on %s: its process group is not this host's", data.get("machine"))
             return
-        if _someone_elses(pgid):
+        if "machine" in data and _someone_elses(pgid):
             # The group's leader runs and is not BSO's launcher: the number was taken by someone else since.
+            # (A record of a worker from before the launcher has no machine: its group was led by the agent.)
             activity.logger.warning("process group %s is not the previous attempt's any more: left alone", pgid)
             return
         if group_alive(pgid):  # its launcher, or what an exited launcher's agent left behind
