@@ -357,6 +357,8 @@ def _story_problems(view: SprintStatusView) -> list[Text]:
     ]
     if len(problems) > STORY_PROBLEMS_SHOWN:
         lines.append(Text(f"... and {len(problems) - STORY_PROBLEMS_SHOWN} more (--json, or bso sprint report)"))
+    elif any(len(" ".join((story.error or "").split())) > 160 for _, story in problems):
+        lines.append(Text("(reasons shortened: --json, or bso sprint report, has them in full)", style="dim"))
     return lines
 
 

@@ -242,7 +242,8 @@ class SlaveStatus(_Model):
     tokens_used: int = 0
     shutdown_requested: bool = False
     paused: bool = False
-    rejected_messages: list[RejectedMessage] = Field(default_factory=list)
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # the last ones kept
+    rejected_total: int = 0  # all the Slave rejected
     message_errors: list[dict[str, Any]] = Field(default_factory=list)  # delivery_failed / response_timeout
 
 

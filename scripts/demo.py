@@ -507,7 +507,8 @@ def print_epilogue(session_id: str, server_started: bool) -> None:
     if session_id:
         console.print(f"query it again: .venv/bin/temporal workflow query --address {ADDRESS} "
                       f"--workflow-id {session_id} --name status", markup=False)
-    console.print("the demo's worker is stopped: run `make worker` to start sprints of your own "
+    worker = "make worker" if PORT == 7233 else f"BSO_DEMO_PORT={PORT} make worker"
+    console.print(f"the demo's worker is stopped: run `{worker}` to start sprints of your own "
                   "(README, \"Starting a sprint with the temporal CLI\")", markup=False)
 
 

@@ -115,6 +115,7 @@ PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
 PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
 PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"  # a story waiting on the debugger is shown so, not its agent
 PATCH_CANCEL_TERMINATES_AGENT = "slave-cancel-terminates-agent"  # a cancelled batch cancels its agent in flight
+PATCH_UPDATES_ON_CANCEL = "slave-updates-on-cancel"  # a cancelled batch sends the story updates it still held
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -317,6 +318,7 @@ class SprintSlaveWorkflow:
             shutdown_requested=self._shutdown,
             paused=self._paused,
             rejected_messages=list(self._rejected),
+            rejected_total=self._rejected_total,
             message_errors=list(self._message_errors),
         )
 
@@ -333,6 +335,23 @@ class SprintSlaveWorkflow:
 
     @workflow.run
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
+        try:
+            return await self._run_batch()
+        except asyncio.CancelledError:
+            # Cancelled with its sprint: the story updates still held (STORY_UPDATES_HOLD) go to the Master
+            # now, or its status would show the stories as they were up to a second before.
+            parent = workflow.info().parent
+            if self._outbox and parent is not None and workflow.patched(PATCH_UPDATES_ON_CANCEL):
+                updates, self._outbox = self._outbox, []
+                try:
+                    await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                        SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates)
+                    )
+                except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+                    workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+            raise
+
+    async def _run_batch(self) -> SlaveResult:
         inp = self._input  # as __init__ validated it
         errors: list[str] = []
         budget_exhausted = False

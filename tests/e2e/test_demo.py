@@ -54,7 +54,7 @@ def test_make_demo_runs_the_example_sprint(tmp_path: Path):
     assert "2-2-expiry-reminder-emails" in out and "needs-intervention" in out
     assert "+  1-2-pantry-item-model-and-storage: done" in out
     assert "2 of 2 batches done" in out
-    assert "the demo's worker is stopped: run `make worker`" in out
+    assert f"the demo's worker is stopped: run `BSO_DEMO_PORT={port} make worker`" in out
     assert f"http://localhost:{ui_port}/namespaces/default/workflows/demo-" in out
     # Its worker is stopped and its pid file gone; the scratch project is under the demo's home.
     assert not worker_pid_left

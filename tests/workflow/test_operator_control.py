@@ -452,3 +452,22 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1)).describe()
     assert slave.status is WorkflowExecutionStatus.CANCELED
     assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
+
+
+async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):
+    """A Slave sends story updates at most once a second; cancelled within that hold, it sends what it held:
+    the sprint's status shows K1 done (as the status file does), not K1 as it was a moment before."""
+    make_project(tmp_path, {K1: "review", K2: "ready-for-dev"})
+    simulation = {"stories": {K2: {"duration_ms": 5000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="cancel-hold", simulation=simulation, config_overrides={"batch_size": 2}),
+        )
+        await poll_until(lambda: asyncio.sleep(0, status_values(tmp_path)[K1] == "done"), "K1 done in the file", interval=0.01)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert status.stories[K1].state == "done", status.stories
+    assert status.stories[K2].agent_in_flight is None
