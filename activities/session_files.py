@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# One atomic JSON write, defined in the launcher: it runs standalone (stdlib only, isolated mode).
+from activities.agent_launcher import write_json_atomic
 from bso.dispatch import written_by_this_run
 
 SESSION_DIR = ".sprint-session"
@@ -26,15 +28,6 @@ def session_path(project_root: str, *parts: str) -> Path:
     path = Path(project_root, SESSION_DIR, *parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from bso.models import short_key
+from bso.models import TERMINAL_VALUES, short_key
 
 __all__ = [
     "EPIC_KEY_RE",
@@ -206,7 +206,7 @@ def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
 
 # A story in one of these states is not taken on by a new sprint: its journey is over (done, skipped) or a human
 # must act first (needs-intervention: set its state back in the file, e.g. to ready-for-dev, to run it again).
-SETTLED_AT_START = frozenset({"done", "needs-intervention", "skipped"})
+SETTLED_AT_START = frozenset(TERMINAL_VALUES)
 
 
 def stories_to_run(stories: list[tuple[str, str]], epic: int | str | None, story_keys: list[str]) -> list[str]:

@@ -433,7 +433,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return sprint.result()
         # The batches that ended with the cancel: their results, which the cancelled sprint no longer takes in
         # (the status's batches and tokens count them).
-        for batch_id, task in sorted(self._batch_tasks.items()):
+        for _, task in sorted(self._batch_tasks.items()):
             if task.done() and not task.cancelled() and task.exception() is None:
                 self._state.results.append(task.result())
                 self._state.tokens_used += task.result().tokens_used

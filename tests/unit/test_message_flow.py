@@ -241,30 +241,32 @@ def test_the_slave_reads_signals_before_an_answer_returned_in_the_same_task():
 
 def test_an_answer_after_the_agents_deadline_is_rejected():
     """An external agent's dispatch closes when its deadline timer fires: a later answer is unknown."""
-    h = _History("s/batch-1", "SprintSlaveWorkflow")
-    h.task()
-    d1 = h.dispatch("d-1", "1-1-login-form")
-    h.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True})
-    h.task()
-    h.add(EventType.EVENT_TYPE_TIMER_STARTED, "timer_started_event_attributes", timer_id="7")
-    h.add(EventType.EVENT_TYPE_TIMER_FIRED, "timer_fired_event_attributes", timer_id="7")
+
+    def after_the_deadline() -> _History:
+        """d-1 dispatched to an external agent, and its deadline timer fired."""
+        h = _History("s/batch-1", "SprintSlaveWorkflow")
+        h.task()
+        d1 = h.dispatch("d-1", "1-1-login-form")
+        h.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True})
+        h.task()
+        h.add(EventType.EVENT_TYPE_TIMER_STARTED, "timer_started_event_attributes", timer_id="7")
+        h.add(EventType.EVENT_TYPE_TIMER_FIRED, "timer_fired_event_attributes", timer_id="7")
+        return h
+
+    def answers(h: _History) -> list[str | None]:
+        return [m.rejected for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
+
+    h = after_the_deadline()
     h.signal("agent_complete", _answer("d-1"))  # in the same task as the timer: signals come first
     h.task()
     h.signal("agent_complete", _answer("d-1"))
     h.task()
-    answers = [m.rejected for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
-    assert answers == [None, "already answered"]
-    h2 = _History("s/batch-1", "SprintSlaveWorkflow")
-    h2.task()
-    d1 = h2.dispatch("d-1", "1-1-login-form")
-    h2.activity_completed(d1, {"dispatch_id": "d-1", "delivered": True})
-    h2.task()
-    h2.add(EventType.EVENT_TYPE_TIMER_STARTED, "timer_started_event_attributes", timer_id="7")
-    h2.add(EventType.EVENT_TYPE_TIMER_FIRED, "timer_fired_event_attributes", timer_id="7")
-    h2.task()
-    h2.signal("agent_complete", _answer("d-1"))
-    h2.task()
-    assert [m.rejected for m in message_flow([h2.history()]) if m.type == "AGENT_COMPLETE"] == ["unknown dispatch id"]
+    assert answers(h) == [None, "already answered"]
+    late = after_the_deadline()
+    late.task()
+    late.signal("agent_complete", _answer("d-1"))
+    late.task()
+    assert answers(late) == ["unknown dispatch id"]
 
 
 def test_an_agent_error_is_the_failure_of_the_dispatch_it_names():

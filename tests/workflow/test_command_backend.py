@@ -61,6 +61,15 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def gone(*pids: int, seconds: float = 5.0) -> bool:
+    """Wait until none of `pids` is alive (a killed group takes a moment); whether they are all gone."""
+    for _ in range(int(seconds * 10)):
+        if not any(alive(p) for p in pids):
+            return True
+        await asyncio.sleep(0.1)
+    return not any(alive(p) for p in pids)
+
+
 async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None:
     root = dev_project(tmp_path)
     a = assignment(root)
@@ -330,11 +339,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert any(b["last_line"] == "working very hard" for b in beats)
     recorded = json.loads(pids.read_text())
     assert len(recorded) == 2
-    for _ in range(50):
-        if not any(alive(p) for p in recorded):
-            break
-        await asyncio.sleep(0.1)
-    assert not any(alive(p) for p in recorded), recorded
+    assert await gone(*recorded), recorded
 
 
 async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -350,11 +355,7 @@ async def test_cancellation_kills_the_whole_process_group(tmp_path: Path) -> Non
     env.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(50):
-        if not any(alive(p) for p in recorded):
-            break
-        await asyncio.sleep(0.1)
-    assert not any(alive(p) for p in recorded), recorded
+    assert await gone(*recorded), recorded
 
 
 async def test_missing_cli_is_a_non_retryable_config_error(tmp_path: Path) -> None:
@@ -428,11 +429,7 @@ async def test_an_agent_that_finished_after_its_worker_died_is_not_run_again(tmp
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="2")
     a = assignment(root)
     pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
-    for _ in range(200):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(pid)
+    assert await gone(pid, seconds=20)
     done = await ActivityEnvironment().run(command.run, a)
     assert len(runs(tmp_path)) == 1
     assert done.status is AgentStatus.SUCCESS, done.error
@@ -471,11 +468,7 @@ async def test_an_adopted_agent_is_still_held_to_its_timeout(tmp_path: Path) -> 
     done = await ActivityEnvironment().run(command.run, a)
     assert done.status is AgentStatus.FAILURE and "timed out" in done.error
     assert len(runs(tmp_path)) == 1
-    for _ in range(50):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(pid)
+    assert await gone(pid)
 
 async def test_a_process_group_recorded_on_another_machine_is_never_killed(tmp_path: Path) -> None:
     """pid.json names a process group of the host and boot that wrote it: read on another agent host sharing the
@@ -502,11 +495,7 @@ async def test_a_process_group_recorded_on_another_machine_is_never_killed(tmp_p
         other.wait()
     pid_file.write_text(json.dumps(record))  # this machine's and the launcher's: the orphan is stopped
     command._kill_previous_attempt(pid_file.parent)
-    for _ in range(50):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(pid)
+    assert await gone(pid)
 
 
 async def test_an_agent_that_died_with_its_worker_runs_again(tmp_path: Path) -> None:
@@ -518,10 +507,7 @@ async def test_an_agent_that_died_with_its_worker_runs_again(tmp_path: Path) -> 
     a = assignment(root)
     pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
     os.killpg(os.getpgid(pid), signal.SIGKILL)
-    for _ in range(100):
-        if not alive(pid):
-            break
-        await asyncio.sleep(0.1)
+    await gone(pid, seconds=10)
     done = await ActivityEnvironment().run(command.run, a)
     assert len(runs(tmp_path)) == 2
     assert done.status is AgentStatus.SUCCESS, done.error

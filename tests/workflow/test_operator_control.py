@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -53,6 +55,27 @@ async def rejected(update, match: str) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as info:
         await update
     assert match in str(info.value.cause), info.value.cause
+
+
+@asynccontextmanager
+async def workers_with(client: Client, activity_fn: Callable[..., Any], instead_of: Callable[..., Any]) -> AsyncIterator[str]:
+    """BSO's workers on fresh task queues, `activity_fn` (a slow stand-in) registered instead of one sprint-queue
+    activity, so a test can act while a workflow awaits it; yields the sprint task queue."""
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    sprint_worker = Worker(
+        client,
+        task_queue=prefix + SPRINT_TASK_QUEUE,
+        workflows=WORKFLOWS,
+        activities=[activity_fn, *(a for a in SPRINT_ACTIVITIES if a is not instead_of), run_agent],
+    )
+    (agents_worker,) = build_workers(client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        yield prefix + SPRINT_TASK_QUEUE
+
+
+def file_appears(path: Path) -> Callable[[], Awaitable[bool]]:
+    """A poll_until probe: `path` exists (a stand-in activity touches it once a workflow awaits it)."""
+    return lambda: asyncio.sleep(0, path.exists())
 
 
 def started(root: Path) -> list[str]:
@@ -225,19 +248,11 @@ async def slow_write_execution_summary(inp: SummaryInput) -> str:
 async def test_a_rearm_while_the_sprint_ends_is_refused_not_lost(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    sprint_worker = Worker(
-        ts_env.client,
-        task_queue=prefix + SPRINT_TASK_QUEUE,
-        workflows=WORKFLOWS,
-        activities=[slow_write_execution_summary, *(a for a in SPRINT_ACTIVITIES if a is not write_execution_summary), run_agent],
-    )
-    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
-    async with sprint_worker, agents_worker:
+    async with workers_with(ts_env.client, slow_write_execution_summary, instead_of=write_execution_summary) as queue:
         handle = await start_sprint(
-            ts_env.client, prefix + SPRINT_TASK_QUEUE, sprint_input(tmp_path, session_id="rearm-end", simulation=simulation)
+            ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-end", simulation=simulation)
         )
-        await poll_until(lambda: asyncio.sleep(0, (tmp_path / "summarizing").exists()), "the Master writing its summary")
+        await poll_until(file_appears(tmp_path / "summarizing"), "the Master writing its summary")
         await rejected(
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
             "the sprint is ending",
@@ -393,16 +408,8 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
     still ends cancelled (it used to end failed, the load's cancellation read as a status-file error), none
     of its residents runs on, and the status file is as it was."""
     make_project(tmp_path, {K1: "ready-for-dev"})
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    sprint_worker = Worker(
-        ts_env.client,
-        task_queue=prefix + SPRINT_TASK_QUEUE,
-        workflows=WORKFLOWS,
-        activities=[slow_load_sprint_status, *(a for a in SPRINT_ACTIVITIES if a is not load_sprint_status), run_agent],
-    )
-    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
-    async with sprint_worker, agents_worker:
-        handle = await start_sprint(ts_env.client, prefix + SPRINT_TASK_QUEUE, sprint_input(tmp_path, session_id="cancel-2"))
+    async with workers_with(ts_env.client, slow_load_sprint_status, instead_of=load_sprint_status) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-2"))
         await asyncio.sleep(0.5)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
@@ -431,20 +438,12 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
     """The cancel comes while the Slave awaits its U4 write (a local activity): the batch ends cancelled; the
     cancelled write is not taken for the file refusing it (the story to needs-intervention, the batch going on)."""
     make_project(tmp_path, {K1: "review", K2: "review"})
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    sprint_worker = Worker(
-        ts_env.client,
-        task_queue=prefix + SPRINT_TASK_QUEUE,
-        workflows=WORKFLOWS,
-        activities=[slow_write_story_status, *(a for a in SPRINT_ACTIVITIES if a is not write_story_status), run_agent],
-    )
-    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
-    async with sprint_worker, agents_worker:
+    async with workers_with(ts_env.client, slow_write_story_status, instead_of=write_story_status) as queue:
         handle = await start_sprint(
-            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            ts_env.client, queue,
             sprint_input(tmp_path, session_id="cancel-3", config_overrides={"batch_size": 2}),
         )
-        await poll_until(lambda: asyncio.sleep(0, (tmp_path / "writing").exists()), "K1's status write")
+        await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
         await asyncio.sleep(5)  # past the workflow task the write began in
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
