@@ -343,7 +343,12 @@ class SprintSlaveWorkflow:
             parent = workflow.info().parent
             if self._outbox and parent is not None and workflow.patched(PATCH_UPDATES_ON_CANCEL):
                 updates, self._outbox = self._outbox, []
-                await _signal_updates(workflow.get_external_workflow_handle(parent.workflow_id), updates)
+                try:
+                    await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                        SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates)
+                    )
+                except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+                    workflow.logger.warning("[Slave] story updates not delivered: %s", err)
             raise
 
     async def _run_batch(self) -> SlaveResult:
@@ -879,7 +884,6 @@ class SprintSlaveWorkflow:
     async def _commit(self, before: StoryProgress, transition: Transition) -> None:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""
         after = transition.progress
-        note = transition.note
         if after.state != before.state:
             # A local activity: the write runs in this worker within the workflow task (one marker event,
             # no activity task round trip through the server); same timeout, retries and idempotency.
@@ -907,17 +911,19 @@ class SprintSlaveWorkflow:
                     f"{before.state} -> {after.state} not recorded",
                     after.tokens_used - before.tokens_used,
                 ).progress
-                note = after.error or ""
-            else:
-                if written.outcome == "cas-mismatch":
-                    # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
-                    after = intervention(
-                        before,
-                        f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
-                        f"found {written.current!r}); nothing written",
-                    ).progress
+                self._progress[before.key] = after
+                workflow.logger.error("[Slave] %s: %s", before.key, after.error)
+                self._publish(before.key)
+                return
+            if written.outcome == "cas-mismatch":
+                # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
+                after = intervention(
+                    before,
+                    f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
+                    f"found {written.current!r}); nothing written",
+                ).progress
         self._progress[before.key] = after
-        workflow.logger.info("[Slave] %s: %s", before.key, note)
+        workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)
 
     # --- visibility ----------------------------------------------------------------------------
@@ -952,7 +958,10 @@ class SprintSlaveWorkflow:
                 return  # what is left goes with the Slave's result (run)
             updates, self._outbox = self._outbox, []
             self._updates_sent_at = workflow.now()
-            await _signal_updates(handle, updates)
+            try:
+                await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
+            except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+                workflow.logger.warning("[Slave] story updates not delivered: %s", err)
 
     async def _hold(self, sent_at: datetime, remaining: timedelta) -> None:
         def hold_over() -> bool:
@@ -1014,14 +1023,6 @@ def _error_type(err: BaseException) -> str | None:
     while err.__cause__ is not None:
         err = err.__cause__
     return err.type if isinstance(err, ApplicationError) else None
-
-
-async def _signal_updates(master: workflow.ExternalWorkflowHandle[Any], updates: list[StoryUpdate]) -> None:
-    """One story_updates signal to the Master."""
-    try:
-        await master.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
-    except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
-        workflow.logger.warning("[Slave] story updates not delivered: %s", err)
 
 
 def _cause(err: BaseException) -> str:
