@@ -6,8 +6,6 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
 import json
 import os
 import shutil
@@ -20,7 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.process import run_command
-from activities.session_files import SESSION_DIR, safe_name, session_path, write_json_atomic
+from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
 from bso.sprint_status import parse_story_file, resolve_inside
 from bso.git_rules import (
@@ -84,30 +82,12 @@ def worktree_path(project_root: str, session_id: str, story_key: str) -> Path:
     return Path(project_root, SESSION_DIR, WORKTREES_DIR, safe_name(session_id), story_key)
 
 
-REPO_LOCK_POLL_SECONDS = 0.05
-
-
 @asynccontextmanager
 async def repo_lock(project_root: str) -> AsyncIterator[None]:
     """One change at a time to the user's checkout and its worktree list: Slaves running at once (stories
-    finishing, worktrees made) would otherwise meet on git's index.lock. Polled, so a cancelled activity
-    stops waiting; released by the kernel if the worker dies."""
-    path = session_path(project_root, "git", "repo.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(REPO_LOCK_POLL_SECONDS)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    finishing, worktrees made) would otherwise meet on git's index.lock."""
+    async with polled_lock(session_path(project_root, "git", "repo.lock")):
+        yield
 
 
 async def sprint_base(project_root: str, session_id: str) -> str:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import hashlib
 import json
 import os
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,66 @@ def session_path(project_root: str, *parts: str) -> Path:
     path = Path(project_root, SESSION_DIR, *parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+LOCK_POLL_SECONDS = 0.05
+
+
+@asynccontextmanager
+async def polled_lock(path: Path, poll_seconds: float = LOCK_POLL_SECONDS) -> AsyncIterator[None]:
+    """An exclusive flock on `path`, polled so that a cancelled activity stops waiting (and so that two
+    coroutines of one worker never block its event loop on each other); the kernel releases it if the
+    worker dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(poll_seconds)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+RUNNING_SPRINT_FILE = "running-sprint.json"
+
+
+class ProjectBusyError(Exception):
+    def __init__(self, holder: str, project_root: str) -> None:
+        self.holder = holder
+        super().__init__(
+            f"sprint {holder} is already running on {project_root}: two sprints would drive the same stories and "
+            f"status file (wait for it, or `bso sprint shutdown {holder}` first)"
+        )
+
+
+def recorded_running_sprint(project_root: str) -> str | None:
+    """The sprint that last claimed the project (it may have ended since: ask the server)."""
+    try:
+        data = json.loads(Path(project_root, SESSION_DIR, RUNNING_SPRINT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    holder = data.get("sprint_id") if isinstance(data, dict) else None
+    return holder if isinstance(holder, str) and holder else None
+
+
+async def claim_project(
+    project_root: str, sprint_id: str, run_id: str, is_running: Callable[[str], Awaitable[bool]]
+) -> None:
+    """Record `sprint_id` as the project's sprint, unless another sprint that claimed it is still running
+    (ProjectBusyError). Under a lock, so that of two sprints started at once exactly one gets the project;
+    unlike a search of the server's visibility store, which lags, this sees a sprint started a moment ago.
+    Idempotent: the same sprint (a retry, or its id used again after it failed) claims it again."""
+    path = session_path(project_root, RUNNING_SPRINT_FILE)
+    async with polled_lock(path.with_suffix(".lock")):
+        holder = recorded_running_sprint(project_root)
+        if holder is not None and holder != sprint_id and await is_running(holder):
+            raise ProjectBusyError(holder, project_root)
+        write_json_atomic(
+            path, {"sprint_id": sprint_id, "run_id": run_id, "claimed_at": datetime.now(UTC).isoformat()}
+        )
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

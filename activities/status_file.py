@@ -16,11 +16,14 @@ import os
 import posixpath
 import stat
 import tempfile
+from functools import partial
 from datetime import UTC, datetime
 from pathlib import PurePath
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+
+from activities.session_files import ProjectBusyError, claim_project
 
 from bso.models import (
     DEFAULT_STATUS_FILE,
@@ -46,9 +49,11 @@ from bso.sprint_status import (
     story_value,
     title_from_slug,
 )
+from bso.temporal_client import is_running
 
 MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
 ERROR_TYPE = "StatusFileError"
+PROJECT_BUSY_ERROR = "ProjectBusy"
 
 
 def _fail(message: str) -> ApplicationError:
@@ -207,7 +212,16 @@ def _read_story_file(path: str, root_real: str):
 @activity.defn
 async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
-    return await asyncio.to_thread(_load_sync, inp)
+    snapshot = await asyncio.to_thread(_load_sync, inp)
+    if inp.claim_project:  # after the load: it has checked the project root is a real directory
+        info = activity.info()
+        try:
+            await claim_project(
+                inp.project_root, info.workflow_id, info.workflow_run_id, partial(is_running, activity.client())
+            )
+        except ProjectBusyError as err:
+            raise ApplicationError(str(err), type=PROJECT_BUSY_ERROR, non_retryable=True) from None
+    return snapshot
 
 
 # --- U4 write ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markdown import Markdown
@@ -45,6 +45,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.session_files import recorded_running_sprint
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
@@ -70,14 +71,14 @@ from bso.message_flow import (
 )
 from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
-from bso.messages import describe_validation_error
+from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
 from bso.sprint_status import StoryKeyError, parse_status_text, stories_to_run
 from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
-from bso.temporal_client import connect_config, fetch_sprint_histories
+from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
 
 T = TypeVar("T")
 
@@ -256,6 +257,53 @@ async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusV
         return None, f"status query: {e.message}"
 
 
+class RejectedSoFar(BaseModel):
+    """The part of a BSO workflow's status query answer (Slave, resident) that says what it rejected."""
+
+    rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # the last ones it keeps
+    rejected_total: int = 0
+
+
+async def _rejected_by_children(client: Client, desc: WorkflowExecutionDescription) -> dict[str, RejectedSoFar]:
+    """What the sprint's running batches and residents (the Master's children) rejected so far, by workflow id:
+    a malformed or unmatched answer of an external agent is rejected by its batch's Slave, not by the Master.
+    A finished batch's rejections are in `bso messages`. A child that does not answer is left out."""
+
+    async def ask(workflow_id: str) -> tuple[str, RejectedSoFar | None]:
+        try:
+            answer = await client.get_workflow_handle(workflow_id).query(
+                QUERY_STATUS, result_type=RejectedSoFar, rpc_timeout=QUERY_TIMEOUT
+            )
+        except (WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
+            return workflow_id, None
+        return workflow_id, answer
+
+    children = sorted(child.workflow_id for child in desc.raw_description.pending_children)
+    answers = await asyncio.gather(*(ask(workflow_id) for workflow_id in children))
+    return {workflow_id: answer for workflow_id, answer in answers if answer is not None and answer.rejected_total}
+
+
+def _rejections(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> list[Text]:
+    """How many messages the sprint's workflows rejected, and the last one of each: an external agent whose
+    answer was refused would otherwise only see its story wait."""
+    sources = dict(children)
+    if view.rejected_total:
+        sources = {view.session_id: RejectedSoFar(rejected_messages=view.rejected_messages,
+                                                  rejected_total=view.rejected_total), **sources}
+    if not sources:
+        return []
+    total = sum(r.rejected_total for r in sources.values())
+    counts = ", ".join(f"{workflow_id}: {r.rejected_total}" for workflow_id, r in sources.items())
+    lines = [Text(f"rejected messages: {total} ({counts}); the last of each:", style="magenta")]
+    for workflow_id, rejected in sources.items():
+        if rejected.rejected_messages:
+            last = rejected.rejected_messages[-1]
+            about = f" {last.dispatch_id}" if last.dispatch_id else ""
+            lines.append(Text(f"  {workflow_id}: {last.msg_type}{about}: {_shorten(last.reason, 160)}", style="magenta"))
+    lines.append(Text(f"(`bso messages {view.session_id}` marks each one REJECTED, with its reason)", style="dim"))
+    return lines
+
+
 def _view_from_report(report: SprintReport) -> SprintStatusView:
     batch_of = {}
     if report.batch_plan:
@@ -367,7 +415,9 @@ def _shorten(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Group:
+def _progress(
+    view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None
+) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
     bars = Table.grid(padding=(0, 1))
@@ -402,7 +452,9 @@ def _progress(view: SprintStatusView, note: str | None, desc_status: str) -> Gro
         f"sprint {view.session_id}: {state}, batches {view.batches_done}/{view.batches_total}"
         + (f", run {view.runs}" if view.runs > 1 else "")
     )
-    parts: list[Any] = [header, bars, _stories_table(view), *_story_problems(view)]
+    parts: list[Any] = [
+        header, bars, _stories_table(view), *_story_problems(view), *_rejections(view, rejected_by_children or {})
+    ]
     if view.pause_reason:
         parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))
         if done == len(stories) and view.current_batch is None:
@@ -576,9 +628,14 @@ RUNNING_SPRINTS_CHECKED = 1000  # a first history page each: cheap, and more spr
 
 
 async def _sprint_running_on(client: Client, root: Path) -> str | None:
-    """A running sprint on this project, whoever started it: read from each running Master's input (its first
-    history event), so sprints started with the temporal CLI count too. The visibility store lags by a second
-    or two: a sprint started just before may not be seen."""
+    """A running sprint on this project, whoever started it. First the sprint that claimed the project (its
+    Master's first step records it in the project; asked of the server directly, so it is current), then
+    each running Master's input (its first history event), so that a sprint whose worker has not run yet
+    counts too. That search reads the visibility store, which lags by a second or two; a sprint it misses
+    is refused by the project's claim when its Master starts."""
+    holder = recorded_running_sprint(str(root))
+    if holder is not None and await is_running(client, holder):
+        return holder
     query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
     async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
@@ -685,6 +742,7 @@ def sprint_watch(
         view: SprintStatusView | None = None
         note: str | None = None
         last_note: str | None = None
+        rejected: dict[str, RejectedSoFar] = {}
         with Live(console=out, refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -699,11 +757,12 @@ def sprint_watch(
                 if desc is not None:
                     fresh, note = await _query_status(handle)
                     view = fresh or view
+                    rejected = await _rejected_by_children(client, desc)
                 if note and note != last_note and not out.is_terminal:
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    live.update(_progress(view, note, "running"), refresh=out.is_terminal)
+                    live.update(_progress(view, note, "running", rejected), refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
@@ -739,14 +798,17 @@ def sprint_status(
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
+        rejected = await _rejected_by_children(client, desc) if desc.status == WorkflowExecutionStatus.RUNNING else {}
         if as_json:
             data = view.model_dump(mode="json")
+            data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
             out.print(json.dumps(data, indent=2), markup=False)
             return
-        out.print(_progress(view, note, report.status.value if report is not None else _status_name(desc.status)))
+        outcome = report.status.value if report is not None else _status_name(desc.status)
+        out.print(_progress(view, note, outcome, rejected))
 
     _run(go())
 

@@ -72,6 +72,8 @@ class LoadStatusInput(_Model):
     # When set, the snapshot lists only these stories: a Slave needs only its batch, and a snapshot of
     # the whole sprint in every Slave's history grew with the sprint (200 KB per Slave at 1,000 stories).
     only_stories: list[str] | None = None
+    # The Master's first load: the calling sprint claims the project (refused while another one runs on it).
+    claim_project: bool = False
 
 
 class StatusSnapshot(_Model):

@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
@@ -73,6 +73,18 @@ async def ensure_search_attributes(client: Client) -> list[str]:
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+async def is_running(client: Client, workflow_id: str) -> bool:
+    """Whether the workflow's latest run is running (asked of the server: current, unlike a visibility search);
+    False for an id the server does not know."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return described.status == WorkflowExecutionStatus.RUNNING
 
 
 async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.inputs import RawInput, required_input
 
     from activities.improvements import add_improvement_stories, propose_improvements
-    from activities.status_file import load_sprint_status, write_story_status
+    from activities.status_file import PROJECT_BUSY_ERROR, load_sprint_status, write_story_status
     from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
@@ -650,7 +650,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             return await workflow.execute_activity(
                 load_sprint_status,
-                LoadStatusInput(project_root=inp.project_root, status_file=inp.status_file),
+                LoadStatusInput(project_root=inp.project_root, status_file=inp.status_file, claim_project=True),
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
                 summary="read and validate sprint-status.yaml",
@@ -658,8 +658,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         except ActivityError as err:
             cause = err.cause
             message = cause.message if isinstance(cause, ApplicationError) else str(cause or err)
+            busy = isinstance(cause, ApplicationError) and cause.type == PROJECT_BUSY_ERROR
+            kind = PROJECT_BUSY_ERROR if busy else "StatusFileError"
             self._set_phase(SprintPhase.FAILED)
-            raise ApplicationError(message, type="StatusFileError", non_retryable=True) from None
+            raise ApplicationError(message, type=kind, non_retryable=True) from None
 
     def _select(self, inp: SprintInput, snapshot: StatusSnapshot) -> list[StoryMeta]:
         if workflow.patched(PATCH_SETTLED_LEFT_OUT):  # needs-intervention and skipped too: a human acts first

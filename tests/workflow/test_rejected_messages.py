@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bso.cli import _rejected_by_children, _rejections
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
@@ -47,6 +48,15 @@ async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env
                                      lambda s: s.rejected_total == 2, "debugger rejections")
         master = await _eventually(lambda: handle.query(SprintMasterWorkflow.status),
                                    lambda s: s.rejected_total == 2, "Master rejections")
+        # `bso sprint status` shows them all, the residents' (children of the Master) with the Master's own.
+        children = await _rejected_by_children(ts_env.client, await handle.describe())
+        debugger_id = resident_workflow_id("rejects", "debugger")
+        assert {wid: r.rejected_total for wid, r in children.items()} == {debugger_id: 2}
+        shown = [line.plain for line in _rejections(master, children)]
+        assert shown[0] == f"rejected messages: 4 (rejects: 2, {debugger_id}: 2); the last of each:", shown
+        assert shown[1].startswith("  rejects: RESUME: ") and "token_limit" in shown[1], shown
+        assert shown[2].startswith(f"  {debugger_id}: AGENT_ROSTER_BROADCAST: "), shown
+        assert "bso messages rejects" in shown[3]
         # Nothing changed: the debugger served nothing new, the sprint is still paused.
         assert resident.requests_served == before.requests_served
         assert master.phase is SprintPhase.PAUSED and master.pause_reason == "hold while we send bad signals"

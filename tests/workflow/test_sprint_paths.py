@@ -12,6 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
+from bso.cli import _sprint_running_on
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
@@ -417,3 +418,42 @@ async def test_a_new_sprint_leaves_settled_stories_out(ts_env, tmp_path: Path):
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {K2: "done"}
     assert status_values(tmp_path)[K1] == "needs-intervention" and status_values(tmp_path)[K3] == "skipped"
+
+
+class _BlindVisibility:
+    """A client whose visibility store has not seen any workflow yet (it lags a second or two on a real server)."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    async def list_workflows(self, *args, **kwargs):
+        for _ in ():
+            yield
+
+
+async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_claim(ts_env, tmp_path: Path):
+    """Started past `bso sprint start`'s check (the temporal CLI, or a moment after the first one, which the
+    server's visibility search does not see yet): the Master's first step finds the project claimed by a sprint
+    that is running, and fails clearly without touching the file. Once that sprint has ended, the project is
+    free again."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    slow = {"stories": {"1-1": {"duration_ms": 1500}}}
+    async with bso_worker(ts_env.client) as queue:
+        first = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="first", simulation=slow))
+        await wait_status(first, lambda s: s.phase == "running", "the first sprint running")
+        # `bso sprint start` sees it by its claim, even where the visibility store has not caught up yet.
+        assert await _sprint_running_on(_BlindVisibility(ts_env.client), tmp_path) == "first"
+        second = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="second"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await second.result()
+        assert status_values(tmp_path)[K2] == "review"  # the refused sprint ran nothing
+        assert (await first.result()).status is SprintStatus.COMPLETE
+        third = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="third"))
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy"
+    assert f"sprint first is already running on {tmp_path}" in cause.message, cause.message
+    assert await workflow_task_failures(ts_env.client, second.id) == 0
+    assert third.status is SprintStatus.COMPLETE and third.stories == {}  # nothing left: the first one did it all

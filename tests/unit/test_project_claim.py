@@ -1,0 +1,71 @@
+"""One sprint at a time on a project: the claim the Master's first status load makes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from activities.session_files import ProjectBusyError, claim_project, recorded_running_sprint
+
+
+def running(*sprint_ids: str):
+    async def is_running(sprint_id: str) -> bool:
+        await asyncio.sleep(0.01)  # a server round trip: the other claim gets its chance to interleave
+        return sprint_id in sprint_ids
+
+    return is_running
+
+
+async def test_a_free_project_is_claimed_and_recorded(tmp_path: Path):
+    await claim_project(str(tmp_path), "sprint-a", "run-1", running())
+    assert recorded_running_sprint(str(tmp_path)) == "sprint-a"
+    record = json.loads((tmp_path / ".sprint-session/running-sprint.json").read_text())
+    assert record["run_id"] == "run-1"
+
+
+async def test_a_running_sprints_claim_is_refused_and_kept(tmp_path: Path):
+    await claim_project(str(tmp_path), "sprint-a", "run-1", running())
+    with pytest.raises(ProjectBusyError, match=f"sprint sprint-a is already running on {tmp_path}"):
+        await claim_project(str(tmp_path), "sprint-b", "run-2", running("sprint-a"))
+    assert recorded_running_sprint(str(tmp_path)) == "sprint-a"
+
+
+async def test_an_ended_sprints_claim_is_taken_over_and_the_same_sprint_claims_again(tmp_path: Path):
+    await claim_project(str(tmp_path), "sprint-a", "run-1", running())
+    await claim_project(str(tmp_path), "sprint-b", "run-2", running())  # sprint-a has ended
+    assert recorded_running_sprint(str(tmp_path)) == "sprint-b"
+    await claim_project(str(tmp_path), "sprint-b", "run-3", running("sprint-b"))  # a retry, or its id used again
+    assert recorded_running_sprint(str(tmp_path)) == "sprint-b"
+
+
+async def test_of_claims_at_once_exactly_one_wins(tmp_path: Path):
+    """Each claim asks the server whether the recorded sprint (one that has ended) still runs: without the lock
+    they would all read it, all hear "no" and all claim."""
+    await claim_project(str(tmp_path), "sprint-ended", "run-0", running())
+    claimed: list[str] = []
+
+    async def is_running(sprint_id: str) -> bool:
+        await asyncio.sleep(0.01)
+        return sprint_id in claimed
+
+    async def claim(sprint_id: str) -> str:
+        try:
+            await claim_project(str(tmp_path), sprint_id, "run", is_running)
+        except ProjectBusyError:
+            return "refused"
+        claimed.append(sprint_id)
+        return "claimed"
+
+    outcomes = await asyncio.gather(*(claim(f"sprint-{n}") for n in range(5)))
+    assert sorted(outcomes) == ["claimed"] + ["refused"] * 4
+    assert recorded_running_sprint(str(tmp_path)) == claimed[0]
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[]", '{"sprint_id": 7}', "\xff"])
+def test_an_unreadable_record_names_no_sprint(tmp_path: Path, content: str):
+    (tmp_path / ".sprint-session").mkdir()
+    (tmp_path / ".sprint-session/running-sprint.json").write_text(content, encoding="latin-1")
+    assert recorded_running_sprint(str(tmp_path)) is None
