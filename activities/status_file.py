@@ -53,6 +53,10 @@ from bso.temporal_client import is_running
 
 MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
 ERROR_TYPE = "StatusFileError"
+# The file does not parse: during a sprint, most likely someone's editor in the middle of saving it (or a line
+# typed half-way). Retryable: the Slave's read or write lands once the file parses again; a sprint's first read
+# lists it as non-retryable, to refuse a broken file at once.
+UNREADABLE_ERROR_TYPE = "StatusFileUnreadable"
 PROJECT_BUSY_ERROR = "ProjectBusy"
 
 
@@ -115,11 +119,15 @@ def _read_text(path: str, limit: int = MAX_STATUS_BYTES) -> str:
         raise _fail(f"{path}: not valid UTF-8 at byte offset {exc.start}: {exc.reason}") from None
 
 
+def _unreadable(message: str) -> ApplicationError:
+    return ApplicationError(message, type=UNREADABLE_ERROR_TYPE, non_retryable=False)
+
+
 def _parse(text: str, source: str):
     try:
         return parse_status_text(text, source)
     except StatusFileError as exc:
-        raise _fail(str(exc)) from None
+        raise _unreadable(str(exc)) from None
 
 
 # --- load ----------------------------------------------------------------------------------------
@@ -268,7 +276,9 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             result = apply_story_transition(
                 text, inp.story_key, inp.expected, inp.new, datetime.now(UTC), target
             )
-        except (StatusFileError, StoryKeyError) as exc:
+        except StatusFileError as exc:
+            raise _unreadable(str(exc)) from None
+        except StoryKeyError as exc:  # the story is not in the file (renamed or removed by hand)
             raise _fail(str(exc)) from None
         if result.outcome == "written":
             _atomic_replace(target, result.text.encode("utf-8"), mode)

@@ -24,7 +24,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.inputs import RawInput, required_input
 
     from activities.improvements import add_improvement_stories, propose_improvements
-    from activities.status_file import PROJECT_BUSY_ERROR, load_sprint_status, write_story_status
+    from activities.status_file import (
+        PROJECT_BUSY_ERROR,
+        UNREADABLE_ERROR_TYPE,
+        load_sprint_status,
+        write_story_status,
+    )
     from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
@@ -652,7 +657,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 load_sprint_status,
                 LoadStatusInput(project_root=inp.project_root, status_file=inp.status_file, claim_project=True),
                 start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
+                retry_policy=RetryPolicy(
+                    maximum_attempts=3, non_retryable_error_types=["StatusFileError", UNREADABLE_ERROR_TYPE]
+                ),
                 summary="read and validate sprint-status.yaml",
             )
         except ActivityError as err:

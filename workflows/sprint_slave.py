@@ -121,15 +121,15 @@ PATCH_UPDATES_ON_CANCEL = "slave-updates-on-cancel"  # a cancelled batch sends t
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
 # Slave at most one short workflow task per hold.
 PATCH_HOLD_TIMER_NOT_CANCELLED = "slave-hold-timer-not-cancelled"
-STATUS_WRITE_OPTIONS: dict[str, Any] = {
-    "start_to_close_timeout": timedelta(seconds=30),
-    "retry_policy": RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_interval=timedelta(seconds=5),
-        maximum_attempts=10,
-        non_retryable_error_types=["StatusFileError"],
-    ),
-}
+# A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
+# ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
+STATUS_FILE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=10,
+    non_retryable_error_types=["StatusFileError"],
+)
+STATUS_WRITE_OPTIONS: dict[str, Any] = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STATUS_FILE_RETRY}
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -442,7 +442,7 @@ class SprintSlaveWorkflow:
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
-            "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
+            "retry_policy": STATUS_FILE_RETRY,
             "summary": "read sprint-status.yaml",
         }
         if workflow.patched(PATCH_LOCAL_STATUS_LOAD):

@@ -48,11 +48,13 @@ def write_sync(root: Path, status: Path, key: str, expected: str, new: str):
     return asyncio.run(write(root, status, key, expected, new))
 
 
-async def expect_error(coro, fragment: str, non_retryable: bool = True) -> ApplicationError:
+async def expect_error(
+    coro, fragment: str, non_retryable: bool = True, error_type: str = "StatusFileError"
+) -> ApplicationError:
     with pytest.raises(ApplicationError) as ei:
         await coro
     assert fragment in str(ei.value)
-    assert ei.value.type == "StatusFileError"
+    assert ei.value.type == error_type
     assert ei.value.non_retryable is non_retryable
     return ei.value
 
@@ -153,7 +155,10 @@ async def test_load_too_large(tmp_path: Path) -> None:
 
 async def test_load_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:
     root, status = make_project(tmp_path, "development_status:\n  1-1-a: done\n  1-1-a: review\n")
-    err = await expect_error(load(root), 'found duplicate key "1-1-a"')
+    # Retryable: mid-sprint, a file that does not parse is most likely being saved by someone's editor.
+    err = await expect_error(
+        load(root), 'found duplicate key "1-1-a"', non_retryable=False, error_type="StatusFileUnreadable"
+    )
     assert "sprint-status.yaml: line 3, column 3" in str(err)
 
 
@@ -234,6 +239,19 @@ async def test_write_unknown_story_is_non_retryable(tmp_path: Path) -> None:
     before = status.read_bytes()
     await expect_error(write(root, status, "9-9-nope", "backlog", "done"), "9-9-nope")
     assert status.read_bytes() == before
+
+
+@pytest.mark.parametrize("broken", ["", "development_status:\n  1-1-a: [unclosed\n", "  1-1-a: done\n- x\n"])
+async def test_write_to_a_file_that_does_not_parse_is_retryable_and_changes_nothing(tmp_path: Path, broken: str):
+    """Someone's editor saving the file (truncated, or a line typed half-way): the write is retried until the
+    file parses again, instead of giving the story up."""
+    root, status = make_project(tmp_path)
+    status.write_text(broken)
+    await expect_error(
+        write(root, status, "1-1", "backlog", "done"), "sprint-status.yaml", non_retryable=False,
+        error_type="StatusFileUnreadable",
+    )
+    assert status.read_text() == broken
 
 
 async def test_write_refuses_symlink_outside(tmp_path: Path) -> None:

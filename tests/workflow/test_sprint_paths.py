@@ -409,6 +409,26 @@ async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_t
     assert failures == 0
 
 
+async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_nothing(ts_env, tmp_path: Path):
+    """Someone saves the file with a half-typed line while an agent works: the Slave's write after the agent
+    retries until the file parses again, and the story goes on (it used to end needs-intervention)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+    simulation = {"stories": {"1-1": {"duration_ms": 800}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="broken", simulation=simulation))
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev agent in flight")
+        good = status_file.read_text(encoding="utf-8")
+        status_file.write_text(good + "  1-9-half-typed: [unclosed\n", encoding="utf-8")
+        await asyncio.sleep(2.5)  # the agent answers meanwhile; its write is retried
+        status_file.write_text(good, encoding="utf-8")
+        report = await handle.result()
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("broken", 1))
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert (status_values(tmp_path)[K1], status_values(tmp_path)[K2]) == ("done", "done")
+    assert failures == 0
+
+
 async def test_a_new_sprint_leaves_settled_stories_out(ts_env, tmp_path: Path):
     """needs-intervention waits for a human (who sets the state back in the file) and skipped was dropped: a new
     sprint neither runs them nor counts them as its own failures."""
