@@ -410,6 +410,20 @@ def _story_problems(view: SprintStatusView) -> list[Text]:
     return lines
 
 
+def _awaiting_decisions(view: SprintStatusView) -> list[Text]:
+    """Stories held for a human's decision: their batch waits (its stories run one after another)."""
+    if not view.awaiting_decision:
+        return []
+    lines = [
+        Text(f"waiting for your decision: {key}: {_shorten(question, 160)}", style="bold yellow")
+        for key, question in view.awaiting_decision.items()
+    ]
+    lines.append(
+        Text(f"  bso sprint decide {view.session_id} STORY force_pass|skip_story|retry", style="yellow")
+    )
+    return lines
+
+
 def _shorten(text: str, limit: int) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -453,7 +467,12 @@ def _progress(
         + (f", run {view.runs}" if view.runs > 1 else "")
     )
     parts: list[Any] = [
-        header, bars, _stories_table(view), *_story_problems(view), *_rejections(view, rejected_by_children or {})
+        header,
+        bars,
+        _stories_table(view),
+        *_story_problems(view),
+        *_awaiting_decisions(view),
+        *_rejections(view, rejected_by_children or {}),
     ]
     if view.pause_reason:
         parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))

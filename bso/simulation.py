@@ -43,6 +43,9 @@ class StoryScript(_Script):
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
     tokens: int | None = Field(default=None, ge=0)
     duration_ms: int | None = Field(default=None, ge=0)
+    # The text of this story's scripted failures (default: "simulated <mode> agent error in <story key>").
+    # Stories given the same text fail the same way, as the debugger's journal sees it (a known pattern).
+    error: str | None = Field(default=None, min_length=1, max_length=2000)
     # The simulated debugger's successive analyses of this story's failures; after the list: unfixable.
     debug: list[Literal["fixable", "unfixable"]] = Field(default_factory=list)
     # Agent-PO gates (when on): what the dev-runner submits per plan revision / per implementation attempt.
@@ -102,7 +105,12 @@ def _nth(values: list[str], round_: int, after: str) -> str:
     return values[round_ - 1] if 0 < round_ <= len(values) else after
 
 
-def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int) -> ScriptedAnswer:
+def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int, story_key: str = "") -> ScriptedAnswer:
+    """The scripted answer of one dispatch. A failure's text names the story: the debugger's journal matches
+    errors by their text (digits aside), and one story's scripted analysis must not answer another's."""
+    where = f" in {story_key}" if story_key else ""
+    if script.error is not None:
+        where = f": {script.error}"
     tokens = script.tokens or 0
     duration = script.duration_ms or 0
     common = {"tokens": tokens, "duration_ms": duration, "flaky_attempts": script.flaky.get(key, 0)}
@@ -111,12 +119,12 @@ def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int) -> Scr
         return ScriptedAnswer(never_answers=True, **common)
     if failure == "error":
         return ScriptedAnswer(
-            status=AgentStatus.FAILURE, error=f"simulated {key} agent error", **common
+            status=AgentStatus.FAILURE, error=f"simulated {key} agent error{where}", **common
         )
     if failure == "fatal":  # Gear 2's AGENT_ERROR with recoverable: false
         return ScriptedAnswer(
             status=AgentStatus.FAILURE,
-            error=f"simulated {key} backend failure",
+            error=f"simulated {key} backend failure{where}",
             error_type="backend_failure",
             recoverable=False,
             **common,

@@ -97,7 +97,9 @@ def _po_message(script: StoryScript, assignment: TaskAssignment) -> dict | None:
 async def run(assignment: TaskAssignment) -> AgentComplete | None:
     script = StoryScript.model_validate(assignment.simulation)
     key = SCRIPT_KEYS[(assignment.agent_type, assignment.mode)]
-    answer: ScriptedAnswer = scripted_answer(script, key, assignment.mode_round)  # type: ignore[arg-type]
+    answer: ScriptedAnswer = scripted_answer(  # type: ignore[arg-type]
+        script, key, assignment.mode_round, assignment.story_key
+    )
     attempt = activity.info().attempt
     ledger = session_path(assignment.project_root, LEDGER)
     # File I/O with fsync runs in a thread: on the event loop it would stall every activity and

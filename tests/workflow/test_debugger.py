@@ -130,13 +130,26 @@ async def test_max_debug_attempts_caps_the_rounds(ts_env, tmp_path: Path):
 async def test_known_error_pattern_is_matched_from_the_journal(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
     # Both dev runs fail with the same error; only 1-1's analysis is scripted fixable (1-2's would not be).
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}, "1-2": {"fail": {"dev": "error"}}}}
+    same = "TypeError: cannot read properties of undefined (reading 'id') at line 42"
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"], "error": same},
+                              "1-2": {"fail": {"dev": "error"}, "error": same.replace("42", "43")}}}
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-4", simulation=simulation))
     assert report.stories == {K1: "done", K2: "done"}
     text = journal(tmp_path)
     assert text.count("## DBG-") == 2
     assert text.count("- known_pattern: yes") == 1
+
+
+async def test_each_storys_scripted_failure_is_its_own_pattern(ts_env, tmp_path: Path):
+    """Two stories failing by default text: 1-2 gets its own (unscripted: unfixable) analysis, not 1-1's fix."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}, "1-2": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-5", simulation=simulation))
+    assert report.stories == {K1: "done", K2: "needs-intervention"}
+    assert "simulated dev agent error in 1-2-logout" in story_error(report, K2)
+    assert "- known_pattern: yes" not in journal(tmp_path)
 
 
 async def test_without_a_debugger_the_failure_needs_intervention(ts_env, tmp_path: Path):
