@@ -42,7 +42,8 @@ def build_slave_result(
     completed = sum(p.state == StoryState.DONE for p in progress)
     failed = sum(p.state == StoryState.NEEDS_INTERVENTION for p in progress)
     skipped = sum(
-        p.state == StoryState.SKIPPED or (not p.started and p.state != StoryState.NEEDS_INTERVENTION)
+        # not started: left for later (shutdown, budget, fail_fast), unless the file already had it settled
+        p.state == StoryState.SKIPPED or (not p.started and p.state not in (StoryState.NEEDS_INTERVENTION, StoryState.DONE))
         for p in progress
     )
     return SlaveResult(

@@ -116,6 +116,9 @@ PATCH_FINAL_UPDATES_IN_RESULT = "slave-final-updates-in-result"
 PATCH_SHOW_DEBUG_WAIT = "slave-shows-debug-wait"  # a story waiting on the debugger is shown so, not its agent
 PATCH_CANCEL_TERMINATES_AGENT = "slave-cancel-terminates-agent"  # a cancelled batch cancels its agent in flight
 PATCH_UPDATES_ON_CANCEL = "slave-updates-on-cancel"  # a cancelled batch sends the story updates it still held
+# A story whose state in the file is not the plan's when its batch starts (set by hand meanwhile) is told to
+# the Master: its view kept the planned state, and a story set to done showed as not run.
+PATCH_PUBLISH_FILE_STATES = "slave-publishes-file-states"
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -451,11 +454,18 @@ class SprintSlaveWorkflow:
         else:  # Slaves started before the patch replay their (remote) load activity
             snapshot = await workflow.execute_activity(load_sprint_status, load, **options)
         current = {s.key: s.state for s in snapshot.stories}
+        changed: list[str] = []
         for key, progress in self._progress.items():
             if key in current:
                 self._progress[key] = progress.model_copy(update={"state": current[key]})
             else:
                 self._progress[key] = intervention(progress, "story no longer in sprint-status.yaml").progress
+            if self._progress[key].state != progress.state:
+                changed.append(key)
+        if changed and workflow.patched(PATCH_PUBLISH_FILE_STATES):
+            for key in changed:
+                workflow.logger.info("[Slave] %s is %s in sprint-status.yaml", key, self._progress[key].state)
+                self._publish(key)
         self._show()
 
     async def _drive_story(self, meta: StoryMeta) -> None:

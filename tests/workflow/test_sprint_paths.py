@@ -477,3 +477,24 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
     assert f"sprint first is already running on {tmp_path}" in cause.message, cause.message
     assert await workflow_task_failures(ts_env.client, second.id) == 0
     assert third.status is SprintStatus.COMPLETE and third.stories == {}  # nothing left: the first one did it all
+
+
+async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, tmp_path: Path):
+    """K2 is set to done in the file while batch 1 runs: batch 2 finds it done, runs nothing for it, and the
+    sprint's status, report and batch result say done (they said backlog and "not run", or both done and
+    skipped)."""
+    make_project(tmp_path, {K1: "review", K2: "backlog"})
+    simulation = {"stories": {"1-1": {"duration_ms": 1000}}}
+    inp = sprint_input(tmp_path, session_id="by-hand", simulation=simulation, config_overrides={"batch_size": 1})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "review-runner", "K1's review in flight")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K2}: backlog", f"{K2}: done"))
+        report = await handle.result()
+        view = await handle.query(SprintMasterWorkflow.status)
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
+    assert view.stories[K2].state == "done" and view.stories[K2].agents_dispatched == 0
+    second = report.batches[1].results
+    assert (second.stories_completed, second.stories_skipped, second.stories_total) == (1, 0, 1)
+    assert not any(e.get("dispatch_id", "").startswith("by-hand/batch-2") for e in ledger(tmp_path))
