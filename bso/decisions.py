@@ -80,7 +80,11 @@ def check_rearm(request: DecisionRequest, current_state: str | None, in_running_
             f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(s.value for s in REARM_STATES)
         )
     if in_running_batch:
-        raise DecisionError(f"story {request.story_key!r} is still in a running batch; decide again when it ends")
+        raise DecisionError(
+            f"story {request.story_key!r} is still in a running batch; decide again when it ends (if it is the "
+            "sprint's last batch, pause the sprint first: a paused sprint with nothing left to run waits for rearms "
+            "instead of ending)"
+        )
 
 
 def apply_decision(progress: StoryProgress, request: DecisionRequest) -> Transition:

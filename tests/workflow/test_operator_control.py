@@ -470,3 +470,29 @@ async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_state
         status = await handle.query(SprintMasterWorkflow.status)
     assert status.stories[K1].state == "done", status.stories
     assert status.stories[K2].agent_in_flight is None
+
+
+async def test_a_story_of_the_last_batch_is_rearmed_by_pausing_first(ts_env, tmp_path: Path):
+    """The sprint ends with its last batch, and a story is rearmed only once its batch has ended: the refusal
+    says to pause first, and pause, rearm, resume runs the story again (the README's procedure)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-last", simulation=simulation)
+        )
+        await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
+            "pause the sprint first",
+        )
+        await handle.signal(SprintMasterWorkflow.pause, "rearm 1-1")
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "batch 1 over")
+        view = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"}
+        )
+        assert view.state == "review" and view.batch_id == 2
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
+    assert status_values(tmp_path)[K1] == "done"
