@@ -24,6 +24,7 @@ from bso.research import (
     CacheIndex,
     ResearchRequest,
     ResearchResult,
+    budget_key,
     insert,
     lookup,
     touch,
@@ -79,12 +80,16 @@ async def research(inp: ResearchInput) -> ResearchResult:
         return ResearchResult(
             **base, status="unavailable", error=f"no knowledge research for agent backend {inp.backend!r} (simulated only)"
         )
+    if (counted_as := budget_key(req.story_key)) is None:
+        return ResearchResult(
+            **base, status="error", error=f"{req.story_key!r} is not a story key (N-M or N-M-slug, e.g. 1-2)"
+        )
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         now = datetime.now(timezone.utc)
         index = CacheIndex.model_validate(_read(index_path) or {})
         budget = {str(k): int(v) for k, v in (_read(budget_path).get("calls") or {}).items()}
-        used = budget.get(req.story_key, 0)
+        used = budget.get(counted_as, 0)
         left = max(limits.max_calls_per_story - used, 0)
         hit = lookup(index, req.query, now, limits.cache_ttl_days)
         if hit is not None:
@@ -95,7 +100,7 @@ async def research(inp: ResearchInput) -> ResearchResult:
                 **base, status="budget_exhausted", calls_used=used, calls_left=0,
                 error=f"story {req.story_key} used its {limits.max_calls_per_story} research calls",
             )
-        budget[req.story_key] = used + 1  # the call is charged whether it answers or not
+        budget[counted_as] = used + 1  # the call is charged whether it answers or not
         _write(budget_path, {"calls": budget})
     try:
         answer = await asyncio.wait_for(_call(inp), timeout=limits.call_timeout_seconds)

@@ -14,9 +14,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bso.sprint_status import SHORT_KEY_RE, STORY_KEY_RE
+
 CACHE_DIR = "knowledge-cache"
 INDEX_FILE = "index.yaml"
 BUDGET_FILE = "budget.yaml"
+
+
+def budget_key(story_key: str) -> str | None:
+    """The key a story's research calls are counted under: its short key (`1-2` for `1-2-login-form`), so that
+    the short and the full key share one budget; None for what is not a story key (no budget of its own)."""
+    match = STORY_KEY_RE.match(story_key) or SHORT_KEY_RE.match(story_key)
+    return f"{match.group(1)}-{match.group(2)}{match.group(3)}" if match else None
 
 
 class ResearchRequest(BaseModel):

@@ -43,6 +43,11 @@ async def test_research_cache_budget_and_restart(ts_env, tmp_path: Path):
             assert (await kr.execute_update(ResidentWorkflow.research, ask("1-1", query, n))).status == "answered"
         over = await kr.execute_update(ResidentWorkflow.research, ask("1-1", "One more question", 9))
         assert over.status == "budget_exhausted" and "3 research calls" in over.error
+        # The full key is the same story (one budget), and what is not a story key has none to draw on.
+        full = await kr.execute_update(ResidentWorkflow.research, ask(K1, "Yet another question", 90))
+        assert full.status == "budget_exhausted", full
+        made_up = await kr.execute_update(ResidentWorkflow.research, ask("anything-goes", "Free calls?", 91))
+        assert made_up.status == "error" and "not a story key" in made_up.error, made_up
         other = await kr.execute_update(ResidentWorkflow.research, ask("1-2", "Session cookies?", 10))
         assert other.status == "answered"  # the budget is per story
         # 4 answers, at most 3 entries: the least recently used (passwords, last used before JWT was asked) is gone.
