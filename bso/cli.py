@@ -75,7 +75,7 @@ from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
-from bso.sprint_status import StoryKeyError, parse_status_text, stories_to_run
+from bso.sprint_status import StatusFileError, StoryKeyError, parse_status_text, stories_to_run
 from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
@@ -609,12 +609,16 @@ def parse_set(values: list[str]) -> dict[str, Any]:
 
 def _check_selection(status_path: Path, epic: str | None, stories: list[str]) -> None:
     """--epic and --story checked against the status file before anything starts, by the rules the sprint
-    applies (bso.sprint_status), and that the selection leaves something to run; the file's own problems are
-    left to the sprint, which reports them."""
+    applies (bso.sprint_status), and that the selection leaves something to run. A file that does not parse is
+    refused here too, with the sprint's own message; one this process cannot read is left to the worker."""
     try:
-        entries = parse_status_text(status_path.read_text(encoding="utf-8"), str(status_path)).stories()
+        text = status_path.read_text(encoding="utf-8")
     except (OSError, ValueError):
         return
+    try:
+        entries = parse_status_text(text, str(status_path)).stories()
+    except StatusFileError as err:
+        raise BsoError(f"{err} (fix the file, then start the sprint)") from None
     try:
         to_run = stories_to_run([(e.key, e.value) for e in entries], epic, stories)
     except StoryKeyError as err:

@@ -255,6 +255,10 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))
     assert "nothing to run" in line and "set its state in the status file back" in line
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
+    broken_status = project / DEFAULT_STATUS_FILE  # refused before anything starts, with the file's line
+    broken_status.write_text(broken_status.read_text(encoding="utf-8") + "  9-9-half-typed: [unclosed\n", encoding="utf-8")
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "1-2"))
+    assert "sprint-status.yaml: line" in line and "fix the file, then start the sprint" in line, line
 
 
 def test_status_of_a_sprint_that_failed_at_its_start(cli_env, tmp_path: Path):
