@@ -866,6 +866,11 @@ class AgentStats(BaseModel):
     def average_seconds(self) -> float:
         return self.total_seconds / self.answered if self.answered else 0.0
 
+    @property
+    def unanswered(self) -> int:
+        """Dispatches no answer came for: the agent timed out, or the sprint was cancelled while it ran."""
+        return max(self.dispatches - self.answered, 0)
+
 
 def agent_performance(messages: Sequence[FlowMessage]) -> list[AgentStats]:
     """Per agent type: dispatches, answers, failures, tokens and time from assignment to answer."""

@@ -146,10 +146,14 @@ def render_summary(
 
     lines += ["## Agent Performance", ""]
     if agents:
-        lines += ["| agent | dispatches | answered | failures | tokens | avg time to answer (s) |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| agent | dispatches | answered | failures | no answer | tokens | avg time to answer (s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for a in agents:
             lines.append(
-                f"| {a.agent} | {a.dispatches} | {a.answered} | {a.failures} | {a.tokens} | {a.average_seconds:.1f} |"
+                f"| {a.agent} | {a.dispatches} | {a.answered} | {a.failures} | {a.unanswered} | {a.tokens} "
+                f"| {a.average_seconds:.1f} |"
             )
     else:
         lines.append("No agent was dispatched.")

@@ -108,6 +108,24 @@ def test_agent_performance(flow):
     assert sum(s.tokens for s in stats.values()) == flow[-1].payload["tokens_used"]
 
 
+def test_a_dispatch_without_an_answer_is_counted_as_such():
+    """A review that timed out counted as neither answered nor failed: the dispatches did not add up."""
+
+    def message(event_id: int, kind: str, dispatch: str, **payload) -> FlowMessage:
+        return FlowMessage(
+            time=datetime(2026, 1, 5, 0, 0, event_id), workflow_id="s/batch-1", event_id=event_id, type=kind,
+            sender="x", recipient="y", agent="review-runner", dispatch_id=dispatch, payload=payload,
+        )
+
+    flow = [
+        message(1, "TASK_ASSIGNMENT", "d1"),
+        message(2, "AGENT_COMPLETE", "d1", status="success", tokens_used=5),
+        message(3, "TASK_ASSIGNMENT", "d2"),  # never answered: its activity timed out
+    ]
+    (stats,) = agent_performance(flow)
+    assert (stats.dispatches, stats.answered, stats.failures, stats.unanswered) == (2, 1, 0, 1)
+
+
 def test_a_refused_signal_s_fields_are_shown_as_they_came():
     """What a sender signalled reaches history even when the workflow refused it: the flow shows it as text."""
     message = FlowMessage(

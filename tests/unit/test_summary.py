@@ -52,7 +52,7 @@ def test_content():
     assert "`2-2-expiry-reminder-emails`: needs-intervention" in failures
     assert "done" not in failures.replace("needs-intervention", "")
     agents = _section(text, "Agent Performance")
-    assert "| dev-runner | 7 | 7 | 1 |" in agents
+    assert "| dev-runner | 7 | 7 | 1 | 0 |" in agents
     config = _section(text, "Configuration Used")
     assert "| batch_size | 3 |" in config and "| token_budget.limit | 2000000 |" in config
 
