@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error
-    from bso.models import LoadStatusInput, StatusWriteInput, StoryView
+    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView
     from bso.states import StoryState
 
 _WRITE = {
@@ -166,7 +166,9 @@ class CourseCorrector:
             added=added,
             dropped=dropped,
             untouched_done=[k for k, v in s.views.items() if v.state == StoryState.DONE],
-            in_flight=[k for k, v in s.views.items() if v.batch_id in self._running_batches],
+            in_flight=[  # still being worked on: a story of a running batch that has ended is not
+                k for k, v in s.views.items() if v.batch_id in self._running_batches and v.state not in TERMINAL_VALUES
+            ],
             old_batches=old,
             next_batch_id=s.next_batch_id,
         )

@@ -113,3 +113,19 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await handle.result()
     assert report.stories == {K1: "done", K2: "done", K3: "done"}
+
+
+async def test_a_finished_story_of_a_running_batch_is_done_not_in_flight(ts_env, tmp_path: Path):
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    simulation = {"stories": {"1-2": {"duration_ms": 1500}}}
+    inp = sprint_input(tmp_path, session_id="cc-flight", simulation=simulation, config_overrides={"batch_size": 2})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(
+            handle, lambda s: s.stories[K1].state == "done" and s.stories[K2].agent_in_flight, "K1 done, K2 running"
+        )
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]}
+        )
+        await handle.result()
+    assert (cc.untouched_done, cc.in_flight) == ([K1], [K2])
