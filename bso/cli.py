@@ -75,7 +75,7 @@ from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
-from bso.sprint_status import StatusFileError, StoryKeyError, parse_status_text, stories_to_run
+from bso.sprint_status import StatusFileError, StoryKeyError, parse_status_text, resolve_story_keys, stories_to_run
 from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
@@ -607,7 +607,9 @@ def parse_set(values: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def _check_selection(status_path: Path, epic: str | None, stories: list[str]) -> None:
+def _check_selection(
+    status_path: Path, epic: str | None, stories: list[str], named: dict[str, list[str]] | None = None
+) -> None:
     """--epic and --story checked against the status file before anything starts, by the rules the sprint
     applies (bso.sprint_status), and that the selection leaves something to run. A file that does not parse is
     refused here too, with the sprint's own message; one this process cannot read is left to the worker."""
@@ -623,6 +625,12 @@ def _check_selection(status_path: Path, epic: str | None, stories: list[str]) ->
         to_run = stories_to_run([(e.key, e.value) for e in entries], epic, stories)
     except StoryKeyError as err:
         raise BsoError(str(err)) from None
+    # Stories the simulation script or a knob names: a typo would be ignored silently, the story run unscripted.
+    for where, keys in (named or {}).items():
+        try:
+            resolve_story_keys(keys, [e.key for e in entries])
+        except StoryKeyError as err:
+            raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
     if entries and not to_run:
         raise BsoError(
             "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
@@ -696,20 +704,21 @@ def sprint_start(
         status_path = root / (status_file or DEFAULT_STATUS_FILE)
         if not status_path.is_file():
             raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
-        _check_selection(status_path, epic, story or [])
         if backend not in {b.value for b in AgentBackend}:
             raise BsoError(f"--backend {backend!r}: use one of {', '.join(b.value for b in AgentBackend)}")
         overrides = parse_set(set_ or [])
         script: dict[str, Any] = {}
+        named: dict[str, list[str]] = {"story_priorities": list(resolve_config(overrides).story_priorities)}
         if simulation is not None:
             try:
                 script = json.loads(simulation.read_text(encoding="utf-8"))
-                SimulationScript.model_validate(script)
+                named[f"--simulation {simulation}"] = list(SimulationScript.model_validate(script).stories)
             except OSError as e:
                 raise BsoError(f"--simulation {simulation}: {e.strerror or e}") from None
             except ValueError as e:
                 detail = describe_validation_error(e) if isinstance(e, ValidationError) else str(e)
                 raise BsoError(f"--simulation {simulation}: {detail}") from None
+        _check_selection(status_path, epic, story or [], named)
         sid = sprint_id or new_sprint_id()
         inp = SprintInput(
             project_root=str(root),

@@ -246,6 +246,13 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "9-9"))
     assert "unknown story key '9-9'" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
+    # A story the script or a knob names that the file does not have: a typo, which would be ignored silently.
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"stories": {"1-2": {"duration_ms": 5}, "9-9": {"fail": {"dev": "error"}}}}))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(typo)))
+    assert f"--simulation {typo}: unknown story key '9-9'" in line, line
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--set", 'story_priorities={"7-1": "high"}'))
+    assert "story_priorities: unknown story key '7-1'" in line, line
     settled = tmp_path / "settled"  # every story done or needs-intervention: nothing a sprint would run
     settled_status = settled / DEFAULT_STATUS_FILE
     settled_status.parent.mkdir(parents=True)
