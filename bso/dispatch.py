@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from bso.config import ReviewDegradation, SprintConfig
 from bso.messages import (
+    CRITERIA_MAX,
     MAX_SUMMARY_CHARS,
     AgentComplete,
     AgentErrorPayload,
@@ -514,7 +515,7 @@ def _code_review(
             fix_pending=True,
             fix_rounds=progress.fix_rounds + 1,
             fix_findings=blocking,
-            fix_feedback=_fix_feedback(result),
+            fix_feedback=_fix_feedback(result, config),
         ),
         Outcome.FIX_REQUESTED,
         f"review round {review_round}: {len(blocking)} finding(s) >= {strictness.threshold.value} "
@@ -522,8 +523,10 @@ def _code_review(
     )
 
 
-def _fix_feedback(result: AgentComplete) -> list[FeedbackItem]:
-    """The review's feedback items, plus a blocking item for each blocking issue not already among them."""
+def _fix_feedback(result: AgentComplete, config: SprintConfig) -> list[FeedbackItem]:
+    """The review's feedback items, plus a blocking item for each blocking issue not already among them, and
+    one for a score below approval_score (with the criteria that lost points) or a failed verdict: without
+    them, a review that only scored low sent the fix with nothing to go on."""
     items = list(result.feedback)
     described = {f.issue for f in items if f.severity == "blocking"}
     items += [
@@ -531,6 +534,26 @@ def _fix_feedback(result: AgentComplete) -> list[FeedbackItem]:
         for issue in result.blocking_issues
         if issue not in described
     ]
+    if result.score is not None and result.score < config.approval_score:
+        criteria = result.criteria_scores.model_dump() if result.criteria_scores is not None else {}
+        lost = [f"{name} {got}/{CRITERIA_MAX[name]}" for name, got in criteria.items() if got < CRITERIA_MAX[name]]
+        items.append(
+            FeedbackItem(
+                severity="blocking",
+                category="score",
+                issue=f"review score {result.score} < approval_score {config.approval_score}"
+                + (f" (points lost: {', '.join(lost)})" if lost else ""),
+                suggestion=result.summary[:MAX_SUMMARY_CHARS],
+            )
+        )
+    elif result.verdict is Verdict.FAILURE and not items:
+        items.append(
+            FeedbackItem(
+                severity="blocking",
+                category="review",
+                issue=f"the review failed the work: {result.summary or 'no reason given'}"[:MAX_SUMMARY_CHARS],
+            )
+        )
     return items
 
 

@@ -57,7 +57,28 @@ def test_score_below_approval_needs_a_fix_with_the_feedback() -> None:
     assert t.outcome is Outcome.FIX_REQUESTED
     assert "score 72 < approval_score 80" in t.note
     assert t.progress.fix_pending and t.progress.review_scores == [72]
-    assert t.progress.fix_feedback == [FeedbackItem.model_validate(feedback[0])]
+    score_item = FeedbackItem(
+        severity="blocking", category="score",
+        issue="review score 72 < approval_score 80 (points lost: code_quality 25/30, test_coverage 10/25, "
+              "security 15/20, documentation 12/15)",
+    )
+    assert t.progress.fix_feedback == [FeedbackItem.model_validate(feedback[0]), score_item]
+
+
+def test_a_low_score_alone_still_tells_the_fix_why() -> None:
+    """No findings, no feedback: the fix used to be sent with nothing to go on."""
+    t = run_review(scored(score=64, summary="thin tests"))
+    assert t.outcome is Outcome.FIX_REQUESTED and t.progress.fix_findings == []
+    (item,) = t.progress.fix_feedback
+    assert (item.severity, item.issue, item.suggestion) == (
+        "blocking", "review score 64 < approval_score 80", "thin tests"
+    )
+
+
+def test_a_failed_verdict_alone_still_tells_the_fix_why() -> None:
+    t = run_review(scored(verdict="failure", summary="the login form does not submit"))
+    assert t.outcome is Outcome.FIX_REQUESTED
+    assert [i.issue for i in t.progress.fix_feedback] == ["the review failed the work: the login form does not submit"]
 
 
 def test_score_reaching_approval_passes() -> None:
