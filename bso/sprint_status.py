@@ -928,8 +928,9 @@ def render_story_file(
     depends_on: list[str] | None = None,
     tags: list[str] | None = None,
     revision: int = 1,
+    files: list[str] | None = None,
 ) -> str:
-    """A BMAD story document that parse_story_file reads back (title, status, depends_on, tags)."""
+    """A BMAD story document that parse_story_file reads back (title, status, depends_on, tags, files)."""
     title = title or title_from_slug(story_key)
     acs = [a.strip() for a in acceptance_criteria if a and a.strip()] or [f"{title} works as described"]
     lines = [
@@ -942,7 +943,9 @@ def render_story_file(
         lines.append(f"Depends on: {', '.join(depends_on)}")
     if tags:
         lines.append(f"Tags: {', '.join(tags)}")
-    if depends_on or tags:
+    if files:
+        lines.append(f"Files: {', '.join(files)}")
+    if depends_on or tags or files:
         lines.append("")
     lines += [
         "## Story",

@@ -50,6 +50,7 @@ def _write_story_doc(assignment: TaskAssignment) -> str:
         ],
         depends_on=list(existing.depends_on) if existing else [],
         tags=list(existing.tags) if existing else [],
+        files=list(existing.files) if existing else [],  # the file scope (P29, PO gates) stays the story's
         revision=revision,
     )
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -330,6 +330,7 @@ def test_story_file_round_trip() -> None:
         depends_on=["3-1", "2-2-chunk-manager"],
         tags=["frontend", "ui"],
         revision=2,
+        files=["src/chunks.py", "tests/"],
     )
     assert text.startswith("# Story 3.2: Chunk Manager\n")
     for section in ("## Story", "## Acceptance Criteria", "## Tasks / Subtasks", "## Dev Notes",
@@ -343,6 +344,7 @@ def test_story_file_round_trip() -> None:
     assert info.status == "ready-for-dev"
     assert info.depends_on == ["3-1", "2-2-chunk-manager"]
     assert info.tags == ["frontend", "ui"]
+    assert info.files == ["src/chunks.py", "tests/"]
 
 
 def test_parse_story_file_lenient() -> None:

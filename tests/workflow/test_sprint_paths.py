@@ -70,7 +70,9 @@ async def test_each_dispatch_table_row_reaches_done(ts_env, tmp_path: Path, star
 
 
 async def test_backlog_story_gets_a_real_story_file_and_review_fix_loop(ts_env, tmp_path: Path):
-    make_project(tmp_path, {K1: "backlog", K2: "backlog"})
+    # K1's stub declares its file scope: the story-creator's document keeps it (P29, the PO gates read it).
+    stub = "# Story 1.1: Login Form\n\nStatus: backlog\n\nFiles: src/login.py, src/forms/\n"
+    make_project(tmp_path, {K1: "backlog", K2: "backlog"}, story_files={K1: stub})
     simulation = {"stories": {"1-1": {"story_review": ["needs-improve", "passed"], "review": ["HIGH", "MEDIUM"]}}}
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
@@ -85,6 +87,7 @@ async def test_backlog_story_gets_a_real_story_file_and_review_fix_loop(ts_env, 
     text = story_file.read_text()
     assert text.startswith("# Story 1.1: Login Form")
     assert "## Acceptance Criteria" in text and "## Dev Agent Record" in text
+    assert "\nFiles: src/login.py, src/forms/\n" in text
     assert report.tokens_used == 14 * 1000
 
 
