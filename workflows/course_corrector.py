@@ -97,6 +97,11 @@ class CourseCorrector:
                 **_WRITE,
             )
             metas = {m.key: m for m in snapshot.stories}
+            # Outside the sprint when it started, gone from the file since (removed or renamed by hand).
+            if missing := [key for key in add if key not in metas]:
+                raise ApplicationError(
+                    f"CC_REJECTED: {', '.join(missing)} no longer in sprint-status.yaml", type="CC_REJECTED"
+                )
         note = f"dropped by course correction ({request.reason.value})"
         if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
             for key in drop:

@@ -10,7 +10,8 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values
+from bso.models import DEFAULT_STATUS_FILE
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
 from tests.workflow.helpers import wait_status
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -129,3 +130,26 @@ async def test_a_finished_story_of_a_running_batch_is_done_not_in_flight(ts_env,
         )
         await handle.result()
     assert (cc.untouched_done, cc.in_flight) == ([K1], [K2])
+
+
+async def test_adding_a_story_gone_from_the_file_is_rejected(ts_env, tmp_path: Path):
+    """2-1 was outside the sprint at its start (epic 1 only) and has been removed from the file since: the update
+    is rejected (it failed the Master's workflow task on every retry, a KeyError, and the sprint was stuck)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review", OTHER: "backlog"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-gone", epic=1, config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        text = status_file.read_text(encoding="utf-8")
+        status_file.write_text("".join(line for line in text.splitlines(True) if OTHER not in line), encoding="utf-8")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-1"]}),
+            "CC_REJECTED: 2-1-search no longer in sprint-status.yaml",
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done"}
+    assert await workflow_task_failures(ts_env.client, "cc-gone") == 0
