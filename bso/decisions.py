@@ -8,12 +8,14 @@ the Master, which starts a new batch for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.dispatch import Outcome, Transition, intervention
-from bso.models import StoryProgress
+from bso.messages import BatchSpec
+from bso.models import StoryMeta, StoryProgress
 from bso.states import StoryState
 
 
@@ -85,6 +87,16 @@ def check_rearm(request: DecisionRequest, current_state: str | None, in_running_
             "sprint's last batch, pause the sprint first: a paused sprint with nothing left to run waits for rearms "
             "instead of ending)"
         )
+
+
+def rearm_position(queue: list[BatchSpec], story_key: str, stories: Mapping[str, StoryMeta]) -> int:
+    """Where a rearmed story's batch goes in the queue: before the first queued batch holding a story that
+    depends on it (that batch would wait for it, and with one Slave at a time hold up everything behind it);
+    at the end when none does."""
+    for position, spec in enumerate(queue):
+        if any(story_key in stories[key].depends_on for key in spec.stories if key in stories):
+            return position
+    return len(queue)
 
 
 def apply_decision(progress: StoryProgress, request: DecisionRequest) -> Transition:

@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         slave_workflow_id,
     )
     from bso.dependencies import UNFINISHED
-    from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm
+    from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
     from bso.models import (
@@ -106,6 +106,13 @@ PATCH_ENDING = "master-updates-before-end"
 PATCH_DECIDE_ENDS = "master-decide-ends-with-batch"
 # A new sprint leaves out needs-intervention and skipped stories (it counted them as its own failures).
 PATCH_SETTLED_LEFT_OUT = "master-settled-stories-left-out"
+# One rearm of a story at a time: a second one sent together (a retry, two operators) saw needs-intervention too,
+# its status write answered already-applied, and the story was queued (and run) twice.
+PATCH_ONE_REARM = "master-one-rearm-at-a-time"
+# A rearmed story runs before the queued batches of stories that depend on it: queued behind them, the first
+# such batch waited for it, and the rearm's batch could not start until that one ended (a deadlock until the
+# Slave's timeout with one Slave at a time).
+PATCH_REARM_BEFORE_DEPENDANTS = "master-rearm-before-dependants"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -295,19 +302,28 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 )
             return self._decided_views.pop(key)
         target = parsed.rearm_state().value
-        written = await workflow.execute_activity(
-            write_story_status,
-            StatusWriteInput(
-                project_root=self._project_root,
-                status_file=s.status_file,
-                story_key=key,
-                expected=s.views[key].state,
-                new=target,
-            ),
-            summary=f"rearm {key}: {s.views[key].state} -> {target}",
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
-        )
+        one_at_a_time = workflow.patched(PATCH_ONE_REARM)
+        if one_at_a_time:
+            if key in self._deciding:  # two rearms accepted in one workflow task: the validator saw neither
+                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
+            self._deciding[key] = s.views[key].batch_id or 0
+        try:
+            written = await workflow.execute_activity(
+                write_story_status,
+                StatusWriteInput(
+                    project_root=self._project_root,
+                    status_file=s.status_file,
+                    story_key=key,
+                    expected=s.views[key].state,
+                    new=target,
+                ),
+                summary=f"rearm {key}: {s.views[key].state} -> {target}",
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
+            )
+        finally:
+            if one_at_a_time:
+                self._deciding.pop(key, None)
         if written.outcome == "cas-mismatch":
             raise ApplicationError(
                 f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
@@ -316,7 +332,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
         s.views[key] = StoryView(state=target, batch_id=batch_id)
-        s.queue.append(BatchSpec(batch_id=batch_id, stories=[key]))
+        spec = BatchSpec(batch_id=batch_id, stories=[key])
+        if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
+            s.queue.insert(rearm_position(s.queue, key, s.stories), spec)
+        else:
+            s.queue.append(spec)
         workflow.logger.info("rearmed %s to %s in batch %d%s", key, target, batch_id, f": {parsed.note}" if parsed.note else "")
         self._show()
         return s.views[key]
@@ -341,6 +361,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if parsed.decision is Decision.REARM:
                 if (why := self._not_replannable()) is not None:
                     raise DecisionError(f"{why}: nothing can be rearmed now")
+                if parsed.story_key in self._deciding:
+                    raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
                 check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")

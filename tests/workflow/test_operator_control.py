@@ -496,3 +496,50 @@ async def test_a_story_of_the_last_batch_is_rearmed_by_pausing_first(ts_env, tmp
         report = await handle.result()
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert status_values(tmp_path)[K1] == "done"
+
+
+async def test_two_rearms_of_one_story_sent_together_queue_it_once(ts_env, tmp_path: Path):
+    """An operator retrying, or two terminals: the second rearm's validator ran while the first's status write
+    was in flight, its write answered already-applied, and the story was queued and run twice."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="rearm-twice", config_overrides=overrides, simulation=simulation),
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        request = {"story_key": K1, "decision": "rearm", "state": "review"}
+        outcomes = await asyncio.gather(
+            handle.execute_update(SprintMasterWorkflow.decide, request),
+            handle.execute_update(SprintMasterWorkflow.decide, request),
+            return_exceptions=True,
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(refused) == 1 and "a decision is already on its way" in str(refused[0].cause), outcomes
+    runs_of_k1 = [b.batch_id for b in report.batches if any(r.story_key == K1 for r in b.results.story_results)]
+    assert runs_of_k1 == [1, 3] and report.stories[K1] == "done", runs_of_k1
+
+
+async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(ts_env, tmp_path: Path):
+    """K2 depends on K1, which failed in batch 1. Rearmed, K1 was queued behind K2's batch 2, which then waited
+    for it while batch 3 could not start before batch 2 ended: the sprint hung until the Slave's timeout."""
+    doc = "# Story 1.2: Logout\n\nStatus: ready-for-dev\n\nDepends on: 1-1\n"
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"}, {K2: doc})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="rearm-dep", config_overrides=overrides, simulation=simulation),
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()  # on the old code: after slave_timeout_seconds, skipped in time
+    errors = [e for b in report.batches for e in b.errors]
+    assert report.stories == {K1: "done", K2: "done"}, (report.stories, errors)
+    assert errors == []
