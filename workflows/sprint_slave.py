@@ -119,6 +119,9 @@ PATCH_UPDATES_ON_CANCEL = "slave-updates-on-cancel"  # a cancelled batch sends t
 # A story whose state in the file is not the plan's when its batch starts (set by hand meanwhile) is told to
 # the Master: its view kept the planned state, and a story set to done showed as not run.
 PATCH_PUBLISH_FILE_STATES = "slave-publishes-file-states"
+# A cancel during the command backend's squash-and-merge (or the batch's first status read) ends the batch: it
+# was taken for a merge failure, and the Slave dispatched the next story's agent after the cancel.
+PATCH_CANCEL_STOPS_GIT = "slave-cancel-stops-git"
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -361,6 +364,8 @@ class SprintSlaveWorkflow:
         try:
             await self._refresh_states()
         except ActivityError as err:
+            if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
+                raise  # cancelled while reading: the batch ends cancelled, not "unreadable"
             errors.append(f"sprint-status.yaml unreadable: {_cause(err)}")
             return self._result(errors, budget_exhausted)
 
@@ -885,6 +890,9 @@ class SprintSlaveWorkflow:
             )
             note = None if result.merged else f"not merged: {result.note}"
         except ActivityError as err:
+            # The batch is cancelled (its sprint too): not a merge failure after which the next story starts.
+            if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
+                raise
             note = f"not merged: {_cause(err)}"
         if note is not None:
             workflow.logger.warning("[Slave] %s %s", meta.key, note)

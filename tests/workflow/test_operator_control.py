@@ -25,6 +25,8 @@ from activities.agents import run_agent
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
+from bso.git_rules import FinishStoryInput, FinishStoryResult
+from bso.messages import DispatchReceipt, TaskAssignment
 from bso.models import LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
@@ -543,3 +545,45 @@ async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(t
     errors = [e for b in report.batches for e in b.errors]
     assert report.stories == {K1: "done", K2: "done"}, (report.stories, errors)
     assert errors == []
+
+
+async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path: Path):
+    """command backend: K1 is done and its squash-and-merge runs when the sprint is cancelled. The cancel was
+    taken for a merge failure and the Slave went on to K2, dispatching a new agent after the cancel."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    dispatched: list[str] = []
+
+    @activity.defn(name="run_agent")
+    async def passing_review(a: TaskAssignment) -> DispatchReceipt:
+        dispatched.append(a.dispatch_id)
+        answer = {"dispatch_id": a.dispatch_id, "story_key": a.story_key, "agent_type": a.agent_type.value,
+                  "mode": a.mode.value, "status": "success", "verdict": "passed"}
+        return DispatchReceipt(dispatch_id=a.dispatch_id, delivered=True, answer=answer)
+
+    @activity.defn(name="finish_story_git")
+    async def endless_squash(inp: FinishStoryInput) -> FinishStoryResult:
+        (tmp_path / "squash-started").touch()
+        while True:  # until cancelled
+            activity.heartbeat()
+            await asyncio.sleep(0.1)
+
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    sprint_worker = Worker(
+        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS, activities=list(SPRINT_ACTIVITIES)
+    )
+    agents_worker = Worker(ts_env.client, task_queue=prefix + AGENTS_TASK_QUEUE, activities=[passing_review, endless_squash])
+    overrides = {"resident_slots": {"knowledge_researcher": False, "debugger": False, "e2e_live": False},
+                 "po_gates_enabled": False}
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(
+            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            sprint_input(tmp_path, session_id="cancel-squash", agent_backend="command", config_overrides=overrides),
+        )
+        await poll_until(lambda: asyncio.sleep(0, (tmp_path / "squash-started").exists()), "the squash started")
+        before = list(dispatched)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
+    assert dispatched == before, dispatched  # no agent after the cancel
+    assert slave.status is WorkflowExecutionStatus.CANCELED
