@@ -27,7 +27,7 @@ from activities.summary import SummaryInput, write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.messages import DispatchReceipt, TaskAssignment
-from bso.models import LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
+from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
@@ -587,3 +587,36 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
     assert dispatched == before, dispatched  # no agent after the cancel
     assert slave.status is WorkflowExecutionStatus.CANCELED
+
+
+async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_the_sprint(ts_env, tmp_path: Path):
+    """K1 is set to done by hand after the Master read the file, before its Slave did. The Slave took the
+    first-story checkpoint and paused itself, but told the Master nothing: the sprint never paused, nothing
+    resumed the Slave, and K2 waited until the Slave's timeout."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+
+    @activity.defn(name="load_sprint_status")
+    async def finished_by_hand_meanwhile(inp: LoadStatusInput) -> StatusSnapshot:
+        if inp.only_stories is not None:  # the Slave's read
+            status_file.write_text(status_file.read_text().replace(f"{K1}: ready-for-dev", f"{K1}: done"))
+        return await load_sprint_status(inp)
+
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    others = [a for a in SPRINT_ACTIVITIES if a is not load_sprint_status]
+    sprint_worker = Worker(
+        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS,
+        activities=[finished_by_hand_meanwhile, *others, run_agent],
+    )
+    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(
+            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            sprint_input(tmp_path, session_id="settled-ckpt", config_overrides={"first_story_checkpoint": "pause"}),
+        )
+        paused = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "the checkpoint's pause")
+        assert paused.stories[K1].state == "done" and paused.checkpoint and K1 in paused.checkpoint
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert [e for b in report.batches for e in b.errors] == []
