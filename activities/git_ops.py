@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -171,18 +172,26 @@ class VerificationResult:
 
 
 async def verify(wt: str, verification: Verification, env: dict[str, str]) -> VerificationResult:
-    """Trust nothing: run the project's own checks in the worktree; any failing command fails the dispatch."""
+    """Trust nothing: run the project's own checks in the worktree; any failing command fails the dispatch.
+    `timeout_seconds` is for all the commands together: the Slave's deadline for a command agent's activity
+    leaves that much for one run of them (and as much for the fix snapshot), however many there are."""
     chunks: list[str] = []
     ok = True
+    deadline = time.monotonic() + verification.timeout_seconds
     for argv in verification.commands:
         if not argv:
             continue
+        left = deadline - time.monotonic()
+        if left <= 0:
+            chunks.append(f"$ {' '.join(argv)}  (not run: the checks' {verification.timeout_seconds} s were spent)")
+            ok = False
+            break
         exe = argv[0]
         if shutil.which(exe, path=env.get("PATH")) is None and not Path(wt, exe).is_file():
             chunks.append(f"$ {' '.join(argv)}\n{exe}: command not found")
             ok = False
             break
-        done = await run_command(argv, cwd=wt, env=env, timeout=verification.timeout_seconds)
+        done = await run_command(argv, cwd=wt, env=env, timeout=left)
         status = "timed out" if done.timed_out else f"exit {done.returncode}"
         chunks.append(f"$ {' '.join(argv)}  ({status})\n{done.output.strip()}")
         if done.timed_out or done.returncode != 0:

@@ -112,7 +112,8 @@ class Verification(_Strict):
     """Trust nothing: BSO itself runs these (argv lists, no shell) in the worktree after dev and fix."""
 
     commands: list[list[str]] = Field(default_factory=list)
-    # At most 900: the Slave's deadline for a command agent's activity leaves 2 x 900 s for BSO's checks.
+    # For all the commands together, at most 900: the Slave's deadline for a command agent's activity leaves
+    # 2 x 900 s for BSO's checks (the fix snapshot, then the verification).
     timeout_seconds: int = Field(900, gt=0, le=900)
     output_tail_chars: int = Field(4000, gt=0)
     # P20 fix snapshot: how passing tests are counted in the commands' output (the numbers are summed).
