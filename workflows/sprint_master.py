@@ -113,6 +113,7 @@ PATCH_ONE_REARM = "master-one-rearm-at-a-time"
 # such batch waited for it, and the rearm's batch could not start until that one ended (a deadlock until the
 # Slave's timeout with one Slave at a time).
 PATCH_REARM_BEFORE_DEPENDANTS = "master-rearm-before-dependants"
+PATCH_FAILURE_STOPS_RESIDENTS = "master-failure-stops-residents"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -438,6 +439,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if not workflow.patched("master-cancel-winds-down"):
                 return await sprint
             return await self._wind_down_cancelled(sprint)
+        failure = None if sprint.cancelled() else sprint.exception()
+        if (
+            failure is not None
+            and not isinstance(failure, workflow.ContinueAsNewError)  # the next run keeps the residents
+            and workflow.patched(PATCH_FAILURE_STOPS_RESIDENTS)
+        ):
+            # The sprint fails: its residents outlive it by design (ABANDON), so it stops them, or they would
+            # run for ever. (A failure while planning stopped them already: stopping is idempotent.)
+            await self._cancel_starting_resident()
+            await self._stop_residents()
         return sprint.result()
 
     async def _wind_down_cancelled(self, sprint: asyncio.Task[SprintReport]) -> SprintReport:

@@ -16,16 +16,18 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio import activity
 
 from activities.agents import run_agent
+from activities.improvements import propose_improvements
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
+from bso.improvements import ProposeInput, Proposals
 from bso.messages import DispatchReceipt, TaskAssignment
 from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
 from bso.models import SprintStatusView
@@ -620,3 +622,32 @@ async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_t
         report = await handle.result()
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert [e for b in report.batches for e in b.errors] == []
+
+
+async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
+    """The improvement proposals fail for good after the batches: the sprint fails, and its residents (which
+    outlive the Master by design) are stopped with it instead of running for ever."""
+    @activity.defn(name="propose_improvements")
+    async def broken_proposals(inp: ProposeInput) -> Proposals:
+        raise ApplicationError("the proposals file is corrupt", non_retryable=True)
+
+    make_project(tmp_path, {K1: "review"})
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    others = [a for a in SPRINT_ACTIVITIES if a is not propose_improvements]
+    sprint_worker = Worker(
+        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS,
+        activities=[broken_proposals, *others, run_agent],
+    )
+    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with sprint_worker, agents_worker:
+        handle = await start_sprint(
+            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            sprint_input(tmp_path, session_id="fails-late", config_overrides={"improvement_cycle": True}),
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        residents = [
+            await ts_env.client.get_workflow_handle(resident_workflow_id("fails-late", role)).describe()
+            for role in ("scrum-master", "debugger", "knowledge-researcher")
+        ]
+    assert [r.status for r in residents] == [WorkflowExecutionStatus.COMPLETED] * 3
