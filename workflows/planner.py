@@ -27,6 +27,9 @@ with workflow.unsafe.imports_passed_through():
 PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
 
+PATCH_PLAN_CHECKED = "master-plan-holds-the-stories-asked"
+
+
 class ScrumMasterPlanning:
     _state: Any  # MasterState
 
@@ -77,8 +80,14 @@ class ScrumMasterPlanning:
                 request, f"no answer within {int(timeout.total_seconds())}s ({describe_delivery(late)})"
             )
         got = self._plan_answers.pop(request.request_id)
-        if got.error is None and (got.plan if ctx is None else got.course_correction) is None:
+        planned = got.plan if ctx is None else got.course_correction
+        if got.error is None and planned is None:
             return self._planner_failed(request, "its answer has no plan")
+        # A plan naming a story it was not asked for (a buggy or forged answer) failed the Master's workflow task
+        # on every retry; one leaving a story out would never run it.
+        if planned is not None and workflow.patched(PATCH_PLAN_CHECKED):
+            if sorted(key for spec in planned.batches for key in spec.stories) != sorted(m.key for m in stories):
+                return self._planner_failed(request, "its plan does not hold exactly the stories asked for")
         workflow.logger.info("%s %s answered by the scrum-master resident", what, request.request_id)
         return got
 

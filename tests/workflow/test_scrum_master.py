@@ -14,7 +14,7 @@ from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, workflow_task_failures
 from tests.workflow.helpers import wait_status
 from tests.workflow.test_residents import signal_names
 from workflows.sprint_master import SprintMasterWorkflow
@@ -87,3 +87,25 @@ async def test_a_course_correction_is_replanned_by_the_scrum_master(ts_env, tmp_
 async def test_a_course_correction_without_a_scrum_master_is_replanned_by_the_fallback(ts_env, tmp_path: Path):
     cc, report = await run_course_correction(ts_env, tmp_path, "sm-4", {"resident_slots.scrum_master": False})
     assert cc.planner == "fallback" and report.planner == "fallback"
+
+
+async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path: Path):
+    """A plan_result for the Master's request that names an unknown story (a buggy or forged answer; here sent
+    before the scrum-master's own) failed the Master's workflow task on every retry. It is refused: the Master
+    plans itself, says why, and the sprint runs."""
+    make_project(tmp_path, {K1: "review"})
+    forged = {
+        "request_id": "plan-1", "planner": "scrum-master",
+        "plan": {"session_id": "forged-plan", "total_stories": 1,
+                 "batches": [{"batch_id": 1, "stories": ["9-9-not-in-this-sprint"]}]},
+    }
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="forged-plan"), id="forged-plan",
+            task_queue=queue, start_signal="plan_result", start_signal_args=[forged],
+        )
+        report = await handle.result()
+        errors = (await handle.query(SprintMasterWorkflow.status)).errors
+    assert report.stories == {K1: "done"} and report.planner == "fallback"
+    assert any("does not hold exactly the stories asked for" in e for e in errors), errors
+    assert await workflow_task_failures(ts_env.client, "forged-plan") == 0
