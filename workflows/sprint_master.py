@@ -114,6 +114,9 @@ PATCH_ONE_REARM = "master-one-rearm-at-a-time"
 # Slave's timeout with one Slave at a time).
 PATCH_REARM_BEFORE_DEPENDANTS = "master-rearm-before-dependants"
 PATCH_FAILURE_STOPS_RESIDENTS = "master-failure-stops-residents"
+# Improvement stories are numbered after every story of their epic in the file, not only the sprint's: `1-3-imp-`
+# next to a `1-3-...` outside the sprint made the short key 1-3 ambiguous.
+PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -578,7 +581,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             workflow.logger.info("improvement cycle: nothing proposed")
             return
         epic = last_epic(list(s.stories))
-        keys = improvement_story_keys(chosen, list(s.stories), epic)
+        numbered_after = list(s.stories)
+        if workflow.patched(PATCH_IMPROVEMENTS_AFTER_ALL):  # the epic's stories outside the sprint count too
+            numbered_after += list(s.outside_stories)
+        keys = improvement_story_keys(chosen, numbered_after, epic)
         some_story = next(iter(s.stories.values()))
         try:
             metas = await workflow.execute_activity(

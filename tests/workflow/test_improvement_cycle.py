@@ -101,3 +101,14 @@ async def test_a_sprints_own_proposals_file_wins_over_the_shared_one(tmp_path: P
     other = await env.run(propose_improvements, ProposeInput(project_root=str(tmp_path), session_id="imp-other",
                                                              backend="command"))
     assert [p.improvement_id for p in other.proposals] == [IMPROVEMENTS[0]["improvement_id"]]  # the shared file
+
+
+async def test_improvement_stories_are_numbered_after_the_epics_stories_outside_the_sprint(ts_env, tmp_path: Path):
+    """1-3 is in the file but not in the sprint (--story 1-1): the improvement is 1-4-..., not a second 1-3."""
+    make_project(tmp_path, {K1: "review", "1-3-profile-page": "backlog"})
+    inp = sprint_input(tmp_path, story_keys=["1-1"], simulation={"improvements": IMPROVEMENTS[:1]},
+                       config_overrides={"improvement_cycle": True, "max_improvements": 1})
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, inp)
+    assert [i.story_key for i in report.improvements] == ["1-4-imp-001"]
+    assert status_values(tmp_path)["1-3-profile-page"] == "backlog"
