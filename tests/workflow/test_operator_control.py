@@ -63,8 +63,9 @@ async def rejected(update, match: str) -> None:
 
 @asynccontextmanager
 async def workers_with(client: Client, activity_fn: Callable[..., Any], instead_of: Callable[..., Any]) -> AsyncIterator[str]:
-    """BSO's workers on fresh task queues, `activity_fn` (a slow stand-in) registered instead of one sprint-queue
-    activity, so a test can act while a workflow awaits it; yields the sprint task queue."""
+    """BSO's workers on fresh task queues, `activity_fn` (a stand-in: slow, so a test can act while a workflow
+    awaits it, or acting or failing differently) registered instead of one sprint-queue activity; yields the
+    sprint task queue."""
     prefix = f"t-{uuid.uuid4().hex[:8]}-"
     sprint_worker = Worker(
         client,
@@ -326,17 +327,24 @@ async def test_decision_timeout_gives_needs_intervention(own_ts_env, tmp_path: P
     assert "decision_timeout_seconds (3600s)" in error
 
 
+async def paused_after_k1_failed(client: Client, queue: str, root: Path, session_id: str) -> WorkflowHandle:
+    """A sprint of one-story batches whose K1 fails its dev step in batch 1 (needs-intervention): started, and
+    held by the first-story checkpoint's pause once batch 1 has ended (a rearm is accepted then)."""
+    handle = await start_sprint(
+        client, queue,
+        sprint_input(
+            root, session_id=session_id, config_overrides={"batch_size": 1, "first_story_checkpoint": "pause"},
+            simulation={"stories": {"1-1": {"fail": {"dev": "error"}}}},
+        ),
+    )
+    await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+    return handle
+
+
 async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client,
-            queue,
-            sprint_input(tmp_path, session_id="rearm-1", config_overrides=overrides, simulation=simulation),
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-1")
         assert status_values(tmp_path)[K1] == "needs-intervention"
         await rejected(
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K2, "decision": "rearm"}),
@@ -506,14 +514,8 @@ async def test_two_rearms_of_one_story_sent_together_queue_it_once(ts_env, tmp_p
     """An operator retrying, or two terminals: the second rearm's validator ran while the first's status write
     was in flight, its write answered already-applied, and the story was queued and run twice."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue,
-            sprint_input(tmp_path, session_id="rearm-twice", config_overrides=overrides, simulation=simulation),
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-twice")
         request = {"story_key": K1, "decision": "rearm", "state": "review"}
         outcomes = await asyncio.gather(
             handle.execute_update(SprintMasterWorkflow.decide, request),
@@ -533,14 +535,8 @@ async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(t
     for it while batch 3 could not start before batch 2 ended: the sprint hung until the Slave's timeout."""
     doc = "# Story 1.2: Logout\n\nStatus: ready-for-dev\n\nDepends on: 1-1\n"
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"}, {K2: doc})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}}}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue,
-            sprint_input(tmp_path, session_id="rearm-dep", config_overrides=overrides, simulation=simulation),
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-dep")
         await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await handle.result()  # on the old code: after slave_timeout_seconds, skipped in time
@@ -604,16 +600,9 @@ async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_t
             status_file.write_text(status_file.read_text().replace(f"{K1}: ready-for-dev", f"{K1}: done"))
         return await load_sprint_status(inp)
 
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    others = [a for a in SPRINT_ACTIVITIES if a is not load_sprint_status]
-    sprint_worker = Worker(
-        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS,
-        activities=[finished_by_hand_meanwhile, *others, run_agent],
-    )
-    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
-    async with sprint_worker, agents_worker:
+    async with workers_with(ts_env.client, finished_by_hand_meanwhile, instead_of=load_sprint_status) as queue:
         handle = await start_sprint(
-            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            ts_env.client, queue,
             sprint_input(tmp_path, session_id="settled-ckpt", config_overrides={"first_story_checkpoint": "pause"}),
         )
         paused = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "the checkpoint's pause")
@@ -632,16 +621,9 @@ async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
         raise ApplicationError("the proposals file is corrupt", non_retryable=True)
 
     make_project(tmp_path, {K1: "review"})
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    others = [a for a in SPRINT_ACTIVITIES if a is not propose_improvements]
-    sprint_worker = Worker(
-        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS,
-        activities=[broken_proposals, *others, run_agent],
-    )
-    (agents_worker,) = build_workers(ts_env.client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
-    async with sprint_worker, agents_worker:
+    async with workers_with(ts_env.client, broken_proposals, instead_of=propose_improvements) as queue:
         handle = await start_sprint(
-            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            ts_env.client, queue,
             sprint_input(tmp_path, session_id="fails-late", config_overrides={"improvement_cycle": True}),
         )
         with pytest.raises(WorkflowFailureError):
