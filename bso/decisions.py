@@ -84,8 +84,8 @@ def check_rearm(request: DecisionRequest, current_state: str | None, in_running_
     if in_running_batch:
         raise DecisionError(
             f"story {request.story_key!r} is still in a running batch; decide again when it ends (if it is the "
-            "sprint's last batch, pause the sprint first: a paused sprint with nothing left to run waits for rearms "
-            "instead of ending)"
+            "sprint's last batch, the sprint ends with it: then set the story's state back in sprint-status.yaml, "
+            "e.g. to ready-for-dev, and start a new sprint)"
         )
 
 

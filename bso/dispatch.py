@@ -219,6 +219,22 @@ def intervention(progress: StoryProgress, reason: str, tokens: int = 0) -> Trans
     )
 
 
+def changed_by_hand(progress: StoryProgress, expected: str, found: str, tokens: int = 0) -> Transition:
+    """U4 found the story's value changed by someone else (compare-and-swap): the Slave neither overwrites it
+    nor goes on with it. Settled by hand (done, skipped), the story is taken as it is; anything else is left
+    to that person (needs-intervention)."""
+    if found in (StoryState.DONE.value, StoryState.SKIPPED.value):
+        note = f"set to {found} in sprint-status.yaml by hand (the Slave expected {expected!r}); taken as it is"
+        error = note if found == StoryState.SKIPPED.value else None
+        outcome = Outcome.ADVANCED if found == StoryState.DONE.value else Outcome.SKIPPED
+        return Transition(_settled(progress, tokens, state=found, error=error, fix_pending=False), outcome, note)
+    return intervention(
+        progress,
+        f"sprint-status.yaml changed under the Slave (expected {expected!r}, found {found!r}); nothing written",
+        tokens,
+    )
+
+
 # The agent activity's non-retryable error type when the agent cannot be started at all (a missing or
 # non-executable CLI, a broken profile): see activities/agent_config.py.
 AGENT_CONFIG_ERROR = "AgentConfigError"

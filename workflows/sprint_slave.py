@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         fatal_error,
         BudgetLevel,
         budget_level,
+        changed_by_hand,
         intervention,
         is_terminal,
         mode_round,
@@ -122,6 +123,9 @@ PATCH_PUBLISH_FILE_STATES = "slave-publishes-file-states"
 # A cancel during the command backend's squash-and-merge (or the batch's first status read) ends the batch: it
 # was taken for a merge failure, and the Slave dispatched the next story's agent after the cancel.
 PATCH_CANCEL_STOPS_GIT = "slave-cancel-stops-git"
+# A story found done (or skipped) in the file when the Slave writes its next state was set so by hand while
+# its agent worked: taken as it is (it was needs-intervention, against the file).
+PATCH_SETTLED_BY_HAND = "slave-takes-settled-by-hand"
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -935,11 +939,15 @@ class SprintSlaveWorkflow:
                 return
             if written.outcome == "cas-mismatch":
                 # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
-                after = intervention(
-                    before,
-                    f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
-                    f"found {written.current!r}); nothing written",
-                ).progress
+                if workflow.patched(PATCH_SETTLED_BY_HAND):  # set done (or skipped) by hand: taken as it is
+                    tokens = after.tokens_used - before.tokens_used
+                    after = changed_by_hand(before, before.state, written.current, tokens).progress
+                else:
+                    after = intervention(
+                        before,
+                        f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
+                        f"found {written.current!r}); nothing written",
+                    ).progress
         self._progress[before.key] = after
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)

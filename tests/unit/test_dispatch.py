@@ -926,3 +926,16 @@ SCHEDULED = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 )
 def test_a_dispatch_record_belongs_to_the_run_that_wrote_it(recorded_run, written_at, mine):
     assert written_by_this_run(recorded_run, "run-2", written_at=written_at, first_scheduled_at=SCHEDULED) is mine
+
+
+def test_a_story_changed_by_hand_is_taken_if_settled_else_left_to_the_human():
+    from bso.dispatch import changed_by_hand
+
+    working = progress("review").model_copy(update={"pending_dispatch_id": "d-1", "pending_agent": "review-runner"})
+    done = changed_by_hand(working, "review", "done", tokens=7).progress
+    assert (done.state, done.error, done.pending_dispatch_id, done.tokens_used) == ("done", None, None, 7)
+    skipped = changed_by_hand(working, "review", "skipped").progress
+    assert skipped.state == "skipped" and "set to skipped in sprint-status.yaml by hand" in skipped.error
+    other = changed_by_hand(working, "review", "ready-for-dev").progress
+    assert other.state == "needs-intervention"
+    assert "changed under the Slave (expected 'review', found 'ready-for-dev')" in other.error

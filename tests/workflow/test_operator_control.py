@@ -484,9 +484,9 @@ async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_state
     assert status.stories[K2].agent_in_flight is None
 
 
-async def test_a_story_of_the_last_batch_is_rearmed_by_pausing_first(ts_env, tmp_path: Path):
-    """The sprint ends with its last batch, and a story is rearmed only once its batch has ended: the refusal
-    says to pause first, and pause, rearm, resume runs the story again (the README's procedure)."""
+async def test_a_paused_sprint_at_its_end_takes_a_rearm_of_its_last_batchs_story(ts_env, tmp_path: Path):
+    """A story is rearmed only once its batch has ended, and the sprint ends with its last batch: the refusal
+    says what to do instead. A sprint paused while its last batch ends holds, and a rearm then runs the story."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
     async with bso_worker(ts_env.client) as queue:
@@ -496,7 +496,7 @@ async def test_a_story_of_the_last_batch_is_rearmed_by_pausing_first(ts_env, tmp
         await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
         await rejected(
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
-            "pause the sprint first",
+            "set the story's state back in sprint-status.yaml",
         )
         await handle.signal(SprintMasterWorkflow.pause, "rearm 1-1")
         await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "batch 1 over")

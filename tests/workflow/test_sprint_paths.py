@@ -501,3 +501,19 @@ async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, t
     second = report.batches[1].results
     assert (second.stories_completed, second.stories_skipped, second.stories_total) == (1, 0, 1)
     assert not any(e.get("dispatch_id", "").startswith("by-hand/batch-2") for e in ledger(tmp_path))
+
+
+async def test_a_story_set_done_by_hand_while_its_agent_works_is_taken_as_done(ts_env, tmp_path: Path):
+    """K2 is set to done in the file while its dev agent works: the Slave's write (ready-for-dev -> review) finds
+    done and takes it, with no code review (it was needs-intervention, against the file)."""
+    make_project(tmp_path, {K1: "review", K2: "ready-for-dev"})
+    simulation = {"stories": {"1-2": {"duration_ms": 1500}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="done-by-hand", simulation=simulation))
+        await wait_status(handle, lambda s: s.stories[K2].agent_in_flight == "dev-runner", "K2's dev agent in flight")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K2}: ready-for-dev", f"{K2}: done"))
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
+    assert status_values(tmp_path)[K2] == "done"
+    assert story_result(report, K2).agents_dispatched == 1  # the dev run only
