@@ -414,13 +414,10 @@ def _awaiting_decisions(view: SprintStatusView) -> list[Text]:
     """Stories held for a human's decision: their batch waits (its stories run one after another)."""
     if not view.awaiting_decision:
         return []
-    lines = [
-        Text(f"waiting for your decision: {key}: {_shorten(question, 160)}", style="bold yellow")
-        for key, question in view.awaiting_decision.items()
-    ]
-    lines.append(
-        Text(f"  bso sprint decide {view.session_id} STORY force_pass|skip_story|retry", style="yellow")
-    )
+    lines: list[Text] = []
+    for key, question in view.awaiting_decision.items():
+        lines.append(Text(f"waiting for your decision: {key}: {_shorten(question, 160)}", style="bold yellow"))
+        lines.append(Text(f"  bso sprint decide {view.session_id} {key} force_pass|skip_story|retry", style="yellow"))
     return lines
 
 

@@ -376,7 +376,7 @@ def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):
     assert waiting["stories"]["1-2-pantry-item-model-and-storage"]["state"] == "story-doc-review"
     shown = bso(cli_env, "sprint", "status", sprint_id).stdout  # the text says so too, with what to run
     assert "waiting for your decision: 1-2-pantry-item-model-and-storage: " in shown, shown
-    assert f"bso sprint decide {sprint_id} STORY force_pass|skip_story|retry" in shown, shown
+    assert f"bso sprint decide {sprint_id} 1-2-pantry-item-model-and-storage force_pass|skip_story|retry" in shown, shown
     wrong = bso(cli_env, "sprint", "decide", sprint_id, "1-3", "force_pass")
     # 1-3 waits for no decision: the update's validator refuses it, in one line.
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1 and "1-3" in wrong.stderr
