@@ -680,6 +680,28 @@ async def _sprint_running_on(client: Client, root: Path) -> str | None:
     return None
 
 
+CLAIM_WAIT_SECONDS = 3.0  # the Master's first step claims the project; a worker takes well under a second
+
+
+async def _refused_at_its_claim(client: Client, sprint_id: str, root: Path) -> str | None:
+    """Why the sprint just started failed at its first step (another sprint started on the project a moment
+    before it, or a problem the checks above cannot see), or None once it holds the project. Without a worker
+    running, nothing happens within the wait: None, the sprint waits for one."""
+    handle = client.get_workflow_handle(sprint_id)
+    deadline = asyncio.get_running_loop().time() + CLAIM_WAIT_SECONDS
+    while asyncio.get_running_loop().time() < deadline:
+        if recorded_running_sprint(str(root)) == sprint_id:
+            return None
+        desc = await handle.describe()
+        if desc.status == WorkflowExecutionStatus.COMPLETED:  # a sprint with little to do, already over
+            return None
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            reason, _ = await _closed_reason(handle, desc)
+            return reason or _status_name(desc.status)
+        await asyncio.sleep(0.1)
+    return None
+
+
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
@@ -750,6 +772,8 @@ def sprint_start(
                 f"a sprint with id {sid!r} is running or completed; choose another --id "
                 "(a failed or cancelled sprint's id can be used again)"
             ) from None
+        if (refused := await _refused_at_its_claim(client, sid, root)) is not None:
+            raise BsoError(f"sprint {sid} was refused: {refused}")
         out.print(f"started sprint {sid}", markup=False)
         out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)

@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from bso.cli import _sprint_running_on
+from bso.cli import _refused_at_its_claim, _sprint_running_on
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
@@ -470,6 +470,10 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
         # `bso sprint start` sees it by its claim, even where the visibility store has not caught up yet.
         assert await _sprint_running_on(_BlindVisibility(ts_env.client), tmp_path) == "first"
         second = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="second"))
+        # `bso sprint start` of the second one says so instead of "started" (it waits for the claim).
+        refused = await _refused_at_its_claim(ts_env.client, "second", tmp_path)
+        assert refused is not None and "sprint first is already running" in refused, refused
+        assert await _refused_at_its_claim(ts_env.client, "first", tmp_path) is None
         with pytest.raises(WorkflowFailureError) as failure:
             await second.result()
         assert status_values(tmp_path)[K2] == "review"  # the refused sprint ran nothing
