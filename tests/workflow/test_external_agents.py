@@ -47,6 +47,23 @@ async def _pending(client: Client, slave_id: str, env, after: str | None = None)
     raise AssertionError("no dispatch became pending")
 
 
+async def _published(root: Path, dispatch_id: str) -> dict:
+    """The assignment file of a dispatch: the Slave opens the dispatch (its status shows it) before the agent
+    activity has written the file, so wait for it."""
+
+    async def find() -> dict | None:
+        for path in (root / ".sprint-session" / "assignments").glob("*.json"):
+            try:
+                assignment = json.loads(path.read_text())
+            except ValueError:  # being written
+                continue
+            if assignment.get("dispatch_id") == dispatch_id:
+                return assignment
+        return None
+
+    return await poll_until(find, f"the assignment file of {dispatch_id}", timeout=30)
+
+
 async def _shutdown_requested(slave) -> bool:
     return (await slave.query(SprintSlaveWorkflow.status)).shutdown_requested
 
@@ -73,9 +90,8 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
 
         dispatch_id, agent, mode = await _pending(client, slave_id, ts_env)
         assert (agent, mode) == ("dev-runner", "dev")
-        published = list((tmp_path / ".sprint-session" / "assignments").glob("*.json"))
-        assignment = json.loads(published[0].read_text())
-        assert assignment["report_to"] == slave_id and assignment["dispatch_id"] == dispatch_id
+        assignment = await _published(tmp_path, dispatch_id)
+        assert assignment["report_to"] == slave_id
 
         await slave.signal("agent_complete", {"dispatch_id": dispatch_id, "status": "bogus"})  # malformed
         await slave.signal("agent_complete", "not even an object")
@@ -100,11 +116,7 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         await slave.signal("agent_complete", _complete(review_id, agent, mode, findings=findings))
         fix_id, agent, mode = await _pending(client, slave_id, ts_env, after=review_id)
         assert (agent, mode) == ("dev-runner", "fix")
-        fix_assignment = [
-            json.loads(p.read_text())
-            for p in (tmp_path / ".sprint-session" / "assignments").glob("*.json")
-            if json.loads(p.read_text())["dispatch_id"] == fix_id
-        ][0]
+        fix_assignment = await _published(tmp_path, fix_id)
         assert fix_assignment["fix_findings"][0]["summary"] == "missing input validation"
         await slave.signal("agent_complete", _complete(fix_id, agent, mode))
         review2_id, agent, mode = await _pending(client, slave_id, ts_env, after=fix_id)
