@@ -40,10 +40,14 @@ _WRITE = {
 
 # A course correction is planned before the status file is written (a rejected one changed the file).
 PATCH_CC_PLAN_FIRST = "master-cc-plans-first"
+# A course correction accepted together with a rearm (one workflow task: the validator saw neither) is refused.
+PATCH_CC_AFTER_REARM = "master-cc-waits-for-rearm"
+CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 
 
 class CourseCorrector:
     _state: Any  # MasterState
+    _rearming: set[str]
     _running_batches: dict[int, str]
     _project_root: str
     _not_replannable: Callable[[], str | None]
@@ -55,6 +59,8 @@ class CourseCorrector:
     @workflow.update(name=UPDATE_COURSE_CORRECT)
     async def course_correct(self, request: Any) -> CourseCorrection:
         parsed = CourseCorrectionRequest.model_validate(request)
+        if self._rearming and workflow.patched(PATCH_CC_AFTER_REARM):  # accepted with a rearm in one task
+            raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED")
         self._replanning = True
         try:
             return await self._apply_course_correction(parsed)
@@ -71,6 +77,8 @@ class CourseCorrector:
             raise ApplicationError(f"CC_REJECTED: {why}", type="CC_REJECTED")
         if self._replanning:
             raise ApplicationError("CC_REJECTED: another course correction is being applied", type="CC_REJECTED")
+        if self._rearming:
+            raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED")
         try:
             self._cc_check(parsed)
         except CCRejected as err:

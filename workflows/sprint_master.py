@@ -16,7 +16,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    FailureError,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -114,6 +120,9 @@ PATCH_ONE_REARM = "master-one-rearm-at-a-time"
 # Slave's timeout with one Slave at a time).
 PATCH_REARM_BEFORE_DEPENDANTS = "master-rearm-before-dependants"
 PATCH_FAILURE_STOPS_RESIDENTS = "master-failure-stops-residents"
+# A rearm and a course correction exclude each other: the correction replaces the queue (the rearm's batch was
+# lost) and plans with batch ids the rearm could take too.
+REARM_DURING_REPLAN = "a course correction is being applied: send the rearm again once it is done"
 # Improvement stories are numbered after every story of their epic in the file, not only the sprint's: `1-3-imp-`
 # next to a `1-3-...` outside the sprint made the short key 1-3 ambiguous.
 PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
@@ -135,6 +144,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
         self._deciding: dict[str, int] = {}  # story key -> its batch, while a decide update waits for the Slave
+        self._rearming: set[str] = set()  # stories whose rearm is being written (a course correction waits)
         self._ending = False  # the sprint will start no batch any more: it is closing
         self._handing_over = False  # continuing as new: the next run takes rearms and course corrections
         self._init_roster()
@@ -310,7 +320,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if one_at_a_time:
             if key in self._deciding:  # two rearms accepted in one workflow task: the validator saw neither
                 raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
+            if self._replanning:  # the course correction would replace the queue, and this batch with it
+                raise ApplicationError(REARM_DURING_REPLAN, type="InvalidDecision")
             self._deciding[key] = s.views[key].batch_id or 0
+            self._rearming.add(key)
         try:
             written = await workflow.execute_activity(
                 write_story_status,
@@ -328,6 +341,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         finally:
             if one_at_a_time:
                 self._deciding.pop(key, None)
+                self._rearming.discard(key)
         if written.outcome == "cas-mismatch":
             raise ApplicationError(
                 f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
@@ -367,6 +381,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     raise DecisionError(f"{why}: nothing can be rearmed now")
                 if parsed.story_key in self._deciding:
                     raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
+                if self._replanning:
+                    raise DecisionError(REARM_DURING_REPLAN)
                 check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
@@ -444,8 +460,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return await self._wind_down_cancelled(sprint)
         failure = None if sprint.cancelled() else sprint.exception()
         if (
-            failure is not None
-            and not isinstance(failure, workflow.ContinueAsNewError)  # the next run keeps the residents
+            # Only what fails the workflow: a bug (any other exception) fails the workflow task instead, and
+            # the sprint, residents and all, waits for a fixed worker. Not a continue-as-new either: the next
+            # run keeps the residents.
+            isinstance(failure, (FailureError, ValidationError))
             and workflow.patched(PATCH_FAILURE_STOPS_RESIDENTS)
         ):
             # The sprint fails: its residents outlive it by design (ABANDON), so it stops them, or they would

@@ -126,6 +126,8 @@ PATCH_CANCEL_STOPS_GIT = "slave-cancel-stops-git"
 # A story found done (or skipped) in the file when the Slave writes its next state was set so by hand while
 # its agent worked: taken as it is (it was needs-intervention, against the file).
 PATCH_SETTLED_BY_HAND = "slave-takes-settled-by-hand"
+# The held story updates go to the Master on a cancel that arrives as an activity's cancellation too.
+PATCH_UPDATES_ON_ANY_CANCEL = "slave-updates-on-any-cancel"
 # The hold's timer is left to fire instead of being cancelled when the hold ends on another workflow task: a
 # cancel racing the timer's firing is refused by the time-skipping test server, which then never hands the
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
@@ -347,7 +349,14 @@ class SprintSlaveWorkflow:
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
         try:
             return await self._run_batch()
-        except asyncio.CancelledError:
+        except BaseException as err:
+            # A cancel reaches here as asyncio's CancelledError, or as the ActivityError of the activity it
+            # cancelled (re-raised by the steps that must not take it for a failure).
+            cancelled = isinstance(err, asyncio.CancelledError) or (
+                is_cancelled_exception(err) and workflow.patched(PATCH_UPDATES_ON_ANY_CANCEL)
+            )
+            if not cancelled:
+                raise
             # Cancelled with its sprint: the story updates still held (STORY_UPDATES_HOLD) go to the Master
             # now, or its status would show the stories as they were up to a second before.
             parent = workflow.info().parent

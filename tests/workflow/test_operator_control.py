@@ -22,14 +22,21 @@ from temporalio.worker import Worker
 from temporalio import activity
 
 from activities.agents import run_agent
-from activities.improvements import propose_improvements
+from activities.improvements import add_improvement_stories, propose_improvements
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
-from bso.improvements import ProposeInput, Proposals
+from bso.improvements import AddStoriesInput, ProposeInput, Proposals
 from bso.messages import DispatchReceipt, TaskAssignment
-from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusSnapshot, StatusWriteInput, StatusWriteResult
+from bso.models import (
+    DEFAULT_STATUS_FILE,
+    LoadStatusInput,
+    StatusSnapshot,
+    StatusWriteInput,
+    StatusWriteResult,
+    StoryMeta,
+)
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
@@ -50,6 +57,7 @@ from workers.main import SPRINT_ACTIVITIES, WORKFLOWS, build_workers
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
+IMPROVEMENT = {"improvement_id": "imp_001", "description": "Add caching", "priority_score": 8.5}
 K2 = "1-2-logout"
 K3 = "1-3-profile-page"
 
@@ -583,8 +591,11 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
+        view = await handle.query(SprintMasterWorkflow.status)
     assert dispatched == before, dispatched  # no agent after the cancel
     assert slave.status is WorkflowExecutionStatus.CANCELED
+    # K1's done, still held by the Slave when the cancel came, reached the Master (as it is in the file).
+    assert status_values(tmp_path)[K1] == "done" and view.stories[K1].state == "done", view.stories[K1]
 
 
 async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_the_sprint(ts_env, tmp_path: Path):
@@ -633,3 +644,63 @@ async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
             for role in ("scrum-master", "debugger", "knowledge-researcher")
         ]
     assert [r.status for r in residents] == [WorkflowExecutionStatus.COMPLETED] * 3
+
+
+async def test_a_bug_in_the_sprint_leaves_its_residents_running_for_the_fixed_worker(ts_env, tmp_path: Path):
+    """A plain exception (a bug) fails the Master's workflow task, which Temporal retries until a fixed worker
+    runs it: the residents must not be stopped then (only a failure that ends the sprint stops them)."""
+
+    @activity.defn(name="add_improvement_stories")
+    async def adds_nothing(inp: AddStoriesInput) -> list[StoryMeta]:
+        return []  # the Master's zip(metas, chosen, strict=True) raises ValueError: its workflow task fails
+
+    make_project(tmp_path, {K1: "review"})
+    async with workers_with(ts_env.client, adds_nothing, instead_of=add_improvement_stories) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="wft-bug", simulation={"improvements": [IMPROVEMENT]},
+                         config_overrides={"improvement_cycle": True, "max_improvements": 1}),
+        )
+        await poll_until(lambda: workflow_task_failures(ts_env.client, "wft-bug"), "the workflow task fails")
+        master = await handle.describe()
+        residents = [
+            (await ts_env.client.get_workflow_handle(resident_workflow_id("wft-bug", role)).describe()).status
+            for role in ("scrum-master", "debugger", "knowledge-researcher")
+        ]
+    assert master.status is WorkflowExecutionStatus.RUNNING
+    assert residents == [WorkflowExecutionStatus.RUNNING] * 3, residents
+
+
+@activity.defn(name="write_story_status")
+async def rearm_write_held_until_released(inp: StatusWriteInput) -> StatusWriteResult:
+    """The rearm's status write (K1 -> review) waits for the test's `release` file; every other write is as is."""
+    if inp.story_key == K1 and inp.new == "review":
+        Path(inp.project_root, "rearm-writing").touch()
+        while not Path(inp.project_root, "release").exists():
+            await asyncio.sleep(0.05)
+    return await write_story_status(inp)
+
+
+async def test_a_course_correction_waits_for_a_rearm_being_applied(ts_env, tmp_path: Path):
+    """A correction replaces the queue: accepted while a rearm's batch was being queued, it dropped that batch
+    (the story never ran) and planned with a batch id the rearm took too. It is refused until the rearm is in."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review", K3: "review"})
+    async with workers_with(ts_env.client, rearm_write_held_until_released, instead_of=write_story_status) as queue:
+        handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-cc")
+        rearm = asyncio.create_task(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
+        )
+        await poll_until(file_appears(tmp_path / "rearm-writing"), "the rearm's write")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]}),
+            "a rearm is being applied",
+        )
+        (tmp_path / "release").touch()
+        assert (await rearm).state == "review"
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]}
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await handle.result()
+    assert K1 in [k for b in cc.batches for k in b.stories]  # the rearmed story is in the new plan
+    assert report.stories == {K1: "done", K2: "done", K3: "skipped"}
