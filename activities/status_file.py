@@ -95,8 +95,8 @@ def _status_path(root: str, root_real: str, status_file: str | None) -> str:
     real = os.path.realpath(path)
     if not is_inside(root_real, real):
         raise _fail(f"{path}: status file resolves to {real}, outside the project root {root_real}")
-    if not os.path.exists(real):
-        raise _fail(f"{path}: status file does not exist")
+    if not os.path.exists(real):  # retryable: an editor may be saving it (write aside, then rename)
+        raise _unreadable(f"{path}: status file does not exist")
     if not os.path.isfile(real):
         raise _fail(f"{path}: status file is not a regular file")
     return real
@@ -115,8 +115,8 @@ def _read_text(path: str, limit: int = MAX_STATUS_BYTES) -> str:
         raise _fail(f"{path}: file too large (over {limit} bytes)")
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _fail(f"{path}: not valid UTF-8 at byte offset {exc.start}: {exc.reason}") from None
+    except UnicodeDecodeError as exc:  # retryable: read while an editor was writing a character
+        raise _unreadable(f"{path}: not valid UTF-8 at byte offset {exc.start}: {exc.reason}") from None
 
 
 def _unreadable(message: str) -> ApplicationError:

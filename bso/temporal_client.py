@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -79,7 +80,7 @@ async def is_running(client: Client, workflow_id: str) -> bool:
     """Whether the workflow's latest run is running (asked of the server: current, unlike a visibility search);
     False for an id the server does not know."""
     try:
-        described = await client.get_workflow_handle(workflow_id).describe()
+        described = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=timedelta(seconds=10))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return False

@@ -136,13 +136,18 @@ async def test_load_missing_project_root(tmp_path: Path) -> None:
 
 async def test_load_missing_status_file(tmp_path: Path) -> None:
     (tmp_path / "proj").mkdir()
-    await expect_error(load(tmp_path / "proj"), "status file does not exist")
+    # Retryable, like a file that does not parse: mid-sprint, an editor may be saving it (aside, then renamed).
+    await expect_error(
+        load(tmp_path / "proj"), "status file does not exist", non_retryable=False, error_type="StatusFileUnreadable"
+    )
 
 
 async def test_load_non_utf8(tmp_path: Path) -> None:
     root, status = make_project(tmp_path)
     status.write_bytes(b"development_status:\n  1-1-a: back\xfflog\n")
-    err = await expect_error(load(root), "not valid UTF-8 at byte offset 33")
+    err = await expect_error(
+        load(root), "not valid UTF-8 at byte offset 33", non_retryable=False, error_type="StatusFileUnreadable"
+    )
     assert str(status.name) in str(err)
 
 
