@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from bso.cli import _refused_at_its_claim, _sprint_running_on
@@ -392,16 +392,26 @@ async def test_the_story_updates_hold_timer_is_never_cancelled(ts_env, tmp_path:
     assert EventType.EVENT_TYPE_TIMER_CANCELED not in kinds
 
 
+async def edited_while_in_flight(
+    client, queue: str, inp, story: str, agent: str, old: str, new: str
+) -> WorkflowHandle:
+    """Start the sprint; once `story`'s `agent` is in flight, replace `old` by `new` in the status file, as a
+    user editing it by hand would."""
+    handle = await start_sprint(client, queue, inp)
+    await wait_status(handle, lambda s: s.stories[story].agent_in_flight == agent, f"{story}'s {agent} in flight")
+    status_file = Path(inp.project_root) / DEFAULT_STATUS_FILE
+    status_file.write_text(status_file.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    return handle
+
+
 async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_the_batch(ts_env, tmp_path: Path):
     """The user renames K1 in sprint-status.yaml while its agent runs: K1's next write cannot be made (an
     unknown key, not retried), so K1 needs intervention with the reason; K2 still runs; no workflow task fails."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
     simulation = {"stories": {"1-1": {"duration_ms": 2000}}}
+    inp = sprint_input(tmp_path, session_id="renamed", simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="renamed", simulation=simulation))
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev agent in flight")
-        status_file = tmp_path / DEFAULT_STATUS_FILE
-        status_file.write_text(status_file.read_text(encoding="utf-8").replace(K1, "1-1-login-page"), encoding="utf-8")
+        handle = await edited_while_in_flight(ts_env.client, queue, inp, K1, "dev-runner", K1, "1-1-login-page")
         report = await handle.result()
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("renamed", 1))
     assert report.stories == {K1: "needs-intervention", K2: "done"}
@@ -416,15 +426,14 @@ async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_noth
     """Someone saves the file with a half-typed line while an agent works: the Slave's write after the agent
     retries until the file parses again, and the story goes on (it used to end needs-intervention)."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    status_file = tmp_path / DEFAULT_STATUS_FILE
     simulation = {"stories": {"1-1": {"duration_ms": 800}}}
+    inp = sprint_input(tmp_path, session_id="broken", simulation=simulation)
+    broken, good = f"{K2}: [unclosed", f"{K2}: review"  # a line typed half-way
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="broken", simulation=simulation))
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev agent in flight")
-        good = status_file.read_text(encoding="utf-8")
-        status_file.write_text(good + "  1-9-half-typed: [unclosed\n", encoding="utf-8")
+        handle = await edited_while_in_flight(ts_env.client, queue, inp, K1, "dev-runner", good, broken)
         await asyncio.sleep(2.5)  # the agent answers meanwhile; its write is retried
-        status_file.write_text(good, encoding="utf-8")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(status_file.read_text(encoding="utf-8").replace(broken, good), encoding="utf-8")
         report = await handle.result()
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("broken", 1))
     assert report.stories == {K1: "done", K2: "done"}, report.stories
@@ -494,10 +503,9 @@ async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, t
     simulation = {"stories": {"1-1": {"duration_ms": 1000}}}
     inp = sprint_input(tmp_path, session_id="by-hand", simulation=simulation, config_overrides={"batch_size": 1})
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, inp)
-        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "review-runner", "K1's review in flight")
-        status_file = tmp_path / DEFAULT_STATUS_FILE
-        status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K2}: backlog", f"{K2}: done"))
+        handle = await edited_while_in_flight(
+            ts_env.client, queue, inp, K1, "review-runner", f"{K2}: backlog", f"{K2}: done"
+        )
         report = await handle.result()
         view = await handle.query(SprintMasterWorkflow.status)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
@@ -512,11 +520,11 @@ async def test_a_story_set_done_by_hand_while_its_agent_works_is_taken_as_done(t
     done and takes it, with no code review (it was needs-intervention, against the file)."""
     make_project(tmp_path, {K1: "review", K2: "ready-for-dev"})
     simulation = {"stories": {"1-2": {"duration_ms": 1500}}}
+    inp = sprint_input(tmp_path, session_id="done-by-hand", simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="done-by-hand", simulation=simulation))
-        await wait_status(handle, lambda s: s.stories[K2].agent_in_flight == "dev-runner", "K2's dev agent in flight")
-        status_file = tmp_path / DEFAULT_STATUS_FILE
-        status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K2}: ready-for-dev", f"{K2}: done"))
+        handle = await edited_while_in_flight(
+            ts_env.client, queue, inp, K2, "dev-runner", f"{K2}: ready-for-dev", f"{K2}: done"
+        )
         report = await handle.result()
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert status_values(tmp_path)[K2] == "done"
