@@ -91,11 +91,13 @@ def check_rearm(request: DecisionRequest, current_state: str | None, in_running_
 
 def rearm_position(queue: list[BatchSpec], story_key: str, stories: Mapping[str, StoryMeta]) -> int:
     """Where a rearmed story's batch goes in the queue: before the first queued batch holding a story that
-    depends on it (that batch would wait for it, and with one Slave at a time hold up everything behind it);
-    at the end when none does."""
+    depends on it (that batch would wait for it, and with one Slave at a time hold up everything behind it),
+    at the end when none does; and in any case after the queued batches holding what it depends on itself."""
+    own = set(stories[story_key].depends_on) if story_key in stories else set()
+    after_own = max((i + 1 for i, spec in enumerate(queue) if own.intersection(spec.stories)), default=0)
     for position, spec in enumerate(queue):
         if any(story_key in stories[key].depends_on for key in spec.stories if key in stories):
-            return position
+            return max(position, after_own)
     return len(queue)
 
 
