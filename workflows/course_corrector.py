@@ -47,7 +47,7 @@ CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correc
 
 class CourseCorrector:
     _state: Any  # MasterState
-    _rearming: set[str]
+    _rearm_in_flight: Callable[[], bool]
     _running_batches: dict[int, str]
     _project_root: str
     _not_replannable: Callable[[], str | None]
@@ -59,7 +59,7 @@ class CourseCorrector:
     @workflow.update(name=UPDATE_COURSE_CORRECT)
     async def course_correct(self, request: Any) -> CourseCorrection:
         parsed = CourseCorrectionRequest.model_validate(request)
-        if self._rearming and workflow.patched(PATCH_CC_AFTER_REARM):  # accepted with a rearm in one task
+        if self._rearm_in_flight() and workflow.patched(PATCH_CC_AFTER_REARM):  # accepted with a rearm in one task
             raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED")
         self._replanning = True
         try:
@@ -77,7 +77,7 @@ class CourseCorrector:
             raise ApplicationError(f"CC_REJECTED: {why}", type="CC_REJECTED")
         if self._replanning:
             raise ApplicationError("CC_REJECTED: another course correction is being applied", type="CC_REJECTED")
-        if self._rearming:
+        if self._rearm_in_flight():
             raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED")
         try:
             self._cc_check(parsed)

@@ -143,8 +143,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
-        self._deciding: dict[str, int] = {}  # story key -> its batch, while a decide update waits for the Slave
-        self._rearming: set[str] = set()  # stories whose rearm is being written (a course correction waits)
+        # story key -> the decision on its way (a decide update waiting for the Slave, or a rearm being written)
+        self._deciding: dict[str, Decision] = {}
         self._ending = False  # the sprint will start no batch any more: it is closing
         self._handing_over = False  # continuing as new: the next run takes rearms and course corrections
         self._init_roster()
@@ -297,7 +297,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 return self._decided_views.pop(key)
             if key in self._deciding:  # two updates accepted in one workflow task: the validator saw neither
                 raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
-            self._deciding[key] = batch_id
+            self._deciding[key] = parsed.decision
             try:
                 self._decided_views.pop(key, None)
                 self._forward(SIGNAL_DECISION, parsed.model_dump(mode="json"), only=batch_id)
@@ -322,8 +322,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
             if self._replanning:  # the course correction would replace the queue, and this batch with it
                 raise ApplicationError(REARM_DURING_REPLAN, type="InvalidDecision")
-            self._deciding[key] = s.views[key].batch_id or 0
-            self._rearming.add(key)
+            self._deciding[key] = parsed.decision
         try:
             written = await workflow.execute_activity(
                 write_story_status,
@@ -341,7 +340,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         finally:
             if one_at_a_time:
                 self._deciding.pop(key, None)
-                self._rearming.discard(key)
         if written.outcome == "cas-mismatch":
             raise ApplicationError(
                 f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
@@ -394,6 +392,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
             raise ApplicationError(str(err), type="InvalidDecision") from None
+
+    def _rearm_in_flight(self) -> bool:
+        """A rearm is being written: a course correction, which replaces the queue, waits for it."""
+        return Decision.REARM in self._deciding.values()
 
     def _not_replannable(self) -> str | None:
         """Why no batch can be queued now, or None: a rearm or a course correction accepted then would be lost."""
