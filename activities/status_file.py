@@ -47,6 +47,7 @@ from bso.sprint_status import (
     resolve_story_location,
     short_key,
     story_value,
+    story_values,
     title_from_slug,
 )
 from bso.temporal_client import is_running
@@ -302,7 +303,10 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                     result.current,
                     result.epic_changes,
                 )
+        # result.text is what the file holds now: the text read, or the one written (verified above)
+        watched = story_values(result.text, inp.watch, target) if inp.watch else {}
         return StatusWriteResult(
+            watched_changes={key: value for key, value in watched.items() if value != inp.watch[key]},
             outcome=result.outcome,
             story_key=result.story_key,
             previous=result.previous,

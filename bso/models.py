@@ -95,6 +95,9 @@ class StatusWriteInput(_Model):
     story_key: str
     expected: str
     new: str
+    # Stories of the batch not started yet, with the state the Slave holds for each: the result says which of
+    # them the file holds otherwise (set by hand since), so the Slave takes them before it dispatches for them.
+    watch: dict[str, str] = Field(default_factory=dict)
 
 
 class StatusWriteResult(_Model):
@@ -109,6 +112,9 @@ class StatusWriteResult(_Model):
     # When the file held the result (after fsync and read-back), by the worker's clock (None in results recorded
     # before it was kept). A local activity's marker reaches history only when its workflow task ends.
     done_at: datetime | None = None
+    # The watched stories (StatusWriteInput.watch) whose value in the file differs: key -> value (None: the
+    # story is no longer in the file).
+    watched_changes: dict[str, str | None] = Field(default_factory=dict)
 
 
 # --- the Slave ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import json
 import posixpath
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
@@ -45,6 +45,7 @@ __all__ = [
     "format_last_updated",
     "apply_story_transition",
     "story_value",
+    "story_values",
     "parse_story_file",
     "render_story_file",
     "title_from_slug",
@@ -769,14 +770,18 @@ def _fast_parsed(text: str) -> ParsedStatus | None:
     return ParsedStatus(entries=entries, **fields)
 
 
-def story_value(text: str, key: str, source: str) -> str | None:
-    """The value of `key` in development_status (None when absent); cheap for the plain BMAD layout."""
+def story_values(text: str, keys: Iterable[str], source: str) -> dict[str, str | None]:
+    """The values of `keys` in development_status (None when absent); cheap for the plain BMAD layout."""
     fast = _fast_scan(text)
     if fast is not None:
-        found = fast.entries.get(key)
-        return found[3] if found is not None else None
-    entry = parse_status_text(text, source).get(key)
-    return entry.value if entry is not None else None
+        return {key: found[3] if (found := fast.entries.get(key)) is not None else None for key in keys}
+    parsed = parse_status_text(text, source)
+    return {key: entry.value if (entry := parsed.get(key)) is not None else None for key in keys}
+
+
+def story_value(text: str, key: str, source: str) -> str | None:
+    """The value of `key` in development_status (None when absent)."""
+    return story_values(text, [key], source)[key]
 
 
 def _fast_transition(

@@ -472,19 +472,28 @@ class SprintSlaveWorkflow:
         else:  # Slaves started before the patch replay their (remote) load activity
             snapshot = await workflow.execute_activity(load_sprint_status, load, **options)
         current = {s.key: s.state for s in snapshot.stories}
+        changed = self._take_file_states({key: current.get(key) for key in self._progress})
+        if changed and workflow.patched(PATCH_PUBLISH_FILE_STATES):
+            self._publish_file_states(changed)
+        self._show()
+
+    def _take_file_states(self, states: dict[str, str | None]) -> list[str]:
+        """Stories not started yet take the state the file holds (None: gone from it); returns those changed."""
         changed: list[str] = []
-        for key, progress in self._progress.items():
-            if key in current:
-                self._progress[key] = progress.model_copy(update={"state": current[key]})
+        for key, state in states.items():
+            progress = self._progress[key]
+            if state is not None:
+                self._progress[key] = progress.model_copy(update={"state": state})
             else:
                 self._progress[key] = intervention(progress, "story no longer in sprint-status.yaml").progress
             if self._progress[key].state != progress.state:
                 changed.append(key)
-        if changed and workflow.patched(PATCH_PUBLISH_FILE_STATES):
-            for key in changed:
-                workflow.logger.info("[Slave] %s is %s in sprint-status.yaml", key, self._progress[key].state)
-                self._publish(key)
-        self._show()
+        return changed
+
+    def _publish_file_states(self, keys: list[str]) -> None:
+        for key in keys:
+            workflow.logger.info("[Slave] %s is %s in sprint-status.yaml", key, self._progress[key].state)
+            self._publish(key)
 
     async def _drive_story(self, meta: StoryMeta) -> None:
         while not is_terminal(progress := self._progress[meta.key]):
@@ -927,6 +936,7 @@ class SprintSlaveWorkflow:
                         story_key=before.key,
                         expected=before.state,
                         new=after.state,
+                        watch=self._not_started(besides=before.key),
                     ),
                     summary=f"U4 {before.key}: {before.state} -> {after.state}",
                     **STATUS_WRITE_OPTIONS,
@@ -957,9 +967,18 @@ class SprintSlaveWorkflow:
                         f"sprint-status.yaml changed under the Slave (expected {before.state!r}, "
                         f"found {written.current!r}); nothing written",
                     ).progress
+            # Stories of the batch set by hand since the last read: taken before any agent works on them.
+            self._publish_file_states(self._take_file_states(written.watched_changes))
         self._progress[before.key] = after
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)
+
+    def _not_started(self, besides: str) -> dict[str, str]:
+        return {
+            key: progress.state
+            for key, progress in self._progress.items()
+            if key != besides and not progress.started and not is_terminal(progress)
+        }
 
     # --- visibility ----------------------------------------------------------------------------
 

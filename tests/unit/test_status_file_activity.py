@@ -315,3 +315,28 @@ def test_load_only_some_stories(tmp_path):
     assert set(snap.epics) == {"epic-1", "epic-2"}
     full = _load_sync(LoadStatusInput(project_root=str(tmp_path)))
     assert [s.key for s in full.stories] == ["1-1-a", "1-2-b", "2-1-c"]
+
+
+PLAIN = "development_status:\n  epic-1: in-progress\n  1-1-a: review\n  1-2-b: backlog\n  1-3-c: done\n"
+
+
+@pytest.mark.parametrize("layout", ["fixture (YAML path)", "plain (line-scan path)"])
+@pytest.mark.parametrize("outcome", ["written", "cas-mismatch"])
+async def test_a_write_reports_the_watched_stories_the_file_holds_otherwise(tmp_path: Path, layout, outcome) -> None:
+    """The Slave names the batch's stories not started yet with the state it holds for them; the write answers
+    with those the file holds otherwise (set by hand), None for one gone from the file, whatever its outcome."""
+    plain = layout.startswith("plain")
+    root, status = make_project(tmp_path, PLAIN if plain else None)
+    key, current = ("1-1-a", "review") if plain else ("1-2-config-loader", "review")
+    by_hand, unchanged = ("1-3-c", "1-2-b") if plain else ("1-3-logging", "2-1-block-format")
+    watch = {by_hand: "backlog", unchanged: "backlog", "9-9-gone": "backlog"}
+    expected = current if outcome == "written" else "in-progress"
+    result = await ActivityEnvironment().run(
+        write_story_status,
+        StatusWriteInput(
+            project_root=str(root), status_file=str(status), story_key=key, expected=expected, new="done", watch=watch
+        ),
+    )
+    assert result.outcome == outcome
+    file_value = "done" if plain else "ready-for-dev"
+    assert result.watched_changes == {by_hand: file_value, "9-9-gone": None}

@@ -529,3 +529,28 @@ async def test_a_story_set_done_by_hand_while_its_agent_works_is_taken_as_done(t
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert status_values(tmp_path)[K2] == "done"
     assert story_result(report, K2).agents_dispatched == 1  # the dev run only
+
+
+async def test_stories_set_by_hand_in_a_started_batch_run_no_agent(ts_env, tmp_path: Path):
+    """K2 is set to done and K3 to skipped while K1's agent works, in the same batch: the write after K1's agent
+    reads them back, so no agent ever runs for them (before, K2's create-story agent ran first and its answer
+    was set aside)."""
+    make_project(tmp_path, {K1: "review", K2: "backlog", K3: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"duration_ms": 1000}}}
+    inp = sprint_input(tmp_path, session_id="in-batch", simulation=simulation)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "review-runner", "K1's review in flight")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        text = status_file.read_text(encoding="utf-8")
+        text = text.replace(f"{K2}: backlog", f"{K2}: done").replace(f"{K3}: ready-for-dev", f"{K3}: skipped")
+        status_file.write_text(text, encoding="utf-8")
+        report = await handle.result()
+        view = await handle.query(SprintMasterWorkflow.status)
+    assert report.stories == {K1: "done", K2: "done", K3: "skipped"}, report.stories
+    started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
+    assert started == ["in-batch/batch-1/1-1/1"], started  # one agent: K1's review
+    assert view.stories[K2].agents_dispatched == 0 and view.stories[K3].agents_dispatched == 0
+    assert (status_values(tmp_path)[K2], status_values(tmp_path)[K3]) == ("done", "skipped")
+    batch = report.batches[0].results
+    assert (batch.stories_completed, batch.stories_skipped) == (2, 1)
