@@ -471,6 +471,8 @@ def _progress(
         *_awaiting_decisions(view),
         *_rejections(view, rejected_by_children or {}),
     ]
+    if view.batch_held:
+        parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:
         parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))
         if done == len(stories) and view.current_batch is None:

@@ -107,9 +107,11 @@ def start_value(file_value: str) -> str | None:
     return None
 
 
-def replan(session_id: str, pending: list[StoryMeta], batch_size: int, next_batch_id: int) -> list[BatchSpec]:
+def replan(
+    session_id: str, pending: list[StoryMeta], batch_size: int, next_batch_id: int, concurrent_batches: int = 1
+) -> list[BatchSpec]:
     """The pending stories in new batches (dependencies first, P29), numbered from `next_batch_id`."""
-    plan = plan_batches(session_id, pending, batch_size)
+    plan = plan_batches(session_id, pending, batch_size, concurrent_batches)
     return [BatchSpec(batch_id=next_batch_id + i, stories=list(b.stories)) for i, b in enumerate(plan.batches)]
 
 

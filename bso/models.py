@@ -356,6 +356,7 @@ class SprintStatusView(_Model):
     session_id: str
     phase: SprintPhase
     current_batch: int | None = None
+    batch_held: str | None = None  # why the next batch waits for a running one (they touch one file), if it does
     batches_total: int = 0
     batches_done: int = 0
     stories: dict[str, StoryView] = Field(default_factory=dict)

@@ -1,8 +1,9 @@
-"""The Scrum Master's deterministic fallback plan: batches of `batch_size` in status-file order,
-dependencies first (a story is never in the same batch as, or an earlier batch than, a story it
-depends on)."""
+"""The Scrum Master's deterministic plan: batches of `batch_size`, dependencies first (a story is never in
+the same batch as, or an earlier batch than, a story it depends on)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from bso.messages import BatchPlanReady, BatchSpec
 from bso.models import StoryMeta
@@ -36,12 +37,63 @@ def shares_files(story: StoryMeta, others: list[StoryMeta]) -> bool:
     return bool(mine) and any(mine.intersection(o.files) for o in others)
 
 
-def plan_batches(session_id: str, stories: list[StoryMeta], batch_size: int) -> BatchPlanReady:
+def file_conflict(waiting: list[StoryMeta], running: dict[int, list[StoryMeta]]) -> str | None:
+    """P29 across batches that run at once: why the batch of `waiting` must not start yet (one of its stories
+    touches a file an unfinished story of a running batch touches), or None. `running`: batch id -> its
+    unfinished stories."""
+    for batch_id in sorted(running):
+        for story in waiting:
+            for other in running[batch_id]:
+                shared = [path for path in story.files if path in other.files]
+                if shared:
+                    return f"{story.key} touches {shared[0]}, as {other.key} of running batch {batch_id} does"
+    return None
+
+
+def startable_batch(
+    queued: Iterable[list[StoryMeta]], running: dict[int, list[StoryMeta]]
+) -> tuple[int | None, str | None]:
+    """Which queued batch may start now (its index, None: none) and why the first one waits, if it does.
+
+    A batch waits while one of its stories touches a file an unfinished story of a running batch touches
+    (`running`: batch id -> its unfinished stories). A later batch goes ahead of waiting ones only when none of
+    its stories depends on one of theirs: a started batch then never waits for a batch that has not started,
+    so every wait ends."""
+    ahead: set[str] = set()
+    first_waits: str | None = None
+    for index, batch in enumerate(queued):
+        conflict = file_conflict(batch, running)
+        if conflict is None and not any(dep in ahead for story in batch for dep in story.depends_on):
+            return index, first_waits
+        if index == 0:
+            first_waits = conflict
+        ahead.update(story.key for story in batch)
+    return None, first_waits
+
+
+def level_order(stories: list[StoryMeta]) -> list[StoryMeta]:
+    """Stories by dependency level (0: depends on no planned story; else one more than its deepest dependency),
+    dependency order breaking ties: every story that can start at once comes before any that waits."""
+    planned = {s.key for s in stories}
+    level: dict[str, int] = {}
+    ordered = dependency_order(stories)
+    for story in ordered:
+        level[story.key] = max((level[d] + 1 for d in story.depends_on if d in planned and d != story.key), default=0)
+    return sorted(ordered, key=lambda story: level[story.key])  # stable: ties keep the dependency order
+
+
+def plan_batches(
+    session_id: str, stories: list[StoryMeta], batch_size: int, concurrent_batches: int = 1
+) -> BatchPlanReady:
+    """Batches of at most `batch_size` stories. One batch at a time, they follow the file's order (dependencies
+    first); with several at once, they follow the dependency levels, so no story that could start waits in its
+    batch behind one that waits for another batch."""
     planned = {s.key for s in stories}
     by_key = {s.key: s for s in stories}
     batches: list[list[str]] = []
     batch_of: dict[str, int] = {}
-    for story in dependency_order(stories):
+    order = level_order(stories) if concurrent_batches > 1 else dependency_order(stories)
+    for story in order:
         deps = [d for d in story.depends_on if d in planned]
         current = batches[-1] if batches else None
         needs_new = (

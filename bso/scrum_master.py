@@ -50,6 +50,9 @@ class PlanRequest(_Model):
     report_to: str = Field(min_length=1)
     stories: list[StoryMeta]
     batch_size: int = Field(ge=1)
+    # max_concurrent_slaves: above 1 the plan follows the dependency levels (bso.planning.plan_batches); 1 in
+    # requests recorded before it was sent
+    concurrent_batches: int = Field(1, ge=1)
     course_correction: ReplanContext | None = None  # None: the sprint's first plan
     timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
 
@@ -66,7 +69,7 @@ class PlanAnswer(_Model):
 
 
 def course_correction_plan(
-    session_id: str, stories: list[StoryMeta], batch_size: int, ctx: ReplanContext
+    session_id: str, stories: list[StoryMeta], batch_size: int, ctx: ReplanContext, concurrent_batches: int = 1
 ) -> CourseCorrection:
     """COURSE_CORRECTION: the pending stories re-planned, batch ids from ctx.next_batch_id, with its impact."""
     cc = CourseCorrection(
@@ -77,7 +80,7 @@ def course_correction_plan(
         untouched_done=list(ctx.untouched_done),
         in_flight=list(ctx.in_flight),
         replanned=[s.key for s in stories],
-        batches=replan(session_id, stories, batch_size, ctx.next_batch_id),
+        batches=replan(session_id, stories, batch_size, ctx.next_batch_id, concurrent_batches),
     )
     cc.impact = impact_text(cc, list(ctx.old_batches))
     return cc
@@ -90,13 +93,19 @@ def answer(request: PlanRequest, planner: Planner = SCRUM_MASTER) -> PlanAnswer:
             return PlanAnswer(
                 request_id=request.request_id,
                 planner=planner,
-                plan=plan_batches(request.session_id, request.stories, request.batch_size),
+                plan=plan_batches(
+                    request.session_id, request.stories, request.batch_size, request.concurrent_batches
+                ),
             )
         return PlanAnswer(
             request_id=request.request_id,
             planner=planner,
             course_correction=course_correction_plan(
-                request.session_id, request.stories, request.batch_size, request.course_correction
+                request.session_id,
+                request.stories,
+                request.batch_size,
+                request.course_correction,
+                request.concurrent_batches,
             ),
         )
     except PlanningError as err:

@@ -28,6 +28,9 @@ PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
 
 PATCH_PLAN_CHECKED = "master-plan-holds-the-stories-asked"
+# Plans asked before it were made in file order whatever max_concurrent_slaves (the Master's fallback plan is
+# made in its own history and must replay as it was).
+PATCH_PLAN_BY_LEVELS = "master-plan-by-levels"
 
 
 class ScrumMasterPlanning:
@@ -56,6 +59,7 @@ class ScrumMasterPlanning:
             report_to=workflow.info().workflow_id,
             stories=stories,
             batch_size=s.config.batch_size,
+            concurrent_batches=s.config.max_concurrent_slaves if workflow.patched(PATCH_PLAN_BY_LEVELS) else 1,
             course_correction=ctx,
             timeout_ms=s.config.resident_query_timeout_ms,
         )

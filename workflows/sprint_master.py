@@ -97,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         resolve_epic,
         resolve_story_keys,
     )
+    from bso.planning import startable_batch
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -126,6 +127,9 @@ REARM_DURING_REPLAN = "a course correction is being applied: send the rearm agai
 # Improvement stories are numbered after every story of their epic in the file, not only the sprint's: `1-3-imp-`
 # next to a `1-3-...` outside the sprint made the short key 1-3 ambiguous.
 PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
+# A batch waits while a running batch's unfinished story touches a file one of its stories touches (their agents
+# edited it at once, and with the command backend the second squash conflicted: its story was not merged).
+PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -151,8 +155,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._init_course_correction()
         self._init_planning()
         self._project_root = inp.project_root
-        self._started_batches: set[int] = set()
-        self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories  # running batches whose Slave has started (signalable)
+        self._started_batches: set[int] = set()  # running batches whose Slave has started (signalable)
+        self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories
+        self._running_specs: dict[int, BatchSpec] = {}  # the batches _run_batches started, until they end
+        self._hold_shared_files = False  # PATCH_HOLD_SHARED_FILES
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
         self._batch_tasks: dict[int, asyncio.Task[SlaveResult]] = {}  # running batch id -> its _run_slave task
 
@@ -165,6 +171,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             session_id=s.session_id,
             phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
+            batch_held=self._next_batch()[1],
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),
             stories=dict(s.views),
@@ -759,11 +766,19 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         Returns True when the Master should continue as new (between batches, nothing running)."""
         s = self._state
         running = self._batch_tasks
+        # Sprints that started their batches before it ran batches sharing files at once.
+        self._hold_shared_files = workflow.patched(PATCH_HOLD_SHARED_FILES)
         while s.queue or running:
             if not running and self._history_is_long():
                 return True
-            while self._may_start_batch() and s.queue and len(running) < s.config.max_concurrent_slaves:
-                spec = s.queue.pop(0)
+            while (
+                self._may_start_batch()
+                and s.queue
+                and len(running) < s.config.max_concurrent_slaves
+                and (index := self._next_batch()[0]) is not None
+            ):
+                spec = s.queue.pop(index)
+                self._running_specs[spec.batch_id] = spec
                 self._running_batches[spec.batch_id] = slave_workflow_id(s.session_id, spec.batch_id)
                 running[spec.batch_id] = asyncio.create_task(self._run_slave(inp, simulation, spec))
             if not running:
@@ -775,10 +790,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 continue
             await workflow.wait_condition(
                 lambda: any(t.done() for t in running.values())
-                or (bool(s.queue) and len(running) < s.config.max_concurrent_slaves and self._may_start_batch())
+                or (
+                    bool(s.queue)
+                    and len(running) < s.config.max_concurrent_slaves
+                    and self._may_start_batch()
+                    and self._next_batch()[0] is not None
+                )
             )
             for batch_id in [b for b, t in running.items() if t.done()]:
                 result = running.pop(batch_id).result()
+                self._running_specs.pop(batch_id, None)
                 self._settle(result)
                 if result.fatal_error is not None:
                     await self._stop_running(list(running))
@@ -791,6 +812,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 if unfinished:
                     self._tell_dependants(unfinished, batch_id)
         return False
+
+    def _next_batch(self) -> tuple[int | None, str | None]:
+        """The queued batch to start next (its index, None: none may start yet) and why the first one waits:
+        two agents editing one file at once would conflict (P29 across batches), so a batch waits while a
+        running one still works on a file it touches (bso.planning.startable_batch)."""
+        s = self._state
+        if not s.queue:
+            return None, None
+        if not (self._hold_shared_files and self._running_specs):
+            return 0, None
+
+        def stories(keys: list[str], unfinished_only: bool = False) -> list[StoryMeta]:
+            return [
+                s.stories[k]
+                for k in keys
+                if k in s.stories and not (unfinished_only and k in s.views and s.views[k].state in TERMINAL_VALUES)
+            ]
+
+        running = {
+            batch_id: stories(spec.stories, unfinished_only=True) for batch_id, spec in self._running_specs.items()
+        }
+        index, why = startable_batch((stories(spec.stories) for spec in s.queue), running)
+        return index, f"batch {s.queue[0].batch_id} waits: {why}" if why is not None else None
 
     def _may_start_batch(self) -> bool:
         """Whether a queued batch may start now. A long history stops new batches too: with
@@ -1000,6 +1044,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
         if waiting:
             pause += "\n\nAwaiting a human decision (`decide` update): " + "; ".join(waiting)
+        if held := self._next_batch()[1]:
+            pause += f"\n\n{held}"
         workflow.set_current_details(
             f"**Sprint `{s.session_id}`**: {s.phase.value}, {done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bso.dependencies import UNFINISHED, check_dependencies, critical_path, skipped_for_dependency
 from bso.dispatch import Outcome
 from bso.models import StoryMeta, StoryProgress
-from bso.planning import plan_batches, shares_files
+from bso.planning import plan_batches, shares_files, startable_batch
 from bso.sprint_status import parse_story_file
 
 
@@ -57,3 +57,48 @@ def test_stories_touching_the_same_files_are_not_batched_together():
     assert shares_files(b, [a]) and not shares_files(c, [a, b]) and not shares_files(meta("d"), [a])
     plan = plan_batches("s", [a, b, c], batch_size=3)
     assert [spec.stories for spec in plan.batches] == [["a"], ["b", "c"]]
+
+
+def batches_of(stories: list[StoryMeta], batch_size: int, concurrent: int) -> list[list[str]]:
+    return [spec.stories for spec in plan_batches("s", stories, batch_size, concurrent).batches]
+
+
+# A chain a <- b <- c <- d in file order, then four stories that depend on nothing.
+CHAIN_FIRST = [meta("a"), meta("b", ["a"]), meta("c", ["b"]), meta("d", ["c"]), *(meta(k) for k in "efgh")]
+
+
+def test_one_batch_at_a_time_keeps_the_file_order():
+    assert batches_of(CHAIN_FIRST, 2, 1) == [["a"], ["b"], ["c"], ["d", "e"], ["f", "g"], ["h"]]
+
+
+def test_batches_running_at_once_follow_the_dependency_levels():
+    """With 2 Slaves the file order left e-h behind the chain (d, then e in one batch: e waited for c); by
+    levels every story that can start at once comes first, and each batch's waiting stories come last."""
+    plan = batches_of(CHAIN_FIRST, 2, 2)
+    assert plan == [["a", "e"], ["f", "g"], ["h", "b"], ["c"], ["d"]]
+    position = {key: (i, spec.index(key)) for i, spec in enumerate(plan) for key in spec}
+    for story in CHAIN_FIRST:  # still: a dependency in an earlier batch
+        assert all(position[d][0] < position[story.key][0] for d in story.depends_on)
+
+
+def test_levels_keep_the_file_order_within_a_level_and_p29():
+    stories = [meta("x", files=["f.py"]), meta("y", ["x"]), meta("z", files=["f.py"]), meta("w")]
+    assert batches_of(stories, 3, 3) == [["x"], ["z", "w", "y"]]
+
+
+def test_a_batch_waits_while_a_running_story_works_on_its_file():
+    running = {1: [meta("a", files=["auth.py"])]}
+    held, free = [meta("b", files=["auth.py", "x.py"])], [meta("c", files=["y.py"])]
+    assert startable_batch([held, free], running) == (1, "b touches auth.py, as a of running batch 1 does")
+    assert startable_batch([held, free], {1: []}) == (0, None)  # a is finished: nothing to wait for
+    assert startable_batch([free, held], running) == (0, None)
+
+
+def test_a_batch_goes_ahead_of_a_waiting_one_only_without_depending_on_it():
+    """c depends on b of the waiting batch: started first, it would hold a Slave waiting for a batch that has
+    not started (and, touching b's file, could keep b waiting for ever)."""
+    running = {1: [meta("a", files=["auth.py"])]}
+    held = [meta("b", files=["auth.py"])]
+    dependant, other = [meta("c", ["b"])], [meta("d", ["a"], files=["z.py"])]
+    assert startable_batch([held, dependant, other], running)[0] == 2
+    assert startable_batch([held, dependant], running) == (None, "b touches auth.py, as a of running batch 1 does")

@@ -52,3 +52,19 @@ def test_malformed_requests_and_answers_are_refused():
         PlanRequest.model_validate({"request_id": "", "session_id": "s", "report_to": "s", "stories": [], "batch_size": 1})
     with pytest.raises(ValidationError):
         PlanAnswer.model_validate({"request_id": "plan-1", "planner": "someone"})
+
+
+@pytest.mark.parametrize("replan", [False, True], ids=["plan", "course correction"])
+def test_a_request_for_batches_at_once_is_planned_by_levels(replan):
+    """concurrent_batches (the Master's max_concurrent_slaves) reaches the plan and the re-plan; a request
+    recorded before the field existed reads as 1 and is planned in file order, as it was."""
+    stories = [meta("1-1-a"), meta("1-2-b", "1-1-a"), meta("1-3-c")]
+    ctx = ReplanContext(reason="user_request", next_batch_id=1) if replan else None
+    sent = request(stories, ctx).model_dump(mode="json", exclude_none=True)
+    del sent["concurrent_batches"]
+
+    def batches(got: PlanAnswer) -> list[list[str]]:
+        return [b.stories for b in (got.course_correction.batches if replan else got.plan.batches)]
+
+    assert batches(answer(PlanRequest.model_validate(sent))) == [["1-1-a"], ["1-2-b", "1-3-c"]]
+    assert batches(answer(PlanRequest.model_validate({**sent, "concurrent_batches": 2}))) == [["1-1-a", "1-3-c"], ["1-2-b"]]

@@ -10,7 +10,15 @@ from bso.dependencies import critical_path
 from bso.models import StoryMeta
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import ledger, make_project, run_sprint, sprint_input, start_sprint, status_values
+from tests.workflow.helpers import (
+    ledger,
+    make_project,
+    run_sprint,
+    sprint_input,
+    start_sprint,
+    status_values,
+    wait_status,
+)
 
 K1, K2, K3, K4 = "1-1-login-form", "1-2-logout", "1-3-profile-page", "1-4-settings"
 
@@ -44,7 +52,7 @@ async def test_dependant_in_a_parallel_batch_waits_for_its_dependency(ts_env, tm
         report = await run_sprint(
             ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
         )
-    assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2, K3]]
+    assert [b.stories for b in report.batch_plan.batches] == [[K1, K3], [K2]]  # by levels: K3 not behind K2
     assert report.status is SprintStatus.COMPLETE
     assert all(status_values(tmp_path)[k] == "done" for k in (K1, K2, K3))
     log = events(tmp_path)
@@ -89,6 +97,35 @@ async def test_stories_touching_the_same_files_go_to_different_batches(ts_env, t
         report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, config_overrides={"batch_size": 3}))
     assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2, K3]]
     assert report.status is SprintStatus.COMPLETE
+
+
+async def test_a_batch_waits_while_a_running_one_works_on_a_file_it_touches(ts_env, tmp_path: Path):
+    """K1 and K2 touch src/auth.py, in batches 1 and 2 of two Slaves at once: batch 2 waits until K1 is done
+    (the status says why), batch 3 (K3, another file) goes ahead of it, and K2's agent starts after K1's
+    finished. Before, K1's and K2's agents worked on the file at once."""
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "review", K3: "review"},
+        {
+            K1: story_doc("1", "Login form", files="src/auth.py"),
+            K2: story_doc("2", "Logout", files="src/session.py, src/auth.py"),
+            K3: story_doc("3", "Profile page", files="src/profile.py"),
+        },
+    )
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 2}
+    simulation = {"stories": {"1-1": {"duration_ms": 700}}}
+    inp = sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        held = await wait_status(handle, lambda s: s.batch_held is not None, "batch 2 held")
+        report = await handle.result()
+    assert held.batch_held == "batch 2 waits: 1-2-logout touches src/auth.py, as 1-1-login-form of running batch 1 does"
+    assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2], [K3]]
+    assert report.status is SprintStatus.COMPLETE
+    log = events(tmp_path)
+    k1_done = max(i for i, (story, event) in enumerate(log) if story == "1-1" and event == "finished")
+    assert min(i for i, (story, _) in enumerate(log) if story == "1-2") > k1_done, log
+    assert min(i for i, (story, _) in enumerate(log) if story == "1-3") < k1_done, log  # batch 3 went ahead
 
 
 async def test_makespan_against_the_critical_path(ts_env, tmp_path: Path):
