@@ -72,7 +72,10 @@ def check_waiting_decision(request: DecisionRequest, progress: StoryProgress | N
         raise DecisionError(f"story {request.story_key!r} is not awaiting a decision (state {progress.state})")
 
 
-def check_rearm(request: DecisionRequest, current_state: str | None, in_running_batch: bool) -> None:
+def check_rearm(request: DecisionRequest, current_state: str | None) -> None:
+    """A rearm is for a needs-intervention story, to a state with a dispatch-table row. Its batch may still run:
+    its Slave is done with the story (needs-intervention is final there), so the rearm's batch is queued and
+    runs once a Slave is free, before the sprint ends."""
     if current_state is None:
         raise DecisionError(f"unknown story {request.story_key!r}")
     if current_state != StoryState.NEEDS_INTERVENTION:
@@ -80,12 +83,6 @@ def check_rearm(request: DecisionRequest, current_state: str | None, in_running_
     if request.rearm_state() not in REARM_STATES:
         raise DecisionError(
             f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(s.value for s in REARM_STATES)
-        )
-    if in_running_batch:
-        raise DecisionError(
-            f"story {request.story_key!r} is still in a running batch; decide again when it ends (if it is the "
-            "sprint's last batch, the sprint ends with it: then set the story's state back in sprint-status.yaml, "
-            "e.g. to ready-for-dev, and start a new sprint)"
         )
 
 

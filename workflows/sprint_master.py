@@ -388,7 +388,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
                 if self._replanning:
                     raise DecisionError(REARM_DURING_REPLAN)
-                check_rearm(parsed, view.state if view else None, view is not None and view.batch_id in self._running_batches)
+                check_rearm(parsed, view.state if view else None)
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
             elif parsed.story_key in self._deciding:
@@ -984,7 +984,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
         if spec.batch_id in self._started_batches:
-            for key in spec.stories:  # agents the Slave did not report finished (it ended abnormally)
+            for key in self._still_in(spec):  # agents the Slave did not report finished (it ended abnormally)
                 self._temp_seen(key, None)
             self._slave_finished(slave_name(spec.batch_id))
         self._started_batches.discard(spec.batch_id)
@@ -992,16 +992,21 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._show()
         return result
 
+    def _still_in(self, spec: BatchSpec) -> list[str]:
+        """The batch's stories that are still its own: a story rearmed while its batch ran belongs to the
+        rearm's batch from then on."""
+        return [key for key in spec.stories if self._state.views[key].batch_id == spec.batch_id]
+
     def _abnormal_result(self, spec: BatchSpec, reason: str) -> SlaveResult:
         """The batch's result as the Master last saw it, when its Slave failed or timed out."""
         s = self._state
         s.errors.append(reason)
         (workflow.logger.warning if self._cancelling else workflow.logger.error)(reason)
-        for key in spec.stories:  # nothing of the batch is in flight any more
+        for key in self._still_in(spec):  # nothing of the batch is in flight any more
             s.views[key] = s.views[key].model_copy(
                 update={"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
             )
-        progress = [_progress_from_view(k, s.views[k]) for k in spec.stories]
+        progress = [_progress_from_view(k, s.views[k]) for k in self._still_in(spec)]
         dispatched = sum(p.agents_dispatched for p in progress)
         return build_slave_result(
             batch_id=spec.batch_id,

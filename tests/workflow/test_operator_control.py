@@ -492,9 +492,58 @@ async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_state
     assert status.stories[K2].agent_in_flight is None
 
 
+@pytest.mark.parametrize("slaves", [1, 2])
+async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint_ends(ts_env, tmp_path: Path, slaves):
+    """K1 fails in the sprint's last batch while K2's agent still works: the rearm is taken at once (it was
+    refused until the batch ended, and then the sprint had ended with it), and K1 runs in a new batch: after
+    batch 1 with one Slave, beside it with two."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
+    inp = sprint_input(
+        tmp_path, session_id=f"rearm-running-{slaves}", simulation=simulation,
+        config_overrides={"max_concurrent_slaves": slaves},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
+        view = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"}
+        )
+        status = await handle.query(SprintMasterWorkflow.status)
+        report = await handle.result()
+    assert view.state == "review" and view.batch_id == 2
+    assert status.stories[K2].agent_in_flight is not None  # batch 1 was still running
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
+    runs_of_k1 = [b.batch_id for b in report.batches if any(r.story_key == K1 for r in b.results.story_results)]
+    assert runs_of_k1 == [1, 2] and status_values(tmp_path)[K1] == "done"
+
+
+async def test_a_rearmed_storys_first_batch_ending_abnormally_leaves_its_new_run_alone(local_env, tmp_path: Path):
+    """K1 is rearmed while batch 1 runs and its review runs in batch 2 beside it; then batch 1's Slave is
+    terminated (on the dev server: the time-skipping test server does not tell the parent). The Master's
+    wind-up of batch 1 must not touch K1, which batch 2 now runs: its agent stays in flight in the status and
+    on the roster, and K1 ends done."""
+    client = local_env.client
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "duration_ms": 2500}, "1-2": {"duration_ms": 6000}}}
+    inp = sprint_input(
+        tmp_path, session_id="rearm-abnormal", simulation=simulation, config_overrides={"max_concurrent_slaves": 2}
+    )
+    async with bso_worker(client) as queue:
+        handle = await start_sprint(client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "review-runner", "K1 in batch 2")
+        await client.get_workflow_handle(slave_workflow_id("rearm-abnormal", 1)).terminate("stuck batch")
+        status = await wait_status(handle, lambda s: "slave-batch-1" not in s.roster.slaves, "batch 1 wound up")
+        report = await handle.result()
+    assert status.stories[K1].agent_in_flight == "review-runner" and status.stories[K1].batch_id == 2
+    assert any(t.startswith("review-runner") for t in status.roster.temps), status.roster
+    assert report.stories[K1] == "done", report.stories
+
+
 async def test_a_paused_sprint_at_its_end_takes_a_rearm_of_its_last_batchs_story(ts_env, tmp_path: Path):
-    """A story is rearmed only once its batch has ended, and the sprint ends with its last batch: the refusal
-    says what to do instead. A sprint paused while its last batch ends holds, and a rearm then runs the story."""
+    """A sprint paused while its last batch ends holds with nothing left to run, and a rearm then runs the story."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
     async with bso_worker(ts_env.client) as queue:
@@ -502,10 +551,6 @@ async def test_a_paused_sprint_at_its_end_takes_a_rearm_of_its_last_batchs_story
             ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-last", simulation=simulation)
         )
         await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
-        await rejected(
-            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
-            "set the story's state back in sprint-status.yaml",
-        )
         await handle.signal(SprintMasterWorkflow.pause, "rearm 1-1")
         await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "batch 1 over")
         view = await handle.execute_update(
