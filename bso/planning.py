@@ -58,7 +58,13 @@ def startable_batch(
     A batch waits while one of its stories touches a file an unfinished story of a running batch touches
     (`running`: batch id -> its unfinished stories). A later batch goes ahead of waiting ones only when none of
     its stories depends on one of theirs: a started batch then never waits for a batch that has not started,
-    so every wait ends."""
+    so every wait ends. Where a running batch already waits for a queued story, nothing is held."""
+    queued = [list(batch) for batch in queued]
+    waiting_for_queue = {story.key for batch in queued for story in batch}
+    if any(dep in waiting_for_queue for stories in running.values() for story in stories for dep in story.depends_on):
+        # A running batch waits for a queued story (a budget pause queued its never-started stories again, and a
+        # course correction may have re-planned them with others): a hold could wait for ever, so none.
+        return (0, None) if queued else (None, None)
     ahead: set[str] = set()
     first_waits: str | None = None
     for index, batch in enumerate(queued):

@@ -286,7 +286,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._state.paused_reason = None
         if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
-        self._forward(SIGNAL_RESUME, {})
+        # A raised limit reaches the running batches too (each checks the budget after every story).
+        self._forward(SIGNAL_RESUME, {} if parsed.token_limit is None else {"token_limit": self._state.token_limit})
 
     @workflow.update(name=UPDATE_DECIDE)
     async def decide(self, request: Any) -> StoryView:
@@ -822,6 +823,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return None, None
         if not (self._hold_shared_files and self._running_specs):
             return 0, None
+        if len(self._batch_tasks) >= s.config.max_concurrent_slaves or not self._may_start_batch():
+            return 0, None  # no batch could start anyway: nothing is held for a file
 
         def stories(keys: list[str], unfinished_only: bool = False) -> list[StoryMeta]:
             return [

@@ -87,6 +87,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.models import (
         LoadStatusInput,
+        ResumeRequest,
         SlaveInput,
         SlaveResult,
         SlaveStatus,
@@ -283,7 +284,17 @@ class SprintSlaveWorkflow:
 
     @workflow.signal(name=SIGNAL_RESUME)
     def resume(self, request: Any = None) -> None:
+        """Go on; a higher token_limit (a resume after a budget pause, forwarded by the Master) counts here too:
+        with the limit the batch started with, it stopped again after its next story."""
         self._paused = False
+        try:
+            limit = ResumeRequest.model_validate(request or {}).token_limit
+        except ValidationError:
+            limit = None  # resumed all the same: the Master validated what the operator sent
+        config = self._input.config
+        if limit is not None and limit > config.token_budget.limit:
+            budget = config.token_budget.model_copy(update={"limit": limit})
+            self._input = self._input.model_copy(update={"config": config.model_copy(update={"token_budget": budget})})
         self._show()
 
     @workflow.update(name=UPDATE_DECIDE)
@@ -402,7 +413,8 @@ class SprintSlaveWorkflow:
                 self._input = self._input.model_copy(update={"checkpoint_pending": False})
                 self._paused = True  # the Master pauses the sprint on this story's update; resume goes on
                 self._show()
-            if budget_level(inp.tokens_used_before + self._tokens_used(), inp.config) is BudgetLevel.EXHAUSTED:
+            # self._input: a resume may have raised the limit since the batch started
+            if budget_level(inp.tokens_used_before + self._tokens_used(), self._input.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 

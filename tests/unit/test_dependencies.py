@@ -102,3 +102,11 @@ def test_a_batch_goes_ahead_of_a_waiting_one_only_without_depending_on_it():
     dependant, other = [meta("c", ["b"])], [meta("d", ["a"], files=["z.py"])]
     assert startable_batch([held, dependant, other], running)[0] == 2
     assert startable_batch([held, dependant], running) == (None, "b touches auth.py, as a of running batch 1 does")
+
+
+def test_nothing_is_held_while_a_running_batch_waits_for_a_queued_story():
+    """A budget pause queued c again, b (running) waits for it, and t, with c, touches s's file: holding that
+    batch for s, which sits behind b, would wait for ever."""
+    running = {2: [meta("b", ["c"]), meta("s", files=["f.py"])]}
+    assert startable_batch([[meta("c"), meta("t", files=["f.py"])]], running) == (0, None)
+    assert startable_batch([], running) == (None, None)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from bso.dependencies import critical_path
 from bso.models import StoryMeta
-from bso.states import SprintStatus
+from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
+from workflows.sprint_master import SprintMasterWorkflow
 from tests.workflow.helpers import (
     ledger,
     make_project,
@@ -160,3 +161,65 @@ async def test_makespan_against_the_critical_path(ts_env, tmp_path: Path):
         f"makespan / critical path = {makespan / length:.2f}"
     )
     assert makespan > 0
+
+
+X, C, B, S, T = "1-1-x", "1-2-c", "1-3-b", "1-4-s", "1-5-t"
+
+
+def _doc(n: str, depends_on: str = "", files: str = "") -> str:
+    lines = [f"# Story 1.{n}: S{n}", "", "Status: review", ""]
+    if depends_on:
+        lines.append(f"Depends on: {depends_on}")
+    if files:
+        lines.append(f"Files: {files}")
+    return "\n".join(lines) + "\n"
+
+
+async def test_a_budget_requeue_then_a_course_correction_does_not_deadlock_the_hold(ts_env, tmp_path: Path):
+    """Plan (levels, 2 at once): batch 1 [x, c], batch 2 [b (depends on c), s (src/f.py)], batch 3 [t (src/f.py)],
+    held while s is unfinished. x's review exhausts the budget: batch 1 ends, c never started is queued again in
+    front (batch 4) and the sprint pauses, batch 2's b waiting for c. A course correction re-plans the queue [c],
+    [t] into one batch [c, t]; on resume that batch waited for s (src/f.py), s behind b, b for c: a deadlock
+    until the Slave's timeout. A running batch waiting for a queued story now turns the hold off."""
+    make_project(
+        tmp_path,
+        {X: "review", C: "review", B: "review", S: "review", T: "review"},
+        {B: _doc("3", depends_on="1-2"), S: _doc("4", depends_on="1-1", files="src/f.py"),
+         T: _doc("5", depends_on="1-1", files="src/f.py")},
+    )
+    overrides = {"batch_size": 2, "max_concurrent_slaves": 2, "token_budget.limit": 1000}
+    inp = sprint_input(tmp_path, session_id="hold-deadlock", config_overrides=overrides)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        paused = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "budget pause")
+        assert paused.stories[C].batch_id == 4 and paused.stories[B].state == "review", paused
+        await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request"})
+        await handle.signal(SprintMasterWorkflow.resume, {"token_limit": 100_000})
+        try:
+            await wait_status(handle, lambda s: s.phase is SprintPhase.COMPLETED, "sprint completed", timeout=15)
+        except AssertionError:
+            view = await handle.query(SprintMasterWorkflow.status)
+            raise AssertionError(
+                f"stuck: {view.phase} {view.pause_reason} batch_held={view.batch_held!r}, states={ {k: v.state for k, v in view.stories.items()} }, "
+                f"batches={ {k: v.batch_id for k, v in view.stories.items()} }"
+            ) from None
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE, report.stories
+
+
+async def test_one_batch_at_a_time_shows_no_batch_held(ts_env, tmp_path: Path):
+    """max_concurrent_slaves 1 (the default): batch 2 waits for batch 1 to end whatever files they touch, so
+    nothing is held for a file (the status said `batch 2 waits: 1-2-logout touches src/auth.py, ...`)."""
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "review"},
+        {K1: story_doc("1", "Login form", files="src/auth.py"), K2: story_doc("2", "Logout", files="src/auth.py")},
+    )
+    simulation = {"stories": {"1-1": {"duration_ms": 700}}}
+    inp = sprint_input(tmp_path, session_id="one-at-a-time", config_overrides={"batch_size": 1}, simulation=simulation)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        running = await wait_status(handle, lambda s: s.stories[K1].agent_in_flight is not None, "K1 in flight")
+        report = await handle.result()
+    assert report.status is SprintStatus.COMPLETE
+    assert running.batch_held is None, running.batch_held
