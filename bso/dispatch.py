@@ -235,6 +235,16 @@ def changed_by_hand(progress: StoryProgress, expected: str, found: str, tokens: 
     )
 
 
+def taken_from_file(progress: StoryProgress, found: str | None) -> StoryProgress:
+    """A story no agent has worked on yet takes the status file's value (as at its batch's start): set done or
+    skipped by hand, it says so; gone from the file (None), it needs intervention."""
+    if found is None:
+        return intervention(progress, "story no longer in sprint-status.yaml").progress
+    if found != progress.state and found in (StoryState.DONE.value, StoryState.SKIPPED.value):
+        return changed_by_hand(progress, progress.state, found).progress
+    return progress.model_copy(update={"state": found})
+
+
 # The agent activity's non-retryable error type when the agent cannot be started at all (a missing or
 # non-executable CLI, a broken profile): see activities/agent_config.py.
 AGENT_CONFIG_ERROR = "AgentConfigError"

@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         BudgetLevel,
         budget_level,
         changed_by_hand,
+        taken_from_file,
         intervention,
         is_terminal,
         mode_round,
@@ -134,6 +135,9 @@ PATCH_UPDATES_ON_ANY_CANCEL = "slave-updates-on-any-cancel"
 # Slave another task (temporalio/sdk-java#3088, #2606). A real server handles both; a fired timer costs the
 # Slave at most one short workflow task per hold.
 PATCH_HOLD_TIMER_NOT_CANCELLED = "slave-hold-timer-not-cancelled"
+# Before a story's first agent, the file is read again when time has passed since the batch last read it (a wait
+# for a dependency, a pause, a merge): a story set done by hand meanwhile had its agent run all the same.
+PATCH_REREAD_BEFORE_FIRST_AGENT = "slave-rereads-before-first-agent"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
 # ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
 STATUS_FILE_RETRY = RetryPolicy(
@@ -206,6 +210,7 @@ class SprintSlaveWorkflow:
         self._updates_sent_at: datetime | None = None
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
+        self._states_read_at: datetime | None = None  # workflow time of the last read of the stories' states
         # Agent-PO gates on the dev-runner's work (po_gates_enabled; None: on for the command backend).
         self._po_gates = gates_active(inp.config.po_gates_enabled, inp.agent_backend)
         self._gates_go = 0
@@ -466,25 +471,27 @@ class SprintSlaveWorkflow:
     def _tokens_used(self) -> int:
         return sum(p.tokens_used for p in self._progress.values())
 
-    async def _refresh_states(self) -> None:
-        """Step 2 of the spec: the status file, not the plan, says where each story stands now."""
+    async def _refresh_states(self, keys: list[str] | None = None) -> None:
+        """Step 2 of the spec: the status file, not the plan, says where each story stands now (`keys`: only
+        these, the stories not started yet when the file is read again)."""
         load = LoadStatusInput(
             project_root=self._input.project_root,
             status_file=self._input.status_file,
-            only_stories=[s.key for s in self._input.stories],
+            only_stories=keys if keys is not None else [s.key for s in self._input.stories],
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
             "retry_policy": STATUS_FILE_RETRY,
             "summary": "read sprint-status.yaml",
         }
-        if workflow.patched(PATCH_LOCAL_STATUS_LOAD):
+        if keys is not None or workflow.patched(PATCH_LOCAL_STATUS_LOAD):
             # In the Slave's first workflow task, like U4's writes: no activity round trip before the first agent.
             snapshot = await workflow.execute_local_activity(load_sprint_status, load, **options)
         else:  # Slaves started before the patch replay their (remote) load activity
             snapshot = await workflow.execute_activity(load_sprint_status, load, **options)
+        self._states_read_at = workflow.now()
         current = {s.key: s.state for s in snapshot.stories}
-        changed = self._take_file_states({key: current.get(key) for key in self._progress})
+        changed = self._take_file_states({key: current.get(key) for key in (self._progress if keys is None else keys)})
         if changed and workflow.patched(PATCH_PUBLISH_FILE_STATES):
             self._publish_file_states(changed)
         self._show()
@@ -494,10 +501,7 @@ class SprintSlaveWorkflow:
         changed: list[str] = []
         for key, state in states.items():
             progress = self._progress[key]
-            if state is not None:
-                self._progress[key] = progress.model_copy(update={"state": state})
-            else:
-                self._progress[key] = intervention(progress, "story no longer in sprint-status.yaml").progress
+            self._progress[key] = taken_from_file(progress, state)
             if self._progress[key].state != progress.state:
                 changed.append(key)
         return changed
@@ -518,6 +522,9 @@ class SprintSlaveWorkflow:
                 if self._shutdown:
                     workflow.logger.info("[Slave] shutdown while paused: %s stays %s", meta.key, progress.state)
                     return
+            if not progress.started and self._states_stale():
+                await self._reread_states()
+                continue  # the story may be settled now, or start from another state
             step = next_dispatch(progress)
             if step is None:
                 await self._commit(
@@ -546,6 +553,22 @@ class SprintSlaveWorkflow:
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
+
+    def _states_stale(self) -> bool:
+        """Time has passed since the batch last read its stories' states (not within this workflow task)."""
+        read_at = self._states_read_at
+        return read_at is not None and workflow.now() > read_at and workflow.patched(PATCH_REREAD_BEFORE_FIRST_AGENT)
+
+    async def _reread_states(self) -> None:
+        """The stories not started yet, read again; a file that cannot be read now leaves them as they were (the
+        next write's compare-and-swap still guards the story)."""
+        try:
+            await self._refresh_states(list(self._not_started(besides="")))
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            self._states_read_at = workflow.now()  # not again for every story of the batch
+            workflow.logger.warning("[Slave] sprint-status.yaml not read again: %s", _cause(err))
 
     def _dependency_states(self, meta: StoryMeta) -> dict[str, str]:
         states = dict(self._dep_states)
@@ -981,6 +1004,7 @@ class SprintSlaveWorkflow:
                     ).progress
             # Stories of the batch set by hand since the last read: taken before any agent works on them.
             self._publish_file_states(self._take_file_states(written.watched_changes))
+            self._states_read_at = workflow.now()
         self._progress[before.key] = after
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)

@@ -939,3 +939,16 @@ def test_a_story_changed_by_hand_is_taken_if_settled_else_left_to_the_human():
     other = changed_by_hand(working, "review", "ready-for-dev").progress
     assert other.state == "needs-intervention"
     assert "changed under the Slave (expected 'review', found 'ready-for-dev')" in other.error
+
+
+def test_a_story_not_started_takes_the_files_value():
+    from bso.dispatch import taken_from_file
+
+    waiting = progress("backlog")
+    assert taken_from_file(waiting, "review").state == "review"  # its starting point, with no error
+    assert taken_from_file(waiting, "review").error is None
+    skipped = taken_from_file(waiting, "skipped")
+    assert skipped.state == "skipped" and "set to skipped in sprint-status.yaml by hand" in skipped.error
+    assert taken_from_file(waiting, "done").state == "done"
+    gone = taken_from_file(waiting, None)
+    assert gone.state == "needs-intervention" and gone.error == "story no longer in sprint-status.yaml"

@@ -4,10 +4,11 @@ other batches, is skipped when one fails, stories touching the same files are no
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from bso.dependencies import critical_path
-from bso.models import StoryMeta
+from bso.models import DEFAULT_STATUS_FILE, StoryMeta
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
@@ -127,6 +128,38 @@ async def test_a_batch_waits_while_a_running_one_works_on_a_file_it_touches(ts_e
     k1_done = max(i for i, (story, event) in enumerate(log) if story == "1-1" and event == "finished")
     assert min(i for i, (story, _) in enumerate(log) if story == "1-2") > k1_done, log
     assert min(i for i, (story, _) in enumerate(log) if story == "1-3") < k1_done, log  # batch 3 went ahead
+
+
+async def test_a_story_set_done_by_hand_while_it_waits_for_a_dependency_runs_no_agent(ts_env, tmp_path: Path):
+    """K2 (batch 2) waits for K1 (batch 1, running at once); while it waits, K2 is set done by hand. No write of
+    batch 2 happens between the edit and K2's turn: the Slave dispatched K2's dev-runner all the same and set its
+    answer aside. It now reads the file again before a story's first agent when time has passed since its last
+    read."""
+    make_project(
+        tmp_path,
+        {K1: "review", K2: "ready-for-dev"},
+        {K2: story_doc("2", "Logout", depends_on="1-1")},
+    )
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 2}
+    simulation = {"stories": {"1-1": {"duration_ms": 1500}}}
+    inp = sprint_input(tmp_path, session_id="dep-wait", config_overrides=overrides, simulation=simulation)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(
+            handle,
+            lambda s: s.stories[K1].agent_in_flight == "review-runner" and 2 in [v.batch_id for v in s.stories.values()]
+            and s.current_batch == 1 and s.batches_total == 2,
+            "K1's review in flight",
+        )
+        await asyncio.sleep(0.3)  # batch 2's Slave has started and waits for K1
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        text = status_file.read_text(encoding="utf-8")
+        status_file.write_text(text.replace(f"{K2}: ready-for-dev", f"{K2}: done"), encoding="utf-8")
+        report = await handle.result()
+        view = await handle.query(SprintMasterWorkflow.status)
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
+    assert view.stories[K2].agents_dispatched == 0, (started, view.stories[K2])
 
 
 async def test_makespan_against_the_critical_path(ts_env, tmp_path: Path):
