@@ -174,8 +174,10 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
             for dep in info.depends_on:
                 try:
                     (full,) = resolve_story_keys([dep], story_keys)
-                except StoryKeyError:
-                    continue  # unknown or ambiguous deps are ignored
+                except StoryKeyError as exc:  # unknown or ambiguous deps are ignored, and said so
+                    if activity.in_activity():
+                        activity.logger.warning("%s.md: Depends on %r ignored: %s", entry.key, dep, exc)
+                    continue
                 if full != entry.key and full not in depends_on:
                     depends_on.append(full)
         stories.append(

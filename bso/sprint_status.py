@@ -884,42 +884,68 @@ def _yaml_transition(
 # --- story files ---------------------------------------------------------------------------------
 
 _TITLE_RE = re.compile(r"^\s*#\s*Story\s+[0-9]+[.\-][0-9]+[a-z]?\s*:\s*(.+?)\s*#*\s*$", re.MULTILINE)
-_STATUS_RE = re.compile(r"^\s*\**Status\**\s*:\s*\**\s*(\S.*?)\s*$", re.MULTILINE | re.IGNORECASE)
-_DEPENDS_RE = re.compile(
-    r"^[\s>*-]*\**\s*depends[ _-]?on\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE
-)
-_TAGS_RE = re.compile(r"^[\s>*-]*\**\s*tags\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE)
-_FILES_RE = re.compile(r"^[\s>*-]*\**\s*files\s*\**\s*:\s*\**\s*(.*?)\s*$", re.MULTILINE | re.IGNORECASE)
+_STATUS_RE = re.compile(r"^[ \t]*\**Status\**[ \t]*:[ \t]*\**[ \t]*(\S.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE)
+
+
+def _field_re(name: str) -> re.Pattern[str]:
+    """`Name: value` on one line (spaces and tabs only around it: an empty value must not run into the next
+    lines), bold or bulleted as Markdown may have it."""
+    return re.compile(
+        rf"^[ \t>*-]*\**[ \t]*{name}[ \t]*\**[ \t]*:[ \t]*\**[ \t]*(.*?)[ \t]*$", re.MULTILINE | re.IGNORECASE
+    )
+
+
+_DEPENDS_RE = _field_re(r"depends[ _-]?on")
+_TAGS_RE = _field_re("tags")
+_FILES_RE = _field_re("files")
+_BULLET_RE = re.compile(r"[ \t]*[-*+][ \t]+(.*?)[ \t]*")
 _NONE_WORDS = {"", "none", "-", "n/a", "na", "nothing", "[]"}
+_JOINING_WORDS = {"and", "&"}  # `Depends on: 1-1 and 1-2`
 
 
 def _split_list(raw: str) -> list[str]:
+    """Items separated by commas; without a comma, by spaces (so a path with a space needs commas)."""
     raw = raw.strip().strip("*").strip()
     if raw.startswith("[") and raw.endswith("]"):
         raw = raw[1:-1]
     if raw.strip().lower() in _NONE_WORDS:
         return []
     out: list[str] = []
-    for part in re.split(r"[,\s]+", raw):
+    for part in re.split(r"\s*,\s*" if "," in raw else r"\s+", raw):
         item = part.strip().strip("'\"`").strip()
-        if item and item.lower() not in _NONE_WORDS and item not in out:
+        if item and item.lower() not in _NONE_WORDS | _JOINING_WORDS and item not in out:
             out.append(item)
     return out
+
+
+def _field_items(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """A field's items: on its line, or (the line empty) as the bullet list right below it."""
+    match = pattern.search(text)
+    if match is None:
+        return []
+    if match.group(1).strip("* \t"):
+        return _split_list(match.group(1))
+    bullets: list[str] = []
+    for line in text[match.end() :].split("\n")[1:]:
+        if not line.strip() and not bullets:
+            continue  # a blank line between the field and its list
+        bullet = _BULLET_RE.fullmatch(line)
+        if bullet is None:
+            break
+        bullets.append(bullet.group(1))
+    return _split_list(", ".join(bullets))
 
 
 def parse_story_file(text: str) -> StoryFileInfo:
     """Lenient: title, Status, `Depends on:`, `Tags:` and `Files:` of a BMAD story file; missing parts are empty."""
     title_m = _TITLE_RE.search(text)
     status_m = _STATUS_RE.search(text)
-    deps_m = _DEPENDS_RE.search(text)
-    tags_m = _TAGS_RE.search(text)
-    files_m = _FILES_RE.search(text)
     return StoryFileInfo(
         title=title_m.group(1).strip() if title_m else "",
         status=status_m.group(1).strip() if status_m else "",
-        depends_on=_split_list(deps_m.group(1)) if deps_m else [],
-        tags=[t.lower() for t in _split_list(tags_m.group(1))] if tags_m else [],
-        files=_split_list(files_m.group(1)) if files_m else [],
+        depends_on=_field_items(text, _DEPENDS_RE),
+        tags=[t.lower() for t in _field_items(text, _TAGS_RE)],
+        files=_field_items(text, _FILES_RE),
     )
 
 

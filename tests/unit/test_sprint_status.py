@@ -491,3 +491,17 @@ def test_a_sprint_takes_on_the_selected_stories_that_are_not_settled():
         stories_to_run(stories, 3, [])
     with pytest.raises(StoryKeyError):
         stories_to_run(stories, None, ["9-9"])
+
+
+def test_story_file_fields_stay_on_their_line_or_their_list() -> None:
+    """An empty field no longer reads the next lines (`Files:` then `## Acceptance Criteria` gave the files
+    `##`, `Acceptance`, `Criteria`); a bullet list right below a field is its items; commas keep a path with a
+    space whole; `and` joins dependencies."""
+    empty = parse_story_file("# Story 1.1: X\n\nDepends on:\nFiles:\n\n## Acceptance Criteria\n\nStatus:\n\nTags: ui\n")
+    assert (empty.depends_on, empty.files, empty.status, empty.tags) == ([], [], "", ["ui"])
+    listed = parse_story_file("Files:\n- src/a.py\n- `src/b.py`\n\nDepends on:\n\n  * 1-1\n  * 1-2\nText after.\n")
+    assert listed.files == ["src/a.py", "src/b.py"] and listed.depends_on == ["1-1", "1-2"]
+    assert parse_story_file("Files: src/my file.py, src/b.py\n").files == ["src/my file.py", "src/b.py"]
+    assert parse_story_file("Files: src/a.py src/b.py\n").files == ["src/a.py", "src/b.py"]
+    assert parse_story_file("Depends on: 1-1 and 1-2\n").depends_on == ["1-1", "1-2"]
+    assert parse_story_file("- **Files:** src/a.py\n").files == ["src/a.py"]
