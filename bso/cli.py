@@ -445,7 +445,8 @@ def _progress(
     for batch_id in sorted(batches):
         members = batches[batch_id]
         finished = sum(s.state in _TERMINAL for s in members)
-        marker = " (running)" if view.current_batch == batch_id else ""
+        running = batch_id in view.running_batches or view.current_batch == batch_id  # (a sprint of an older worker)
+        marker = " (running)" if running else ""
         bars.add_row(
             f"batch {batch_id}",
             ProgressBar(total=len(members), completed=finished, width=40),

@@ -355,7 +355,8 @@ class MasterState(_Model):
 class SprintStatusView(_Model):
     session_id: str
     phase: SprintPhase
-    current_batch: int | None = None
+    current_batch: int | None = None  # the lowest of running_batches
+    running_batches: list[int] = Field(default_factory=list)
     batch_held: str | None = None  # why the next batch waits for a running one (they touch one file), if it does
     batches_total: int = 0
     batches_done: int = 0

@@ -171,6 +171,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             session_id=s.session_id,
             phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
+            running_batches=sorted(self._running_batches),
             batch_held=self._next_batch()[1],
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),

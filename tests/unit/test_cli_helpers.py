@@ -143,3 +143,20 @@ def test_status_says_why_stories_stopped_and_what_a_pause_with_nothing_left_wait
     long = StoryView(state="needs-intervention", batch_id=1, error="x" * 300)
     text = _rendered(view.model_copy(update={"stories": {"1-1-story": long}}))
     assert "1-1-story: needs-intervention: " + "x" * 157 + "..." in text and "reasons shortened" in text
+
+
+def test_status_marks_every_running_batch_and_says_why_one_waits():
+    stories = {
+        "1-1-a": StoryView(state="review", batch_id=1),
+        "1-2-b": StoryView(state="review", batch_id=2),
+        "1-3-c": StoryView(state="review", batch_id=3),
+    }
+    held = "batch 3 waits: 1-3-c touches src/a.py, as 1-1-a of running batch 1 does"
+    view = SprintStatusView(
+        session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, current_batch=1, running_batches=[1, 2],
+        batch_held=held,
+    )
+    lines = _rendered(view).splitlines()
+    marked = [line.split()[1] for line in lines if line.startswith("batch ") and "(running)" in line]
+    assert marked == ["1", "2"], lines  # only the lowest was marked
+    assert held in lines
