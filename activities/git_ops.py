@@ -102,25 +102,42 @@ async def sprint_base(project_root: str, session_id: str) -> str:
     return base
 
 
+def _story_base_record(project_root: str, session_id: str, story_key: str) -> Path:
+    return session_path(project_root, "git", "bases", safe_name(session_id), f"{story_key}.json")
+
+
+async def story_base(project_root: str, session_id: str, story_key: str) -> str:
+    """The commit the story's branch started from: the project's HEAD when its worktree was made (recorded), so
+    a story that starts after another one merged builds on that work; the sprint's base for a branch made by a
+    worker from before it was recorded."""
+    path = _story_base_record(project_root, session_id, story_key)
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))["base"]
+    return await sprint_base(project_root, session_id)
+
+
 async def ensure_worktree(project_root: str, session_id: str, story_key: str) -> Worktree:
-    """The story's worktree on `bso/<session>/<story key>`, created from the sprint's base commit once."""
+    """The story's worktree on `bso/<session>/<story key>`, created once from the project's HEAD of that moment."""
     try:
         branch = story_branch(session_id, story_key)
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     await require_repo(project_root)
     async with repo_lock(project_root):
-        base = await sprint_base(project_root, session_id)
+        await sprint_base(project_root, session_id)  # recorded once per sprint (and stale worktrees cleared)
         path = worktree_path(project_root, session_id, story_key)
         if (path / ".git").exists():
-            return Worktree(str(path), branch, base)
+            return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
         await git(project_root, "worktree", "prune", check=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
         if exists.strip():
             await git(project_root, "worktree", "add", str(path), branch)
-        else:
-            await git(project_root, "worktree", "add", "-b", branch, str(path), base)
+            return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
+        # Recorded before the branch is made: a retry after a crash in between records the HEAD it then uses.
+        base = await head(project_root)
+        write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
+        await git(project_root, "worktree", "add", "-b", branch, str(path), base)
         return Worktree(str(path), branch, base)
 
 
@@ -350,7 +367,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     tip = await _commit_of(root, f"refs/heads/{branch}")
     if tip is None:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note="no branch: nothing to merge")
-    base = await sprint_base(root, inp.session_id)
+    base = await story_base(root, inp.session_id, inp.story_key)
     originals = await _commit_of(root, saved_originals)
     if tip == base and await _recover_reset_branch(root, path, branch, base, originals):
         activity.logger.info("%s: an interrupted squash left %s at the base; restored from %s",

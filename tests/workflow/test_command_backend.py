@@ -579,3 +579,30 @@ async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Pat
     assert any("stashed" in f.summary and "src/sneaky.py" in f.summary for f in review.findings)
     assert git(wt, "status", "--porcelain") == ""
     assert "bso: left by" in git(wt, "stash", "list")
+
+
+async def test_a_story_started_after_another_merged_builds_on_it_and_merges(tmp_path: Path) -> None:
+    """K1 changes src/auth.py and merges; only then K2's worktree is made (the Master holds a batch while a
+    running one works on a file it touches). It was made from the sprint's base, without K1's work, so K2's
+    change of the same line conflicted and K2 was not merged; now it starts from the project's HEAD."""
+    root = make_git_project(tmp_path / "proj", stories={"1-1-login": "review", "1-2-logout": "review"})
+    (root / "src").mkdir()
+    (root / "src" / "auth.py").write_text("TOKEN = 0\n")
+    git(root, "add", "src")
+    git(root, "commit", "-q", "-m", "auth")
+
+    async def story(key: str, token: int) -> FinishStoryResult:
+        wt = await ensure_worktree(str(root), "s1", key)
+        assert (Path(wt.path) / "src" / "auth.py").read_text() == f"TOKEN = {token - 1}\n"  # the work merged so far
+        (Path(wt.path) / "src" / "auth.py").write_text(f"TOKEN = {token}\n")
+        git(wt.path, "commit", "-q", "-am", f"{key} work")
+        return await ActivityEnvironment().run(
+            finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=key)
+        )
+
+    first, second = await story("1-1-login", 1), await story("1-2-logout", 2)
+    assert first.merged and second.merged and second.squashed, (first.note, second.note)
+    assert (root / "src" / "auth.py").read_text() == "TOKEN = 2\n"
+    assert git(root, "log", "--no-merges", "--format=%s", "-2").split("\n")[:2] == [
+        "feat: Story 1.2: 1-2-logout", "feat: Story 1.1: 1-1-login"
+    ]
