@@ -52,8 +52,9 @@ def file_conflict(waiting: list[StoryMeta], running: dict[int, list[StoryMeta]])
 
 def startable_batch(
     queued: Iterable[list[StoryMeta]], running: dict[int, list[StoryMeta]]
-) -> tuple[int | None, str | None]:
-    """Which queued batch may start now (its index, None: none) and why the first one waits, if it does.
+) -> tuple[int | None, list[tuple[int, str]]]:
+    """Which queued batch may start now (its index, None: none) and why each queued batch before it waits
+    (index, reason).
 
     A batch waits while one of its stories touches a file an unfinished story of a running batch touches
     (`running`: batch id -> its unfinished stories). A later batch goes ahead of waiting ones only when none of
@@ -64,17 +65,17 @@ def startable_batch(
     if any(dep in waiting_for_queue for stories in running.values() for story in stories for dep in story.depends_on):
         # A running batch waits for a queued story (a budget pause queued its never-started stories again, and a
         # course correction may have re-planned them with others): a hold could wait for ever, so none.
-        return (0, None) if queued else (None, None)
+        return (0, []) if queued else (None, [])
     ahead: set[str] = set()
-    first_waits: str | None = None
+    waits: list[tuple[int, str]] = []
     for index, batch in enumerate(queued):
         conflict = file_conflict(batch, running)
-        if conflict is None and not any(dep in ahead for story in batch for dep in story.depends_on):
-            return index, first_waits
-        if index == 0:
-            first_waits = conflict
+        behind = next(((story.key, dep) for story in batch for dep in story.depends_on if dep in ahead), None)
+        if conflict is None and behind is None:
+            return index, waits
+        waits.append((index, conflict or f"{behind[0]} depends on {behind[1]}, of a batch that waits"))
         ahead.update(story.key for story in batch)
-    return None, first_waits
+    return None, waits
 
 
 def level_order(stories: list[StoryMeta]) -> list[StoryMeta]:

@@ -837,8 +837,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         running = {
             batch_id: stories(spec.stories, unfinished_only=True) for batch_id, spec in self._running_specs.items()
         }
-        index, why = startable_batch((stories(spec.stories) for spec in s.queue), running)
-        return index, f"batch {s.queue[0].batch_id} waits: {why}" if why is not None else None
+        index, waits = startable_batch((stories(spec.stories) for spec in s.queue), running)
+        return index, "; ".join(f"batch {s.queue[i].batch_id} waits: {why}" for i, why in waits) or None
 
     def _may_start_batch(self) -> bool:
         """Whether a queued batch may start now. A long history stops new batches too: with

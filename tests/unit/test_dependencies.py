@@ -89,9 +89,9 @@ def test_levels_keep_the_file_order_within_a_level_and_p29():
 def test_a_batch_waits_while_a_running_story_works_on_its_file():
     running = {1: [meta("a", files=["auth.py"])]}
     held, free = [meta("b", files=["auth.py", "x.py"])], [meta("c", files=["y.py"])]
-    assert startable_batch([held, free], running) == (1, "b touches auth.py, as a of running batch 1 does")
-    assert startable_batch([held, free], {1: []}) == (0, None)  # a is finished: nothing to wait for
-    assert startable_batch([free, held], running) == (0, None)
+    assert startable_batch([held, free], running) == (1, [(0, "b touches auth.py, as a of running batch 1 does")])
+    assert startable_batch([held, free], {1: []}) == (0, [])  # a is finished: nothing to wait for
+    assert startable_batch([free, held], running) == (0, [])
 
 
 def test_a_batch_goes_ahead_of_a_waiting_one_only_without_depending_on_it():
@@ -100,13 +100,16 @@ def test_a_batch_goes_ahead_of_a_waiting_one_only_without_depending_on_it():
     running = {1: [meta("a", files=["auth.py"])]}
     held = [meta("b", files=["auth.py"])]
     dependant, other = [meta("c", ["b"])], [meta("d", ["a"], files=["z.py"])]
-    assert startable_batch([held, dependant, other], running)[0] == 2
-    assert startable_batch([held, dependant], running) == (None, "b touches auth.py, as a of running batch 1 does")
+    because = "b touches auth.py, as a of running batch 1 does"
+    assert startable_batch([held, dependant, other], running) == (
+        2, [(0, because), (1, "c depends on b, of a batch that waits")]
+    )
+    assert startable_batch([held, dependant], running)[0] is None
 
 
 def test_nothing_is_held_while_a_running_batch_waits_for_a_queued_story():
     """A budget pause queued c again, b (running) waits for it, and t, with c, touches s's file: holding that
     batch for s, which sits behind b, would wait for ever."""
     running = {2: [meta("b", ["c"]), meta("s", files=["f.py"])]}
-    assert startable_batch([[meta("c"), meta("t", files=["f.py"])]], running) == (0, None)
-    assert startable_batch([], running) == (None, None)
+    assert startable_batch([[meta("c"), meta("t", files=["f.py"])]], running) == (0, [])
+    assert startable_batch([], running) == (None, [])

@@ -63,9 +63,30 @@ async def start_sprint(client: Client, task_queue: str, inp: SprintInput) -> Wor
     )
 
 
+RESULT_WAIT_SECONDS = 150.0
+
+
 async def run_sprint(client: Client, task_queue: str, inp: SprintInput) -> SprintReport:
     handle = await start_sprint(client, task_queue, inp)
-    return await handle.result()
+    return await sprint_result(handle)
+
+
+async def sprint_result(handle: WorkflowHandle[Any, SprintReport]) -> SprintReport:
+    """The sprint's result. On the shared time-skipping server a result's long poll has, rarely and late in a
+    full run, never returned (pytest's timeout then stopped the run after 600 s): it is asked again once, and if
+    the sprint is still not done, the test fails with what the server says of it instead of hanging."""
+    for _ in range(2):
+        try:
+            return await asyncio.wait_for(handle.result(), RESULT_WAIT_SECONDS)
+        except TimeoutError:
+            continue
+    described = await handle.describe()
+    history = await handle.fetch_history()
+    last = [EventType.Name(e.event_type) for e in history.events[-8:]]
+    raise AssertionError(
+        f"sprint {handle.id} gave no result in {2 * RESULT_WAIT_SECONDS:.0f}s: status {described.status}, "
+        f"{len(history.events)} events, the last: {last}; pending activities: {described.raw_description.pending_activities}"
+    )
 
 
 def status_values(root: Path) -> dict[str, str]:

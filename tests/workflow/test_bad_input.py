@@ -20,6 +20,7 @@ from bso.summary import summary_filename
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
+    sprint_result,
     make_project,
     sprint_input,
     start_sprint,
@@ -52,7 +53,7 @@ STATUS_CORPUS = {
 async def _fails_with(client: Client, queue: str, inp, expected: str) -> str:
     handle = await start_sprint(client, queue, inp)
     with pytest.raises(WorkflowFailureError) as failure:
-        await handle.result()
+        await sprint_result(handle)
     message = str(failure.value.cause)
     assert expected in message
     assert await workflow_task_failures(client, handle.id) == 0
@@ -150,7 +151,7 @@ async def test_unknown_state_is_needs_intervention_and_the_rest_goes_on(ts_env, 
     _install(tmp_path, (CORPUS / "odd" / "unknown_state.yaml").read_bytes())
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path))
-        report = await handle.result()
+        report = await sprint_result(handle)
         slave_failures = await workflow_task_failures(ts_env.client, slave_workflow_id(handle.id, 1))
     assert report.stories == {"1-1-login": "done", "1-2-logout": "needs-intervention"}
     errors = [r.error for b in report.batches for r in b.results.story_results if r.error]
@@ -194,7 +195,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
         slave_status = await slave.query(SprintSlaveWorkflow.status)
         await slave.signal("agent_complete", _complete(review_id, agent, mode))
-        report = await handle.result()
+        report = await sprint_result(handle)
     reasons = [r.reason for r in slave_status.rejected_messages]
     assert reasons[:3] == [
         "story_key: Input should be a valid string; decision: Field required",

@@ -11,7 +11,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from bso.models import DEFAULT_STATUS_FILE
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures, sprint_result
 from tests.workflow.helpers import wait_status
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -58,7 +58,7 @@ async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_p
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.course_corrections == [cc.impact]
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done", K3: "skipped", OTHER: "done"}
     assert [b.batch_id for b in report.batches] == [1, 4, 5]
     values = status_values(tmp_path)
@@ -80,7 +80,7 @@ async def test_repeated_failures_trigger_a_course_correction_and_a_pause(ts_env,
         assert status.course_corrections[0].startswith("repeated_failures:")
         assert "repeated failures: 2 stories in a row ended needs-intervention" in status.pause_reason
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "needs-intervention", K2: "needs-intervention", K3: "done"}
     assert [b.batch_id for b in report.batches] == [1, 2, 4]  # 1-3 re-planned after batch 3
 
@@ -112,7 +112,7 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
         status = await handle.query(SprintMasterWorkflow.status)
         assert OTHER not in status.stories and status.stories[K3].state == "review"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done", K3: "done"}
 
 
@@ -128,7 +128,7 @@ async def test_a_finished_story_of_a_running_batch_is_done_not_in_flight(ts_env,
         cc = await handle.execute_update(
             SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]}
         )
-        await handle.result()
+        await sprint_result(handle)
     assert (cc.untouched_done, cc.in_flight) == ([K1], [K2])
 
 
@@ -150,6 +150,6 @@ async def test_adding_a_story_gone_from_the_file_is_rejected(ts_env, tmp_path: P
             "CC_REJECTED: 2-1-search no longer in sprint-status.yaml",
         )
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
     assert await workflow_task_failures(ts_env.client, "cc-gone") == 0

@@ -13,7 +13,7 @@ from bso.cli import _stories_table
 from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_RESULT, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, wait_status
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, wait_status, sprint_result
 from workers.main import build_workers
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -89,7 +89,7 @@ async def test_a_story_waiting_on_the_debugger_shows_it_not_its_finished_agent(t
         # The agents' worker comes: the analysis runs, the fix follows, and the wait is no longer shown.
         agents = build_workers(ts_env.client, (AGENTS_TASK_QUEUE,), queue_prefix=queue.removesuffix(SPRINT_TASK_QUEUE))
         async with agents[0]:
-            report = await handle.result()
+            report = await sprint_result(handle)
             final = await handle.query("status")
     assert report.stories == {K1: "done"}
     assert final["stories"][K1].get("debug_in_flight") is None

@@ -14,7 +14,7 @@ from activities.browser import BrowseInput, find_chromium, perform
 from bso.browser import BrowserRequest
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project
+from tests.workflow.helpers import make_project, sprint_result
 from tests.workflow.test_researcher import held_sprint
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
@@ -88,7 +88,7 @@ async def test_e2e_live_resident_drives_a_real_chromium(ts_env, tmp_path: Path, 
         broken = await browse(**req(12, "navigate", url="http://127.0.0.1:9/"))
         assert broken.status == "browser_error"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        await handle.result()
+        await sprint_result(handle)
 
 
 async def test_no_browser_tool(tmp_path: Path, monkeypatch):

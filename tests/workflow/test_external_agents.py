@@ -18,6 +18,7 @@ from bso.message_flow import agent_performance, message_flow
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
+    sprint_result,
     make_project,
     poll_until,
     sprint_input,
@@ -127,7 +128,7 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         review2_id, agent, mode = await _pending(client, slave_id, ts_env, after=fix_id)
         await slave.signal("agent_complete", _complete(review2_id, agent, mode))
 
-        report = await handle.result()
+        report = await sprint_result(handle)
         master_status = await handle.query(SprintMasterWorkflow.status)
     assert report.stories == {K1: "done"}
     assert report.batches[0].results.review_fix_rounds == {K1: 1}
@@ -160,7 +161,7 @@ async def test_shutdown_request_finishes_story_in_hand(ts_env, tmp_path: Path):
         slave = client.get_workflow_handle(slave_id)
         await poll_until(lambda: _shutdown_requested(slave), "the Slave hears the shutdown")
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", "1-2-logout": "review"}
     assert report.status == "sprint-partial"
     assert report.batches[0].results.stories_skipped == 1

@@ -12,7 +12,7 @@ from bso.models import StoryProgress
 from bso.simulation import StoryScript, scripted_answer
 from bso.states import AgentMode, AgentType, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, sprint_result
 from tests.workflow.test_external_agents import _pending
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -60,7 +60,7 @@ async def test_fail_fast_stops_the_sprint(ts_env, tmp_path: Path):
                        config_overrides={"fail_fast": True, "batch_size": 2})
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
-        report = await handle.result()
+        report = await sprint_result(handle)
         master = await handle.query(SprintMasterWorkflow.status)
     assert report.stories[K1] == "needs-intervention"
     assert any(e.endswith("sprint stopped (fail_fast)") for e in master.errors)
@@ -95,7 +95,7 @@ async def test_external_agent_error_message_by_signal(ts_env, tmp_path: Path):
         await slave.signal("agent_complete", {**bad, "payload": {
             "error_type": "backend_failure", "error_message": "Claude CLI execution failed", "task_id": dispatch_id,
             "recoverable": False}})
-        report = await handle.result()
+        report = await sprint_result(handle)
         status = await slave.query(SprintSlaveWorkflow.status)
     assert report.stories[K1] == "needs-intervention" and report.status is SprintStatus.PARTIAL
     assert status_values(tmp_path)[K2] == "ready-for-dev"

@@ -18,7 +18,7 @@ from bso.constants import slave_workflow_id
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, wait_status
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, wait_status, sprint_result
 from tests.workflow.test_external_agents import _complete, _pending
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
@@ -103,7 +103,7 @@ async def test_every_handler_refuses_or_ignores_malformed_payloads(ts_env, tmp_p
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
         review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
         await slave.signal("agent_complete", _complete(review_id, agent, mode))
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"
     assert await task_failures(client, handle.id) == {}

@@ -8,7 +8,7 @@ from pathlib import Path
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
 from tests.workflow.test_external_agents import _complete, _pending
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, sprint_result
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1 = "1-1-login-form"
@@ -75,7 +75,7 @@ async def test_external_proposals_file_with_an_invalid_entry(ts_env, tmp_path: P
             await ts_env.client.get_workflow_handle(imp_slave).signal(
                 "agent_complete", {**_complete(last, agent, mode), "story_key": "1-2-imp-001"}
             )
-        report = await handle.result()
+        report = await sprint_result(handle)
         view = await handle.query(SprintMasterWorkflow.status)
     assert any("improvement proposal rejected: [1] validation_failed" in e for e in view.errors)
     assert [i.story_key for i in report.improvements] == ["1-2-imp-001"]

@@ -43,6 +43,7 @@ from bso.states import SprintPhase, SprintStatus
 from bso.summary import render_summary
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
+    sprint_result,
     ledger,
     make_project,
     poll_until,
@@ -119,7 +120,7 @@ async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase is SprintPhase.PAUSED and status.pause_reason == "lunch"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {K1: "done", K2: "done"}
     assert len(started(tmp_path)) == 4
@@ -138,7 +139,7 @@ async def test_first_story_checkpoint_pause_waits_for_resume(ts_env, tmp_path: P
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.stories[K2].agents_dispatched == 0 and status_values(tmp_path)[K2] == "review"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
 
 
@@ -146,7 +147,7 @@ async def test_first_story_checkpoint_report_only_reports(ts_env, tmp_path: Path
     make_project(tmp_path, {K1: "review", K2: "review"})
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="ckpt-2"))
-        report = await handle.result()
+        report = await sprint_result(handle)
         status = await handle.query(SprintMasterWorkflow.status)
     assert report.status is SprintStatus.COMPLETE
     assert status.checkpoint is not None and K1 in status.checkpoint
@@ -200,7 +201,7 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
             view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "skip_story"})
             assert view.state == "skipped" and view.story_review_rounds == 1
             final = "skipped"
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: final}
     assert status_values(tmp_path)[K1] == final
 
@@ -246,7 +247,7 @@ async def test_a_decision_racing_a_shutdown_gets_an_answer_and_the_sprint_ends(t
             assert view.state == "ready-for-dev"  # the Slave took it before it stopped
         except WorkflowUpdateFailedError as err:  # refused, or the batch ended first
             assert "not running" in str(err.cause) or "ended before the decision reached it" in str(err.cause), err.cause
-        report = await handle.result()  # time skips: a sprint stuck here would time out, not return
+        report = await sprint_result(handle)  # time skips: a sprint stuck here would time out, not return
     assert report.status is SprintStatus.PARTIAL
     assert report.stories[K1] in ("story-doc-review", "ready-for-dev", "done")
 
@@ -270,7 +271,7 @@ async def test_a_rearm_while_the_sprint_ends_is_refused_not_lost(ts_env, tmp_pat
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"}),
             "the sprint is ending",
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories[K1] == status_values(tmp_path)[K1] == "needs-intervention"
     assert [b.batch_id for b in report.batches] == [1]
 
@@ -318,7 +319,7 @@ async def test_slave_decide_validator_rejects_a_story_not_waiting(ts_env, tmp_pa
         )
         view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
         assert view.state == "ready-for-dev"
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
 
 
@@ -329,7 +330,7 @@ async def test_decision_timeout_gives_needs_intervention(own_ts_env, tmp_path: P
         handle = await start_sprint(
             own_ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=NEEDS_IMPROVE)
         )
-        report = await handle.result()  # time skips over the hour
+        report = await sprint_result(handle)  # time skips over the hour
     assert report.stories == {K1: "needs-intervention"}
     error = report.batches[0].results.story_results[0].error
     assert "decision_timeout_seconds (3600s)" in error
@@ -368,7 +369,7 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
         assert view.state == "review" and view.batch_id == 3
         assert status_values(tmp_path)[K1] == "review"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {K1: "done", K2: "done"}
     assert [b.batch_id for b in report.batches] == [1, 2, 3]
@@ -382,7 +383,7 @@ async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: P
     async with bso_worker(ts_env.client) as queue:
         handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "stop-1", 500)
         await handle.signal(SprintMasterWorkflow.shutdown_request)
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.PARTIAL
     assert report.stories == {K1: "done", K2: "ready-for-dev", K3: "ready-for-dev"}
     assert status_values(tmp_path)[K1] == "done"
@@ -398,7 +399,7 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
         handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "cancel-1", 500)
         await handle.cancel(reason="wrong branch")
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
         assert isinstance(failure.value.cause, CancelledError)
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase is SprintPhase.CANCELED
@@ -433,7 +434,7 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
         await asyncio.sleep(0.5)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
         assert isinstance(failure.value.cause, CancelledError), failure.value.cause
         for role in ("scrum-master", "knowledge-researcher", "debugger"):
             try:
@@ -467,7 +468,7 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         await asyncio.sleep(5)  # past the workflow task the write began in
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await sprint_result(handle)
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1)).describe()
     assert slave.status is WorkflowExecutionStatus.CANCELED
     assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
@@ -486,7 +487,7 @@ async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_state
         await poll_until(lambda: asyncio.sleep(0, status_values(tmp_path)[K1] == "done"), "K1 done in the file", interval=0.01)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await sprint_result(handle)
         status = await handle.query(SprintMasterWorkflow.status)
     assert status.stories[K1].state == "done", status.stories
     assert status.stories[K2].agent_in_flight is None
@@ -510,7 +511,7 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
             SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"}
         )
         status = await handle.query(SprintMasterWorkflow.status)
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert view.state == "review" and view.batch_id == 2
     assert status.stories[K2].agent_in_flight is not None  # batch 1 was still running
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
@@ -536,7 +537,7 @@ async def test_a_rearmed_storys_first_batch_ending_abnormally_leaves_its_new_run
         await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "review-runner", "K1 in batch 2")
         await client.get_workflow_handle(slave_workflow_id("rearm-abnormal", 1)).terminate("stuck batch")
         status = await wait_status(handle, lambda s: "slave-batch-1" not in s.roster.slaves, "batch 1 wound up")
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert status.stories[K1].agent_in_flight == "review-runner" and status.stories[K1].batch_id == 2
     assert any(t.startswith("review-runner") for t in status.roster.temps), status.roster
     assert report.stories[K1] == "done", report.stories
@@ -558,7 +559,7 @@ async def test_a_paused_sprint_at_its_end_takes_a_rearm_of_its_last_batchs_story
         )
         assert view.state == "review" and view.batch_id == 2
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert status_values(tmp_path)[K1] == "done"
 
@@ -576,7 +577,7 @@ async def test_two_rearms_of_one_story_sent_together_queue_it_once(ts_env, tmp_p
             return_exceptions=True,
         )
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     refused = [o for o in outcomes if isinstance(o, BaseException)]
     assert len(refused) == 1 and "a decision is already on its way" in str(refused[0].cause), outcomes
     runs_of_k1 = [b.batch_id for b in report.batches if any(r.story_key == K1 for r in b.results.story_results)]
@@ -592,7 +593,7 @@ async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(t
         handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-dep")
         await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()  # on the old code: after slave_timeout_seconds, skipped in time
+        report = await sprint_result(handle)  # on the old code: after slave_timeout_seconds, skipped in time
     errors = [e for b in report.batches for e in b.errors]
     assert report.stories == {K1: "done", K2: "done"}, (report.stories, errors)
     assert errors == []
@@ -634,7 +635,7 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
         before = list(dispatched)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await sprint_result(handle)
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
         view = await handle.query(SprintMasterWorkflow.status)
     assert dispatched == before, dispatched  # no agent after the cancel
@@ -664,7 +665,7 @@ async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_t
         paused = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "the checkpoint's pause")
         assert paused.stories[K1].state == "done" and paused.checkpoint and K1 in paused.checkpoint
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert [e for b in report.batches for e in b.errors] == []
 
@@ -683,7 +684,7 @@ async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
             sprint_input(tmp_path, session_id="fails-late", config_overrides={"improvement_cycle": True}),
         )
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
+            await sprint_result(handle)
         residents = [
             await ts_env.client.get_workflow_handle(resident_workflow_id("fails-late", role)).describe()
             for role in ("scrum-master", "debugger", "knowledge-researcher")
@@ -746,6 +747,6 @@ async def test_a_course_correction_waits_for_a_rearm_being_applied(ts_env, tmp_p
             SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]}
         )
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert K1 in [k for b in cc.batches for k in b.stories]  # the rearmed story is in the new plan
     assert report.stories == {K1: "done", K2: "done", K3: "skipped"}

@@ -13,6 +13,7 @@ from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
 from tests.workflow.helpers import (
+    sprint_result,
     ledger,
     make_project,
     run_sprint,
@@ -120,7 +121,7 @@ async def test_a_batch_waits_while_a_running_one_works_on_a_file_it_touches(ts_e
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
         held = await wait_status(handle, lambda s: s.batch_held is not None, "batch 2 held")
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert held.batch_held == "batch 2 waits: 1-2-logout touches src/auth.py, as 1-1-login-form of running batch 1 does"
     assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2], [K3]]
     assert report.status is SprintStatus.COMPLETE
@@ -155,7 +156,7 @@ async def test_a_story_set_done_by_hand_while_it_waits_for_a_dependency_runs_no_
         status_file = tmp_path / DEFAULT_STATUS_FILE
         text = status_file.read_text(encoding="utf-8")
         status_file.write_text(text.replace(f"{K2}: ready-for-dev", f"{K2}: done"), encoding="utf-8")
-        report = await handle.result()
+        report = await sprint_result(handle)
         view = await handle.query(SprintMasterWorkflow.status)
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
@@ -176,7 +177,7 @@ async def test_makespan_against_the_critical_path(ts_env, tmp_path: Path):
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
         history = await handle.fetch_history()
     assert report.status is SprintStatus.COMPLETE
     assert all(v == "done" for v in report.stories.values())
@@ -236,7 +237,7 @@ async def test_a_budget_requeue_then_a_course_correction_does_not_deadlock_the_h
                 f"stuck: {view.phase} {view.pause_reason} batch_held={view.batch_held!r}, states={ {k: v.state for k, v in view.stories.items()} }, "
                 f"batches={ {k: v.batch_id for k, v in view.stories.items()} }"
             ) from None
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE, report.stories
 
 
@@ -253,6 +254,6 @@ async def test_one_batch_at_a_time_shows_no_batch_held(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
         running = await wait_status(handle, lambda s: s.stories[K1].agent_in_flight is not None, "K1 in flight")
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE
     assert running.batch_held is None, running.batch_held

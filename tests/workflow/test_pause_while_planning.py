@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input
+from tests.workflow.helpers import make_project, sprint_input, sprint_result
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1 = "1-1-login-form"
@@ -35,5 +35,5 @@ async def test_a_pause_sent_at_the_start_holds_and_shows(ts_env, tmp_path: Path)
         assert status.phase is SprintPhase.PAUSED and status.pause_reason == "before the first batch"
         assert status.batches_done == 0 and status.current_batch is None
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done"}

@@ -10,7 +10,7 @@ from bso.cli import _rejected_by_children, _rejections
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, workflow_task_failures
+from tests.workflow.helpers import make_project, sprint_input, workflow_task_failures, sprint_result
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -61,7 +61,7 @@ async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env
         assert resident.requests_served == before.requests_served
         assert master.phase is SprintPhase.PAUSED and master.pause_reason == "hold while we send bad signals"
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done"}
     by_type = {m.msg_type: m for m in resident.rejected_messages}
     assert {e["field"] for e in by_type["DEBUG_REQUEST"].error["errors"]} == {"report_to"}

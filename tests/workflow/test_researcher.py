@@ -8,7 +8,7 @@ from pathlib import Path
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint
+from tests.workflow.helpers import make_project, sprint_input, start_sprint, sprint_result
 from tests.workflow.helpers import wait_status
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
@@ -54,7 +54,7 @@ async def test_research_cache_budget_and_restart(ts_env, tmp_path: Path):
         index = (tmp_path / ".sprint-session/knowledge-cache/index.yaml").read_text()
         assert "How do I hash passwords?" not in index and "JWT expiry?" in index and "Session cookies?" in index
         await handle.signal(SprintMasterWorkflow.resume, {})
-        await handle.result()
+        await sprint_result(handle)
 
         # A new sprint (new resident workflow) finds the cache and the budget where they were.
         make_project(tmp_path, {K1: "review"})  # the status file again; .sprint-session/ stays
@@ -62,4 +62,4 @@ async def test_research_cache_budget_and_restart(ts_env, tmp_path: Path):
         hit = await kr.execute_update(ResidentWorkflow.research, ask("1-1", "JWT expiry?", 11))
         assert hit.status == "cached" and hit.calls_used == 3
         await handle.signal(SprintMasterWorkflow.resume, {})
-        await handle.result()
+        await sprint_result(handle)

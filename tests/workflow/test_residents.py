@@ -17,7 +17,7 @@ from bso.constants import SIGNAL_ROSTER_BROADCAST, slave_workflow_id
 from bso.roster import resident_workflow_id
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, wait_status
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, wait_status, sprint_result
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -146,6 +146,6 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
             await asyncio.sleep(0.1)
         assert f"{created.agent_name} created for ext-slave" in changes and f"{created.agent_name} destroyed" in changes
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
     # 3 residents + 1 Slave + 1 temp + 1 two-phase agent
     assert report.total_agents_created == report.total_agents_destroyed == 6

@@ -14,7 +14,7 @@ from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, workflow_task_failures
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, workflow_task_failures, sprint_result
 from tests.workflow.helpers import wait_status
 from tests.workflow.test_residents import signal_names
 from workflows.sprint_master import SprintMasterWorkflow
@@ -69,7 +69,7 @@ async def run_course_correction(ts_env, tmp_path: Path, session: str, overrides:
             {"reason": "new_requirements", "add_stories": ["2-1"], "drop_stories": ["1-3"]},
         )
         await handle.signal(SprintMasterWorkflow.resume, {})
-        report = await handle.result()
+        report = await sprint_result(handle)
         assert (await handle.describe()).status is WorkflowExecutionStatus.COMPLETED
     assert [(b.batch_id, b.stories) for b in cc.batches] == [(4, [K2]), (5, [OTHER])]
     assert report.stories == {K1: "done", K2: "done", K3: "skipped", OTHER: "done"}
@@ -104,7 +104,7 @@ async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path:
             SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="forged-plan"), id="forged-plan",
             task_queue=queue, start_signal="plan_result", start_signal_args=[forged],
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
         errors = (await handle.query(SprintMasterWorkflow.status)).errors
     assert report.stories == {K1: "done"} and report.planner == "fallback"
     assert any("does not hold exactly the stories asked for" in e for e in errors), errors

@@ -21,6 +21,7 @@ from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
 from tests.workflow.helpers import (
+    sprint_result,
     ledger,
     make_project,
     run_sprint,
@@ -235,7 +236,7 @@ async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
         assert "token budget exhausted" in status.pause_reason
         assert status.stories[K2].state == "review"
         await handle.signal("resume", {"token_limit": 10_000})
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
     assert report.status is SprintStatus.COMPLETE
 
@@ -270,7 +271,7 @@ async def test_malformed_status_file_fails_the_sprint_at_once(ts_env, tmp_path: 
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path))
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError)
     assert "sprint-status.yaml" in cause.message and "line" in cause.message
@@ -293,7 +294,7 @@ async def test_invalid_input_fails_clearly(ts_env, tmp_path: Path, overrides, si
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
     assert expected in str(failure.value.cause)
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
     assert status_values(tmp_path) == before
@@ -336,7 +337,7 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, epic=7))
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
         done = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, epic="epic-1"))
         assert (await done.result()).stories == {K1: "done"}
     assert "unknown epic 7: the status file has no story of epic-7 (its epics with stories: epic-1)" in str(
@@ -349,7 +350,7 @@ async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
         with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
+            await sprint_result(handle)
     assert "nowhere" in str(failure.value.cause)
 
 
@@ -366,7 +367,7 @@ async def test_master_continues_as_new_between_batches_and_keeps_everything(ts_e
                 config_overrides={"batch_size": 2, "continue_as_new_after_events": 100},
             ),
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
         status = await handle.query(SprintMasterWorkflow.status)
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {k: "done" for k in stories}
@@ -412,7 +413,7 @@ async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_t
     inp = sprint_input(tmp_path, session_id="renamed", simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         handle = await edited_while_in_flight(ts_env.client, queue, inp, K1, "dev-runner", K1, "1-1-login-page")
-        report = await handle.result()
+        report = await sprint_result(handle)
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("renamed", 1))
     assert report.stories == {K1: "needs-intervention", K2: "done"}
     error = story_result(report, K1).error
@@ -434,7 +435,7 @@ async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_noth
         await asyncio.sleep(2.5)  # the agent answers meanwhile; its write is retried
         status_file = tmp_path / DEFAULT_STATUS_FILE
         status_file.write_text(status_file.read_text(encoding="utf-8").replace(broken, good), encoding="utf-8")
-        report = await handle.result()
+        report = await sprint_result(handle)
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("broken", 1))
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert (status_values(tmp_path)[K1], status_values(tmp_path)[K2]) == ("done", "done")
@@ -506,7 +507,7 @@ async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, t
         handle = await edited_while_in_flight(
             ts_env.client, queue, inp, K1, "review-runner", f"{K2}: backlog", f"{K2}: done"
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
         view = await handle.query(SprintMasterWorkflow.status)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert view.stories[K2].state == "done" and view.stories[K2].agents_dispatched == 0
@@ -525,7 +526,7 @@ async def test_a_story_set_done_by_hand_while_its_agent_works_is_taken_as_done(t
         handle = await edited_while_in_flight(
             ts_env.client, queue, inp, K2, "dev-runner", f"{K2}: ready-for-dev", f"{K2}: done"
         )
-        report = await handle.result()
+        report = await sprint_result(handle)
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     assert status_values(tmp_path)[K2] == "done"
     assert story_result(report, K2).agents_dispatched == 1  # the dev run only
@@ -545,7 +546,7 @@ async def test_stories_set_by_hand_in_a_started_batch_run_no_agent(ts_env, tmp_p
         text = status_file.read_text(encoding="utf-8")
         text = text.replace(f"{K2}: backlog", f"{K2}: done").replace(f"{K3}: ready-for-dev", f"{K3}: skipped")
         status_file.write_text(text, encoding="utf-8")
-        report = await handle.result()
+        report = await sprint_result(handle)
         view = await handle.query(SprintMasterWorkflow.status)
     assert report.stories == {K1: "done", K2: "done", K3: "skipped"}, report.stories
     started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
