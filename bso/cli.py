@@ -442,15 +442,18 @@ def _progress(
     for s in stories.values():
         if s.batch_id is not None:
             batches.setdefault(s.batch_id, []).append(s)
-    for batch_id in sorted(batches):
-        members = batches[batch_id]
-        finished = sum(s.state in _TERMINAL for s in members)
+    for batch_id in sorted(set(batches) | set(view.finished_batches)):
+        members = batches.get(batch_id, [])
+        # A finished batch counts every story it ran, also one rearmed into a later batch since.
+        finished, total = view.finished_batches.get(
+            batch_id, (sum(s.state in _TERMINAL for s in members), len(members))
+        )
         running = batch_id in view.running_batches or view.current_batch == batch_id  # (a sprint of an older worker)
         marker = " (running)" if running else ""
         bars.add_row(
             f"batch {batch_id}",
-            ProgressBar(total=len(members), completed=finished, width=40),
-            f"{finished}/{len(members)}{marker}",
+            ProgressBar(total=max(total, 1), completed=finished, width=40),
+            f"{finished}/{total}{marker}",
         )
     limit = view.token_limit or 0
     bars.add_row(

@@ -357,6 +357,9 @@ class SprintStatusView(_Model):
     phase: SprintPhase
     current_batch: int | None = None  # the lowest of running_batches
     running_batches: list[int] = Field(default_factory=list)
+    # Finished batches: batch id -> [stories it settled, stories it had], as it ran (a story rearmed since is
+    # counted here too)
+    finished_batches: dict[int, tuple[int, int]] = Field(default_factory=dict)
     batch_held: str | None = None  # why the next batch waits for a running one (they touch one file), if it does
     batches_total: int = 0
     batches_done: int = 0

@@ -172,6 +172,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
             running_batches=sorted(self._running_batches),
+            finished_batches={r.batch_id: _settled_of(r) for r in s.results},
             batch_held=self._next_batch()[1],
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),
@@ -1061,6 +1062,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}\n\n"
             "| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows
         )
+
+
+def _settled_of(result: SlaveResult) -> tuple[int, int]:
+    counts = result.results
+    return counts.stories_completed + counts.stories_failed + counts.stories_skipped, counts.stories_total
 
 
 def _progress_from_view(key: str, view: StoryView) -> StoryProgress:

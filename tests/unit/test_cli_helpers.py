@@ -160,3 +160,14 @@ def test_status_marks_every_running_batch_and_says_why_one_waits():
     marked = [line.split()[1] for line in lines if line.startswith("batch ") and "(running)" in line]
     assert marked == ["1", "2"], lines  # only the lowest was marked
     assert held in lines
+
+
+def test_a_finished_batch_keeps_its_bar_after_a_rearm():
+    """K1 failed in batch 1 and was rearmed into batch 2: batch 1's bar still counts it (it showed 1/1)."""
+    stories = {"1-1-a": StoryView(state="review", batch_id=2), "1-2-b": StoryView(state="done", batch_id=1)}
+    view = SprintStatusView(
+        session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, current_batch=2, running_batches=[2],
+        finished_batches={1: (2, 2)},
+    )
+    bars = {line.split()[1]: line.split()[-1] for line in _rendered(view).splitlines() if line.startswith("batch ")}
+    assert bars == {"1": "2/2", "2": "(running)"}, bars
