@@ -7,7 +7,8 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
-dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file. $FAKE_AGENT_LEDGER:
+dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file, shared-file (also appends
+a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
 
@@ -172,6 +173,9 @@ def main():
             f"import sys; sys.path.insert(0, 'src')\nfrom {module} import greet\n\n"
             "def test_greet():\n    assert greet() == " + ("'goodbye'" if broken else "'hello'") + "\n"
         )
+        if "shared-file" in behavior:
+            with open("src/shared.py", "a") as fh:
+                fh.write(f"# {key}\n")
         if "leak-env" in behavior or "commit-env" in behavior:
             Path(".env").write_text("OPENAI_API_KEY=sk-fake-leaked\n")
         if "commit-env" in behavior:  # the agent commits the secret itself

@@ -243,3 +243,34 @@ async def test_a_real_reviewer_scores_the_work_and_a_low_score_goes_to_a_fix(ts_
     assert "[blocking/documentation] greet() has no docstring (round 1)" in fix_text
     review_text = next(t for t in prompts if "Score the work" in t)
     assert "a score of at least 80" in review_text and "criteria_scores" in review_text
+
+
+async def test_stories_touching_one_file_in_parallel_batches_all_merge(ts_env, tmp_path: Path) -> None:
+    """Three stories append to src/shared.py (their Files: line says so), in one-story batches, two at once. The
+    Master holds a batch while another works on that file, and each story's worktree starts from what merged
+    before it: all three merge. Before, both agents of the first two batches edited the file at once from the
+    same base, and the later merges conflicted (the stories were not merged)."""
+    keys = [STORY, "1-2-second-story", "1-3-third-story"]
+    root = make_git_project(
+        tmp_path / "proj", stories={k: "ready-for-dev" for k in keys}, FAKE_AGENT_BEHAVIOR="shared-file"
+    )
+    stories = root / "_bmad-output" / "implementation-artifacts"
+    for key in keys:
+        module = "story_" + key.replace("-", "_")  # the fake agent's own files (the Files: line is its scope too)
+        (stories / f"{key}.md").write_text(
+            f"# Story 1.{key[2]}: Story {key[2]}\n\nStatus: ready-for-dev\n\n"
+            f"Files: src/shared.py, src/{module}.py, src/{module}_extra.py, tests/test_{module}.py\n\n"
+            "## Acceptance Criteria\n\n1. it works\n"
+        )
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "story files")
+    # The fake agent's PO plan names its own files, not src/shared.py: without gates, the agents' work as it is.
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 2, "po_gates_enabled": False}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue,
+            sprint_input(root, session_id="cmd-shared", agent_backend="command", config_overrides=overrides),
+        )
+    assert report.stories == {k: "done" for k in keys}, report
+    notes = [e for b in report.batches for e in b.errors]
+    assert (root / "src" / "shared.py").read_text().splitlines() == [f"# {k}" for k in keys], notes
