@@ -20,9 +20,9 @@ from bso.summary import summary_filename
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
-    sprint_result,
     make_project,
     sprint_input,
+    sprint_result,
     start_sprint,
     status_values,
     workflow_task_failures,

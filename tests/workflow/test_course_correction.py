@@ -11,7 +11,14 @@ from temporalio.client import WorkflowUpdateFailedError
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from bso.models import DEFAULT_STATUS_FILE
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, workflow_task_failures, sprint_result
+from tests.workflow.helpers import (
+    make_project,
+    sprint_input,
+    sprint_result,
+    start_sprint,
+    status_values,
+    workflow_task_failures,
+)
 from tests.workflow.helpers import wait_status
 from workflows.sprint_master import SprintMasterWorkflow
 

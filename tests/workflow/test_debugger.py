@@ -13,7 +13,15 @@ from bso.cli import _stories_table
 from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_RESULT, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, wait_status, sprint_result
+from tests.workflow.helpers import (
+    make_project,
+    run_sprint,
+    sprint_input,
+    sprint_result,
+    start_sprint,
+    status_values,
+    wait_status,
+)
 from workers.main import build_workers
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow

@@ -18,10 +18,10 @@ from bso.message_flow import agent_performance, message_flow
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
-    sprint_result,
     make_project,
     poll_until,
     sprint_input,
+    sprint_result,
     start_sprint,
     status_values,
     wait_status,

@@ -12,7 +12,7 @@ from bso.models import StoryProgress
 from bso.simulation import StoryScript, scripted_answer
 from bso.states import AgentMode, AgentType, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, sprint_result
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, sprint_result, start_sprint, status_values
 from tests.workflow.test_external_agents import _pending
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow

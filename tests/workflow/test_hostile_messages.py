@@ -18,7 +18,7 @@ from bso.constants import slave_workflow_id
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, status_values, wait_status, sprint_result
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint, status_values, wait_status
 from tests.workflow.test_external_agents import _complete, _pending
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow

@@ -8,7 +8,7 @@ from pathlib import Path
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
 from tests.workflow.test_external_agents import _complete, _pending
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, status_values, sprint_result
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, sprint_result, start_sprint, status_values
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1 = "1-1-login-form"

@@ -43,11 +43,11 @@ from bso.states import SprintPhase, SprintStatus
 from bso.summary import render_summary
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
-    sprint_result,
     ledger,
     make_project,
     poll_until,
     sprint_input,
+    sprint_result,
     start_sprint,
     status_values,
     wait_status,

@@ -13,11 +13,11 @@ from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
 from tests.workflow.helpers import (
-    sprint_result,
     ledger,
     make_project,
     run_sprint,
     sprint_input,
+    sprint_result,
     start_sprint,
     status_values,
     wait_status,

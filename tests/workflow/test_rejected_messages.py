@@ -10,7 +10,7 @@ from bso.cli import _rejected_by_children, _rejections
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, workflow_task_failures, sprint_result
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, workflow_task_failures
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, sprint_result
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from tests.workflow.helpers import wait_status
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow

@@ -17,7 +17,7 @@ from bso.constants import SIGNAL_ROSTER_BROADCAST, slave_workflow_id
 from bso.roster import resident_workflow_id
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, wait_status, sprint_result
+from tests.workflow.helpers import make_project, run_sprint, sprint_input, sprint_result, start_sprint, wait_status
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 

@@ -14,7 +14,14 @@ from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, start_sprint, workflow_task_failures, sprint_result
+from tests.workflow.helpers import (
+    make_project,
+    run_sprint,
+    sprint_input,
+    sprint_result,
+    start_sprint,
+    workflow_task_failures,
+)
 from tests.workflow.helpers import wait_status
 from tests.workflow.test_residents import signal_names
 from workflows.sprint_master import SprintMasterWorkflow
