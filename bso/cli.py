@@ -136,6 +136,12 @@ _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
 out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
+
+def watch_console(**options: Any) -> Console:
+    """The console `bso sprint watch` draws on: a soft-wrapping one, as `out`, has Live cut every line at the
+    terminal's width (a batch's wait reason lost its end on 80 columns); this one wraps them."""
+    return Console(**({"highlight": False, "soft_wrap": False, "width": _WIDTH} | options))
+
 _connection: dict[str, str | None] = {"address": None, "namespace": None, "profile": None}
 
 
@@ -802,7 +808,7 @@ def sprint_watch(
         note: str | None = None
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
-        with Live(console=out, refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
+        with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
                     desc = await handle.describe()

@@ -12,11 +12,21 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from rich.console import Console
+from rich.live import Live
 from temporalio.service import RPCError, RPCStatusCode
 
 from bench.infra import DevServer
 from bso.dev_server import dynamic_config_args
-from bso.cli import BsoError, _progress, _query_status, parse_set, server_command, temporal_start_command, ui_link
+from bso.cli import (
+    BsoError,
+    _progress,
+    _query_status,
+    parse_set,
+    server_command,
+    temporal_start_command,
+    ui_link,
+    watch_console,
+)
 from bso.models import SprintInput, SprintStatusView, StoryView
 from bso.states import SprintPhase
 from bso.temporal_client import connect_config
@@ -171,3 +181,19 @@ def test_a_finished_batch_keeps_its_bar_after_a_rearm():
     )
     bars = {line.split()[1]: line.split()[-1] for line in _rendered(view).splitlines() if line.startswith("batch ")}
     assert bars == {"1": "2/2", "2": "(running)"}, bars
+
+
+def test_watch_wraps_a_long_wait_reason_on_a_narrow_terminal():
+    """On 80 columns the watch view cut the batch hold's line at the edge (Live crops a soft-wrapping console)."""
+    stories = {"1-1-a": StoryView(state="review", batch_id=1), "1-2-b": StoryView(state="review", batch_id=2)}
+    held = "batch 2 waits: 1-2-b touches src/app/very/long/module/path.py, as 1-1-a of running batch 1 does; end"
+    view = SprintStatusView(
+        session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, current_batch=1, running_batches=[1],
+        batch_held=held,
+    )
+    terminal = io.StringIO()
+    console = watch_console(file=terminal, width=80, force_terminal=True, color_system=None)
+    with Live(_progress(view, None, "running"), console=console, auto_refresh=False, transient=False):
+        pass
+    shown = " ".join(terminal.getvalue().split())
+    assert held in shown, shown
