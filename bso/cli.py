@@ -108,9 +108,18 @@ class _App(typer.Typer):
                 return 0
             ctx = getattr(e, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None else ""
-            err_console.print(f"bso: error: {where}{e.format_message()}", markup=False)
+            err_console.print(f"bso: error: {where}{e.format_message()}{_connection_hint(e, ctx)}", markup=False)
             return int(e.exit_code)
         return code if isinstance(code, int) else 0
+
+
+def _connection_hint(error: Exception, ctx: Any) -> str:
+    """`bso sprint status X --address ...` is refused: the connection options belong to `bso` itself."""
+    option = getattr(error, "option_name", None)
+    if option not in ("--address", "--namespace", "--profile") or ctx is None:
+        return ""
+    command = ctx.command_path.removeprefix("bso").strip()
+    return f" ({option} goes before the command: `bso {option} VALUE {command} ...`, or set TEMPORAL_{option[2:].upper()})"
 
 
 def _exit(code: int) -> None:
