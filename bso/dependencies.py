@@ -11,11 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bso.dispatch import Outcome, Transition
-from bso.models import StoryMeta, StoryProgress
+from bso.models import TERMINAL_VALUES, StoryMeta, StoryProgress, StoryView
 from bso.states import StoryState
 
 # A dependency whose batch ended without bringing it to a terminal state (shutdown, budget, crash).
 UNFINISHED = "unfinished"
+# A dependency done whose branch is still being merged back (command backend): its dependants wait, since a
+# worktree made before the merge lands would lack its work.
+MERGING = "merging"
+
+
+def state_for_dependants(view: StoryView, pending: bool) -> str:
+    """A planned story's state as its dependants see it; `pending`: its batch runs or is queued."""
+    if view.merging and pending:
+        return MERGING
+    if view.state in TERMINAL_VALUES or pending:
+        return view.state
+    return f"{UNFINISHED}:{view.state}"
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 "dispatch_id": view.get("dispatch_id"),
                 "detail": f"{view.get('state', '?')}"
                 + (f", {in_flight} in flight" if in_flight else "")
+                + (", merging" if view.get("merging") is True else "")
                 + (f", review round {view['review_round']}" if view.get("review_round") else ""),
                 "payload": update if isinstance(item, dict) else {"value": item},
             }

@@ -225,10 +225,13 @@ class StoryView(_Model):
     error: str | None = None
     awaiting_decision: str | None = None  # set while the story waits for a human `decide`
     debug_in_flight: str | None = None  # the debug id while the story waits on the debugger's analysis
+    merging: bool = False  # command backend: done, its branch being merged back into the project
 
     @property
     def in_flight(self) -> str:
-        return describe_in_flight(self.agent_in_flight, self.mode_in_flight, self.debug_in_flight)
+        return describe_in_flight(self.agent_in_flight, self.mode_in_flight, self.debug_in_flight) or (
+            "merging" if self.merging else ""
+        )
 
 
 def describe_in_flight(agent: object, mode: object, debug_id: object) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bso.messages import BatchPlanReady, BatchSpec
-from bso.models import StoryMeta
+from bso.models import TERMINAL_VALUES, StoryMeta, StoryView
 
 
 class PlanningError(ValueError):
@@ -35,6 +35,17 @@ def shares_files(story: StoryMeta, others: list[StoryMeta]) -> bool:
     """P29: does `story` touch a file one of `others` touches (its story file's `Files:` line)?"""
     mine = set(story.files)
     return bool(mine) and any(mine.intersection(o.files) for o in others)
+
+
+def still_on_its_files(view: StoryView | None, batch_id: int) -> bool:
+    """Whether a story of running batch `batch_id` may still change the files it touches: it is not finished, or
+    it is done and its branch is still being merged back (command backend: a worktree made meanwhile would miss
+    that merge). A story rearmed into another batch since is that batch's (its view says which)."""
+    if view is None:
+        return True  # not heard of yet: as planned, unfinished
+    if view.batch_id is not None and view.batch_id != batch_id:
+        return False
+    return view.state not in TERMINAL_VALUES or view.merging
 
 
 def file_conflict(waiting: list[StoryMeta], running: dict[int, list[StoryMeta]]) -> str | None:

@@ -55,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         slave_workflow_id,
     )
-    from bso.dependencies import UNFINISHED
+    from bso.dependencies import UNFINISHED, state_for_dependants
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
@@ -97,7 +97,7 @@ with workflow.unsafe.imports_passed_through():
         resolve_epic,
         resolve_story_keys,
     )
-    from bso.planning import startable_batch
+    from bso.planning import startable_batch, still_on_its_files
     from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -237,7 +237,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 update.story_key,
                 temp_name(agent, short_key(update.story_key), update.view.agents_dispatched) if agent else None,
             )
-            if update.view.state in TERMINAL_VALUES:
+            # A story still merging (command backend) has finished for none of these yet: its next update says so.
+            if update.view.state in TERMINAL_VALUES and not update.view.merging:
                 self._count_failure(update.view.state)
                 self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
@@ -431,9 +432,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         view = s.views[key]
         pending = view.batch_id in self._running_batches or any(b.batch_id == view.batch_id for b in s.queue)
-        if view.state in TERMINAL_VALUES or pending:
-            return view.state
-        return f"{UNFINISHED}:{view.state}"
+        return state_for_dependants(view, pending)
 
     def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
         """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
@@ -828,15 +827,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if len(self._batch_tasks) >= s.config.max_concurrent_slaves or not self._may_start_batch():
             return 0, None  # no batch could start anyway: nothing is held for a file
 
-        def stories(keys: list[str], unfinished_only: bool = False) -> list[StoryMeta]:
-            return [
-                s.stories[k]
-                for k in keys
-                if k in s.stories and not (unfinished_only and k in s.views and s.views[k].state in TERMINAL_VALUES)
-            ]
+        def stories(keys: list[str]) -> list[StoryMeta]:
+            return [s.stories[k] for k in keys if k in s.stories]
 
         running = {
-            batch_id: stories(spec.stories, unfinished_only=True) for batch_id, spec in self._running_specs.items()
+            batch_id: [meta for meta in stories(spec.stories) if still_on_its_files(s.views.get(meta.key), batch_id)]
+            for batch_id, spec in self._running_specs.items()
         }
         index, waits = startable_batch((stories(spec.stories) for spec in s.queue), running)
         return index, "; ".join(f"batch {s.queue[i].batch_id} waits: {why}" for i, why in waits) or None

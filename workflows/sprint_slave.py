@@ -138,6 +138,9 @@ PATCH_HOLD_TIMER_NOT_CANCELLED = "slave-hold-timer-not-cancelled"
 # Before a story's first agent, the file is read again when time has passed since the batch last read it (a wait
 # for a dependency, a pause, a merge): a story set done by hand meanwhile had its agent run all the same.
 PATCH_REREAD_BEFORE_FIRST_AGENT = "slave-rereads-before-first-agent"
+# command backend: a done story shows `merging` until its branch is merged back, then the Master hears it again;
+# a batch held for a file it touches started once it was done, and its worktree missed the merge still running.
+PATCH_REPORTS_MERGES = "slave-reports-merges"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
 # ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
 STATUS_FILE_RETRY = RetryPolicy(
@@ -162,7 +165,7 @@ STORY_UPDATES_HOLD_SUMMARY = "story updates hold"  # the timer's name in the UI
 ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
 
 
-def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
+def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) -> StoryView:
     return StoryView(
         state=progress.state,
         batch_id=batch_id,
@@ -177,6 +180,7 @@ def story_view(progress: StoryProgress, batch_id: int) -> StoryView:
         dispatch_id=progress.pending_dispatch_id,
         error=progress.error,
         awaiting_decision=progress.awaiting_decision,
+        merging=merging,
     )
 
 
@@ -211,6 +215,8 @@ class SprintSlaveWorkflow:
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         self._states_read_at: datetime | None = None  # workflow time of the last read of the stories' states
+        self._reports_merges = False  # PATCH_REPORTS_MERGES (command backend): done stories show `merging`
+        self._merged: list[str] = []  # done stories whose branch merge has ended (merged or not)
         # Agent-PO gates on the dev-runner's work (po_gates_enabled; None: on for the command backend).
         self._po_gates = gates_active(inp.config.po_gates_enabled, inp.agent_backend)
         self._gates_go = 0
@@ -308,7 +314,7 @@ class SprintSlaveWorkflow:
         parsed = DecisionRequest.model_validate(request)
         self._decisions[parsed.story_key] = parsed
         await workflow.wait_condition(lambda: parsed.story_key not in self._decisions or self._closing)
-        return story_view(self._progress[parsed.story_key], self._input.batch_id)
+        return self._view(parsed.story_key)
 
     @decide.validator
     def _validate_decide(self, request: Any) -> None:
@@ -340,7 +346,7 @@ class SprintSlaveWorkflow:
         return SlaveStatus(
             batch_id=self._input.batch_id,
             session_id=self._input.session_id,
-            stories={k: story_view(p, self._input.batch_id) for k, p in self._progress.items()},
+            stories={k: self._view(k) for k in self._progress},
             current_story=self._current,
             tokens_used=self._tokens_used(),
             shutdown_requested=self._shutdown,
@@ -390,6 +396,7 @@ class SprintSlaveWorkflow:
         inp = self._input  # as __init__ validated it
         errors: list[str] = []
         budget_exhausted = False
+        self._reports_merges = inp.agent_backend == "command" and workflow.patched(PATCH_REPORTS_MERGES)
         try:
             await self._refresh_states()
         except ActivityError as err:
@@ -951,10 +958,12 @@ class SprintSlaveWorkflow:
             if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
                 raise
             note = f"not merged: {_cause(err)}"
+        self._merged.append(meta.key)
         if note is not None:
             workflow.logger.warning("[Slave] %s %s", meta.key, note)
             self._progress[meta.key] = self._progress[meta.key].model_copy(update={"error": note})
-            self._publish(meta.key)
+        if note is not None or self._reports_merges:
+            self._publish(meta.key)  # the Master holds a batch touching its files until it hears this
 
     async def _commit(self, before: StoryProgress, transition: Transition) -> None:
         """U4: the new state reaches sprint-status.yaml before anything else happens."""
@@ -1018,6 +1027,14 @@ class SprintSlaveWorkflow:
 
     # --- visibility ----------------------------------------------------------------------------
 
+    def _view(self, story_key: str) -> StoryView:
+        progress = self._progress[story_key]
+        # As _run_batch decides that a story's branch is merged back: started by this batch and done.
+        merging = (
+            self._reports_merges and progress.started and progress.state == "done" and story_key not in self._merged
+        )
+        return story_view(progress, self._input.batch_id, merging)
+
     def _publish(self, story_key: str) -> None:
         self._show()
         parent = workflow.info().parent
@@ -1027,7 +1044,7 @@ class SprintSlaveWorkflow:
             StoryUpdate(
                 batch_id=self._input.batch_id,
                 story_key=story_key,
-                view=story_view(self._progress[story_key], self._input.batch_id),
+                view=self._view(story_key),
             )
         )
         if self._sender is None or self._sender.done():

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from bso.dependencies import UNFINISHED, check_dependencies, critical_path, skipped_for_dependency
+from bso.dependencies import (
+    MERGING,
+    UNFINISHED,
+    check_dependencies,
+    critical_path,
+    skipped_for_dependency,
+    state_for_dependants,
+)
 from bso.dispatch import Outcome
-from bso.models import StoryMeta, StoryProgress
-from bso.planning import plan_batches, shares_files, startable_batch
+from bso.models import StoryMeta, StoryProgress, StoryView
+from bso.planning import plan_batches, shares_files, startable_batch, still_on_its_files
 from bso.sprint_status import parse_story_file
 
 
@@ -113,3 +120,22 @@ def test_nothing_is_held_while_a_running_batch_waits_for_a_queued_story():
     running = {2: [meta("b", ["c"]), meta("s", files=["f.py"])]}
     assert startable_batch([[meta("c"), meta("t", files=["f.py"])]], running) == (0, [])
     assert startable_batch([], running) == (None, [])
+
+
+def test_a_story_being_merged_still_holds_its_files_and_its_dependants():
+    """command backend: done in the file, its branch not merged back yet. A batch touching its files, or a
+    dependant, that started then made its worktree without that work, and its own merge conflicted."""
+    merging = StoryView(state="done", batch_id=1, merging=True)
+    merged = StoryView(state="done", batch_id=1)
+    assert still_on_its_files(merging, 1) and not still_on_its_files(merged, 1)
+    assert merging.in_flight == "merging"  # what bso sprint status shows meanwhile
+    assert still_on_its_files(StoryView(state="dev", batch_id=1), 1) and still_on_its_files(None, 1)
+    # Rearmed into batch 3 while batch 1 still runs: batch 3's story now (batch 3 was held by the story itself).
+    assert not still_on_its_files(StoryView(state="ready-for-dev", batch_id=3), 1)
+
+    assert state_for_dependants(merging, pending=True) == MERGING
+    assert check_dependencies(["a"], {"a": MERGING}).waiting_for == ("a",)
+    assert state_for_dependants(merged, pending=True) == "done"
+    # Its batch ended meanwhile (cancelled in the merge): it is what it is, nobody waits for ever.
+    assert state_for_dependants(merging, pending=False) == "done"
+    assert state_for_dependants(StoryView(state="dev", batch_id=1), pending=False) == f"{UNFINISHED}:dev"

@@ -3,7 +3,14 @@ story, implements it in the story's worktree, BSO verifies, squashes and merges 
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+import pytest
+from temporalio import activity
+
+import activities.git_ops as git_ops
 
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
@@ -245,21 +252,44 @@ async def test_a_real_reviewer_scores_the_work_and_a_low_score_goes_to_a_fix(ts_
     assert "a score of at least 80" in review_text and "criteria_scores" in review_text
 
 
-async def test_stories_touching_one_file_in_parallel_batches_all_merge(ts_env, tmp_path: Path) -> None:
-    """Three stories append to src/shared.py (their Files: line says so), in one-story batches, two at once. The
-    Master holds a batch while another works on that file, and each story's worktree starts from what merged
-    before it: all three merge. Before, both agents of the first two batches edited the file at once from the
-    same base, and the later merges conflicted (the stories were not merged)."""
+@pytest.fixture
+def slow_merges(monkeypatch):
+    """Each squash-and-merge takes 2 s longer: a story is done in the status file well before its work lands."""
+    unhurried = git_ops.repo_lock
+
+    @asynccontextmanager
+    async def lock(project_root: str):
+        if activity.in_activity() and activity.info().activity_type == "finish_story_git":
+            await asyncio.sleep(2)
+        async with unhurried(project_root):
+            yield
+
+    monkeypatch.setattr(git_ops, "repo_lock", lock)
+
+
+@pytest.mark.parametrize("ordered_by", ["files", "dependencies"])
+async def test_stories_touching_one_file_in_parallel_batches_all_merge(
+    ts_env, tmp_path: Path, slow_merges, ordered_by: str
+) -> None:
+    """Three stories append to src/shared.py, in one-story batches, two at once, each merge slow. The Master
+    holds a batch while another works on that file (their Files: lines say so), or while a story it depends on
+    is not merged; each story's worktree starts from what merged before it: all three merge. Before, the agents
+    of the first two batches edited the file at once from the same base; then a held batch (or a dependant)
+    started once the story before it was done, before its merge landed; the later merges conflicted."""
     keys = [STORY, "1-2-second-story", "1-3-third-story"]
     root = make_git_project(
         tmp_path / "proj", stories={k: "ready-for-dev" for k in keys}, FAKE_AGENT_BEHAVIOR="shared-file"
     )
     stories = root / "_bmad-output" / "implementation-artifacts"
-    for key in keys:
+    for before, key in zip([None, *keys], keys):
         module = "story_" + key.replace("-", "_")  # the fake agent's own files (the Files: line is its scope too)
+        scope = (
+            f"Files: src/shared.py, src/{module}.py, src/{module}_extra.py, tests/test_{module}.py"
+            if ordered_by == "files"
+            else f"Depends on: {before}" if before else ""
+        )
         (stories / f"{key}.md").write_text(
-            f"# Story 1.{key[2]}: Story {key[2]}\n\nStatus: ready-for-dev\n\n"
-            f"Files: src/shared.py, src/{module}.py, src/{module}_extra.py, tests/test_{module}.py\n\n"
+            f"# Story 1.{key[2]}: Story {key[2]}\n\nStatus: ready-for-dev\n\n{scope}\n\n"
             "## Acceptance Criteria\n\n1. it works\n"
         )
     git(root, "add", "-A")
@@ -269,8 +299,10 @@ async def test_stories_touching_one_file_in_parallel_batches_all_merge(ts_env, t
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(
             ts_env.client, queue,
-            sprint_input(root, session_id="cmd-shared", agent_backend="command", config_overrides=overrides),
+            sprint_input(
+                root, session_id=f"cmd-shared-{ordered_by}", agent_backend="command", config_overrides=overrides
+            ),
         )
     assert report.stories == {k: "done" for k in keys}, report
-    notes = [e for b in report.batches for e in b.errors]
+    notes = [r.error for b in report.batches for r in b.results.story_results if r.error]
     assert (root / "src" / "shared.py").read_text().splitlines() == [f"# {k}" for k in keys], notes
