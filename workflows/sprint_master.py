@@ -130,6 +130,8 @@ PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
 # A batch waits while a running batch's unfinished story touches a file one of its stories touches (their agents
 # edited it at once, and with the command backend the second squash conflicted: its story was not merged).
 PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
+# A batch that ended abnormally (timed out, terminated) while its done story was being merged back.
+MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -1003,10 +1005,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         s.errors.append(reason)
         (workflow.logger.warning if self._cancelling else workflow.logger.error)(reason)
+        merge_cut: dict[str, str] = {}
         for key in self._still_in(spec):  # nothing of the batch is in flight any more
-            s.views[key] = s.views[key].model_copy(
-                update={"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
-            )
+            view = s.views[key]
+            update: dict[str, Any] = {"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
+            if view.merging:  # done, and its merge may or may not have landed: its dependants go on, told so
+                update |= {"merging": False, "error": view.error or MERGE_CUT_SHORT}
+                merge_cut[key] = view.state
+            s.views[key] = view.model_copy(update=update)
+        if merge_cut:
+            self._tell_dependants(merge_cut, spec.batch_id)
         progress = [_progress_from_view(k, s.views[k]) for k in self._still_in(spec)]
         dispatched = sum(p.agents_dispatched for p in progress)
         return build_slave_result(

@@ -136,6 +136,7 @@ def test_a_story_being_merged_still_holds_its_files_and_its_dependants():
     assert state_for_dependants(merging, pending=True) == MERGING
     assert check_dependencies(["a"], {"a": MERGING}).waiting_for == ("a",)
     assert state_for_dependants(merged, pending=True) == "done"
-    # Its batch ended meanwhile (cancelled in the merge): it is what it is, nobody waits for ever.
+    # Its batch ended during the merge (timed out, terminated): a batch starting later takes it as done (the
+    # Master tells the running ones so: tests/workflow/test_command_local.py).
     assert state_for_dependants(merging, pending=False) == "done"
     assert state_for_dependants(StoryView(state="dev", batch_id=1), pending=False) == f"{UNFINISHED}:dev"

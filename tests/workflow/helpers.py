@@ -6,10 +6,13 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
@@ -52,6 +55,23 @@ def make_project(root: Path, stories: dict[str, str], story_files: dict[str, str
 
 def sprint_input(root: Path, **kwargs: Any) -> SprintInput:
     return SprintInput(project_root=str(root), **kwargs)
+
+
+def slow_down_merges(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """command backend: each squash-and-merge (finish_story_git) starts `seconds` later, so a story is done in
+    the status file well before its work lands (activities of the in-process test worker only)."""
+    import activities.git_ops as git_ops  # the command backend's module: only the tests that use it load it
+
+    unhurried = git_ops.repo_lock
+
+    @asynccontextmanager
+    async def lock(project_root: str) -> AsyncIterator[None]:
+        if activity.in_activity() and activity.info().activity_type == "finish_story_git":
+            await asyncio.sleep(seconds)
+        async with unhurried(project_root):
+            yield
+
+    monkeypatch.setattr(git_ops, "repo_lock", lock)
 
 
 async def start_sprint(client: Client, task_queue: str, inp: SprintInput) -> WorkflowHandle[Any, SprintReport]:

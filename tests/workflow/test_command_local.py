@@ -24,7 +24,17 @@ from bso.models import SprintReport
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
 from tests.fake_agent.project import STORY, git, make_git_project
-from tests.workflow.helpers import run_sprint, sprint_input, start_sprint, status_values, workflow_task_failures
+from bso.constants import slave_workflow_id
+from tests.workflow.helpers import (
+    run_sprint,
+    slow_down_merges,
+    sprint_input,
+    start_sprint,
+    status_values,
+    wait_status,
+    workflow_task_failures,
+)
+from workflows.sprint_master import MERGE_CUT_SHORT, SprintMasterWorkflow
 from tests.workflow.test_command_backend import alive
 
 pytestmark = pytest.mark.e2e
@@ -236,3 +246,33 @@ async def test_worker_killed_while_its_agent_works_does_not_rerun_it(local_env, 
     run_dir = command.run_dir_for(str(root), devs[0]["dispatch_id"])
     assert "thinking slowly" in (run_dir / "stdout.log").read_text() and not (run_dir / "previous").exists()
     assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
+
+
+async def test_a_batch_ended_during_a_merge_lets_the_dependants_go_on(local_env, tmp_path: Path, monkeypatch) -> None:
+    """A done story holds its dependants until its branch is merged back. Its Slave terminated in the middle
+    of the merge (as one timing out would be) sends no word of it: the Master lets the dependants go on, and
+    says the merge is unconfirmed. Before, the dependant's batch waited until its own timeout."""
+    slow_down_merges(monkeypatch, 8)
+    second = "1-2-second-story"
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev", second: "ready-for-dev"})
+    for key, scope in ((STORY, ""), (second, f"Depends on: {STORY}")):
+        (root / STORY_DIR / f"{key}.md").write_text(
+            f"# Story 1.{key[2]}: Story {key[2]}\n\nStatus: ready-for-dev\n\n{scope}\n\n"
+            "## Acceptance Criteria\n\n1. it works\n"
+        )
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "story files")
+    session = f"cmd-cut-{uuid.uuid4().hex[:6]}"
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 2, "po_gates_enabled": False}
+    async with bso_worker(local_env.client) as queue:
+        inp = sprint_input(root, session_id=session, agent_backend="command", config_overrides=overrides)
+        handle = await start_sprint(local_env.client, queue, inp)
+        merging = await wait_status(handle, lambda s: s.stories[STORY].merging, "story 1 merging", timeout=120)
+        first, dependant = merging.stories[STORY].batch_id, merging.stories[second].batch_id
+        assert first != dependant and dependant in merging.running_batches, merging
+        await local_env.client.get_workflow_handle(slave_workflow_id(session, first)).terminate("test: cut short")
+        await wait_status(handle, lambda s: s.stories[second].state == "done", "the dependant done", timeout=120)
+        report = await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
+        view = (await handle.query(SprintMasterWorkflow.status)).stories[STORY]
+    assert report.stories == {STORY: "done", second: "done"}, report
+    assert not view.merging and view.error == MERGE_CUT_SHORT, view

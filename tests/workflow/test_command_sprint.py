@@ -3,19 +3,14 @@ story, implements it in the story's worktree, BSO verifies, squashes and merges 
 
 from __future__ import annotations
 
-import asyncio
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from temporalio import activity
-
-import activities.git_ops as git_ops
 
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
 from tests.fake_agent.project import STORY, git, make_git_project
-from tests.workflow.helpers import run_sprint, sprint_input, status_values, workflow_task_failures
+from tests.workflow.helpers import run_sprint, slow_down_merges, sprint_input, status_values, workflow_task_failures
 from activities.git_ops import worktree_path
 from bso.constants import slave_workflow_id
 
@@ -254,17 +249,7 @@ async def test_a_real_reviewer_scores_the_work_and_a_low_score_goes_to_a_fix(ts_
 
 @pytest.fixture
 def slow_merges(monkeypatch):
-    """Each squash-and-merge takes 2 s longer: a story is done in the status file well before its work lands."""
-    unhurried = git_ops.repo_lock
-
-    @asynccontextmanager
-    async def lock(project_root: str):
-        if activity.in_activity() and activity.info().activity_type == "finish_story_git":
-            await asyncio.sleep(2)
-        async with unhurried(project_root):
-            yield
-
-    monkeypatch.setattr(git_ops, "repo_lock", lock)
+    slow_down_merges(monkeypatch, 2)
 
 
 @pytest.mark.parametrize("ordered_by", ["files", "dependencies"])
