@@ -826,8 +826,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return None, None
         if not (self._hold_shared_files and self._running_specs):
             return 0, None
-        if len(self._batch_tasks) >= s.config.max_concurrent_slaves or not self._may_start_batch():
-            return 0, None  # no batch could start anyway: nothing is held for a file
+        if s.config.max_concurrent_slaves <= 1 or not self._may_start_batch():
+            return 0, None  # one batch at a time, or none may start: nothing is held for a file
 
         def stories(keys: list[str]) -> list[StoryMeta]:
             return [s.stories[k] for k in keys if k in s.stories]

@@ -116,11 +116,14 @@ async def test_a_batch_waits_while_a_running_one_works_on_a_file_it_touches(ts_e
         },
     )
     overrides = {"batch_size": 1, "max_concurrent_slaves": 2}
-    simulation = {"stories": {"1-1": {"duration_ms": 700}}}
+    simulation = {"stories": {"1-1": {"duration_ms": 1400}, "1-3": {"duration_ms": 700}}}
     inp = sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
-        held = await wait_status(handle, lambda s: s.batch_held is not None, "batch 2 held")
+        # Both slots taken (batches 1 and 3): batch 2 still says why it waits (the status said nothing then).
+        held = await wait_status(
+            handle, lambda s: s.running_batches == [1, 3] and s.batch_held is not None, "batch 2 held, batch 3 running"
+        )
         report = await sprint_result(handle)
     assert held.batch_held == "batch 2 waits: 1-2-logout touches src/auth.py, as 1-1-login-form of running batch 1 does"
     assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2], [K3]]
