@@ -25,7 +25,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, Field, ValidationError
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.progress_bar import ProgressBar
@@ -390,21 +390,46 @@ _STATE_STYLE = {
 _TERMINAL = {StoryState.DONE.value, StoryState.NEEDS_INTERVENTION.value, StoryState.SKIPPED.value}
 
 
-def _stories_table(view: SprintStatusView) -> Table:
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("story", "batch", "state", "review round", "fixes", "agent in flight", "agents", "tokens"):
-        table.add_column(column)
-    for key, story in view.stories.items():
-        table.add_row(
+class _StoriesTable:
+    """The stories table, laid out for the width it is drawn in."""
+
+    def __init__(self, view: SprintStatusView) -> None:
+        self.view = view
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _stories_table(self.view, options.max_width)
+
+
+_STORY_COLUMNS = ("story", "batch", "state", "round", "fixes", "in flight", "agents", "tokens")
+_FOLDING = ("state", "in flight")  # they fold on a narrow terminal; the numbers never do
+
+
+def _stories_table(view: SprintStatusView, width: int) -> Table:
+    rows = [
+        (
             key,
             str(story.batch_id or ""),
-            Text(story.state, style=_STATE_STYLE.get(story.state, "")),
-            str(story.review_round),
+            story.state,
+            str(story.review_round),  # the review round
             str(story.fix_rounds),
-            story.in_flight,
+            story.in_flight,  # the agent (type/mode), the debugger or the merge
             str(story.agents_dispatched),
             str(story.tokens_used),
         )
+        for key, story in view.stories.items()
+    ]
+    natural = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(_STORY_COLUMNS)]
+    # A key keeps what the other columns leave (each with its 2-column gap), at least 12: it folds rather than
+    # ends in `…` (a key cut to `2-2-expiry-…` could be 2-2 or 2-2a); then state and in flight fold.
+    key_width = max(12, min(natural[0], width - sum(natural[1:]) - 2 * (len(natural) - 1)))
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for name in _STORY_COLUMNS:
+        if name == "story":
+            table.add_column(name, overflow="fold", min_width=key_width, max_width=key_width)
+        else:
+            table.add_column(name, overflow="fold", no_wrap=name not in _FOLDING)
+    for row in rows:
+        table.add_row(row[0], row[1], Text(row[2], style=_STATE_STYLE.get(row[2], "")), *row[3:])
     return table
 
 
@@ -485,7 +510,7 @@ def _progress(
     parts: list[Any] = [
         header,
         bars,
-        _stories_table(view),
+        _StoriesTable(view),
         *_story_problems(view),
         *_awaiting_decisions(view),
         *_rejections(view, rejected_by_children or {}),
@@ -511,7 +536,7 @@ def _progress(
 
 def _print_markdown(text: str) -> None:
     if out.is_terminal:
-        out.print(Markdown(text))
+        out.print(Markdown(text), soft_wrap=False)  # wrapped to the terminal, not cut at its edge
     else:
         out.print(text, markup=False, end="" if text.endswith("\n") else "\n")
 
@@ -882,7 +907,7 @@ def sprint_status(
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected))
+        out.print(_progress(view, note, outcome, rejected), soft_wrap=False)
 
     _run(go())
 

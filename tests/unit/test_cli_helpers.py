@@ -17,8 +17,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from bench.infra import DevServer
 from bso.dev_server import dynamic_config_args
+import bso.cli
 from bso.cli import (
     BsoError,
+    _print_markdown,
     _progress,
     _query_status,
     parse_set,
@@ -197,3 +199,31 @@ def test_watch_wraps_a_long_wait_reason_on_a_narrow_terminal():
         pass
     shown = " ".join(terminal.getvalue().split())
     assert held in shown, shown
+
+
+def test_a_narrow_terminal_folds_story_keys_and_wraps_the_summary(monkeypatch):
+    """On 80 columns the story table cut keys to `2-2-expiry-…` (2-2 and 2-2a looked alike) and the execution
+    summary's reasons ended mid-word: keys fold, the summary wraps."""
+    keys = ["2-2-expiry-reminder-emails", "2-2a-reminder-digest-settings", "1-2-pantry-item-model-and-storage"]
+    stories = {k: StoryView(state="needs-intervention", batch_id=1, agent_in_flight="dev-runner", mode_in_flight="fix") for k in keys}
+    view = SprintStatusView(session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, running_batches=[1])
+    terminal = io.StringIO()
+    Console(file=terminal, width=80, color_system=None).print(_progress(view, None, "running"), soft_wrap=False)
+    table = terminal.getvalue()
+    assert "…" not in table, table
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("story"))
+    batch_at = lines[header].index("batch")
+    folded: list[str] = []  # each row's key, put together from its folded lines
+    for line in lines[header + 1:]:
+        if line[batch_at:batch_at + 5].strip():  # a row starts: its batch cell
+            folded.append("")
+        folded[-1] += line[:batch_at].strip()
+    assert folded == keys, table
+    assert all(line.rstrip().endswith("0") for line in lines[header + 1:] if line[batch_at:batch_at + 5].strip())
+
+    terminal = io.StringIO()
+    monkeypatch.setattr(bso.cli, "out", Console(file=terminal, width=80, force_terminal=True, color_system=None))
+    reason = "dev-runner/dev failed: simulated dev agent error in the story's third task, after two retries"
+    _print_markdown(f"## Stories\n\n- 1-1-login-form: needs-intervention: {reason}\n")
+    assert reason in " ".join(terminal.getvalue().split()), terminal.getvalue()
