@@ -91,11 +91,30 @@ async def repo_lock(project_root: str) -> AsyncIterator[None]:
         yield
 
 
+# BSO's own files in the project, kept out of `git status` by the repository's local exclude file (never
+# committed, unlike a .gitignore BSO would have to edit): its session directory and the status file's lock.
+SESSION_EXCLUDES = (f"{SESSION_DIR}/", "*.yaml.lock")
+
+
+async def exclude_session_files(project_root: str) -> None:
+    """Add SESSION_EXCLUDES to `.git/info/exclude` (the common one of all worktrees), each once."""
+    common = Path(project_root, (await git(project_root, "rev-parse", "--git-common-dir")).strip())
+    exclude = common / "info" / "exclude"
+    present = exclude.read_text(encoding="utf-8").splitlines() if exclude.exists() else []
+    missing = [pattern for pattern in SESSION_EXCLUDES if pattern not in present]
+    if missing:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        lead = "\n" if present and not exclude.read_text(encoding="utf-8").endswith("\n") else ""
+        with exclude.open("a", encoding="utf-8") as fh:
+            fh.write(lead + "# BSO (sprint sessions, the status file's lock)\n" + "".join(f"{p}\n" for p in missing))
+
+
 async def sprint_base(project_root: str, session_id: str) -> str:
     """The sprint's base commit: the project's HEAD when the sprint first needed a worktree (recorded)."""
     path = session_path(project_root, "git", f"{safe_name(session_id)}.json")
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))["base"]
+    await exclude_session_files(project_root)
     base = await head(project_root)
     write_json_atomic(path, {"session_id": session_id, "base": base})
     await cleanup_stale_worktrees(project_root, session_id)

@@ -25,6 +25,13 @@ async def test_story_backlog_to_done_squashed_and_merged(ts_env, tmp_path: Path)
     assert report.status is SprintStatus.COMPLETE, report
     assert report.stories == {STORY: "done"}
     assert status_values(root)[STORY] == "done"
+    # In the user's checkout only the status file changed and the story's doc is new: BSO's lock file is
+    # excluded (.git/info/exclude), as .sprint-session/ is even without the project's .gitignore.
+    assert git(root, "status", "--porcelain").splitlines() == [
+        " M _bmad-output/implementation-artifacts/sprint-status.yaml",
+        f"?? _bmad-output/implementation-artifacts/{STORY}.md",
+    ]
+    assert ".sprint-session/" in (root / ".git" / "info" / "exclude").read_text()
     # One squashed commit on main, on top of the base, with the story's files.
     log = git(root, "log", "--format=%s", f"{base}..HEAD").splitlines()
     assert log == ["feat: Story 1.1: Hello"]
