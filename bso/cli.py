@@ -209,10 +209,14 @@ async def _client() -> Client:
         reason = str(e).split("(", 1)[0].strip() or type(e).__name__
         if "Connection refused" in str(e):
             reason = "connection refused"
-        raise BsoError(
-            f"cannot reach the Temporal server at {target} (namespace {namespace}): {reason}; "
-            "start one with `bso server` or set TEMPORAL_ADDRESS"
-        ) from None
+        # A server that listens but does not speak TLS (an API key turns TLS on) is no refusal: say what to check.
+        secured = config.get("tls") or config.get("api_key")
+        hint = (
+            "it answered, but not as the TLS / API key settings expect (TEMPORAL_TLS*, TEMPORAL_API_KEY, the profile)"
+            if secured and reason != "connection refused"
+            else "start one with `bso server` or set TEMPORAL_ADDRESS"
+        )
+        raise BsoError(f"cannot reach the Temporal server at {target} (namespace {namespace}): {reason}; {hint}") from None
 
 
 def ui_base_url(target: str) -> str:

@@ -223,6 +223,9 @@ def test_error_paths(cli_env, tmp_path: Path):
     closed = free_port()
     line = _one_line_error(bso(cli_env, "--address", f"127.0.0.1:{closed}", "sprint", "status", "x"))
     assert f"cannot reach the Temporal server at 127.0.0.1:{closed}" in line
+    tls = {**cli_env, "env": {**cli_env["env"], "TEMPORAL_TLS": "true"}}  # the dev server speaks no TLS
+    line = _one_line_error(bso(tls, "sprint", "list"))
+    assert "it answered, but not as the TLS / API key settings expect" in line, line
     line = _one_line_error(bso(cli_env, "sprint", "status", "x", "--address", f"127.0.0.1:{closed}"))
     assert "--address goes before the command: `bso --address VALUE sprint status ...`" in line, line
     env_only = {**cli_env, "env": {**cli_env["env"], "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"}}
