@@ -828,6 +828,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return 0, None
         if s.config.max_concurrent_slaves <= 1 or not self._may_start_batch():
             return 0, None  # one batch at a time, or none may start: nothing is held for a file
+        if not any(meta.files for meta in s.stories.values()):
+            return 0, None  # no story names its files (this runs on every story update: kept cheap)
 
         def stories(keys: list[str]) -> list[StoryMeta]:
             return [s.stories[k] for k in keys if k in s.stories]
