@@ -97,16 +97,21 @@ SESSION_EXCLUDES = (f"{SESSION_DIR}/", "*.yaml.lock")
 
 
 async def exclude_session_files(project_root: str) -> None:
-    """Add SESSION_EXCLUDES to `.git/info/exclude` (the common one of all worktrees), each once."""
+    """Add SESSION_EXCLUDES to `.git/info/exclude` (the common one of all worktrees), each once. A convenience:
+    an exclude file BSO cannot read or write is left as it is (logged), the sprint goes on."""
     common = Path(project_root, (await git(project_root, "rev-parse", "--git-common-dir")).strip())
     exclude = common / "info" / "exclude"
-    present = exclude.read_text(encoding="utf-8").splitlines() if exclude.exists() else []
-    missing = [pattern for pattern in SESSION_EXCLUDES if pattern not in present]
-    if missing:
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        lead = "\n" if present and not exclude.read_text(encoding="utf-8").endswith("\n") else ""
-        with exclude.open("a", encoding="utf-8") as fh:
-            fh.write(lead + "# BSO (sprint sessions, the status file's lock)\n" + "".join(f"{p}\n" for p in missing))
+    try:
+        text = exclude.read_bytes().decode("utf-8", errors="replace") if exclude.exists() else ""
+        missing = [pattern for pattern in SESSION_EXCLUDES if pattern not in text.splitlines()]
+        if missing:
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            lead = "\n" if text and not text.endswith("\n") else ""
+            block = lead + "# BSO (sprint sessions, the status file's lock)\n" + "".join(f"{p}\n" for p in missing)
+            with exclude.open("ab") as fh:
+                fh.write(block.encode("utf-8"))
+    except OSError as err:
+        activity.logger.warning("%s not updated (%s): git status will list BSO's files", exclude, err)
 
 
 async def sprint_base(project_root: str, session_id: str) -> str:

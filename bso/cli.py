@@ -211,9 +211,12 @@ async def _client() -> Client:
             reason = "connection refused"
         # A server that listens but does not speak TLS (an API key turns TLS on) is no refusal: say what to check.
         secured = config.get("tls") or config.get("api_key")
+        unreached = isinstance(e, TimeoutError) or any(
+            sign in str(e) for sign in ("Connection refused", "dns error", "tcp connect error", "timed out")
+        )
         hint = (
             "it answered, but not as the TLS / API key settings expect (TEMPORAL_TLS*, TEMPORAL_API_KEY, the profile)"
-            if secured and reason != "connection refused"
+            if secured and not unreached
             else "start one with `bso server` or set TEMPORAL_ADDRESS"
         )
         raise BsoError(f"cannot reach the Temporal server at {target} (namespace {namespace}): {reason}; {hint}") from None
@@ -405,35 +408,56 @@ class _StoriesTable:
 
 
 _STORY_COLUMNS = ("story", "batch", "state", "round", "fixes", "in flight", "agents", "tokens")
-_FOLDING = ("state", "in flight")  # they fold on a narrow terminal; the numbers never do
+_FOLDING = ("story", "state", "in flight")  # they fold on a narrow terminal, rather than end in `…`
+_LEFT_OUT_FIRST = ("round", "fixes", "batch")  # where even folded columns do not fit (the report has them)
+_NARROWEST_FOLD = {"story": 12, "state": 10, "in flight": 9}
 
 
 def _stories_table(view: SprintStatusView, width: int) -> Table:
     rows = [
-        (
-            key,
-            str(story.batch_id or ""),
-            story.state,
-            str(story.review_round),  # the review round
-            str(story.fix_rounds),
-            story.in_flight,  # the agent (type/mode), the debugger or the merge
-            str(story.agents_dispatched),
-            str(story.tokens_used),
+        dict(
+            zip(
+                _STORY_COLUMNS,
+                (
+                    key,
+                    str(story.batch_id or ""),
+                    story.state,
+                    str(story.review_round),
+                    str(story.fix_rounds),
+                    story.in_flight,  # the agent (type/mode), the debugger or the merge
+                    str(story.agents_dispatched),
+                    str(story.tokens_used),
+                ),
+            )
         )
         for key, story in view.stories.items()
     ]
-    natural = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(_STORY_COLUMNS)]
-    # A key keeps what the other columns leave (each with its 2-column gap), at least 12: it folds rather than
-    # ends in `…` (a key cut to `2-2-expiry-…` could be 2-2 or 2-2a); then state and in flight fold.
-    key_width = max(12, min(natural[0], width - sum(natural[1:]) - 2 * (len(natural) - 1)))
+    natural = {name: max([len(name)] + [len(row[name]) for row in rows]) for name in _STORY_COLUMNS}
+
+    def narrowest(names: list[str]) -> int:  # each column with its 2-column gap
+        return sum(min(natural[n], _NARROWEST_FOLD.get(n, natural[n])) for n in names) + 2 * (len(names) - 1)
+
+    # A key cut to `2-2-expiry-…` could be 2-2 or 2-2a, a number cut short could pass for another: on a narrow
+    # terminal the text columns fold, and the least needed columns are left out until the numbers fit whole.
+    shown = list(_STORY_COLUMNS)
+    for name in _LEFT_OUT_FIRST:
+        if narrowest(shown) <= width:
+            break
+        shown.remove(name)
+    # Every column gets its width here (Rich would crop the table's right end): the folding ones start at their
+    # narrowest, and what is left goes to the key first, then what is in flight, then the state.
+    widths = {n: min(natural[n], _NARROWEST_FOLD.get(n, natural[n])) for n in shown}
+    spare = width - narrowest(shown)
+    for name in ("story", "in flight", "state"):
+        grow = max(0, min(spare, natural[name] - widths[name]))
+        widths[name] += grow
+        spare -= grow
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for name in _STORY_COLUMNS:
-        if name == "story":
-            table.add_column(name, overflow="fold", min_width=key_width, max_width=key_width)
-        else:
-            table.add_column(name, overflow="fold", no_wrap=name not in _FOLDING)
+    for name in shown:
+        fold = name in _FOLDING
+        table.add_column(name, overflow="fold" if fold else "ellipsis", no_wrap=not fold, width=widths[name])
     for row in rows:
-        table.add_row(row[0], row[1], Text(row[2], style=_STATE_STYLE.get(row[2], "")), *row[3:])
+        table.add_row(*(Text(row[n], style=_STATE_STYLE.get(row[n], "")) if n == "state" else row[n] for n in shown))
     return table
 
 
@@ -911,7 +935,7 @@ def sprint_status(
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected), soft_wrap=False)
+        out.print(_progress(view, note, outcome, rejected), soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
 

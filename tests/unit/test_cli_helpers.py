@@ -221,6 +221,13 @@ def test_a_narrow_terminal_folds_story_keys_and_wraps_the_summary(monkeypatch):
         folded[-1] += line[:batch_at].strip()
     assert folded == keys, table
     assert all(line.rstrip().endswith("0") for line in lines[header + 1:] if line[batch_at:batch_at + 5].strip())
+    # Narrower still: the review round and fixes columns go, a number is never cut (the table was cropped at the
+    # edge, `1234567` shown as `12345`).
+    costly = view.model_copy(update={"stories": {k: v.model_copy(update={"tokens_used": 1234567}) for k, v in stories.items()}})
+    for width in (60, 70, 80):
+        terminal = io.StringIO()
+        Console(file=terminal, width=width, color_system=None).print(_progress(costly, None, "running"), soft_wrap=False)
+        assert terminal.getvalue().count("1234567") == len(keys) and "…" not in terminal.getvalue(), terminal.getvalue()
 
     terminal = io.StringIO()
     monkeypatch.setattr(bso.cli, "out", Console(file=terminal, width=80, force_terminal=True, color_system=None))
