@@ -91,7 +91,7 @@ async def test_a_story_waiting_on_the_debugger_shows_it_not_its_finished_agent(t
         story = status.stories[K1]
         assert (story.debug_in_flight, story.agent_in_flight) == ("DBG-b1-1-1-001", None)
         assert story.in_flight == "debugger (DBG-b1-1-1-001)"
-        assert "debugger (DBG-b1-1-1-001)" in "".join(str(cell) for cell in _stories_table(status).columns[5].cells)
+        assert "debugger (DBG-b1-1-1-001)" in "".join(str(cell) for cell in _stories_table(status, 200).columns[5].cells)
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("dbg-wait", 1)).query(SprintSlaveWorkflow.status)
         assert slave.stories[K1].debug_in_flight == "DBG-b1-1-1-001"
         # The agents' worker comes: the analysis runs, the fix follows, and the wait is no longer shown.
