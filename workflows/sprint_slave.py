@@ -417,8 +417,7 @@ class SprintSlaveWorkflow:
             self._current = meta.key
             if is_terminal(self._progress[meta.key]) or await self._await_dependencies(meta):
                 await self._drive_story(meta)
-            story = self._progress[meta.key]
-            if inp.agent_backend == "command" and story.started and story.state == "done":
+            if self._merges_back(self._progress[meta.key]):
                 await self._finish_story_git(meta)
             self._current = None
             if self._input.checkpoint_pending and is_terminal(self._progress[meta.key]):
@@ -1027,12 +1026,13 @@ class SprintSlaveWorkflow:
 
     # --- visibility ----------------------------------------------------------------------------
 
+    def _merges_back(self, progress: StoryProgress) -> bool:
+        """command backend: a story this batch worked on and brought to done has its branch merged back."""
+        return self._input.agent_backend == "command" and progress.started and progress.state == "done"
+
     def _view(self, story_key: str) -> StoryView:
         progress = self._progress[story_key]
-        # As _run_batch decides that a story's branch is merged back: started by this batch and done.
-        merging = (
-            self._reports_merges and progress.started and progress.state == "done" and story_key not in self._merged
-        )
+        merging = self._reports_merges and self._merges_back(progress) and story_key not in self._merged
         return story_view(progress, self._input.batch_id, merging)
 
     def _publish(self, story_key: str) -> None:

@@ -26,8 +26,8 @@ from tests.workflow.helpers import (
 K1, K2, K3, K4 = "1-1-login-form", "1-2-logout", "1-3-profile-page", "1-4-settings"
 
 
-def story_doc(num: str, title: str, depends_on: str = "", files: str = "") -> str:
-    lines = [f"# Story 1.{num}: {title}", "", "Status: ready-for-dev", ""]
+def story_doc(num: str, title: str, depends_on: str = "", files: str = "", status: str = "ready-for-dev") -> str:
+    lines = [f"# Story 1.{num}: {title}", "", f"Status: {status}", ""]
     if depends_on:
         lines.append(f"Depends on: {depends_on}")
     if files:
@@ -204,12 +204,7 @@ X, C, B, S, T = "1-1-x", "1-2-c", "1-3-b", "1-4-s", "1-5-t"
 
 
 def _doc(n: str, depends_on: str = "", files: str = "") -> str:
-    lines = [f"# Story 1.{n}: S{n}", "", "Status: review", ""]
-    if depends_on:
-        lines.append(f"Depends on: {depends_on}")
-    if files:
-        lines.append(f"Files: {files}")
-    return "\n".join(lines) + "\n"
+    return story_doc(n, f"S{n}", depends_on, files, status="review")
 
 
 async def test_a_budget_requeue_then_a_course_correction_does_not_deadlock_the_hold(ts_env, tmp_path: Path):
