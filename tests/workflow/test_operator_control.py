@@ -450,8 +450,11 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
 async def slow_write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
     Path(inp.project_root, "writing").touch()  # the Slave now awaits this write: the test cancels
     # Longer than the Slave's workflow task timeout (5 s) allows a local activity within one task: the SDK then
-    # ends the task while the write goes on, and the cancel reaches the Slave during the write.
-    await asyncio.sleep(8)
+    # ends the task while the write goes on, and the cancel reaches the Slave during the write. Until the cancel
+    # is sent, and long after (a fixed 8 s was too short for the cancel to arrive on a loaded machine).
+    while not Path(inp.project_root, "cancel-sent").exists():
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(30)
     return await write_story_status(inp)
 
 
@@ -467,6 +470,7 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
         await asyncio.sleep(5)  # past the workflow task the write began in
         await handle.cancel()
+        (tmp_path / "cancel-sent").touch()
         with pytest.raises(WorkflowFailureError):
             await sprint_result(handle)
         slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1)).describe()
