@@ -335,11 +335,13 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
     stories = {key: StoryView(state=state, batch_id=batch_of.get(key)) for key, state in report.stories.items()}
     for batch in report.batches:
         for r in batch.results.story_results:
+            earlier = stories.get(r.story_key)  # a rearmed story ran in an earlier batch too: count both
             stories[r.story_key] = StoryView(
                 state=r.final_state,
                 batch_id=batch.batch_id,
                 fix_rounds=batch.results.review_fix_rounds.get(r.story_key, 0),
-                agents_dispatched=r.agents_dispatched,
+                agents_dispatched=r.agents_dispatched + (earlier.agents_dispatched if earlier else 0),
+                tokens_used=r.tokens_used + (earlier.tokens_used if earlier else 0),
                 error=r.error,
             )
     return SprintStatusView(

@@ -174,6 +174,7 @@ class StoryResult(_Model):
     agents_dispatched: int
     error: str | None = None
     review_scores: list[int] = Field(default_factory=list)  # the story's score per scored review round
+    tokens_used: int = 0
 
 
 class SlaveResults(_Model):
@@ -232,6 +233,24 @@ class StoryView(_Model):
         return describe_in_flight(self.agent_in_flight, self.mode_in_flight, self.debug_in_flight) or (
             "merging" if self.merging else ""
         )
+
+
+class EarlierWork(_Model):
+    """A rearmed story's agents and tokens in its batches before the current one: its view, which its current
+    batch's Slave sends, counts that batch only."""
+
+    agents_dispatched: int = 0
+    tokens_used: int = 0
+
+    def plus(self, view: StoryView) -> EarlierWork:
+        return EarlierWork(
+            agents_dispatched=self.agents_dispatched + view.agents_dispatched,
+            tokens_used=self.tokens_used + view.tokens_used,
+        )
+
+    def added_to(self, view: StoryView) -> StoryView:
+        """The story's view counting every batch it ran in."""
+        return view.model_copy(update=self.plus(view).model_dump())
 
 
 def describe_in_flight(agent: object, mode: object, debug_id: object) -> str:
@@ -318,6 +337,7 @@ class MasterState(_Model):
     plan: BatchPlanReady | None = None
     stories: dict[str, StoryMeta] = Field(default_factory=dict)
     views: dict[str, StoryView] = Field(default_factory=dict)
+    earlier_work: dict[str, EarlierWork] = Field(default_factory=dict)  # rearmed stories' work before the rearm
     results: list[SlaveResult] = Field(default_factory=list)
     queue: list[BatchSpec] = Field(default_factory=list)
     next_batch_id: int = 1

@@ -14,6 +14,7 @@ def story_results(progress: list[StoryProgress]) -> list[StoryResult]:
             agents_dispatched=p.agents_dispatched,
             error=p.error,
             review_scores=list(p.review_scores),
+            tokens_used=p.tokens_used,
         )
         for p in progress
     ]

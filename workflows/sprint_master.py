@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
     from bso.models import (
+        EarlierWork,
         LoadStatusInput,
         MasterState,
         ResumeRequest,
@@ -178,7 +179,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             batch_held=self._next_batch()[1],
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),
-            stories=dict(s.views),
+            stories={k: s.earlier_work[k].added_to(v) if k in s.earlier_work else v for k, v in s.views.items()},
             tokens_used=s.tokens_used + self._tokens_in_flight(),
             token_limit=s.token_limit,
             pause_reason=s.paused_reason,
@@ -360,6 +361,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         batch_id = s.next_batch_id
         s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
+        # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
+        s.earlier_work[key] = s.earlier_work.get(key, EarlierWork()).plus(s.views[key])
         s.views[key] = StoryView(state=target, batch_id=batch_id)
         spec = BatchSpec(batch_id=batch_id, stories=[key])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):

@@ -25,6 +25,7 @@ from activities.agents import run_agent
 from activities.improvements import add_improvement_stories, propose_improvements
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
+from bso.cli import _view_from_report
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.improvements import AddStoriesInput, ProposeInput, Proposals
@@ -355,6 +356,8 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
     async with bso_worker(ts_env.client) as queue:
         handle = await paused_after_k1_failed(ts_env.client, queue, tmp_path, "rearm-1")
         assert status_values(tmp_path)[K1] == "needs-intervention"
+        failed = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
+        assert failed.agents_dispatched == 1 and failed.tokens_used > 0, failed
         await rejected(
             handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K2, "decision": "rearm"}),
             "not needs-intervention",
@@ -368,14 +371,22 @@ async def test_rearm_a_needs_intervention_story_runs_it_in_a_new_batch(ts_env, t
         )
         assert view.state == "review" and view.batch_id == 3
         assert status_values(tmp_path)[K1] == "review"
+        # The status keeps counting the first attempt's work: the new batch starts from none.
+        rearmed = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
+        assert (rearmed.agents_dispatched, rearmed.tokens_used) == (1, failed.tokens_used), rearmed
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
+        final = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
     assert report.status is SprintStatus.COMPLETE
     assert report.stories == {K1: "done", K2: "done"}
     assert [b.batch_id for b in report.batches] == [1, 2, 3]
     # The summary counts both attempts' agents (the failed dev in batch 1, then code review in batch 3).
     details = render_summary(report).split("## Story Details", 1)[1]
     assert f"| {K1} | 3 | done | 0 | 2 |" in details, details
+    # The status agrees: both batches' agents and tokens, live and from the report alone.
+    assert final.agents_dispatched == 2 and final.tokens_used > failed.tokens_used, final
+    from_report = _view_from_report(report).stories[K1]
+    assert (from_report.agents_dispatched, from_report.tokens_used) == (2, final.tokens_used), from_report
 
 
 async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: Path):
