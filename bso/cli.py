@@ -75,7 +75,14 @@ from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.simulation import SimulationScript
-from bso.sprint_status import StatusFileError, StoryKeyError, parse_status_text, resolve_story_keys, stories_to_run
+from bso.sprint_status import (
+    NOTHING_TO_RUN,
+    StatusFileError,
+    StoryKeyError,
+    parse_status_text,
+    resolve_story_keys,
+    stories_to_run,
+)
 from bso.states import AgentBackend, StoryState, SprintPhase
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
@@ -705,10 +712,7 @@ def _check_selection(
         except StoryKeyError as err:
             raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
     if entries and not to_run:
-        raise BsoError(
-            "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
-            "needs-intervention story again, set its state in the status file back, e.g. to ready-for-dev)"
-        )
+        raise BsoError(NOTHING_TO_RUN)
 
 
 def new_sprint_id() -> str:

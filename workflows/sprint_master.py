@@ -92,6 +92,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.report import build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
+        NOTHING_TO_RUN,
         SETTLED_AT_START,
         UnknownEpicError,
         project_root_error,
@@ -131,6 +132,9 @@ PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
 # A batch waits while a running batch's unfinished story touches a file one of its stories touches (their agents
 # edited it at once, and with the command backend the second squash conflicted: its story was not merged).
 PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
+# A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
+# started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
+PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
 # A batch that ended abnormally (timed out, terminated) while its done story was being merged back.
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
@@ -765,6 +769,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             except ValueError as err:
                 raise _invalid_input(str(err)) from None
             stories = [s for s in stories if s.key in wanted]
+        # Patched only where it refuses: a sprint that ran empty before replays as it ran.
+        if snapshot.stories and not stories and workflow.patched(PATCH_NOTHING_TO_RUN):
+            raise _invalid_input(NOTHING_TO_RUN)
         return stories
 
     async def _run_batches(self, inp: SprintInput, simulation: SimulationScript) -> bool:

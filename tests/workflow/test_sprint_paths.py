@@ -17,6 +17,7 @@ from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE
+from bso.sprint_status import NOTHING_TO_RUN
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
@@ -488,12 +489,17 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
             await second.result()
         assert status_values(tmp_path)[K2] == "review"  # the refused sprint ran nothing
         assert (await first.result()).status is SprintStatus.COMPLETE
-        third = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="third"))
+        third = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="third"))
+        with pytest.raises(WorkflowFailureError) as nothing_left:  # the first one did it all
+            await third.result()
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy"
     assert f"sprint first is already running on {tmp_path}" in cause.message, cause.message
     assert await workflow_task_failures(ts_env.client, second.id) == 0
-    assert third.status is SprintStatus.COMPLETE and third.stories == {}  # nothing left: the first one did it all
+    # Free again (not refused by the claim): it fails for having nothing to run, as `bso sprint start` refuses it.
+    assert isinstance(nothing_left.value.cause, ApplicationError), nothing_left.value.cause
+    assert (nothing_left.value.cause.type, nothing_left.value.cause.message) == ("InvalidSprintInput", NOTHING_TO_RUN)
+    assert await workflow_task_failures(ts_env.client, third.id) == 0
 
 
 async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, tmp_path: Path):
