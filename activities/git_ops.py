@@ -334,7 +334,7 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     record = _merged_record(inp.project_root, inp.session_id, inp.story_key)
-    if record.exists():
+    if record.exists() and await _merge_recorded_holds(inp):
         return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
     async with repo_lock(inp.project_root):
         result = await _squash_and_merge(inp)
@@ -345,6 +345,14 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
                 cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
                 activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
     return result
+
+
+async def _merge_recorded_holds(inp: FinishStoryInput) -> bool:
+    """The story's recorded merge still covers its branch: the branch is gone (its track cleared) or merged.
+    A branch with work the merge did not take is the story run again (a sprint id reused after a failed or
+    terminated run, the story set back by hand): that work is merged, not answered by the old record."""
+    tip = await _commit_of(inp.project_root, f"refs/heads/{story_branch(inp.session_id, inp.story_key)}")
+    return tip is None or await _is_ancestor(inp.project_root, tip, "HEAD")
 
 
 async def _commit_of(cwd: str, rev: str) -> str | None:

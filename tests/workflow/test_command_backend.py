@@ -606,3 +606,24 @@ async def test_a_story_started_after_another_merged_builds_on_it_and_merges(tmp_
     assert git(root, "log", "--no-merges", "--format=%s", "-2").split("\n")[:2] == [
         "feat: Story 1.2: 1-2-logout", "feat: Story 1.1: 1-1-login"
     ]
+
+
+async def test_a_story_run_again_under_a_reused_sprint_id_merges_its_new_work(tmp_path: Path) -> None:
+    """Sprint s1 merged the story (recorded, track cleared) and then failed or was terminated; started again
+    under the same id with the story set back by hand, the story's new branch must be merged, not answered by
+    the first run's record of its merge."""
+    root = make_git_project(tmp_path / "proj", stories={STORY: "review"})
+
+    async def run_story(text: str) -> FinishStoryResult:
+        wt = await ensure_worktree(str(root), "s1", STORY)
+        (Path(wt.path) / "greeting.txt").write_text(text)
+        git(wt.path, "add", "greeting.txt")
+        git(wt.path, "commit", "-q", "-m", f"say {text}")
+        return await finish(root)
+
+    first = await run_story("hello\n")
+    assert first.merged and not worktree_path(str(root), "s1", STORY).exists()
+    again = await run_story("hello again\n")
+    assert again.merged and again.commit != first.commit, (first, again)
+    assert (root / "greeting.txt").read_text() == "hello again\n"
+    assert await finish(root) == again  # and that merge is what a retry of the finish is answered with
