@@ -23,6 +23,7 @@ FAILURE_INVALID_INPUT = "InvalidWorkflowInput"
 SIGNAL_RESIDENT_READY = "resident_ready"  # resident -> Master, once up
 SIGNAL_ROSTER_BROADCAST = "roster_broadcast"  # Master -> each resident: AGENT_ROSTER_BROADCAST
 SIGNAL_STOP = "stop"  # Master -> resident, at the end of the sprint
+SIGNAL_STOP_NOW = "stop_now"  # Master -> resident, the sprint cancelled: drop the requests, cancel those in hand
 SIGNAL_RESIDENT_STOPPED = "resident_stopped"  # resident -> Master, once stopped
 UPDATE_AGENT_CREATE = "agent_create_request"  # AGENT_CREATE_REQUEST -> AGENT_CREATED
 UPDATE_AGENT_DESTROY = "agent_destroy_request"  # AGENT_DESTROY_REQUEST -> AGENT_DESTROYED

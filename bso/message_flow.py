@@ -34,6 +34,8 @@ from bso.constants import (
     SIGNAL_RESUME,
     SIGNAL_ROSTER_BROADCAST,
     SIGNAL_SHUTDOWN,
+    SIGNAL_STOP,
+    SIGNAL_STOP_NOW,
     SIGNAL_STORY_UPDATE,
     SIGNAL_STORY_UPDATES,
 )
@@ -72,6 +74,7 @@ MESSAGE_TYPES = (
     "RESIDENT_STOPPED",
     "ROSTER_BROADCAST",
     "STOP",
+    "STOP_NOW",
     "DEBUG_REQUEST",
     "DEBUG_RESULT",
     "RESEARCH_REQUEST",
@@ -87,7 +90,7 @@ MESSAGE_TYPES = (
 )
 
 # Signals a resident receives from the Master (the rest come from agents or Slaves, named in the payload).
-_FROM_MASTER_TO_RESIDENT = {"roster_broadcast", "stop", "plan_request"}
+_FROM_MASTER_TO_RESIDENT = {SIGNAL_ROSTER_BROADCAST, SIGNAL_STOP, SIGNAL_STOP_NOW, SIGNAL_PLAN_REQUEST}
 # Signals the Master receives from its residents.
 _FROM_RESIDENT = {"resident_ready", "resident_stopped", "plan_result"}
 # Who sends a resident's answer whose payload does not name its role.

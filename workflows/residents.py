@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy, TypedSearchAttributes
@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_RESIDENT_STOPPED,
         SIGNAL_ROSTER_BROADCAST,
         SIGNAL_STOP,
+        SIGNAL_STOP_NOW,
         UPDATE_AGENT_CREATE,
         UPDATE_AGENT_DESTROY,
         agents_task_queue_for,
@@ -88,6 +89,8 @@ with workflow.unsafe.imports_passed_through():
     from bso.simulation import SimulationScript
     from workflows.delivery import deliver
 
+T = TypeVar("T")
+
 RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
 # Roster changes that keep coming while a broadcast is on its way (an agent dispatched and one finished per
 # story) are held this long after it, then broadcast together: residents hear of a change within ~1 s.
@@ -115,6 +118,7 @@ class ResidentWorkflow:
         self._rejected: list[RejectedMessage] = list(carried.rejected_messages)
         self._rejected_total = carried.rejected_total
         self._script = SimulationScript.model_validate(inp.simulation)
+        self._in_hand: list[workflow.ActivityHandle[Any]] = []  # the requests' activities running (stop_now)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
     def debug_request(self, payload: Any) -> None:
@@ -206,7 +210,7 @@ class ResidentWorkflow:
                 request_id=request.request_id, status="browser_error", error=f"{self._input.role} is not e2e-live"
             )
         try:
-            return await workflow.execute_activity(
+            return await self._in_hand_until_done(workflow.start_activity(
                 browse,
                 BrowseInput(
                     project_root=self._input.project_root, request=request, base_url=self._input.e2e_live_base_url
@@ -216,7 +220,7 @@ class ResidentWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=2),
                 summary=f"browser {request.operation} ({request.request_id})",
                 **_priority(request.priority),
-            )
+            ))
         except ActivityError as err:
             return BrowserResult(request_id=request.request_id, status="browser_error", error=str(err.cause or err))
 
@@ -233,6 +237,28 @@ class ResidentWorkflow:
     @workflow.signal(name=SIGNAL_STOP)
     def stop(self) -> None:
         self._stopping = True
+
+    @workflow.signal(name=SIGNAL_STOP_NOW)
+    def stop_now(self) -> None:
+        """The sprint was cancelled: nobody waits for an answer any more. The requests not served yet are dropped
+        and the activities of those in hand cancelled (an analysis no worker has picked up would hold the stop,
+        and the cancelled sprint with it, for ever)."""
+        self._stopping = True
+        dropped = len(self._debug_requests) + len(self._research_requests) + len(self._browser_requests)
+        dropped += len(self._plan_requests)
+        for pending in (self._debug_requests, self._research_requests, self._browser_requests, self._plan_requests):
+            pending.clear()
+        for handle in self._in_hand:  # a list: the cancel commands go out in a fixed order
+            handle.cancel()
+        workflow.logger.info("stopping now: %d request(s) dropped, %d cancelled", dropped, len(self._in_hand))
+
+    async def _in_hand_until_done(self, handle: workflow.ActivityHandle[T]) -> T:
+        """A request's activity, cancelled by stop_now while it runs."""
+        self._in_hand.append(handle)
+        try:
+            return await handle
+        finally:
+            self._in_hand.remove(handle)
 
     @workflow.query(name=QUERY_STATUS)
     def status(self) -> ResidentStatus:
@@ -372,7 +398,7 @@ class ResidentWorkflow:
             )
         limits = self._input.knowledge_research
         try:
-            return await workflow.execute_activity(
+            return await self._in_hand_until_done(workflow.start_activity(
                 research,
                 ResearchInput(
                     project_root=self._input.project_root,
@@ -385,7 +411,7 @@ class ResidentWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"research {request.request_id} for {request.story_key}",
                 **_priority(request.priority),
-            )
+            ))
         except ActivityError as err:
             return ResearchResult(
                 request_id=request.request_id, story_key=request.story_key, query=request.query,
@@ -401,7 +427,7 @@ class ResidentWorkflow:
         scripted = list(self._script.for_story(request.story_key).debug)
         outcome = scripted[request.attempt - 1] if request.attempt <= len(scripted) else "unfixable"
         try:
-            return await workflow.execute_activity(
+            return await self._in_hand_until_done(workflow.start_activity(
                 analyze_failure,
                 AnalyzeInput(
                     project_root=self._input.project_root,
@@ -414,7 +440,7 @@ class ResidentWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"debug {request.debug_id} for {request.story_key}",
                 **_priority(request.priority),
-            )
+            ))
         except ActivityError as err:
             return DebugResult(
                 debug_id=request.debug_id, story_key=request.story_key, status="unavailable",
@@ -524,8 +550,9 @@ class RosterKeeper:
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
 
-    async def _stop_residents(self) -> None:
-        """Stop the residents in reverse start order, each after the one started after it."""
+    async def _stop_residents(self, *, now: bool = False) -> None:
+        """Stop the residents in reverse start order, each after the one started after it. `now` (a cancelled
+        sprint): they drop the requests they hold instead of answering them first."""
         s = self._state
         for role in reversed(list(s.residents)):
             # Every broadcast already sent reaches the resident before its stop: nothing arrives while it ends.
@@ -534,7 +561,7 @@ class RosterKeeper:
             if workflow_id is None:  # a cancelled sprint's own end stopped it meanwhile
                 continue
             try:
-                await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP)
+                await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP_NOW if now else SIGNAL_STOP)
                 handle = self._resident_handles.pop(role, None)
                 if handle is not None:  # started by this run: wait until it has stopped
                     await handle

@@ -135,6 +135,9 @@ PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 # A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
 # started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
 PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
+# A cancelled sprint stops its residents at once (SIGNAL_STOP_NOW): told to stop as at a sprint's end, a resident
+# first served what it held, and an analysis no worker picked up held the cancelled sprint for ever.
+PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
 # A batch that ended abnormally (timed out, terminated) while its done story was being merged back.
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
@@ -518,7 +521,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._state.tokens_used += task.result().tokens_used
         self._batch_tasks.clear()
         await self._cancel_starting_resident()
-        await self._stop_residents()
+        await self._stop_residents(now=workflow.patched(PATCH_CANCEL_STOPS_RESIDENTS_NOW))
         self._state.errors.append(f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}")
         self._set_phase(SprintPhase.CANCELED)
         raise asyncio.CancelledError

@@ -4,14 +4,20 @@ does not, max_debug_attempts caps the rounds, known error patterns come from the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import CancelledError
 
 from bso.cli import _stories_table
+from bso.message_flow import message_flow
 from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_RESULT, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.roster import resident_workflow_id
+from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
@@ -101,6 +107,33 @@ async def test_a_story_waiting_on_the_debugger_shows_it_not_its_finished_agent(t
             final = await handle.query("status")
     assert report.stories == {K1: "done"}
     assert final["stories"][K1].get("debug_in_flight") is None
+
+
+async def test_a_cancel_while_the_debugger_waits_for_a_worker_ends_the_sprint(ts_env, tmp_path: Path):
+    """No worker serves the agents queue, so the debugger's analysis is never picked up. Cancelling the sprint
+    stops the debugger at once: its analysis is cancelled, and the sprint ends cancelled. Before, the stop
+    waited for that analysis to be answered, and the cancelled sprint never ended."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
+    async with bso_worker(ts_env.client, queues=(SPRINT_TASK_QUEUE,)) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-cancel", simulation=simulation))
+        await wait_status(handle, lambda s: s.stories[K1].debug_in_flight is not None, "debug wait shown")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 60)
+        status = await handle.query("status")
+        debugger = ts_env.client.get_workflow_handle(resident_workflow_id("dbg-cancel", "debugger"))
+        described = await debugger.describe()
+        events = [e.event_type for e in (await debugger.fetch_history()).events]
+        flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
+    assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+    assert status["phase"] == "canceled", status
+    assert described.status is WorkflowExecutionStatus.COMPLETED, described.status
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in events
+    stops = [(m.sender, m.recipient) for m in flow if m.type.startswith("STOP")]
+    assert stops == [("sprint-master", r) for r in ("debugger", "knowledge-researcher", "scrum-master")], stops
+    assert {m.type for m in flow if m.type.startswith("STOP")} == {"STOP_NOW"}
+    assert status_values(tmp_path)[K1] == "ready-for-dev"  # the story keeps its last state for the next sprint
 
 
 async def test_an_unfixable_analysis_gives_needs_intervention(ts_env, tmp_path: Path):

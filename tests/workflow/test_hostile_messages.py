@@ -36,7 +36,7 @@ HOSTILE = [
     {"a": {"b": {"c": {"d": [None, {"e": 1.5}]}}}},
 ]
 # Signals whose name alone is the command (end the sprint, stop a resident): sending them ends things, as asked.
-ENDS_SOMETHING = {"shutdown_request", "stop"}
+ENDS_SOMETHING = {"shutdown_request", "stop", "stop_now"}
 
 
 def handler_names(cls: type) -> tuple[list[str], list[str]]:
