@@ -334,9 +334,11 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     record = _merged_record(inp.project_root, inp.session_id, inp.story_key)
-    if record.exists() and await _merge_recorded_holds(inp):
-        return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
     async with repo_lock(inp.project_root):
+        # Under the lock: another call for the story (an attempt left running by a Slave that ended, the Master
+        # finishing its merge) may have merged it and cleared its branch meanwhile.
+        if record.exists() and await _merge_recorded_holds(inp):
+            return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
         result = await _squash_and_merge(inp)
         if result.merged:
             write_json_atomic(record, result.model_dump(mode="json"))

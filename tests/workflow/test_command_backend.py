@@ -627,3 +627,17 @@ async def test_a_story_run_again_under_a_reused_sprint_id_merges_its_new_work(tm
     assert again.merged and again.commit != first.commit, (first, again)
     assert (root / "greeting.txt").read_text() == "hello again\n"
     assert await finish(root) == again  # and that merge is what a retry of the finish is answered with
+
+
+async def test_two_finishes_of_one_story_at_once_both_say_merged(tmp_path: Path) -> None:
+    """The Master finishes the merge of a story whose Slave ended during it, while that Slave's attempt may still
+    run: the second to take the lock finds the story merged and its branch cleared, and says merged (it said
+    "no branch: nothing to merge", and the story got a "not merged" error)."""
+    root = make_git_project(tmp_path / "proj", stories={STORY: "review"})
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "greeting.txt").write_text("hello\n")
+    git(wt.path, "add", "greeting.txt")
+    git(wt.path, "commit", "-q", "-m", "say hello")
+    first, second = await asyncio.gather(finish(root), finish(root))
+    assert first.merged and second.merged, (first, second)
+    assert first == second
