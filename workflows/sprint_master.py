@@ -105,7 +105,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
     from workflows.residents import RosterKeeper
-    from workflows.sprint_slave import SprintSlaveWorkflow
+    from workflows.sprint_slave import SprintSlaveWorkflow, merge_story_back, not_merged
 
 # A Slave still starting when the sprint was shut down is told once it has started.
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
@@ -138,7 +138,11 @@ PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
 # A cancelled sprint stops its residents at once (SIGNAL_STOP_NOW): told to stop as at a sprint's end, a resident
 # first served what it held, and an analysis no worker picked up held the cancelled sprint for ever.
 PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
-# A batch that ended abnormally (timed out, terminated) while its done story was being merged back.
+# A batch that ended abnormally (timed out, terminated) while its done story was being merged back: the Master
+# finishes the merge itself before the story's dependants go on (they went on with the merge unconfirmed).
+PATCH_FINISH_CUT_MERGES = "master-finishes-cut-merges"
+# A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
+# sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
 
@@ -998,7 +1002,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 if self._cancelling and is_cancelled_exception(err)
                 else f"Slave ended abnormally: {err.cause or err}"
             )
-            result = self._abnormal_result(spec, f"batch {spec.batch_id} {why}")
+            result = self._abnormal_result(spec, f"batch {spec.batch_id} {why}", await self._finish_cut_merges(spec))
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
         if spec.batch_id in self._started_batches:
@@ -1015,8 +1019,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         rearm's batch from then on."""
         return [key for key in spec.stories if self._state.views[key].batch_id == spec.batch_id]
 
-    def _abnormal_result(self, spec: BatchSpec, reason: str) -> SlaveResult:
-        """The batch's result as the Master last saw it, when its Slave failed or timed out."""
+    async def _finish_cut_merges(self, spec: BatchSpec) -> dict[str, str | None]:
+        """The merges a batch that ended abnormally left under way, finished by the Master (not when the sprint
+        is being cancelled): story key -> None once merged, else why not. Until then the batch still shows as
+        running and the story as merging, so nothing that waits for the merge goes on."""
+        s = self._state
+        cut = [key for key in self._still_in(spec) if s.views[key].merging]
+        # Patched only where it acts: a batch cut short mid-merge before replays as it ran.
+        if not cut or self._cancelling or not workflow.patched(PATCH_FINISH_CUT_MERGES):
+            return {}
+        outcomes: dict[str, str | None] = {}
+        for key in cut:
+            try:
+                merged = await merge_story_back(self._project_root, s.session_id, s.stories[key], s.config)
+                outcomes[key] = None if merged.merged else not_merged(merged.note)
+            except ActivityError as err:
+                outcomes[key] = not_merged(str(err.cause or err))
+            workflow.logger.info("batch %d ended during the merge of %s; the Master finished it: %s",
+                                 spec.batch_id, key, outcomes[key] or "merged")
+        return outcomes
+
+    def _abnormal_result(self, spec: BatchSpec, reason: str, merges: dict[str, str | None]) -> SlaveResult:
+        """The batch's result as the Master last saw it, when its Slave failed or timed out. `merges`: the
+        outcome of each merge it left under way that the Master finished (None: merged)."""
         s = self._state
         s.errors.append(reason)
         (workflow.logger.warning if self._cancelling else workflow.logger.error)(reason)
@@ -1024,8 +1049,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         for key in self._still_in(spec):  # nothing of the batch is in flight any more
             view = s.views[key]
             update: dict[str, Any] = {"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
-            if view.merging:  # done, and its merge may or may not have landed: its dependants go on, told so
-                update |= {"merging": False, "error": view.error or MERGE_CUT_SHORT}
+            if view.merging:  # done: its merge finished by the Master, or (cancelled) maybe landed, told so
+                update |= {"merging": False, "error": view.error or merges.get(key, MERGE_CUT_SHORT)}
                 merge_cut[key] = view.state
             s.views[key] = view.model_copy(update=update)
         if merge_cut:

@@ -111,7 +111,8 @@ with workflow.unsafe.imports_passed_through():
     from bso.messages import CompletionReportPayload, GateIssue, PlanSubmissionPayload
     from bso.states import AgentStatus, AgentType
     from bso.report import build_slave_result
-    from bso.git_rules import FinishStoryInput
+    from bso.config import SprintConfig
+    from bso.git_rules import FinishStoryInput, FinishStoryResult
     from bso.simulation import SimulationScript
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
@@ -935,28 +936,13 @@ class SprintSlaveWorkflow:
     async def _finish_story_git(self, meta: StoryMeta) -> None:
         """command backend only: squash the done story's branch (P28) and merge it back locally."""
         try:
-            result = await workflow.execute_activity(
-                finish_story_git,
-                FinishStoryInput(
-                    project_root=self._input.project_root,
-                    session_id=self._input.session_id,
-                    story_key=meta.key,
-                    story_title=meta.title,
-                    story_path=meta.story_path,
-                    squash=self._input.config.git_squash_strategy == "per_story",
-                    clear_track=self._input.config.auto_clear_git_track,
-                ),
-                task_queue=agents_task_queue_for(workflow.info().task_queue),
-                start_to_close_timeout=timedelta(minutes=10),
-                retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["AgentConfigError"]),
-                summary=f"squash and merge story {meta.key}",
-            )
-            note = None if result.merged else f"not merged: {result.note}"
+            result = await merge_story_back(self._input.project_root, self._input.session_id, meta, self._input.config)
+            note = None if result.merged else not_merged(result.note)
         except ActivityError as err:
             # The batch is cancelled (its sprint too): not a merge failure after which the next story starts.
             if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
                 raise
-            note = f"not merged: {_cause(err)}"
+            note = not_merged(_cause(err))
         self._merged.append(meta.key)
         if note is not None:
             workflow.logger.warning("[Slave] %s %s", meta.key, note)
@@ -1100,6 +1086,33 @@ class SprintSlaveWorkflow:
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)
         )
+
+
+async def merge_story_back(project_root: str, session_id: str, meta: StoryMeta, config: SprintConfig) -> FinishStoryResult:
+    """command backend: squash the done story's branch (P28) and merge it back into the project's branch. The
+    Slave does it for each done story; the Master for a story whose batch ended during it (finish_story_git is
+    idempotent: a merge that landed answers from its record)."""
+    return await workflow.execute_activity(
+        finish_story_git,
+        FinishStoryInput(
+            project_root=project_root,
+            session_id=session_id,
+            story_key=meta.key,
+            story_title=meta.title,
+            story_path=meta.story_path,
+            squash=config.git_squash_strategy == "per_story",
+            clear_track=config.auto_clear_git_track,
+        ),
+        task_queue=agents_task_queue_for(workflow.info().task_queue),
+        start_to_close_timeout=timedelta(minutes=10),
+        retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["AgentConfigError"]),
+        summary=f"squash and merge story {meta.key}",
+    )
+
+
+def not_merged(why: str) -> str:
+    """A done story's error when its branch did not merge back."""
+    return f"not merged: {why}"
 
 
 def _with_spent(

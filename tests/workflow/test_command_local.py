@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowFailureError
 
 from activities.backends import command
 from bench.infra import WorkerProcess
@@ -248,10 +249,15 @@ async def test_worker_killed_while_its_agent_works_does_not_rerun_it(local_env, 
     assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
 
 
-async def test_a_batch_ended_during_a_merge_lets_the_dependants_go_on(local_env, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("cut", ["terminated", "cancelled"])
+async def test_a_batch_ended_during_a_merge_has_the_merge_finished_before_the_dependants_go_on(
+    local_env, tmp_path: Path, monkeypatch, cut: str
+) -> None:
     """A done story holds its dependants until its branch is merged back. Its Slave terminated in the middle
-    of the merge (as one timing out would be) sends no word of it: the Master lets the dependants go on, and
-    says the merge is unconfirmed. Before, the dependant's batch waited until its own timeout."""
+    of the merge (as one timing out would be) sends no word of it: the Master finishes the merge itself, then
+    lets the dependants go on, which build on the merged work. Before, the dependant's batch waited until its
+    own timeout; later, it went on at once with the merge unconfirmed. A cancelled sprint finishes nothing:
+    the story says to check its merge."""
     slow_down_merges(monkeypatch, 8)
     second = "1-2-second-story"
     root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev", second: "ready-for-dev"})
@@ -270,9 +276,19 @@ async def test_a_batch_ended_during_a_merge_lets_the_dependants_go_on(local_env,
         merging = await wait_status(handle, lambda s: s.stories[STORY].merging, "story 1 merging", timeout=120)
         first, dependant = merging.stories[STORY].batch_id, merging.stories[second].batch_id
         assert first != dependant and dependant in merging.running_batches, merging
+        if cut == "cancelled":
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError):
+                await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
+            view = (await handle.query(SprintMasterWorkflow.status)).stories[STORY]
+            assert not view.merging and view.error == MERGE_CUT_SHORT, view
+            return
         await local_env.client.get_workflow_handle(slave_workflow_id(session, first)).terminate("test: cut short")
         await wait_status(handle, lambda s: s.stories[second].state == "done", "the dependant done", timeout=120)
         report = await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
         view = (await handle.query(SprintMasterWorkflow.status)).stories[STORY]
     assert report.stories == {STORY: "done", second: "done"}, report
-    assert not view.merging and view.error == MERGE_CUT_SHORT, view
+    assert not view.merging and view.error is None, view
+    assert git(root, "log", "--no-merges", "--format=%s", "-2").split("\n")[:2] == [
+        "feat: Story 1.2: Story 2", "feat: Story 1.1: Story 1"
+    ]
