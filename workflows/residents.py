@@ -119,6 +119,7 @@ class ResidentWorkflow:
         self._rejected_total = carried.rejected_total
         self._script = SimulationScript.model_validate(inp.simulation)
         self._in_hand: list[workflow.ActivityHandle[Any]] = []  # the requests' activities running (stop_now)
+        self._stopped_now = False  # stop_now came: requests are dropped, not answered (never carried: no hand-over)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
     def debug_request(self, payload: Any) -> None:
@@ -127,6 +128,8 @@ class ResidentWorkflow:
             request = DebugRequest.model_validate(payload)
         except ValidationError as err:
             self._reject(rejected_invalid("DEBUG_REQUEST", payload, err))
+            return
+        if self._dropped_after_stop_now("DEBUG_REQUEST"):
             return
         self._debug_requests.append(request)
 
@@ -138,6 +141,8 @@ class ResidentWorkflow:
         except ValidationError as err:
             self._reject(rejected_invalid("PLAN_REQUEST", payload, err))
             return
+        if self._dropped_after_stop_now("PLAN_REQUEST"):
+            return
         self._plan_requests.append(request)
 
     @workflow.signal(name=SIGNAL_RESEARCH_REQUEST)
@@ -147,6 +152,8 @@ class ResidentWorkflow:
             request = ResearchRequest.model_validate(payload)
         except ValidationError as err:
             self._reject(rejected_invalid("RESEARCH_REQUEST", payload, err))
+            return
+        if self._dropped_after_stop_now("RESEARCH_REQUEST"):
             return
         if not request.report_to:
             self._reject(RejectedMessage(msg_type="RESEARCH_REQUEST", reason=f"{request.request_id}: no report_to "
@@ -179,6 +186,8 @@ class ResidentWorkflow:
             request = BrowserRequest.model_validate(payload)
         except ValidationError as err:
             self._reject(rejected_invalid("BROWSER_REQUEST", payload, err))
+            return
+        if self._dropped_after_stop_now("BROWSER_REQUEST"):
             return
         if not request.report_to:
             self._reject(RejectedMessage(msg_type="BROWSER_REQUEST", reason=f"{request.request_id}: no report_to "
@@ -243,7 +252,7 @@ class ResidentWorkflow:
         """The sprint was cancelled: nobody waits for an answer any more. The requests not served yet are dropped
         and the activities of those in hand cancelled (an analysis no worker has picked up would hold the stop,
         and the cancelled sprint with it, for ever)."""
-        self._stopping = True
+        self._stopping = self._stopped_now = True
         dropped = len(self._debug_requests) + len(self._research_requests) + len(self._browser_requests)
         dropped += len(self._plan_requests)
         for pending in (self._debug_requests, self._research_requests, self._browser_requests, self._plan_requests):
@@ -251,6 +260,12 @@ class ResidentWorkflow:
         for handle in self._in_hand:  # a list: the cancel commands go out in a fixed order
             handle.cancel()
         workflow.logger.info("stopping now: %d request(s) dropped, %d cancelled", dropped, len(self._in_hand))
+
+    def _dropped_after_stop_now(self, msg_type: str) -> bool:
+        """A request that came after stop_now: nobody waits for its answer (recorded as rejected)."""
+        if self._stopped_now:
+            self._reject(RejectedMessage(msg_type=msg_type, reason="the sprint was cancelled: this resident is stopping"))
+        return self._stopped_now
 
     async def _in_hand_until_done(self, handle: workflow.ActivityHandle[T]) -> T:
         """A request's activity, cancelled by stop_now while it runs."""
@@ -320,12 +335,16 @@ class ResidentWorkflow:
             if self._browser_requests:
                 wanted = self._browser_requests.pop(0)
                 outcome = await self._browse(wanted)
+                if self._stopped_now:
+                    continue  # cancelled by stop_now: nobody waits for the answer
                 self._served += 1
                 await _signal_quietly(wanted.report_to or "", SIGNAL_BROWSER_RESULT, outcome.model_dump(mode="json"))
                 continue
             if self._research_requests:
                 asked = self._research_requests.pop(0)
                 answer = await self._research(asked)
+                if self._stopped_now:
+                    continue  # cancelled by stop_now: nobody waits for the answer
                 self._served += 1
                 await _signal_quietly(asked.report_to or "", SIGNAL_RESEARCH_RESULT, answer.model_dump(mode="json"))
                 continue
@@ -334,6 +353,8 @@ class ResidentWorkflow:
                 return
             request = self._debug_requests.pop(0)
             result = await self._debug(request)
+            if self._stopped_now:
+                continue  # cancelled by stop_now: nobody waits for the answer
             self._served += 1
             await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
 

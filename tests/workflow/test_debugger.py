@@ -6,20 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import CancelledError
+from temporalio.worker import Worker
 
 from bso.cli import _stories_table
 from bso.message_flow import message_flow
-from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_RESULT, SPRINT_TASK_QUEUE, slave_workflow_id
+from bso.constants import (
+    AGENTS_TASK_QUEUE,
+    SIGNAL_DEBUG_REQUEST,
+    SIGNAL_DEBUG_RESULT,
+    SIGNAL_STOP_NOW,
+    SPRINT_TASK_QUEUE,
+    slave_workflow_id,
+)
+from bso.debugging import DebugRequest
 from bso.roster import resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
+from tests.workflow.resident_host import HostInput, ResidentHost
 from tests.workflow.helpers import (
+    poll_until,
     make_project,
     run_sprint,
     sprint_input,
@@ -200,3 +212,51 @@ async def test_without_a_debugger_the_failure_needs_intervention(ts_env, tmp_pat
         report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, simulation=simulation))
     assert report.stories == {K1: "needs-intervention"}
     assert "debugger unavailable: no debugger resident in this sprint" in story_error(report, K1)
+
+
+async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(local_env, tmp_path: Path):
+    """stop_now (a cancelled sprint): the analysis in hand, which no worker picks up, is cancelled and not
+    answered; a request that comes after it is dropped (recorded as rejected), not served; the debugger ends.
+    The two signals reach it in one workflow task (its worker is away meanwhile), so the second comes after.
+    On the dev server: the time-skipping one leaves a task on the stopped worker's sticky queue."""
+    session, prefix = "stop-now", f"t-{uuid.uuid4().hex[:8]}-"
+    host_queue = f"host-{uuid.uuid4().hex[:8]}"
+    debugger = local_env.client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+    request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
+        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+        async with worker:
+            host = await local_env.client.start_workflow(
+                ResidentHost.run,
+                HostInput(session_id=session, project_root=str(tmp_path), roles=["debugger"],
+                          resident_task_queue=prefix + SPRINT_TASK_QUEUE),
+                id=f"{session}-host",
+                task_queue=host_queue,
+            )
+            await poll_until(lambda: _ready(host), "the debugger up")
+            await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
+            await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
+        await debugger.signal(SIGNAL_STOP_NOW)
+        await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_copy(update={"debug_id": "dbg-2"}).model_dump(mode="json"))
+        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+        async with worker:
+            await host.signal(ResidentHost.finish)
+            (summary,) = await asyncio.wait_for(host.result(), 60)
+            status = await debugger.query(ResidentWorkflow.status)
+            seen = await host.query(ResidentHost.seen)
+            events = [e.event_type for e in (await debugger.fetch_history()).events]
+    assert seen.answers["debug"] == [] and summary.requests_served == 0, (seen, summary)
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in events
+    assert events.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 1  # dbg-2's analysis never scheduled
+    assert [(r.msg_type, r.reason) for r in status.rejected_messages] == [
+        ("DEBUG_REQUEST", "the sprint was cancelled: this resident is stopping")
+    ], status.rejected_messages
+
+
+async def _analysis_pending(handle) -> bool:
+    return bool((await handle.describe()).raw_description.pending_activities)
+
+
+async def _ready(host) -> bool:
+    return (await host.query(ResidentHost.seen)).ready == ["debugger"]
+
