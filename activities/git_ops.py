@@ -342,10 +342,15 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
         result = await _squash_and_merge(inp)
         if result.merged:
             write_json_atomic(record, result.model_dump(mode="json"))
+            branch = story_branch(inp.session_id, inp.story_key)
             if inp.clear_track:
-                branch = story_branch(inp.session_id, inp.story_key)
                 cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
                 activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
+            elif (tip := await _commit_of(inp.project_root, f"refs/heads/{branch}")) is not None:
+                # The kept branch is merged up to here: the story run again on it (a reused sprint id) squashes
+                # and merges only what it adds, not this work a second time (a conflict with itself).
+                write_json_atomic(_story_base_record(inp.project_root, inp.session_id, inp.story_key),
+                                  {"story": inp.story_key, "base": tip})
     return result
 
 

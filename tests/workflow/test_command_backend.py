@@ -608,10 +608,12 @@ async def test_a_story_started_after_another_merged_builds_on_it_and_merges(tmp_
     ]
 
 
-async def test_a_story_run_again_under_a_reused_sprint_id_merges_its_new_work(tmp_path: Path) -> None:
-    """Sprint s1 merged the story (recorded, track cleared) and then failed or was terminated; started again
-    under the same id with the story set back by hand, the story's new branch must be merged, not answered by
-    the first run's record of its merge."""
+@pytest.mark.parametrize("clear_track", [True, False])
+async def test_a_story_run_again_under_a_reused_sprint_id_merges_its_new_work(tmp_path: Path, clear_track: bool) -> None:
+    """Sprint s1 merged the story (recorded; its track cleared, or kept) and then failed or was terminated;
+    started again under the same id with the story set back by hand, the story's new work must be merged: not
+    answered by the first run's record of its merge, nor squashed again with the work already merged (which
+    conflicted with itself on a kept branch)."""
     root = make_git_project(tmp_path / "proj", stories={STORY: "review"})
 
     async def run_story(text: str) -> FinishStoryResult:
@@ -619,14 +621,15 @@ async def test_a_story_run_again_under_a_reused_sprint_id_merges_its_new_work(tm
         (Path(wt.path) / "greeting.txt").write_text(text)
         git(wt.path, "add", "greeting.txt")
         git(wt.path, "commit", "-q", "-m", f"say {text}")
-        return await finish(root)
+        return await finish(root, clear_track=clear_track)
 
     first = await run_story("hello\n")
-    assert first.merged and not worktree_path(str(root), "s1", STORY).exists()
+    assert first.merged and worktree_path(str(root), "s1", STORY).exists() is not clear_track
     again = await run_story("hello again\n")
     assert again.merged and again.commit != first.commit, (first, again)
     assert (root / "greeting.txt").read_text() == "hello again\n"
-    assert await finish(root) == again  # and that merge is what a retry of the finish is answered with
+    assert await finish(root, clear_track=clear_track) == again  # a retry of the finish is answered with it
+    assert git(root, "log", "--no-merges", "--format=%s").count("feat: Story 1.1") == 2, git(root, "log", "--oneline")
 
 
 async def test_two_finishes_of_one_story_at_once_both_say_merged(tmp_path: Path) -> None:
