@@ -74,6 +74,7 @@ from bso.dev_server import dev_server_args
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
+from bso.report import work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
     NOTHING_TO_RUN,
@@ -340,15 +341,15 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
             for key in spec.stories:
                 batch_of[key] = spec.batch_id
     stories = {key: StoryView(state=state, batch_id=batch_of.get(key)) for key, state in report.stories.items()}
-    for batch in report.batches:
+    work = work_per_story(report.batches)
+    for batch in report.batches:  # by batch id: a rearmed story's last batch is the one shown
         for r in batch.results.story_results:
-            earlier = stories.get(r.story_key)  # a rearmed story ran in an earlier batch too: count both
             stories[r.story_key] = StoryView(
                 state=r.final_state,
                 batch_id=batch.batch_id,
                 fix_rounds=batch.results.review_fix_rounds.get(r.story_key, 0),
-                agents_dispatched=r.agents_dispatched + (earlier.agents_dispatched if earlier else 0),
-                tokens_used=r.tokens_used + (earlier.tokens_used if earlier else 0),
+                agents_dispatched=work[r.story_key].agents_dispatched,
+                tokens_used=work[r.story_key].tokens_used,
                 error=r.error,
             )
     return SprintStatusView(

@@ -235,17 +235,17 @@ class StoryView(_Model):
         )
 
 
-class EarlierWork(_Model):
-    """A rearmed story's agents and tokens in its batches before the current one: its view, which its current
-    batch's Slave sends, counts that batch only."""
+class StoryWork(_Model):
+    """A story's agents and tokens over several batches: a rearmed story runs in more than one, and each batch's
+    Slave counts its own only."""
 
     agents_dispatched: int = 0
     tokens_used: int = 0
 
-    def plus(self, view: StoryView) -> EarlierWork:
-        return EarlierWork(
-            agents_dispatched=self.agents_dispatched + view.agents_dispatched,
-            tokens_used=self.tokens_used + view.tokens_used,
+    def plus(self, batch: StoryView | StoryResult) -> StoryWork:
+        return StoryWork(
+            agents_dispatched=self.agents_dispatched + batch.agents_dispatched,
+            tokens_used=self.tokens_used + batch.tokens_used,
         )
 
     def added_to(self, view: StoryView) -> StoryView:
@@ -337,7 +337,7 @@ class MasterState(_Model):
     plan: BatchPlanReady | None = None
     stories: dict[str, StoryMeta] = Field(default_factory=dict)
     views: dict[str, StoryView] = Field(default_factory=dict)
-    earlier_work: dict[str, EarlierWork] = Field(default_factory=dict)  # rearmed stories' work before the rearm
+    earlier_work: dict[str, StoryWork] = Field(default_factory=dict)  # rearmed stories' work before the rearm
     results: list[SlaveResult] = Field(default_factory=list)
     queue: list[BatchSpec] = Field(default_factory=list)
     next_batch_id: int = 1

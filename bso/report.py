@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult
+from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
 
@@ -18,6 +18,15 @@ def story_results(progress: list[StoryProgress]) -> list[StoryResult]:
         )
         for p in progress
     ]
+
+
+def work_per_story(batches: list[SlaveResult]) -> dict[str, StoryWork]:
+    """Each story's agents and tokens over every batch it ran in (a rearmed story ran in several)."""
+    work: dict[str, StoryWork] = {}
+    for batch in batches:
+        for r in batch.results.story_results:
+            work[r.story_key] = work.get(r.story_key, StoryWork()).plus(r)
+    return work
 
 
 def batch_status(progress: list[StoryProgress], errors: list[str]) -> BatchStatus:

@@ -16,6 +16,7 @@ from temporalio.client import WorkflowHistory
 from bso.config import ConfigError, SprintConfig, resolve_config
 from bso.message_flow import AgentStats, agent_performance, decode, message_flow
 from bso.models import SprintInput, SprintReport
+from bso.report import work_per_story
 from bso.states import TERMINAL_STATES, StoryState
 
 SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
@@ -51,14 +52,13 @@ def render_summary(
     stories = report.stories
     count = {state: sum(v == state for v in stories.values()) for state in StoryState}
     rounds: dict[str, int] = {}
-    dispatched: dict[str, int] = {}
     errors: dict[str, str] = {}
     batch_of: dict[str, int] = {}
     scores: dict[str, list[int]] = {}  # scored reviews (Gear 2): each story's score per round
+    dispatched = {key: work.agents_dispatched for key, work in work_per_story(report.batches).items()}
     for batch in report.batches:
         rounds.update(batch.results.review_fix_rounds)
         for r in batch.results.story_results:
-            dispatched[r.story_key] = dispatched.get(r.story_key, 0) + r.agents_dispatched  # a rearmed story: both batches
             if r.review_scores:
                 scores[r.story_key] = list(r.review_scores)
             batch_of[r.story_key] = batch.batch_id

@@ -60,7 +60,6 @@ with workflow.unsafe.imports_passed_through():
     from bso.dispatch import BudgetLevel, budget_level
     from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
     from bso.models import (
-        EarlierWork,
         LoadStatusInput,
         MasterState,
         ResumeRequest,
@@ -75,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         StoryProgress,
         StoryUpdate,
         StoryView,
+        StoryWork,
         TERMINAL_VALUES,
         short_key,
     )
@@ -373,7 +373,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
         # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
-        s.earlier_work[key] = s.earlier_work.get(key, EarlierWork()).plus(s.views[key])
+        s.earlier_work[key] = s.earlier_work.get(key, StoryWork()).plus(s.views[key])
         s.views[key] = StoryView(state=target, batch_id=batch_id)
         spec = BatchSpec(batch_id=batch_id, stories=[key])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
