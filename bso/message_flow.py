@@ -41,7 +41,13 @@ from bso.constants import (
 )
 from bso.debugging import DebugRequest, DebugResult
 from bso.dispatch import check_agent_complete, check_agent_error, is_agent_error
-from bso.messages import RejectedMessage, TerminateDirectivePayload, rejected_invalid
+from bso.messages import (
+    MASTER_SIGNALS,
+    RejectedMessage,
+    TerminateDirectivePayload,
+    rejected_invalid,
+    unknown_signal_to_sprint,
+)
 from bso.models import ResumeRequest, StoryUpdate, describe_in_flight, short_key
 from bso.research import ResearchRequest
 from bso.roster import RosterBroadcast
@@ -395,12 +401,16 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             else:
                 kind = _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper())
                 sender = OPERATOR
-                if attrs.signal_name in _FROM_RESIDENT:
-                    sender = str(_dict(value).get("role") or _RESIDENT_OF_SIGNAL.get(attrs.signal_name, "resident"))
+                if attrs.signal_name in _FROM_RESIDENT:  # resident_ready / resident_stopped carry the role itself
+                    role = value if isinstance(value, str) else _dict(value).get("role")
+                    sender = str(role or _RESIDENT_OF_SIGNAL.get(attrs.signal_name, "resident"))
                 fields = {"type": kind, "sender": sender, "recipient": MASTER, "detail": _brief(value),
-                          "payload": _dict(value)}
+                          "payload": _as_payload(value) if value is not None else {}}
                 reason = None
-                if attrs.signal_name == SIGNAL_RESUME:
+                if attrs.signal_name not in MASTER_SIGNALS:  # as the Master's unknown_signal handler records it
+                    unknown = unknown_signal_to_sprint(attrs.signal_name, value)
+                    fields["type"], reason = unknown.msg_type, unknown.reason
+                elif attrs.signal_name == SIGNAL_RESUME:
                     reason = _invalid("RESUME", ResumeRequest, value or {})  # as the Master's resume handler
                 elif attrs.signal_name == SIGNAL_PLAN_RESULT:
                     # The Master ignores (and logs) an answer its planner mixin cannot validate.

@@ -143,6 +143,31 @@ def rejected_invalid(msg_type: str, raw: Any, err: ValidationError) -> RejectedM
     return RejectedMessage(msg_type=msg_type, reason=f"validation_failed: {answer.describe()}", error=answer.to_seed())
 
 
+# The Master's signals (workflows/sprint_master.py and its mixins; a test keeps this in step with them).
+MASTER_SIGNALS = frozenset(
+    {"story_update", "story_updates", "pause", "resume", "shutdown_request", "resident_ready", "resident_stopped",
+     "plan_result"}
+)
+# Answers that go to the batch (Slave) that asked: its workflow id is the start of the dispatch id.
+_BATCH_ANSWERS = {"agent_complete": "AGENT_COMPLETE", "debug_result": "DEBUG_RESULT", "decision": "DECISION"}
+
+
+def unknown_signal_to_sprint(name: str, payload: Any) -> RejectedMessage:
+    """A signal the Master has no handler for, recorded as rejected instead of lost; an agent's answer sent to the
+    sprint rather than to its batch says which batch (the TASK_ASSIGNMENT's report_to) would take it."""
+    fields = payload if isinstance(payload, dict) else {}
+    dispatch_id = fields.get("dispatch_id") if isinstance(fields.get("dispatch_id"), str) else None
+    if name in _BATCH_ANSWERS:
+        batch = dispatch_id.rsplit("/", 2)[0] if dispatch_id and dispatch_id.count("/") >= 3 else None
+        where = f"send it to {batch}" if batch else "send it to the batch's workflow"
+        reason = (f"{_BATCH_ANSWERS[name]} sent to the sprint, which takes no agent answers: {where} "
+                  "(the TASK_ASSIGNMENT's report_to)")
+        return RejectedMessage(msg_type=_BATCH_ANSWERS[name], reason=reason, dispatch_id=dispatch_id)
+    known = ", ".join(sorted(MASTER_SIGNALS))
+    return RejectedMessage(msg_type=name.upper(), reason=f"the sprint has no signal {name!r} (it takes: {known})",
+                           dispatch_id=dispatch_id)
+
+
 def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list[RejectedMessage]:
     return [*kept, message][-MAX_REJECTED_KEPT:]
 

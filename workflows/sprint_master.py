@@ -11,11 +11,12 @@ between batches, before its history grows large, and pick up exactly where it wa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.common import RawValue, RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -58,7 +59,14 @@ with workflow.unsafe.imports_passed_through():
     from bso.dependencies import UNFINISHED, state_for_dependants
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
     from bso.dispatch import BudgetLevel, budget_level
-    from bso.messages import BatchSpec, RejectedMessage, describe_validation_error, keep_rejected, rejected_invalid
+    from bso.messages import (
+        BatchSpec,
+        RejectedMessage,
+        describe_validation_error,
+        keep_rejected,
+        rejected_invalid,
+        unknown_signal_to_sprint,
+    )
     from bso.models import (
         LoadStatusInput,
         MasterState,
@@ -217,6 +225,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.rejected_total += 1
         s.rejected_messages = keep_rejected(s.rejected_messages, message)
         workflow.logger.warning("%s ignored: %s", message.msg_type, message.reason)
+
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        """A signal the sprint has no handler for (an agent's answer sent to the sprint instead of its batch, a
+        typo): recorded as rejected, saying where it belongs. Without this handler it was dropped unseen."""
+        try:
+            payload = workflow.payload_converter().from_payload(args[0].payload) if args else None
+        except Exception:  # noqa: BLE001 - an undecodable payload is still recorded, by its name
+            payload = None
+        self._reject(unknown_signal_to_sprint(name, payload))
 
     @workflow.signal(name=SIGNAL_STORY_UPDATES)
     def story_updates(self, payload: Any) -> None:

@@ -287,3 +287,15 @@ def test_every_type_rejects_each_missing_required_field_by_name(type_: str) -> N
                 type_, dropped, [(e.field, e.error) for e in errors]
             )
     assert required > 0, f"{type_}: no field is required, so anything would pass"
+
+
+def test_master_signals_are_the_masters_handlers():
+    """bso messages marks a signal to the sprint rejected when the Master has no handler for it: the list it
+    goes by must be the Master's own."""
+    from temporalio.workflow import _Definition
+
+    from bso.messages import MASTER_SIGNALS
+    from workflows.sprint_master import SprintMasterWorkflow
+
+    handled = {name for name in _Definition.from_class(SprintMasterWorkflow).signals if name}
+    assert handled == MASTER_SIGNALS

@@ -7,8 +7,10 @@ import asyncio
 from pathlib import Path
 
 from bso.cli import _rejected_by_children, _rejections
+from bso.message_flow import message_flow
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
+from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, workflow_task_failures
 from workflows.residents import ResidentWorkflow
@@ -71,3 +73,34 @@ async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env
     assert any(e["field"] == "view" for e in by_type["STORY_UPDATE"].error["errors"])
     assert any(e["field"] == "token_limit" for e in by_type["RESUME"].error["errors"])
     assert await workflow_task_failures(ts_env.client, "rejects") == 0
+
+
+async def test_an_agent_answer_sent_to_the_sprint_is_recorded_with_where_it_belongs(ts_env, tmp_path: Path):
+    """An agent author's easy mistake: AGENT_COMPLETE sent to the sprint id instead of its batch (report_to). The
+    Master has no such signal: it was dropped without a trace. It is now rejected, naming the batch, in the
+    status and in `bso messages`; an unknown signal name too. The residents' ready signals name the role."""
+    make_project(tmp_path, {K1: "review"})
+    answer = {"dispatch_id": "wrong-way/batch-1/1-1/1", "story_key": K1, "agent_type": "code-reviewer",
+              "mode": "review", "status": "success"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="wrong-way"), id="wrong-way",
+            task_queue=queue, start_signal="pause", start_signal_args=["hold"],
+        )
+        await handle.signal("agent_complete", answer)
+        await handle.signal("agent_completed", answer)
+        master = await _eventually(lambda: handle.query(SprintMasterWorkflow.status),
+                                   lambda s: s.rejected_total == 2, "Master rejections")
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+        flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
+    assert report.stories == {K1: "done"}  # the batch ran as usual
+    first, second = master.rejected_messages
+    assert (first.msg_type, first.dispatch_id) == ("AGENT_COMPLETE", "wrong-way/batch-1/1-1/1"), first
+    assert "send it to wrong-way/batch-1 (the TASK_ASSIGNMENT's report_to)" in first.reason, first.reason
+    assert second.msg_type == "AGENT_COMPLETED" and "no signal 'agent_completed'" in second.reason, second
+    to_master = [m for m in flow if m.recipient == "sprint-master" and m.rejected]
+    assert [(m.type, m.rejected) for m in to_master] == [(first.msg_type, first.reason), (second.msg_type, second.reason)]
+    ready = [m.sender for m in flow if m.type == "RESIDENT_READY"]
+    assert ready == ["scrum-master", "knowledge-researcher", "debugger"], ready
+    assert await workflow_task_failures(ts_env.client, "wrong-way") == 0
