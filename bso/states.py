@@ -130,6 +130,8 @@ class SprintPhase(StrEnum):
     CANCELED = "canceled"  # cancelled by the operator: its batches cancelled, its residents stopped
 
 
+ENDED_PHASES = frozenset({SprintPhase.COMPLETED, SprintPhase.FAILED, SprintPhase.CANCELED})
+
 class AgentBackend(StrEnum):
     SIMULATED = "simulated"
     EXTERNAL = "external"

@@ -108,7 +108,7 @@ with workflow.unsafe.imports_passed_through():
         resolve_story_keys,
     )
     from bso.planning import startable_batch, still_on_its_files
-    from bso.states import TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
+    from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
@@ -201,7 +201,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             stories={k: s.earlier_work[k].added_to(v) if k in s.earlier_work else v for k, v in s.views.items()},
             tokens_used=s.tokens_used + self._tokens_in_flight(),
             token_limit=s.token_limit,
-            pause_reason=s.paused_reason,
+            pause_reason=s.paused_reason if s.phase not in ENDED_PHASES else None,  # an ended sprint is not paused
             errors=list(s.errors),
             runs=s.runs,
             checkpoint=s.checkpoint,
@@ -1127,8 +1127,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
 
 def _settled_of(result: SlaveResult) -> tuple[int, int]:
+    """A finished batch's bar: its stories that reached a final state, of all. Not its `stories_skipped`, which
+    also counts the stories a shutdown or a cancel left unstarted (the report lists them as not run)."""
     counts = result.results
-    return counts.stories_completed + counts.stories_failed + counts.stories_skipped, counts.stories_total
+    return sum(r.final_state in TERMINAL_VALUES for r in counts.story_results), counts.stories_total
 
 
 def _progress_from_view(key: str, view: StoryView) -> StoryProgress:

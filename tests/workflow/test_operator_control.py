@@ -127,6 +127,22 @@ async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
     assert len(started(tmp_path)) == 4
 
 
+async def test_a_paused_sprint_shut_down_ends_without_another_agent_and_says_no_more_paused(ts_env, tmp_path: Path):
+    """A shutdown while paused starts nothing to finish the story in hand (the pause holds): it keeps the state it
+    reached. The ended sprint's status no longer says paused (it showed `paused: lunch` after its end)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "pause-stop", 600)
+        await handle.signal(SprintMasterWorkflow.pause, "lunch")
+        await wait_status(handle, lambda s: s.stories[K1].state == "review" and not s.stories[K1].agent_in_flight, "dev done")
+        await handle.signal(SprintMasterWorkflow.shutdown_request)
+        report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert report.status is SprintStatus.PARTIAL and report.stories == {K1: "review", K2: "ready-for-dev"}
+    assert len(started(tmp_path)) == 1  # the dev only
+    assert (status.phase, status.pause_reason) == (SprintPhase.COMPLETED, None), status
+
+
 async def test_first_story_checkpoint_pause_waits_for_resume(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review", K2: "review"})
     overrides = {"first_story_checkpoint": "pause"}
@@ -395,8 +411,10 @@ async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: P
         handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "stop-1", 500)
         await handle.signal(SprintMasterWorkflow.shutdown_request)
         report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
     assert report.status is SprintStatus.PARTIAL
     assert report.stories == {K1: "done", K2: "ready-for-dev", K3: "ready-for-dev"}
+    assert status.finished_batches == {1: (1, 3)}  # the bar counts the story finished, not the two never started
     assert status_values(tmp_path)[K1] == "done"
     assert status_values(tmp_path)[K2] == "ready-for-dev"
     assert len(started(tmp_path)) == 2  # dev and code review of the story in hand, nothing else
