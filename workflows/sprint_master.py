@@ -339,7 +339,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 await workflow.wait_condition(lambda: key in self._decided_views)
                 return self._decided_views.pop(key)
             if key in self._deciding:  # two updates accepted in one workflow task: the validator saw neither
-                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
+                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision", non_retryable=True)
             self._deciding[key] = parsed.decision
             try:
                 self._decided_views.pop(key, None)
@@ -355,16 +355,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 raise ApplicationError(
                     f"story {key!r}: batch {batch_id} ended before the decision reached it "
                     f"(the story stays {s.views[key].state})",
-                    type="InvalidDecision",
+                    type="InvalidDecision", non_retryable=True,
                 )
             return self._decided_views.pop(key)
         target = parsed.rearm_state().value
         one_at_a_time = workflow.patched(PATCH_ONE_REARM)
         if one_at_a_time:
             if key in self._deciding:  # two rearms accepted in one workflow task: the validator saw neither
-                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision")
+                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision", non_retryable=True)
             if self._replanning:  # the course correction would replace the queue, and this batch with it
-                raise ApplicationError(REARM_DURING_REPLAN, type="InvalidDecision")
+                raise ApplicationError(REARM_DURING_REPLAN, type="InvalidDecision", non_retryable=True)
             self._deciding[key] = parsed.decision
         try:
             written = await workflow.execute_activity(
@@ -385,7 +385,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._deciding.pop(key, None)
         if written.outcome == "cas-mismatch":
             raise ApplicationError(
-                f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision"
+                f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision", non_retryable=True
             )
         batch_id = s.next_batch_id
         s.next_batch_id += 1
@@ -415,7 +415,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             parsed = self._decision(request)
         except ValidationError as err:
-            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision", non_retryable=True)
         s = self._state
         view = s.views.get(parsed.story_key)
         try:
@@ -436,7 +436,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             elif view.batch_id not in self._started_batches:
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
-            raise ApplicationError(str(err), type="InvalidDecision") from None
+            raise ApplicationError(str(err), type="InvalidDecision", non_retryable=True) from None
 
     def _rearm_in_flight(self) -> bool:
         """A rearm is being written: a course correction, which replaces the queue, waits for it."""

@@ -322,13 +322,13 @@ class SprintSlaveWorkflow:
         try:
             parsed = DecisionRequest.model_validate(request)
         except ValidationError as err:
-            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision")
+            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision", non_retryable=True)
         try:
             check_waiting_decision(parsed, self._progress.get(parsed.story_key))
         except DecisionError as err:
-            raise ApplicationError(str(err), type="InvalidDecision") from None
+            raise ApplicationError(str(err), type="InvalidDecision", non_retryable=True) from None
         if parsed.story_key in self._decisions:
-            raise ApplicationError(f"story {parsed.story_key!r} already has a decision", type="InvalidDecision")
+            raise ApplicationError(f"story {parsed.story_key!r} already has a decision", type="InvalidDecision", non_retryable=True)
 
     @workflow.signal(name=SIGNAL_DECISION)
     def decision(self, request: Any) -> None:

@@ -30,6 +30,7 @@ async def rejected(update, match: str) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as info:
         await update
     assert "CC_REJECTED" in str(info.value.cause) and match in str(info.value.cause), info.value.cause
+    assert info.value.cause.non_retryable  # the CLI printed "retryable: true" for a rejection
 
 
 async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_path: Path):

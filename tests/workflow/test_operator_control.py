@@ -69,6 +69,7 @@ async def rejected(update, match: str) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as info:
         await update
     assert match in str(info.value.cause), info.value.cause
+    assert getattr(info.value.cause, "non_retryable", True), info.value.cause  # a refusal: sending it again is no use
 
 
 @asynccontextmanager
