@@ -1050,7 +1050,8 @@ def normalize_message(raw: Any) -> Any:
     """Each seed's native shape -> the envelope. Anything else is returned as is (validation says why).
 
     - BSO (`msg_type` key, flat): type = msg_type, payload = the other keys (the whole message for
-      models that carry `msg_type` themselves), id derived from the content.
+      models that carry `msg_type` themselves), id derived from the content. An agent's answer as sent in the
+      `agent_complete` signal (`dispatch_id` and `status`, no type key) is an AGENT_COMPLETE.
     - Agent-PO (`message_type` in upper case, flat): type = message_type, timestamp to the envelope,
       payload = the other keys, id derived from the content.
     - Gear 2 (`message_type` in lower case with `message_id`, `from_agent`, `to_agent`, `payload`).
@@ -1059,6 +1060,8 @@ def normalize_message(raw: Any) -> Any:
     """
     if not isinstance(raw, dict) or "type" in raw:
         return raw
+    if not ({"msg_type", "message_type"} & raw.keys()) and {"dispatch_id", "status"} <= raw.keys():
+        raw = {"msg_type": "AGENT_COMPLETE", **raw}  # an `agent_complete` signal's payload, as the Slave takes it
     if "msg_type" in raw and isinstance(raw["msg_type"], str):
         msg_type = raw["msg_type"]
         body = {k: v for k, v in raw.items() if k != "msg_type"}

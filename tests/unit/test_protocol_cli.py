@@ -93,3 +93,19 @@ def test_mounted_as_bso_protocol(tmp_path: Path) -> None:
     result = runner.invoke(app, ["protocol", "validate", str(bad)])
     assert result.exit_code == 1 and "payload.question: required field missing" in result.output
     assert runner.invoke(app, ["protocol", "schema", "--out", str(tmp_path / "s")]).exit_code == 0
+
+
+def test_validate_takes_an_agent_answer_as_the_agent_complete_signal_carries_it(tmp_path: Path) -> None:
+    """The README's external-agent answer (no msg_type: the signal's name says what it is) is what an agent
+    checks with `bso protocol validate`: it was refused for a missing `type`, and a bad status went unnamed."""
+    answer = {"dispatch_id": "sprint-ext/batch-1/1-2/1", "story_key": "1-2-pantry-item-model-and-storage",
+              "agent_type": "story-creator", "mode": "create", "status": "success",
+              "tokens_used": 1234, "summary": "story file written"}
+    good = tmp_path / "answer.json"
+    good.write_text(json.dumps(answer))
+    result = runner.invoke(protocol_app, ["validate", str(good)])
+    assert result.exit_code == 0 and result.output.startswith("OK AGENT_COMPLETE"), result.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**answer, "status": "bogus"}))
+    result = runner.invoke(protocol_app, ["validate", str(bad)])
+    assert result.exit_code == 1 and "status: invalid value: bogus" in result.output, result.output
