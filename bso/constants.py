@@ -16,6 +16,7 @@ SIGNAL_STORY_UPDATES = "story_updates"  # Slave -> Master: several story_update 
 SIGNAL_PAUSE = "pause"
 SIGNAL_RESUME = "resume"
 QUERY_STATUS = "status"
+QUERY_REPORT = "report"  # the Master: an ended sprint's report (a cancelled one's too)
 # A workflow refused its start input (workflows/inputs.py): it failed in its init, with no state to query.
 FAILURE_MISSING_INPUT = "MissingWorkflowInput"
 FAILURE_INVALID_INPUT = "InvalidWorkflowInput"

@@ -118,6 +118,7 @@ class SprintStatus(StrEnum):
     COMPLETE = "sprint-complete"
     PARTIAL = "sprint-partial"
     FAILED = "sprint-failed"
+    CANCELLED = "sprint-cancelled"  # the report of a cancelled sprint (its summary; it has no result)
 
 
 class SprintPhase(StrEnum):

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
+        QUERY_REPORT,
         QUERY_STATUS,
         SA_BATCH_ID,
         SA_PHASE,
@@ -108,7 +109,7 @@ with workflow.unsafe.imports_passed_through():
         resolve_story_keys,
     )
     from bso.planning import startable_batch, still_on_its_files
-    from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, StoryState
+    from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, SprintStatus, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
@@ -149,6 +150,8 @@ PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
 # A batch that ended abnormally (timed out, terminated) while its done story was being merged back: the Master
 # finishes the merge itself before the story's dependants go on (they went on with the merge unconfirmed).
 PATCH_FINISH_CUT_MERGES = "master-finishes-cut-merges"
+# A cancelled sprint writes its execution summary too (with the report the `report` query then answers).
+PATCH_CANCEL_WRITES_SUMMARY = "master-cancel-writes-summary"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -183,6 +186,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._hold_shared_files = False  # PATCH_HOLD_SHARED_FILES
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
         self._batch_tasks: dict[int, asyncio.Task[SlaveResult]] = {}  # running batch id -> its _run_slave task
+        self._ended_report: SprintReport | None = None  # the `report` query's answer once the sprint has ended
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -544,7 +548,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._batch_tasks.clear()
         await self._cancel_starting_resident()
         await self._stop_residents(now=workflow.patched(PATCH_CANCEL_STOPS_RESIDENTS_NOW))
-        self._state.errors.append(f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}")
+        cancelled = f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}"
+        self._state.errors.append(cancelled)
+        if workflow.patched(PATCH_CANCEL_WRITES_SUMMARY):  # the execution summary, as at the end of any sprint
+            self._ended_report = self._report(SprintStatus.CANCELLED, error=cancelled)
+            await self._write_summary(self._input, self._ended_report)
         self._set_phase(SprintPhase.CANCELED)
         raise asyncio.CancelledError
 
@@ -584,27 +592,38 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         await self._stop_residents()
         await self._roster_flushed()
         final = {key: view.state for key, view in s.views.items()}
-        report = SprintReport(
+        report = self._ended_report = self._report(sprint_status(final, s.stopped_early or s.shutdown))
+        if workflow.patched("execution-summary"):
+            await self._write_summary(inp, report)
+        self._set_phase(SprintPhase.COMPLETED)
+        return report
+
+    def _report(self, status: SprintStatus, error: str | None = None) -> SprintReport:
+        """The sprint's report as it stands: at its end (its result), or when it was cancelled."""
+        s = self._state
+        batches = sorted(s.results, key=lambda r: r.batch_id)
+        return SprintReport(
             session_id=s.session_id,
-            status=sprint_status(final, s.stopped_early or s.shutdown),
+            status=status,
             batch_plan=s.plan,
-            batches=sorted(s.results, key=lambda r: r.batch_id),
-            stories=final,
+            batches=batches,
+            stories={key: view.state for key, view in s.views.items()},
             tokens_used=s.tokens_used,
+            error=error,
             improvements=list(s.improvements),
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
             unavailable_residents=dict(s.unavailable_residents),
             planner=s.planner,
             po_gates=gate_totals(s.results),
-            message_errors=sprint_message_errors(
-                s.message_errors, [r.message_errors for r in sorted(s.results, key=lambda r: r.batch_id)]
-            ),
+            message_errors=sprint_message_errors(s.message_errors, [r.message_errors for r in batches]),
         )
-        if workflow.patched("execution-summary"):
-            await self._write_summary(inp, report)
-        self._set_phase(SprintPhase.COMPLETED)
-        return report
+
+    @workflow.query(name=QUERY_REPORT)
+    def report(self) -> SprintReport | None:
+        """The report of an ended sprint: its result, or for a cancelled one (which has none) the report its
+        summary was written from. None while it runs."""
+        return self._ended_report
 
     # --- the improvement cycle (Gear 2) ---------------------------------------------------------
 

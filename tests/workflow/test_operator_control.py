@@ -41,7 +41,8 @@ from bso.models import (
 from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
-from bso.summary import render_summary
+from activities.session_files import SESSION_DIR
+from bso.summary import render_summary, summary_filename
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     ledger,
@@ -445,7 +446,12 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
         for role in ("scrum-master", "knowledge-researcher", "debugger"):  # the default resident slots
             resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
             assert resident.status is WorkflowExecutionStatus.COMPLETED, (role, resident.status)
+        report = await handle.query(SprintMasterWorkflow.report)  # a cancelled sprint has no result, but a report
     assert status_values(tmp_path)[K2] == "ready-for-dev"  # nothing started after the cancel
+    assert (report.status, report.error) == (SprintStatus.CANCELLED, "sprint cancelled: wrong branch"), report
+    assert report.stories == {K1: "ready-for-dev", K2: "ready-for-dev"} and len(report.batches) == 1, report
+    summary = (tmp_path / SESSION_DIR / summary_filename("cancel-1")).read_text()  # written as for any sprint
+    assert "| status | sprint-cancelled |" in summary and "- sprint: sprint cancelled: wrong branch" in summary
 
 
 @activity.defn(name="load_sprint_status")
