@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -42,7 +43,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.session_files import recorded_running_sprint
@@ -52,6 +53,7 @@ from bso.constants import (
     AGENTS_TASK_QUEUE,
     FAILURE_INVALID_INPUT,
     FAILURE_MISSING_INPUT,
+    QUERY_REPORT,
     QUERY_STATUS,
     SA_PHASE,
     SA_SESSION_ID,
@@ -66,6 +68,7 @@ from bso.message_flow import (
     MESSAGE_TYPES,
     FlowMessage,
     export_paths,
+    file_safe,
     filter_messages,
     message_flow,
 )
@@ -73,7 +76,15 @@ from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
-from bso.models import DEFAULT_STATUS_FILE, ResumeRequest, SprintInput, SprintReport, SprintStatusView, StoryView
+from bso.models import (
+    DEFAULT_STATUS_FILE,
+    ResumeRequest,
+    SprintInput,
+    SprintReport,
+    SprintStatusView,
+    StoryView,
+    short_key,
+)
 from bso.report import work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
@@ -84,7 +95,7 @@ from bso.sprint_status import (
     resolve_story_keys,
     stories_to_run,
 )
-from bso.states import AgentBackend, StoryState, SprintPhase
+from bso.states import AgentBackend, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
 
@@ -252,12 +263,32 @@ def ui_link(target: str, namespace: str, workflow_id: str) -> str:
     return f"{ui_base_url(target)}/namespaces/{quote(namespace)}/workflows/{quote(workflow_id, safe='')}"
 
 
+async def _namespace_exists(client: Client) -> bool:
+    """False only when the server says the client's namespace is not found (the server's NOT_FOUND for a
+    workflow is the same for a missing namespace: `Namespace X is not found.`). Asked only after a NOT_FOUND;
+    a server that does not let this client describe its namespace (a Cloud API key's role) counts as yes."""
+    from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace), timeout=QUERY_TIMEOUT
+        )
+    except RPCError as e:
+        return e.status != RPCStatusCode.NOT_FOUND
+    return True
+
+
 async def _describe(client: Client, sprint_id: str) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
     handle = client.get_workflow_handle(sprint_id, result_type=SprintReport)
     try:
         desc = await handle.describe()
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
+            if not await _namespace_exists(client):
+                raise BsoError(
+                    f"namespace {client.namespace!r} does not exist on {client.service_client.config.target_host} "
+                    "(--namespace / TEMPORAL_NAMESPACE)"
+                ) from None
             raise BsoError(f"no sprint with id {sprint_id!r} in namespace {client.namespace}") from None
         raise
     if desc.workflow_type != MASTER_TYPE:
@@ -267,6 +298,9 @@ async def _describe(client: Client, sprint_id: str) -> tuple[WorkflowHandle[Any,
 
 def _status_name(status: WorkflowExecutionStatus | None) -> str:
     return status.name.lower().replace("_", "-") if status else "unknown"
+
+
+NO_WORKER_ANSWERED = "no worker answered the status query"
 
 
 async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusView | None, str | None]:
@@ -281,7 +315,7 @@ async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusV
         if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED) or (
             "no poller seen" in e.message
         ):
-            return None, f"no worker answered the status query (start one with `bso worker`; {e.message or e.status})"
+            return None, f"{NO_WORKER_ANSWERED} (start one with `bso worker`; {e.message or e.status})"
         if e.status == RPCStatusCode.NOT_FOUND:
             return None, "workflow not found (continuing as new?): waiting"
         return None, f"status query: {e.message}"
@@ -354,7 +388,7 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
             )
     return SprintStatusView(
         session_id=report.session_id,
-        phase="completed",
+        phase=SprintPhase.CANCELED if report.status is SprintStatus.CANCELLED else SprintPhase.COMPLETED,
         batches_total=len(report.batch_plan.batches) if report.batch_plan else len(report.batches),
         batches_done=len(report.batches),
         stories=stories,
@@ -369,10 +403,23 @@ def _failure_message(error: WorkflowFailureError) -> str:
 
 
 async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
+    """The sprint's report: its result, or a cancelled sprint's (the Master's `report` query)."""
     try:
         return await handle.result()
     except WorkflowFailureError as e:
+        if isinstance(e.cause, CancelledError) and (report := await _cancelled_report(handle)) is not None:
+            return report
         raise BsoError(f"sprint {handle.id} did not complete: {_failure_message(e)}") from None
+
+
+async def _cancelled_report(handle: WorkflowHandle[Any, Any]) -> SprintReport | None:
+    """The report a cancelled sprint wrote its summary from; None for one cancelled before BSO kept it, or when no
+    worker answers the query."""
+    try:
+        raw = await handle.query(QUERY_REPORT, rpc_timeout=QUERY_TIMEOUT)
+    except (WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
+        return None
+    return SprintReport.model_validate(raw) if raw else None
 
 
 async def _closed_reason(
@@ -951,13 +998,16 @@ def sprint_status(
 def sprint_list(
     status: Annotated[
         str | None,
-        typer.Option(help="only sprints in this execution status (running, completed, failed, canceled, terminated)"),
+        typer.Option(
+            help="only sprints in this execution status (running, completed, failed, canceled or cancelled, terminated)"
+        ),
     ] = None,
     session: Annotated[str | None, typer.Option(help="only this BsoSessionId")] = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
 ) -> None:
     """Sprints known to the server (a visibility query on the BSO search attributes)."""
     statuses = {s.name.lower().replace("_", "-"): s for s in WorkflowExecutionStatus}
+    statuses["cancelled"] = WorkflowExecutionStatus.CANCELED  # Temporal's spelling, and the one BSO's texts use
     names = {
         WorkflowExecutionStatus.RUNNING: "Running",
         WorkflowExecutionStatus.COMPLETED: "Completed",
@@ -1106,10 +1156,35 @@ def sprint_decide(
     _operator_action(sprint_id, act, f"decision {decision} applied to {story} in sprint {sprint_id}")
 
 
-async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
-    """Execute an update; a rejection (validator or handler) becomes the operator's one-line error."""
+UPDATE_NOTE_AFTER_SECONDS = 3.0
+
+
+async def _note_no_worker(handle: WorkflowHandle[Any, Any], update: asyncio.Future[Any]) -> None:
+    """One note on stderr when no worker answers the status query (as `bso sprint status` tells it) while
+    `update` waits; only a note: whatever goes wrong here leaves the update to decide the command's outcome."""
     try:
-        return await handle.execute_update(name, arg, result_type=dict)
+        _, note = await _query_status(handle)
+        if update.done() or note is None or not note.startswith(NO_WORKER_ANSWERED):
+            return
+        queue = (await handle.describe()).task_queue
+    except Exception:  # noqa: BLE001
+        return
+    err_console.print(
+        f"waiting for a worker to take the update (no worker polls {queue}? start one with `bso worker`) ...",
+        markup=False,
+    )
+
+
+async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
+    """Execute an update; a rejection (validator or handler) becomes the operator's one-line error. The update
+    waits for a worker to take it: when none answers within a few seconds (the status query says so, as in
+    `bso sprint status`), one note on stderr says what it waits for, and it keeps waiting."""
+    update = asyncio.ensure_future(handle.execute_update(name, arg, result_type=dict))
+    try:
+        done, _ = await asyncio.wait({update}, timeout=UPDATE_NOTE_AFTER_SECONDS)
+        if not done:
+            await _note_no_worker(handle, update)
+        return await update
     except WorkflowUpdateFailedError as err:
         cause = err.cause
         raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
@@ -1136,6 +1211,43 @@ def message_record(m: FlowMessage) -> dict[str, Any]:
     }
 
 
+NAMES_SHOWN = 12
+
+
+def _some(names: list[str]) -> str:
+    if not names:
+        return "none yet"
+    more = f", ... ({len(names) - NAMES_SHOWN} more)" if len(names) > NAMES_SHOWN else ""
+    return ", ".join(names[:NAMES_SHOWN]) + more
+
+
+def check_message_filters(flow: list[FlowMessage], sprint_id: str, story: str | None, agent: str | None) -> None:
+    """--story and --agent name something of the sprint's messages (a typo would print `0 messages`)."""
+    if story and not filter_messages(flow, story=story):
+        stories = sorted({short_key(m.story) for m in flow if m.story})
+        raise BsoError(f"--story {story!r}: no message of sprint {sprint_id} is about it; its stories: {_some(stories)}")
+    if agent and not filter_messages(flow, agent=agent):
+        agents = sorted({m.agent for m in flow if m.agent})
+        raise BsoError(f"--agent {agent!r}: no message of sprint {sprint_id} is to or from it; its agents: {_some(agents)}")
+
+
+_EXPORTED_FILE = re.compile(r"[A-Z][A-Z_]*_\d{3,}\.json")
+
+
+def earlier_export(folder: Path) -> Path | None:
+    """A file of an earlier export in `folder` (`<agent>/<TYPE>_<NNN>.json`), or None. An export numbers its
+    files from 001: written over another one, the two would mix (`TASK_ASSIGNMENT_001.json` of either)."""
+    if not folder.is_dir():
+        return None
+    return next((f for f in sorted(folder.glob("*/*.json")) if _EXPORTED_FILE.fullmatch(f.name)), None)
+
+
+def default_export_dir(project_root: str, sprint_id: str) -> Path:
+    """`<project>/.sprint-session/messages/<sprint id>`: sprints on one project export side by side."""
+    folder = file_safe(sprint_id).strip(".") or "_"
+    return Path(project_root) / ".sprint-session" / "messages" / folder
+
+
 @app.command()
 def messages(
     sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")],
@@ -1144,9 +1256,11 @@ def messages(
     type_: Annotated[
         list[str] | None, typer.Option("--type", help=f"only these message types: {', '.join(MESSAGE_TYPES)}")
     ] = None,
-    jsonl: Annotated[Path | None, typer.Option(help="also write the messages as JSON lines to this file")] = None,
+    jsonl: Annotated[
+        Path | None, typer.Option(help="write the messages as JSON lines to this file (instead of the table)")
+    ] = None,
     export: Annotated[
-        bool, typer.Option(help="write <project>/.sprint-session/messages/<agent>/<TYPE>_<NNN>.json")
+        bool, typer.Option(help="write <project>/.sprint-session/messages/<sprint>/<agent>/<TYPE>_<NNN>.json")
     ] = False,
     export_dir: Annotated[Path | None, typer.Option(help="like --export, into this directory")] = None,
 ) -> None:
@@ -1159,38 +1273,48 @@ def messages(
         client = await _client()
         await _describe(client, sprint_id)
         histories = await fetch_sprint_histories(client, sprint_id)
-        flow = filter_messages(message_flow(histories), story=story, agent=agent, types=type_ or ())
-        table = Table(box=None, pad_edge=False)
-        for column in ("time", "from -> to", "type", "story", "detail"):
-            table.add_column(column, overflow="fold")
-        for m in flow:
-            table.add_row(
-                m.time.strftime("%H:%M:%S.%f")[:-3],
-                f"{m.sender} -> {m.recipient}",
-                m.type,
-                m.story or "",
-                m.detail,
-            )
-        out.print(table)
-        out.print(f"{len(flow)} message{'' if len(flow) == 1 else 's'}", markup=False)
-        if jsonl is not None:
-            jsonl.parent.mkdir(parents=True, exist_ok=True)
-            with jsonl.open("w", encoding="utf-8") as fh:
-                for m in flow:
-                    fh.write(json.dumps(message_record(m)) + "\n")
-            out.print(f"wrote {jsonl}", markup=False)
+        everything = message_flow(histories)
+        check_message_filters(everything, sprint_id, story, agent)
+        flow = filter_messages(everything, story=story, agent=agent, types=type_ or ())
         target_dir = export_dir
         if export and target_dir is None:
             inp = sprint_input(histories)
             if inp is None:
                 raise BsoError("cannot tell the sprint's project directory; use --export-dir DIR")
-            target_dir = Path(inp.project_root) / ".sprint-session" / "messages"
+            target_dir = default_export_dir(inp.project_root, sprint_id)
+        if target_dir is not None and (earlier := earlier_export(target_dir)) is not None:
+            # Refused rather than cleared: nothing of the operator's is deleted, and no two exports mix.
+            raise BsoError(
+                f"{target_dir} already holds an export ({earlier.relative_to(target_dir)}); its files would mix "
+                "with this one's: remove the folder first, or choose another with --export-dir DIR"
+            )
+        count = f"{len(flow)} message{'' if len(flow) == 1 else 's'}"
+        if jsonl is None:
+            table = Table(box=None, pad_edge=False)
+            for column in ("time", "from -> to", "type", "story", "detail"):
+                table.add_column(column, overflow="fold")
+            for m in flow:
+                table.add_row(
+                    m.time.strftime("%H:%M:%S.%f")[:-3],
+                    f"{m.sender} -> {m.recipient}",
+                    m.type,
+                    m.story or "",
+                    m.detail,
+                )
+            out.print(table)
+            out.print(count, markup=False)
+        else:
+            jsonl.parent.mkdir(parents=True, exist_ok=True)
+            with jsonl.open("w", encoding="utf-8") as fh:
+                for m in flow:
+                    fh.write(json.dumps(message_record(m)) + "\n")
+            out.print(f"wrote {count} to {jsonl}", markup=False)
         if target_dir is not None:
             for relative, m in export_paths(flow):
                 path = target_dir / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(message_record(m), indent=2) + "\n", encoding="utf-8")
-            out.print(f"exported {len(flow)} messages to {target_dir}", markup=False)
+            out.print(f"exported {count} to {target_dir}", markup=False)
 
     _run(go())
 

@@ -197,7 +197,11 @@ def _party(name: str) -> str:
 
 def _brief(value: Any, limit: int = 160) -> str:
     """A payload as one short line of the table (the whole of it stays in the record's payload)."""
-    text = json.dumps(value, default=str) if value not in (None, {}) else ""
+    return _cut(json.dumps(value, default=str) if value not in (None, {}) else "", limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters, a cut one ending in "..." (the whole of it is in the payload)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -236,7 +240,7 @@ def _plan_result_detail(value: dict[str, Any]) -> str:
     """PLAN_RESULT on one line: which request, by whom, and the plan, re-plan or error it carries."""
     head = f"{value.get('request_id', '?')} by {value.get('planner', '?')}"
     if value.get("error"):
-        return f"{head}: error: {' '.join(str(value['error']).split())}"[:200]
+        return _cut(f"{head}: error: {' '.join(str(value['error']).split())}", 200)
     if isinstance(value.get("plan"), dict):
         return f"{head}: {_batches_text(value['plan'].get('batches'))}"
     if isinstance(value.get("course_correction"), dict):
@@ -477,7 +481,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
         out = [
             m.model_copy(
                 update={
-                    "detail": (detail if source != "batches started so far" else f"{source}: {detail}")[:200],
+                    "detail": _cut(detail if source != "batches started so far" else f"{source}: {detail}", 200),
                     "payload": {"batches": batches, "source": source},
                 }
             )
@@ -670,7 +674,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                     "recipient": me,
                     "story": value.get("story_key"),
                     "detail": f"{value.get('debug_id', '?')}: {value.get('status', '?')}, confidence "
-                    f"{value.get('confidence', '?')}" + (f": {verdict[:100]}" if verdict else ""),
+                    f"{value.get('confidence', '?')}" + (f": {_cut(verdict, 100)}" if verdict else ""),
                     "payload": value,
                 }
                 reason = _invalid("DEBUG_RESULT", DebugResult, decode(attrs.input))  # the Slave's debug_result
@@ -702,8 +706,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
 
 def _rejected(fields: dict[str, Any], reason: str) -> dict[str, Any]:
     """A message's fields marked as rejected by its recipient (the table's detail says so first)."""
-    short = reason if len(reason) <= 100 else reason[:97] + "..."
-    return {**fields, "rejected": reason, "detail": f"REJECTED ({short}): {fields.get('detail', '')}"[:200]}
+    return {**fields, "rejected": reason, "detail": _cut(f"REJECTED ({_cut(reason, 100)}): {fields.get('detail', '')}", 200)}
 
 
 def terminate_directive(slave: str, assignment: dict[str, Any], sprint_cancelled: bool) -> dict[str, Any]:
@@ -761,7 +764,7 @@ def _agent_error(value: dict[str, Any], recipient: str, assignments: dict[str, d
         "story": assignment.get("story_key"),
         "agent": assignment.get("agent_type"),
         "dispatch_id": error.get("task_id"),
-        "detail": f"agent_error {error.get('error_type', '?')}" + (f": {message[:120]}" if message else ""),
+        "detail": f"agent_error {error.get('error_type', '?')}" + (f": {_cut(message, 120)}" if message else ""),
         "payload": value,
     }
 
@@ -795,7 +798,7 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             roster = _dict(value.get("roster"))
             detail = ", ".join(f"{len(v)} {k}" for k, v in roster.items() if isinstance(v, list))
         elif value.get("error_summary"):
-            detail = str(value["error_summary"])[:120]
+            detail = _cut(str(value["error_summary"]), 120)
         fields: dict[str, Any] = {"detail": detail}
         if attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
             msg_type, model = _RESIDENT_MODELS[attrs.signal_name]
@@ -863,9 +866,13 @@ def export_paths(messages: Sequence[FlowMessage]) -> list[tuple[str, FlowMessage
     for m in messages:
         key = (m.owner, m.type)
         counters[key] = counters.get(key, 0) + 1
-        owner = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.owner)
-        paths.append((f"{owner}/{m.type}_{counters[key]:03d}.json", m))
+        paths.append((f"{file_safe(m.owner)}/{m.type}_{counters[key]:03d}.json", m))
     return paths
+
+
+def file_safe(name: str) -> str:
+    """A readable file or folder name for an id (a sprint, an agent): anything but letters, digits, `-_.` is `_`."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 class AgentStats(BaseModel):

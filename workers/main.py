@@ -127,7 +127,10 @@ async def run(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info(
-        "worker polling %s on %s (namespace %s)", ", ".join(queues), address_from_env(), namespace_from_env()
+        "worker polling %s on %s (namespace %s)",
+        ", ".join(w.task_queue for w in workers),  # the queues' real names, with their --queue-prefix
+        address_from_env(),
+        namespace_from_env(),
     )
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:

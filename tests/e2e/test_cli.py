@@ -139,14 +139,27 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
     assert records and {r["story"] for r in records} == {"2-2-expiry-reminder-emails"}
     assert {r["type"] for r in records} == {"TASK_ASSIGNMENT", "AGENT_COMPLETE"}
     assert any(r["type"] == "AGENT_COMPLETE" and r["payload"]["status"] == "failure" for r in records)
-    exported = project / ".sprint-session" / "messages"
+    exported = project / ".sprint-session" / "messages" / sprint_id  # the sprint's own folder
     files = sorted(str(p.relative_to(exported)) for p in exported.rglob("*.json"))
     assert "dev-runner/AGENT_COMPLETE_001.json" in files and "story-creator/TASK_ASSIGNMENT_001.json" in files
     assert len(files) == len(records)
     assert json.loads((exported / "dev-runner/AGENT_COMPLETE_001.json").read_text())["from"] == "dev-runner"
+    # With --jsonl, one line of what was written, not the table.
+    assert msgs.stdout.splitlines() == [
+        f"wrote {len(records)} messages to {jsonl}", f"exported {len(records)} messages to {exported}"
+    ], msgs.stdout
+    # A second export into the same folder would renumber from 001 over the first: refused, nothing touched.
+    line = _one_line_error(bso(cli_env, "messages", sprint_id, "--export"))
+    assert f"{exported} already holds an export" in line, line
+    assert sorted(str(p.relative_to(exported)) for p in exported.rglob("*.json")) == files
     everything = bso(cli_env, "messages", sprint_id, "--export-dir", str(tmp_path / "all"))
     assert everything.returncode == 0 and "SLAVE_BATCH_COMPLETE" in everything.stdout
     assert (tmp_path / "all/operator/SPRINT_START_001.json").exists()
+    # A story or agent the sprint has not is a typo, as an unknown --type is: said so, with the known ones.
+    line = _one_line_error(bso(cli_env, "messages", sprint_id, "--story", "9-9"))
+    assert "--story '9-9'" in line and "1-2, 1-3, 2-1, 2-2, 2-2a" in line, line
+    line = _one_line_error(bso(cli_env, "messages", sprint_id, "--agent", "dev-runnr"))
+    assert "--agent 'dev-runnr'" in line and "dev-runner" in line, line
 
     # The worker's logs (JSON lines with the dispatch bound) and metrics.
     lines = [json.loads(line) for line in cli_env["log"].read_text().splitlines() if line.startswith("{")]
@@ -195,8 +208,13 @@ def test_operator_actions(cli_env, tmp_path: Path):
     cancelled = bso(cli_env, "sprint", "cancel", victim, "--reason", "wrong branch")
     assert cancelled.returncode == 0, cancelled.stderr
     _wait_for(lambda: _status_name(cli_env, victim) == "canceled", "the cancellation")
-    ended = bso(cli_env, "sprint", "watch", victim)
-    assert ended.returncode == 1 and "did not complete" in ended.stderr and "Traceback" not in ended.stderr
+    spelled = bso(cli_env, "sprint", "list", "--session", victim, "--status", "cancelled")  # as BSO's texts spell it
+    assert spelled.returncode == 0 and victim in spelled.stdout, spelled.stderr
+    ended = bso(cli_env, "sprint", "watch", victim)  # ends with the cancelled sprint's summary (it had none)
+    assert ended.returncode == 0 and "| status | sprint-cancelled |" in ended.stdout, (ended.stdout, ended.stderr)
+    assert "- sprint: sprint cancelled: wrong branch" in ended.stdout, ended.stdout
+    report = bso(cli_env, "sprint", "report", victim)
+    assert report.returncode == 0 and "| status | sprint-cancelled |" in report.stdout, (report.stdout, report.stderr)
     after = _status(cli_env, victim)
     assert after["phase"] == "canceled" and after["execution_status"] == "canceled", after
     assert "cancel" in after["failure"].lower() and after["outcome"] is None, after
@@ -233,6 +251,8 @@ def test_error_paths(cli_env, tmp_path: Path):
 
     line = _one_line_error(bso(cli_env, "sprint", "status", "no-such-sprint"))
     assert "no sprint with id 'no-such-sprint'" in line
+    line = _one_line_error(bso(cli_env, "--namespace", "no-such-namespace", "sprint", "status", "op1"))
+    assert f"namespace 'no-such-namespace' does not exist on {cli_env['address']}" in line, line
     _one_line_error(bso(cli_env, "messages", "no-such-sprint"))
     _one_line_error(bso(cli_env, "sprint", "report", "no-such-sprint"))
 
@@ -317,6 +337,9 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     worker = start_worker(1)
     watch = None
     try:
+        # The worker names the queues it really polls, prefix and all.
+        _wait_for(lambda: "worker polling" in (tmp_path / "worker-1.log").read_text(), "the worker to start")
+        assert f"worker polling {prefix}bso-sprint, {prefix}bso-agents on " in (tmp_path / "worker-1.log").read_text()
         started = bso(
             cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id,
             "--task-queue", f"{prefix}bso-sprint",
@@ -393,3 +416,44 @@ def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):
     final = _status(cli_env, sprint_id)["stories"]
     assert final["1-2-pantry-item-model-and-storage"]["state"] == "done"
     assert final["2-2-expiry-reminder-emails"]["state"] == "skipped"
+
+
+def test_an_update_without_a_worker_says_what_it_waits_for(cli_env, tmp_path: Path):
+    """`bso sprint decide` / `cc` wait for a worker to take the update: without one, they said nothing at all.
+    They say it once, keep waiting, and end when a worker comes."""
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    project, sim = _project(tmp_path, duration_ms=20)
+    sprint_id = f"noworker-{uuid.uuid4().hex[:6]}"
+    started = bso(
+        cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id,
+        "--task-queue", f"{prefix}bso-sprint",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    err = tmp_path / "decide.err"
+    with err.open("w") as fh:
+        decide = subprocess.Popen(
+            [BSO, "sprint", "decide", sprint_id, "1-2", "force_pass"], cwd=REPO, env=cli_env["env"],
+            stdout=subprocess.PIPE, stderr=fh, text=True,
+        )  # fmt: skip
+    worker = None
+    try:
+        _wait_for(lambda: "waiting for a worker" in err.read_text(), "the note", timeout=30)
+        assert err.read_text() == (
+            f"waiting for a worker to take the update (no worker polls {prefix}bso-sprint? start one with "
+            "`bso worker`) ...\n"
+        )
+        assert decide.poll() is None  # still waiting
+        with (tmp_path / "worker.log").open("w") as fh:
+            worker = subprocess.Popen(
+                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        decide.wait(timeout=120)  # the worker takes it: 1-2 waits for no decision, so the validator refuses it
+        assert decide.returncode == 1 and "1-2" in err.read_text().splitlines()[-1], err.read_text()
+    finally:
+        if worker is not None:
+            bso(cli_env, "sprint", "cancel", sprint_id)  # unless it has finished already
+        for proc in (decide, worker):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)

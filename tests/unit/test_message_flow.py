@@ -368,3 +368,15 @@ def test_the_fallback_plan_is_the_masters_answer_to_its_own_request():
     (plan,) = [m for m in message_flow([master.history()]) if m.type == "BATCH_PLAN_READY"]
     assert plan.payload["source"] == "fallback"
     assert plan.detail == "2 batches: 1: 1-1-a, 1-2-b; 2: 1-3-c"
+
+
+def test_a_long_text_cut_for_the_table_ends_in_an_ellipsis():
+    """A detail cut to fit says so (it read `... error in 2-2-expiry-reminder-ema` as if whole); the payload keeps
+    all of it."""
+    resident = _History("m/resident-debugger", "ResidentWorkflow")
+    summary = "worker crashed with a very long error in 2-2-expiry-reminder-emails " * 4
+    resident.signal("debug_request", {"debug_id": "DBG-1", "story_key": "2-2", "report_to": "m/batch-1",
+                                      "error_summary": summary})
+    (request,) = message_flow([resident.history()])
+    assert len(request.detail) == 120 and request.detail.endswith("..."), request.detail
+    assert request.payload["error_summary"] == summary

@@ -1,0 +1,190 @@
+"""`bso` commands run through typer's CliRunner against a stand-in for the server (the recorded example sprint's
+histories for `bso messages`), and the update wait of `bso sprint decide` / `cc`: what a new user met first."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+from temporalio.client import WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
+from typer.testing import CliRunner
+
+import bso.cli
+from bso.cli import BsoError, _describe, _update, app, default_export_dir, earlier_export
+from bso.models import SprintStatusView
+from bso.states import SprintPhase
+
+HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+SPRINT = "example-sprint"
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def recorded_sprint(monkeypatch):
+    """`bso messages` reads the recorded example sprint instead of a server's histories."""
+    histories = [
+        WorkflowHistory.from_json(p.stem.replace("--", "/"), p.read_text())
+        for p in sorted(HISTORIES.glob("example-sprint*.json"))
+    ]
+
+    async def client():
+        return object()
+
+    async def describe(client, sprint_id):
+        return None, None
+
+    async def fetch(client, sprint_id):
+        return histories
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    monkeypatch.setattr(bso.cli, "_describe", describe)
+    monkeypatch.setattr(bso.cli, "fetch_sprint_histories", fetch)
+    return histories
+
+
+def test_messages_with_jsonl_prints_one_line_not_the_table(recorded_sprint, tmp_path: Path):
+    target = tmp_path / "flow.jsonl"
+    result = runner.invoke(app, ["messages", SPRINT, "--story", "2-2", "--jsonl", str(target)])
+    assert result.exit_code == 0, result.output
+    written = target.read_text().splitlines()
+    assert written and all(json.loads(line)["story"] == "2-2-expiry-reminder-emails" for line in written)
+    assert result.stdout.splitlines() == [f"wrote {len(written)} messages to {target}"], result.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "known"),
+    [
+        ("--story", "9-9", "its stories: 1-2, 1-3, 2-1, 2-2, 2-2a"),
+        ("--agent", "dev-runnr", "its agents: dev-runner, review-runner, story-creator, story-reviewer"),
+    ],
+)
+def test_messages_refuses_a_story_or_agent_the_sprint_has_not(recorded_sprint, option, value, known):
+    result = runner.invoke(app, ["messages", SPRINT, option, value])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == f"bso: error: {option} {value!r}: no message of sprint {SPRINT} is " + (
+        "about it; " if option == "--story" else "to or from it; "
+    ) + known, result.stderr
+    # A short key, a full one, and an agent of the sprint are all fine.
+    for good in (["--story", "2-2"], ["--story", "2-2a-reminder-digest-settings"], ["--agent", "debugger"]):
+        assert runner.invoke(app, ["messages", SPRINT, *good]).exit_code == 0, good
+
+
+def test_an_export_never_goes_over_an_earlier_one(recorded_sprint, tmp_path: Path):
+    folder = tmp_path / "export"
+    first = runner.invoke(app, ["messages", SPRINT, "--export-dir", str(folder)])
+    assert first.exit_code == 0, first.output
+    assignments = sorted((folder / "story-creator").glob("TASK_ASSIGNMENT_*.json"))
+    before = {p: p.read_text() for p in folder.rglob("*.json")}
+    assert assignments and earlier_export(folder) is not None
+
+    again = runner.invoke(app, ["messages", SPRINT, "--story", "2-2", "--export-dir", str(folder)])
+    assert again.exit_code == 1, again.output
+    assert again.stderr.startswith(f"bso: error: {folder} already holds an export (") and "--export-dir" in again.stderr
+    assert {p: p.read_text() for p in folder.rglob("*.json")} == before  # nothing written, nothing removed
+
+    # The default folder is the sprint's own: two sprints on one project export side by side.
+    assert default_export_dir("/p", "sprint-1") == Path("/p/.sprint-session/messages/sprint-1")
+    assert default_export_dir("/p", "../x/y") == Path("/p/.sprint-session/messages/_x_y")
+    assert earlier_export(tmp_path / "none") is None
+    (tmp_path / "other" / "notes").mkdir(parents=True)
+    (tmp_path / "other" / "notes" / "todo.json").write_text("{}")
+    assert earlier_export(tmp_path / "other") is None  # a folder with other files is no earlier export
+
+
+def test_sprint_list_takes_cancelled_as_canceled(monkeypatch):
+    queries: list[str] = []
+
+    class Client:
+        async def list_workflows(self, query, limit):
+            queries.append(query)
+            return
+            yield
+
+    async def client():
+        return Client()
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    for spelling in ("cancelled", "canceled", "Cancelled"):
+        result = runner.invoke(app, ["sprint", "list", "--status", spelling])
+        assert result.exit_code == 0, result.output
+        assert queries.pop().endswith('AND ExecutionStatus = "Canceled"')
+    assert runner.invoke(app, ["sprint", "list", "--status", "cancel"]).exit_code == 1
+
+
+def _not_found(message: str) -> RPCError:
+    return RPCError(message, RPCStatusCode.NOT_FOUND, b"")
+
+
+def _client_of(namespace_exists: bool | RPCError):
+    async def describe_workflow():
+        raise _not_found(f"Namespace {'nons'} is not found." if namespace_exists is False else "workflow not found")
+
+    async def describe_namespace(request, timeout=None):
+        assert request.namespace == "nons"
+        if isinstance(namespace_exists, RPCError):
+            raise namespace_exists
+        if namespace_exists is False:
+            raise _not_found("Namespace nons is not found.")
+
+    return SimpleNamespace(
+        namespace="nons",
+        service_client=SimpleNamespace(config=SimpleNamespace(target_host="localhost:7233")),
+        workflow_service=SimpleNamespace(describe_namespace=describe_namespace),
+        get_workflow_handle=lambda *a, **k: SimpleNamespace(describe=describe_workflow),
+    )
+
+
+def test_a_missing_namespace_is_named_as_such_not_as_a_missing_sprint():
+    with pytest.raises(BsoError, match=r"^namespace 'nons' does not exist on localhost:7233 \(--namespace"):
+        asyncio.run(_describe(_client_of(False), "op1"))
+    with pytest.raises(BsoError, match=r"^no sprint with id 'op1' in namespace nons$"):
+        asyncio.run(_describe(_client_of(True), "op1"))
+    denied = RPCError("not allowed", RPCStatusCode.PERMISSION_DENIED, b"")  # a Cloud API key may not describe it
+    with pytest.raises(BsoError, match=r"^no sprint with id 'op1'"):
+        asyncio.run(_describe(_client_of(denied), "op1"))
+
+
+class _PendingUpdate:
+    """A sprint whose update waits for a worker: the status query says whether one answers."""
+
+    def __init__(self, worker_answers: bool) -> None:
+        self.worker_answers = worker_answers
+        self.worker_back = asyncio.Event()
+
+    async def execute_update(self, name, arg, result_type=None):
+        await self.worker_back.wait()
+        return {"state": "done"}
+
+    async def query(self, *args, **kwargs):
+        if self.worker_answers:
+            return SprintStatusView(session_id="s-1", phase=SprintPhase.RUNNING)
+        raise RPCError("no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b"")
+
+    async def describe(self):
+        return SimpleNamespace(task_queue="tq-bso-sprint")
+
+
+@pytest.mark.parametrize("worker_answers", [False, True], ids=["no-worker", "busy-worker"])
+def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, worker_answers):
+    notes = io.StringIO()
+    monkeypatch.setattr(bso.cli, "err_console", Console(file=notes, width=200))
+    monkeypatch.setattr(bso.cli, "UPDATE_NOTE_AFTER_SECONDS", 0.05)
+    handle = _PendingUpdate(worker_answers)
+
+    async def scenario():
+        update = asyncio.create_task(_update(handle, "decide", {}))
+        await asyncio.sleep(0.5)  # many times the note's delay
+        assert not update.done()  # still waiting
+        handle.worker_back.set()
+        return await update
+
+    assert asyncio.run(scenario()) == {"state": "done"}  # applied once a worker comes back
+    expected = "waiting for a worker to take the update (no worker polls tq-bso-sprint? start one with `bso worker`) ...\n"
+    assert notes.getvalue() == ("" if worker_answers else expected)
