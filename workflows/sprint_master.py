@@ -187,6 +187,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
         self._batch_tasks: dict[int, asyncio.Task[SlaveResult]] = {}  # running batch id -> its _run_slave task
         self._ended_report: SprintReport | None = None  # the `report` query's answer once the sprint has ended
+        # (batch id, tokens) of each story rearmed out of a batch still running (none running at a continue-as-new)
+        self._left_running_batches: list[tuple[int, int]] = []
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -396,6 +398,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
         # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
         s.earlier_work[key] = s.earlier_work.get(key, StoryWork()).plus(s.views[key])
+        if s.views[key].batch_id in self._running_batches:  # its tokens reach s.tokens_used when that batch ends
+            self._left_running_batches.append((s.views[key].batch_id, s.views[key].tokens_used))
         s.views[key] = StoryView(state=target, batch_id=batch_id)
         spec = BatchSpec(batch_id=batch_id, stories=[key])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
@@ -1105,7 +1109,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         )
 
     def _tokens_in_flight(self) -> int:
-        return sum(v.tokens_used for v in self._state.views.values() if v.batch_id in self._running_batches)
+        """The running batches' tokens: their stories', and those of stories rearmed out of them meanwhile."""
+        running = self._running_batches
+        return sum(v.tokens_used for v in self._state.views.values() if v.batch_id in running) + sum(
+            tokens for batch_id, tokens in self._left_running_batches if batch_id in running
+        )
 
     # --- visibility ----------------------------------------------------------------------------
 
