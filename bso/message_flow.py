@@ -897,14 +897,19 @@ def agent_performance(messages: Sequence[FlowMessage]) -> list[AgentStats]:
     """Per agent type: dispatches, answers, failures, tokens and time from assignment to answer."""
     stats: dict[str, AgentStats] = {}
     assigned: dict[str, datetime] = {}
+    agent_of: dict[str, str] = {}  # dispatch id -> the agent it went to
     for m in messages:
         if not m.agent or m.rejected:  # a rejected answer was never acted on
             continue
-        s = stats.setdefault(m.agent, AgentStats(agent=m.agent))
+        # An answer counts for the agent its dispatch went to, whatever agent_type it names itself (an
+        # external agent's wrong agent_type made a dev-runner dispatch look unanswered).
+        agent = m.agent if m.type == "TASK_ASSIGNMENT" else agent_of.get(m.dispatch_id or "", m.agent)
+        s = stats.setdefault(agent, AgentStats(agent=agent))
         if m.type == "TASK_ASSIGNMENT":
             s.dispatches += 1
             if m.dispatch_id:
                 assigned[m.dispatch_id] = m.time
+                agent_of[m.dispatch_id] = m.agent
         elif m.type == "AGENT_COMPLETE":
             s.answered += 1
             s.tokens += int(m.payload.get("tokens_used", 0) or 0)

@@ -124,6 +124,10 @@ def test_a_dispatch_without_an_answer_is_counted_as_such():
     ]
     (stats,) = agent_performance(flow)
     assert (stats.dispatches, stats.answered, stats.failures, stats.unanswered) == (2, 1, 0, 1)
+    # An answer naming another agent type counts for the agent its dispatch went to.
+    wrong = message(4, "AGENT_COMPLETE", "d2", status="success", tokens_used=7).model_copy(update={"agent": "dev-runner"})
+    (stats,) = agent_performance([*flow, wrong])
+    assert (stats.agent, stats.answered, stats.unanswered, stats.tokens) == ("review-runner", 2, 0, 12)
 
 
 def test_a_refused_signal_s_fields_are_shown_as_they_came():
