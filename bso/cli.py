@@ -74,6 +74,7 @@ from bso.message_flow import (
 )
 from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
+from bso.dispatch import startable_values
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import (
@@ -761,6 +762,14 @@ def _check_selection(
             raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
     if entries and not to_run:
         raise BsoError(NOTHING_TO_RUN)
+    # A value no agent starts from: the sprint would give the story up (needs-intervention), losing the value.
+    value_of = {e.key: e.value for e in entries}
+    startable = startable_values()
+    if unknown := [f"{key}: {value_of[key]!r}" for key in to_run if value_of[key] not in startable]:
+        raise BsoError(
+            f"no agent starts from the state of {', '.join(unknown)}; a story starts from one of "
+            f"{', '.join(startable)} (fix the file, then start the sprint)"
+        )
 
 
 def new_sprint_id() -> str:

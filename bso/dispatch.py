@@ -94,6 +94,12 @@ def normalize_state(raw: str) -> StoryState | None:
         return None
 
 
+def startable_values() -> list[str]:
+    """The status-file values a story can start a sprint from: the dispatch table's states and BMAD's legacy
+    names for them. Any other value (a typo, `wip`) has no row: the Slave would give the story up."""
+    return [state.value for state in DISPATCH_TABLE] + [raw for raw, state in LEGACY_STORY_VALUES.items() if state in DISPATCH_TABLE]
+
+
 def next_dispatch(progress: StoryProgress) -> DispatchStep | None:
     """The agent to dispatch for a story now, or None when the table has no row for its state."""
     state = normalize_state(progress.state)

@@ -286,6 +286,10 @@ def test_error_paths(cli_env, tmp_path: Path):
     )
     line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))
     assert "nothing to run" in line and "set its state in the status file back" in line
+    settled_status.write_text(settled_status.read_text(encoding="utf-8") + "  1-3-c: wip\n", encoding="utf-8")
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))  # the sprint would overwrite `wip`
+    assert "no agent starts from the state of 1-3-c: 'wip'" in line and "ready-for-dev" in line, line
+    assert "1-3-c: wip" in settled_status.read_text(encoding="utf-8")
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
     broken_status = project / DEFAULT_STATUS_FILE  # refused before anything starts, with the file's line
     broken_status.write_text(broken_status.read_text(encoding="utf-8") + "  9-9-half-typed: [unclosed\n", encoding="utf-8")
