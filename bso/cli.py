@@ -96,7 +96,7 @@ from bso.sprint_status import (
     resolve_story_keys,
     stories_to_run,
 )
-from bso.states import AgentBackend, SprintPhase, SprintStatus, StoryState
+from bso.states import ENDED_PHASES, AgentBackend, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
 
@@ -1044,7 +1044,7 @@ def sprint_list(
             table.add_row(
                 wf.id,
                 _status_name(wf.status),
-                wf.typed_search_attributes.get(SA_PHASE) or "",
+                _phase_shown(wf.typed_search_attributes.get(SA_PHASE) or "", wf.status),
                 wf.start_time.strftime("%Y-%m-%d %H:%M:%S") if wf.start_time else "",
                 wf.close_time.strftime("%Y-%m-%d %H:%M:%S") if wf.close_time else "",
             )
@@ -1055,6 +1055,14 @@ def sprint_list(
             err_console.print("no sprints found", markup=False)
 
     _run(go())
+
+
+def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
+    """The phase column of `bso sprint list`: a sprint that ended before its phase said so (failed at its
+    start, terminated, timed out) shows where it was, not `planning` as if it still were."""
+    if not phase or status is WorkflowExecutionStatus.RUNNING or phase in ENDED_PHASES:
+        return phase
+    return f"ended in {phase}"
 
 
 @sprint_app.command("report")

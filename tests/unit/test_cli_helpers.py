@@ -234,3 +234,17 @@ def test_a_narrow_terminal_folds_story_keys_and_wraps_the_summary(monkeypatch):
     reason = "dev-runner/dev failed: simulated dev agent error in the story's third task, after two retries"
     _print_markdown(f"## Stories\n\n- 1-1-login-form: needs-intervention: {reason}\n")
     assert reason in " ".join(terminal.getvalue().split()), terminal.getvalue()
+
+
+def test_sprint_list_says_where_a_sprint_that_ended_early_was():
+    """A sprint that failed at its start showed `planning` in the phase column, as if it still planned."""
+    from temporalio.client import WorkflowExecutionStatus as S
+
+    from bso.cli import _phase_shown
+
+    assert _phase_shown("planning", S.FAILED) == "ended in planning"
+    assert _phase_shown("running", S.TERMINATED) == "ended in running"
+    assert _phase_shown("planning", S.RUNNING) == "planning"
+    assert _phase_shown("completed", S.COMPLETED) == "completed"
+    assert _phase_shown("canceled", S.CANCELED) == "canceled"
+    assert _phase_shown("", S.FAILED) == ""
