@@ -297,7 +297,13 @@ def check_agent_complete(
         )
     story_key = open_dispatches.get(message.dispatch_id)
     if story_key is None:
-        reason = "already answered" if message.dispatch_id in answered else "unknown dispatch id"
+        if message.dispatch_id in answered:
+            reason = "already answered"
+        else:  # the answer's author needs the id it should have used
+            still_open = sorted(open_dispatches)
+            reason = f"unknown dispatch id {message.dispatch_id!r}" + (
+                f"; open: {', '.join(still_open[:3])}{' ...' if len(still_open) > 3 else ''}" if still_open else "; none open"
+            )
         return RejectedMessage(msg_type="AGENT_COMPLETE", reason=reason, dispatch_id=message.dispatch_id)
     if message.story_key not in (story_key, short_key(story_key)):
         return RejectedMessage(

@@ -227,13 +227,13 @@ def test_answers_the_slave_rejected_are_marked_with_its_reason():
     h.task()
     answers = [m for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
     reasons = [m.rejected for m in answers]
-    assert reasons[0] == "unknown dispatch id"
+    assert reasons[0] == "unknown dispatch id 'd-9'; open: d-1"
     assert reasons[1] == "story_key '2-1' does not match dispatch (1-1-login-form)"
     assert reasons[2].startswith("validation_failed: ") and "status: invalid value: great" in reasons[2]
     assert reasons[3] == "validation_failed: (message): must be an object"
     assert reasons[4:] == [None, "already answered"]
     assert answers[0].sender == "story-reviewer" and answers[0].recipient == "slave-batch-1"
-    assert answers[0].detail.startswith("REJECTED (unknown dispatch id): success, verdict passed")
+    assert answers[0].detail.startswith("REJECTED (unknown dispatch id 'd-9'; open: d-1): success, verdict passed")
     assert answers[4].detail == "success, verdict passed, 10 tokens"
     # A rejected answer was never acted on: not an answer in the agents' performance.
     assert [(s.agent, s.answered) for s in agent_performance(answers)] == [("story-reviewer", 1)]
@@ -288,7 +288,7 @@ def test_an_answer_after_the_agents_deadline_is_rejected():
     late.task()
     late.signal("agent_complete", _answer("d-1"))
     late.task()
-    assert answers(late) == ["unknown dispatch id"]
+    assert answers(late) == ["unknown dispatch id 'd-1'; none open"]
 
 
 def test_an_agent_error_is_the_failure_of_the_dispatch_it_names():

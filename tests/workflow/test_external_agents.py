@@ -113,7 +113,7 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         assert reasons[0].startswith("validation_failed") and "status: invalid value: bogus" in reasons[0]
         assert "story_key: required field missing" in reasons[0]  # message-schemas' (field, error)
         assert reasons[1] == "validation_failed: (message): must be an object"
-        assert reasons[2] == "unknown dispatch id"
+        assert reasons[2] == f"unknown dispatch id 'unknown-dispatch'; open: {dispatch_id}"  # the one to use
         assert reasons[3] == "already answered"
         assert status_values(tmp_path)[K1] == "review"
 
@@ -143,8 +143,8 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
     assert [m.rejected for m in answers[:5]] == [*reasons[:3], None, reasons[3]]
     assert all(m.rejected is None for m in answers[5:]) and len(answers) == 8
     unknown = answers[2]
-    assert unknown.dispatch_id == "unknown-dispatch" and unknown.detail.startswith("REJECTED (unknown dispatch id): ")
-    assert message_record(unknown)["rejected"] == "unknown dispatch id"
+    assert unknown.dispatch_id == "unknown-dispatch" and unknown.detail.startswith("REJECTED (unknown dispatch id ")
+    assert message_record(unknown)["rejected"] == reasons[2]
     assert message_record(answers[3])["rejected"] is None
     assert {s.agent: s.answered for s in agent_performance(flow)} == {"dev-runner": 2, "review-runner": 2}
 
