@@ -1060,7 +1060,10 @@ def sprint_list(
 def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
     """The phase column of `bso sprint list`: a sprint that ended before its phase said so (failed at its
     start, terminated, timed out) shows where it was, not `planning` as if it still were."""
-    if not phase or status is WorkflowExecutionStatus.RUNNING or phase in ENDED_PHASES:
+    # A run that continued as new did not end the sprint: its next run carries on.
+    if not phase or status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+        return phase
+    if phase in ENDED_PHASES:
         return phase
     return f"ended in {phase}"
 

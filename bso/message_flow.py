@@ -414,6 +414,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 if attrs.signal_name not in MASTER_SIGNALS:  # as the Master's unknown_signal handler records it
                     unknown = unknown_signal_to_sprint(attrs.signal_name, value)
                     fields["type"], reason = unknown.msg_type, unknown.reason
+                    fields["sender"] = str(_dict(value).get("agent_type") or OPERATOR)  # an agent's misdirected answer
                 elif attrs.signal_name == SIGNAL_RESUME:
                     reason = _invalid("RESUME", ResumeRequest, value or {})  # as the Master's resume handler
                 elif attrs.signal_name == SIGNAL_PLAN_RESULT:

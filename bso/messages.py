@@ -149,7 +149,7 @@ MASTER_SIGNALS = frozenset(
      "plan_result"}
 )
 # Answers that go to the batch (Slave) that asked: its workflow id is the start of the dispatch id.
-_BATCH_ANSWERS = {"agent_complete": "AGENT_COMPLETE", "debug_result": "DEBUG_RESULT", "decision": "DECISION"}
+_BATCH_ANSWERS = {"agent_complete": "AGENT_COMPLETE", "debug_result": "DEBUG_RESULT"}
 
 
 def unknown_signal_to_sprint(name: str, payload: Any) -> RejectedMessage:
@@ -163,6 +163,9 @@ def unknown_signal_to_sprint(name: str, payload: Any) -> RejectedMessage:
         reason = (f"{_BATCH_ANSWERS[name]} sent to the sprint, which takes no agent answers: {where} "
                   "(the TASK_ASSIGNMENT's report_to)")
         return RejectedMessage(msg_type=_BATCH_ANSWERS[name], reason=reason, dispatch_id=dispatch_id)
+    if name == "decision":  # an operator's: the sprint takes it as an update
+        return RejectedMessage(msg_type="DECISION", reason="a decision goes to the sprint's `decide` update "
+                               "(`bso sprint decide`), not a signal")
     known = ", ".join(sorted(MASTER_SIGNALS))
     return RejectedMessage(msg_type=name.upper(), reason=f"the sprint has no signal {name!r} (it takes: {known})",
                            dispatch_id=dispatch_id)

@@ -152,6 +152,8 @@ PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
 PATCH_FINISH_CUT_MERGES = "master-finishes-cut-merges"
 # A cancelled sprint writes its execution summary too (with the report the `report` query then answers).
 PATCH_CANCEL_WRITES_SUMMARY = "master-cancel-writes-summary"
+# A batch that ended abnormally counts the tokens of the stories rearmed out of it while it ran (they were lost).
+PATCH_ABNORMAL_COUNTS_REARMED = "master-abnormal-batch-counts-rearmed-tokens"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -453,6 +455,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _not_replannable(self) -> str | None:
         """Why no batch can be queued now, or None: a rearm or a course correction accepted then would be lost."""
         s = self._state
+        if self._cancelling:
+            return "the sprint is being cancelled"
         if self._ending or s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
             return "the sprint is ending"
         if self._handing_over:
@@ -554,10 +558,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         await self._stop_residents(now=workflow.patched(PATCH_CANCEL_STOPS_RESIDENTS_NOW))
         cancelled = f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}"
         self._state.errors.append(cancelled)
+        ended = self._ended_report = self._report(SprintStatus.CANCELLED, error=cancelled)
+        self._set_phase(SprintPhase.CANCELED)  # before the summary: the status says so while it is written
         if workflow.patched(PATCH_CANCEL_WRITES_SUMMARY):  # the execution summary, as at the end of any sprint
-            self._ended_report = self._report(SprintStatus.CANCELLED, error=cancelled)
-            await self._write_summary(self._input, self._ended_report)
-        self._set_phase(SprintPhase.CANCELED)
+            await self._write_summary(self._input, ended)
         raise asyncio.CancelledError
 
     async def _sprint(self, inp: SprintInput) -> SprintReport:
@@ -1098,7 +1102,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             self._tell_dependants(merge_cut, spec.batch_id)
         progress = [_progress_from_view(k, s.views[k]) for k in self._still_in(spec)]
         dispatched = sum(p.agents_dispatched for p in progress)
-        return build_slave_result(
+        result = build_slave_result(
             batch_id=spec.batch_id,
             session_id=s.session_id,
             progress=progress,
@@ -1107,6 +1111,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             errors=[reason],
             budget_exhausted=False,
         )
+        # The stories rearmed out of the batch while it ran spent tokens in it too (a Slave's own result counts
+        # them; this one is built from the batch's remaining stories). Patched where it counts any: the total
+        # feeds the budget.
+        left = sum(tokens for batch_id, tokens in self._left_running_batches if batch_id == spec.batch_id)
+        if left and workflow.patched(PATCH_ABNORMAL_COUNTS_REARMED):
+            result = result.model_copy(update={"tokens_used": result.tokens_used + left})
+        return result
 
     def _tokens_in_flight(self) -> int:
         """The running batches' tokens: their stories', and those of stories rearmed out of them meanwhile."""
@@ -1138,7 +1149,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if v.awaiting_decision:
                 waiting.append(f"{k} ({v.awaiting_decision})")
         rows = "\n".join(lines)
-        pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason else ""
+        pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason and s.phase not in ENDED_PHASES else ""
         if s.checkpoint:
             pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
         if waiting:

@@ -245,6 +245,7 @@ def test_sprint_list_says_where_a_sprint_that_ended_early_was():
     assert _phase_shown("planning", S.FAILED) == "ended in planning"
     assert _phase_shown("running", S.TERMINATED) == "ended in running"
     assert _phase_shown("planning", S.RUNNING) == "planning"
+    assert _phase_shown("running", S.CONTINUED_AS_NEW) == "running"  # its next run carries on
     assert _phase_shown("completed", S.COMPLETED) == "completed"
     assert _phase_shown("canceled", S.CANCELED) == "canceled"
     assert _phase_shown("", S.FAILED) == ""

@@ -70,7 +70,8 @@ async def rejected(update, match: str) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as info:
         await update
     assert match in str(info.value.cause), info.value.cause
-    assert getattr(info.value.cause, "non_retryable", True), info.value.cause  # a refusal: sending it again is no use
+    cause = info.value.cause
+    assert isinstance(cause, ApplicationError) and cause.non_retryable, cause  # a refusal: sending it again is no use
 
 
 @asynccontextmanager
@@ -561,6 +562,24 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     runs_of_k1 = [b.batch_id for b in report.batches if any(r.story_key == K1 for r in b.results.story_results)]
     assert runs_of_k1 == [1, 2] and status_values(tmp_path)[K1] == "done"
+
+
+async def test_a_rearmed_storys_tokens_stay_counted_when_its_first_batch_is_cancelled(ts_env, tmp_path: Path):
+    """K1 is rearmed out of batch 1 while K2 still runs there; the sprint is then cancelled. Batch 1's result,
+    built by the Master from its remaining story, left K1's tokens out of the sprint's total (1000 -> 0)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 60000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-cancel", simulation=simulation))
+        await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
+        before = await handle.query(SprintMasterWorkflow.status)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await sprint_result(handle)
+        after = await handle.query(SprintMasterWorkflow.status)
+        report = await handle.query(SprintMasterWorkflow.report)
+    assert before.tokens_used == after.tokens_used == report.tokens_used > 0, (before.tokens_used, after.tokens_used)
 
 
 async def test_a_rearmed_storys_first_batch_ending_abnormally_leaves_its_new_run_alone(local_env, tmp_path: Path):

@@ -89,18 +89,21 @@ async def test_an_agent_answer_sent_to_the_sprint_is_recorded_with_where_it_belo
         )
         await handle.signal("agent_complete", answer)
         await handle.signal("agent_completed", answer)
+        await handle.signal("decision", {"story_key": K1, "decision": "skip_story"})
         master = await _eventually(lambda: handle.query(SprintMasterWorkflow.status),
-                                   lambda s: s.rejected_total == 2, "Master rejections")
+                                   lambda s: s.rejected_total == 3, "Master rejections")
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
         flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
     assert report.stories == {K1: "done"}  # the batch ran as usual
-    first, second = master.rejected_messages
+    first, second, third = master.rejected_messages
+    assert third.msg_type == "DECISION" and "`decide` update (`bso sprint decide`)" in third.reason, third
     assert (first.msg_type, first.dispatch_id) == ("AGENT_COMPLETE", "wrong-way/batch-1/1-1/1"), first
     assert "send it to wrong-way/batch-1 (the TASK_ASSIGNMENT's report_to)" in first.reason, first.reason
     assert second.msg_type == "AGENT_COMPLETED" and "no signal 'agent_completed'" in second.reason, second
     to_master = [m for m in flow if m.recipient == "sprint-master" and m.rejected]
-    assert [(m.type, m.rejected) for m in to_master] == [(first.msg_type, first.reason), (second.msg_type, second.reason)]
+    assert [(m.type, m.rejected) for m in to_master] == [(r.msg_type, r.reason) for r in (first, second, third)]
+    assert [m.sender for m in to_master] == ["code-reviewer", "code-reviewer", "operator"]  # who sent it
     ready = [m.sender for m in flow if m.type == "RESIDENT_READY"]
     assert ready == ["scrum-master", "knowledge-researcher", "debugger"], ready
     assert await workflow_task_failures(ts_env.client, "wrong-way") == 0
