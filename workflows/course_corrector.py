@@ -45,6 +45,11 @@ PATCH_CC_AFTER_REARM = "master-cc-waits-for-rearm"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 
 
+def _cc_rejected(message: str) -> ApplicationError:
+    """CC_REJECTED: the correction is refused, and sending it again as it is would be refused again."""
+    return ApplicationError(message, type="CC_REJECTED", non_retryable=True)
+
+
 class CourseCorrector:
     _state: Any  # MasterState
     _rearm_in_flight: Callable[[], bool]
@@ -60,7 +65,7 @@ class CourseCorrector:
     async def course_correct(self, request: Any) -> CourseCorrection:
         parsed = CourseCorrectionRequest.model_validate(request)
         if self._rearm_in_flight() and workflow.patched(PATCH_CC_AFTER_REARM):  # accepted with a rearm in one task
-            raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED", non_retryable=True)
+            raise _cc_rejected(CC_DURING_REARM)
         self._replanning = True
         try:
             return await self._apply_course_correction(parsed)
@@ -72,17 +77,17 @@ class CourseCorrector:
         try:
             parsed = CourseCorrectionRequest.model_validate(request)
         except ValidationError as err:
-            raise ApplicationError(f"CC_REJECTED: {describe_validation_error(err)}", type="CC_REJECTED", non_retryable=True) from None
+            raise _cc_rejected(f"CC_REJECTED: {describe_validation_error(err)}") from None
         if (why := self._not_replannable()) is not None:
-            raise ApplicationError(f"CC_REJECTED: {why}", type="CC_REJECTED", non_retryable=True)
+            raise _cc_rejected(f"CC_REJECTED: {why}")
         if self._replanning:
-            raise ApplicationError("CC_REJECTED: another course correction is being applied", type="CC_REJECTED", non_retryable=True)
+            raise _cc_rejected("CC_REJECTED: another course correction is being applied")
         if self._rearm_in_flight():
-            raise ApplicationError(CC_DURING_REARM, type="CC_REJECTED", non_retryable=True)
+            raise _cc_rejected(CC_DURING_REARM)
         try:
             self._cc_check(parsed)
         except CCRejected as err:
-            raise ApplicationError(str(err), type="CC_REJECTED", non_retryable=True) from None
+            raise _cc_rejected(str(err)) from None
 
     def _cc_check(self, request: CourseCorrectionRequest) -> tuple[list[str], list[str]]:
         s = self._state
@@ -107,9 +112,7 @@ class CourseCorrector:
             metas = {m.key: m for m in snapshot.stories}
             # Outside the sprint when it started, gone from the file since (removed or renamed by hand).
             if missing := [key for key in add if key not in metas]:
-                raise ApplicationError(
-                    f"CC_REJECTED: {', '.join(missing)} no longer in sprint-status.yaml", type="CC_REJECTED", non_retryable=True
-                )
+                raise _cc_rejected(f"CC_REJECTED: {', '.join(missing)} no longer in sprint-status.yaml")
         note = f"dropped by course correction ({request.reason.value})"
         if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
             for key in drop:
@@ -125,7 +128,7 @@ class CourseCorrector:
                 s.outside_stories.pop(key, None)
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
-                raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED", non_retryable=True)
+                raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
         else:
             # Planned first, with the states the added stories will start from: a correction the planner
             # cannot plan (a dependency cycle) is rejected having changed nothing, in the file or the sprint.
@@ -137,7 +140,7 @@ class CourseCorrector:
             if cc is None:
                 for key in add:
                     del s.stories[key], s.views[key]
-                raise ApplicationError("CC_REJECTED: the pending stories cannot be re-planned", type="CC_REJECTED", non_retryable=True)
+                raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             for key in drop:
                 current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
                 s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})

@@ -114,7 +114,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
     from workflows.residents import RosterKeeper
-    from workflows.sprint_slave import SprintSlaveWorkflow, merge_story_back, not_merged
+    from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back, not_merged
 
 # A Slave still starting when the sprint was shut down is told once it has started.
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
@@ -347,7 +347,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 await workflow.wait_condition(lambda: key in self._decided_views)
                 return self._decided_views.pop(key)
             if key in self._deciding:  # two updates accepted in one workflow task: the validator saw neither
-                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision", non_retryable=True)
+                raise invalid_decision(f"story {key!r}: a decision is already on its way")
             self._deciding[key] = parsed.decision
             try:
                 self._decided_views.pop(key, None)
@@ -360,19 +360,18 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             finally:
                 self._deciding.pop(key, None)
             if key not in self._decided_views:
-                raise ApplicationError(
+                raise invalid_decision(
                     f"story {key!r}: batch {batch_id} ended before the decision reached it "
-                    f"(the story stays {s.views[key].state})",
-                    type="InvalidDecision", non_retryable=True,
+                    f"(the story stays {s.views[key].state})"
                 )
             return self._decided_views.pop(key)
         target = parsed.rearm_state().value
         one_at_a_time = workflow.patched(PATCH_ONE_REARM)
         if one_at_a_time:
             if key in self._deciding:  # two rearms accepted in one workflow task: the validator saw neither
-                raise ApplicationError(f"story {key!r}: a decision is already on its way", type="InvalidDecision", non_retryable=True)
+                raise invalid_decision(f"story {key!r}: a decision is already on its way")
             if self._replanning:  # the course correction would replace the queue, and this batch with it
-                raise ApplicationError(REARM_DURING_REPLAN, type="InvalidDecision", non_retryable=True)
+                raise invalid_decision(REARM_DURING_REPLAN)
             self._deciding[key] = parsed.decision
         try:
             written = await workflow.execute_activity(
@@ -392,9 +391,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if one_at_a_time:
                 self._deciding.pop(key, None)
         if written.outcome == "cas-mismatch":
-            raise ApplicationError(
-                f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed", type="InvalidDecision", non_retryable=True
-            )
+            raise invalid_decision(f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed")
         batch_id = s.next_batch_id
         s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
@@ -425,7 +422,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             parsed = self._decision(request)
         except ValidationError as err:
-            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision", non_retryable=True)
+            raise invalid_decision(f"invalid decision: {describe_validation_error(err)}")
         s = self._state
         view = s.views.get(parsed.story_key)
         try:
@@ -446,7 +443,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             elif view.batch_id not in self._started_batches:
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
-            raise ApplicationError(str(err), type="InvalidDecision", non_retryable=True) from None
+            raise invalid_decision(str(err)) from None
 
     def _rearm_in_flight(self) -> bool:
         """A rearm is being written: a course correction, which replaces the queue, waits for it."""

@@ -322,13 +322,13 @@ class SprintSlaveWorkflow:
         try:
             parsed = DecisionRequest.model_validate(request)
         except ValidationError as err:
-            raise ApplicationError(f"invalid decision: {describe_validation_error(err)}", type="InvalidDecision", non_retryable=True)
+            raise invalid_decision(f"invalid decision: {describe_validation_error(err)}")
         try:
             check_waiting_decision(parsed, self._progress.get(parsed.story_key))
         except DecisionError as err:
-            raise ApplicationError(str(err), type="InvalidDecision", non_retryable=True) from None
+            raise invalid_decision(str(err)) from None
         if parsed.story_key in self._decisions:
-            raise ApplicationError(f"story {parsed.story_key!r} already has a decision", type="InvalidDecision", non_retryable=True)
+            raise invalid_decision(f"story {parsed.story_key!r} already has a decision")
 
     @workflow.signal(name=SIGNAL_DECISION)
     def decision(self, request: Any) -> None:
@@ -1108,6 +1108,11 @@ async def merge_story_back(project_root: str, session_id: str, meta: StoryMeta, 
         retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["AgentConfigError"]),
         summary=f"squash and merge story {meta.key}",
     )
+
+
+def invalid_decision(message: str) -> ApplicationError:
+    """A decision (decide update) refused: sent again as it is, it would be refused again."""
+    return ApplicationError(message, type="InvalidDecision", non_retryable=True)
 
 
 def not_merged(why: str) -> str:
