@@ -152,7 +152,8 @@ PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
 PATCH_FINISH_CUT_MERGES = "master-finishes-cut-merges"
 # A cancelled sprint writes its execution summary too (with the report the `report` query then answers).
 PATCH_CANCEL_WRITES_SUMMARY = "master-cancel-writes-summary"
-# A batch that ended abnormally counts the tokens of the stories rearmed out of it while it ran (they were lost).
+# A batch that ended abnormally has the stories rearmed out of it while it ran in its result (their agents and
+# tokens were lost from the report and the sprint's total).
 PATCH_ABNORMAL_COUNTS_REARMED = "master-abnormal-batch-counts-rearmed-tokens"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
@@ -189,8 +190,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
         self._batch_tasks: dict[int, asyncio.Task[SlaveResult]] = {}  # running batch id -> its _run_slave task
         self._ended_report: SprintReport | None = None  # the `report` query's answer once the sprint has ended
-        # (batch id, tokens) of each story rearmed out of a batch still running (none running at a continue-as-new)
-        self._left_running_batches: list[tuple[int, int]] = []
+        # (batch id, story key, its last view there) of each story rearmed out of a batch still running (none runs
+        # at a continue-as-new)
+        self._left_running_batches: list[tuple[int, str, StoryView]] = []
 
     # --- operator messages ---------------------------------------------------------------------
 
@@ -398,7 +400,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
         s.earlier_work[key] = s.earlier_work.get(key, StoryWork()).plus(s.views[key])
         if s.views[key].batch_id in self._running_batches:  # its tokens reach s.tokens_used when that batch ends
-            self._left_running_batches.append((s.views[key].batch_id, s.views[key].tokens_used))
+            self._left_running_batches.append((s.views[key].batch_id, key, s.views[key]))
         s.views[key] = StoryView(state=target, batch_id=batch_id)
         spec = BatchSpec(batch_id=batch_id, stories=[key])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
@@ -1098,8 +1100,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if merge_cut:
             self._tell_dependants(merge_cut, spec.batch_id)
         progress = [_progress_from_view(k, s.views[k]) for k in self._still_in(spec)]
+        # The stories rearmed out of the batch while it ran are part of its result as they ended there, as in a
+        # Slave's own (their agents and tokens were lost). Patched where there are any: the tokens feed the budget.
+        left = [_progress_from_view(key, view) for batch_id, key, view in self._left_running_batches
+                if batch_id == spec.batch_id]
+        if left and workflow.patched(PATCH_ABNORMAL_COUNTS_REARMED):
+            progress += left
         dispatched = sum(p.agents_dispatched for p in progress)
-        result = build_slave_result(
+        return build_slave_result(
             batch_id=spec.batch_id,
             session_id=s.session_id,
             progress=progress,
@@ -1108,19 +1116,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             errors=[reason],
             budget_exhausted=False,
         )
-        # The stories rearmed out of the batch while it ran spent tokens in it too (a Slave's own result counts
-        # them; this one is built from the batch's remaining stories). Patched where it counts any: the total
-        # feeds the budget.
-        left = sum(tokens for batch_id, tokens in self._left_running_batches if batch_id == spec.batch_id)
-        if left and workflow.patched(PATCH_ABNORMAL_COUNTS_REARMED):
-            result = result.model_copy(update={"tokens_used": result.tokens_used + left})
-        return result
 
     def _tokens_in_flight(self) -> int:
         """The running batches' tokens: their stories', and those of stories rearmed out of them meanwhile."""
         running = self._running_batches
         return sum(v.tokens_used for v in self._state.views.values() if v.batch_id in running) + sum(
-            tokens for batch_id, tokens in self._left_running_batches if batch_id in running
+            view.tokens_used for batch_id, _, view in self._left_running_batches if batch_id in running
         )
 
     # --- visibility ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from activities.session_files import SESSION_DIR
+from bso.report import work_per_story
 from bso.summary import render_summary, summary_filename
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
@@ -566,7 +567,8 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
 
 async def test_a_rearmed_storys_tokens_stay_counted_when_its_first_batch_is_cancelled(ts_env, tmp_path: Path):
     """K1 is rearmed out of batch 1 while K2 still runs there; the sprint is then cancelled. Batch 1's result,
-    built by the Master from its remaining story, left K1's tokens out of the sprint's total (1000 -> 0)."""
+    built by the Master from its remaining story, left K1's first run out: its tokens out of the sprint's total
+    (1000 -> 0), its agent out of the report."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 60000}}}
     async with bso_worker(ts_env.client) as queue:
@@ -580,6 +582,8 @@ async def test_a_rearmed_storys_tokens_stay_counted_when_its_first_batch_is_canc
         after = await handle.query(SprintMasterWorkflow.status)
         report = await handle.query(SprintMasterWorkflow.report)
     assert before.tokens_used == after.tokens_used == report.tokens_used > 0, (before.tokens_used, after.tokens_used)
+    # The report has K1's first run too (in batch 1's result, as a Slave's own result would): its failed dev.
+    assert work_per_story(report.batches)[K1].agents_dispatched == 1, report.batches
 
 
 async def test_a_rearmed_storys_first_batch_ending_abnormally_leaves_its_new_run_alone(local_env, tmp_path: Path):
