@@ -314,6 +314,25 @@ def check_agent_complete(
     return message
 
 
+# The Slave's patch id for answer_mismatch: its histories say by this marker whether it applied the rule.
+PATCH_ANSWER_MATCHES_DISPATCH = "slave-answer-matches-dispatch"
+
+
+def answer_mismatch(message: AgentComplete, agent: object, mode: object) -> RejectedMessage | None:
+    """An answer for an open dispatch that names another agent or mode than the dispatch's (an external agent that
+    mixed up its assignments): refused, or the dev dispatch was taken as done on a reviewer's word. None when it
+    matches. `agent`, `mode`: the dispatch's, as values or their enum members."""
+    want = (str(getattr(agent, "value", agent)), str(getattr(mode, "value", mode)))
+    got = (message.agent_type.value, message.mode.value)
+    if got == want:
+        return None
+    return RejectedMessage(
+        msg_type="AGENT_COMPLETE",
+        reason=f"agent_type/mode {got[0]}/{got[1]} does not match dispatch ({want[0]}/{want[1]})",
+        dispatch_id=message.dispatch_id,
+    )
+
+
 def check_agent_error(payload: Any, open_dispatches: Mapping[str, str]) -> AgentErrorPayload | RejectedMessage:
     """The Slave's rule for an agent_error: a valid one whose task_id names a dispatch still open."""
     try:

@@ -40,7 +40,13 @@ from bso.constants import (
     SIGNAL_STORY_UPDATES,
 )
 from bso.debugging import DebugRequest, DebugResult
-from bso.dispatch import check_agent_complete, check_agent_error, is_agent_error
+from bso.dispatch import (
+    PATCH_ANSWER_MATCHES_DISPATCH,
+    answer_mismatch,
+    check_agent_complete,
+    check_agent_error,
+    is_agent_error,
+)
 from bso.messages import (
     MASTER_SIGNALS,
     RejectedMessage,
@@ -160,6 +166,17 @@ class FlowMessage(BaseModel):
     def owner(self) -> str:
         """The folder of the Agent-PO persistence layout: the agent concerned, else the sender."""
         return self.agent or self.sender
+
+
+def _patches(events: Sequence[HistoryEvent]) -> set[str]:
+    """The patch ids (workflow.patched) a history has markers of."""
+    found = set()
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            attrs = event.marker_recorded_event_attributes
+            if attrs.marker_name == "core_patch" and "patch-data" in attrs.details:
+                found.add(str(_dict(decode(attrs.details["patch-data"])).get("id")))
+    return found
 
 
 def decode(payloads: Payloads | None) -> Any:
@@ -529,6 +546,8 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     no_answer_yet: list[str] = []  # activities done without an answer this task: a deadline timer follows
     arming: list[str] = []  # ... whose timer the next commands start
     timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
+    # A Slave that refused an answer naming another agent than its dispatch's recorded this patch marker then.
+    matched_by_dispatch = PATCH_ANSWER_MATCHES_DISPATCH in _patches(events)
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
@@ -549,6 +568,9 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
             return
         checked = check_agent_complete(raw, opened, answered)
         fields = _agent_complete(value, me)
+        assignment = assignments.get(checked.dispatch_id or "", {})
+        if not isinstance(checked, RejectedMessage) and matched_by_dispatch and assignment:
+            checked = answer_mismatch(checked, assignment.get("agent_type"), assignment.get("mode")) or checked
         if isinstance(checked, RejectedMessage):
             add(event, **_rejected(fields, checked.reason))
             return

@@ -59,6 +59,8 @@ with workflow.unsafe.imports_passed_through():
         Transition,
         apply_agent_result,
         agent_error_to_complete,
+        PATCH_ANSWER_MATCHES_DISPATCH,
+        answer_mismatch,
         check_agent_complete,
         check_agent_error,
         is_agent_error,
@@ -239,6 +241,16 @@ class SprintSlaveWorkflow:
             self._agent_error(payload)
             return
         checked = check_agent_complete(payload, self._open_dispatches, self._answers)
+        if not isinstance(checked, RejectedMessage):
+            progress = self._progress.get(self._open_dispatches[checked.dispatch_id])
+            mismatch = (
+                answer_mismatch(checked, progress.pending_agent, progress.pending_mode)
+                if progress is not None and progress.pending_agent is not None and progress.pending_mode is not None
+                else None
+            )
+            # Patched where it refuses: an answer accepted before replays as it ran.
+            if mismatch is not None and workflow.patched(PATCH_ANSWER_MATCHES_DISPATCH):
+                checked = mismatch
         if isinstance(checked, RejectedMessage):
             self._record(checked)  # recorded, never acted on
             return

@@ -384,3 +384,20 @@ def test_a_long_text_cut_for_the_table_ends_in_an_ellipsis():
     (request,) = message_flow([resident.history()])
     assert len(request.detail) == 120 and request.detail.endswith("..."), request.detail
     assert request.payload["error_summary"] == summary
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_an_answer_naming_another_agent_is_rejected_where_the_slave_applied_that_rule(patched):
+    """A reviewer's answer to a dev dispatch: refused by a Slave with the slave-answer-matches-dispatch patch
+    (its history has the marker), accepted by one from before it; `bso messages` says what that Slave did."""
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    h.dispatch("d-1", "1-1-login-form", agent="dev-runner", mode="dev")
+    h.signal("agent_complete", _answer("d-1", story="1-1-login-form"))  # a story-reviewer's answer
+    h.task()
+    if patched:
+        h.add(EventType.EVENT_TYPE_MARKER_RECORDED, "marker_recorded_event_attributes", marker_name="core_patch",
+              details={"patch-data": _payloads({"id": "slave-answer-matches-dispatch", "deprecated": False})})
+    (answer,) = [m for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
+    expected = "agent_type/mode story-reviewer/review does not match dispatch (dev-runner/dev)" if patched else None
+    assert answer.rejected == expected, answer
