@@ -74,7 +74,7 @@ from bso.message_flow import (
 )
 from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
-from bso.dispatch import startable_values
+from bso.dispatch import unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import (
@@ -763,13 +763,8 @@ def _check_selection(
     if entries and not to_run:
         raise BsoError(NOTHING_TO_RUN)
     # A value no agent starts from: the sprint would give the story up (needs-intervention), losing the value.
-    value_of = {e.key: e.value for e in entries}
-    startable = startable_values()
-    if unknown := [f"{key}: {value_of[key]!r}" for key in to_run if value_of[key] not in startable]:
-        raise BsoError(
-            f"no agent starts from the state of {', '.join(unknown)}; a story starts from one of "
-            f"{', '.join(startable)} (fix the file, then start the sprint)"
-        )
+    if unknown := unknown_values({e.key: e.value for e in entries}, to_run):
+        raise BsoError(unknown_values_message(unknown, "fix the file, then start the sprint"))
 
 
 def new_sprint_id() -> str:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.dispatch import normalize_state
+from bso.dispatch import normalize_state, unknown_values, unknown_values_message
 from bso.messages import BatchSpec
 from bso.models import StoryMeta
 from bso.planning import plan_batches
@@ -97,6 +97,13 @@ def check_request(
     if set(add) & set(drop):
         raise CCRejected("CC_REJECTED: a story cannot be both added and dropped")
     return add, drop
+
+
+def check_added_values(add: list[str], values: dict[str, str]) -> None:
+    """CCRejected when an added story's status-file value is no state BSO knows (a typo such as `wip`):
+    written `backlog` over, what the user meant would be lost. Known end states are reset (`start_value`)."""
+    if unknown := unknown_values(values, add):
+        raise CCRejected(f"CC_REJECTED: {unknown_values_message(unknown, 'fix the file, then add the story')}")
 
 
 def start_value(file_value: str) -> str | None:

@@ -100,6 +100,19 @@ def startable_values() -> list[str]:
     return [state.value for state in DISPATCH_TABLE] + [raw for raw, state in LEGACY_STORY_VALUES.items() if state in DISPATCH_TABLE]
 
 
+def unknown_values(values: Mapping[str, str], keys: list[str]) -> list[str]:
+    """`key: 'value'` for each of `keys` whose status-file value is no state BSO knows (a typo such as `wip`):
+    no agent starts from it, and writing a state over it would lose what the user meant."""
+    return [f"{key}: {values[key]!r}" for key in keys if key in values and normalize_state(values[key]) is None]
+
+
+def unknown_values_message(unknown: list[str], then: str) -> str:
+    return (
+        f"no agent starts from the state of {', '.join(unknown)}; a story starts from one of "
+        f"{', '.join(startable_values())} ({then})"
+    )
+
+
 def next_dispatch(progress: StoryProgress) -> DispatchStep | None:
     """The agent to dispatch for a story now, or None when the table has no row for its state."""
     state = normalize_state(progress.state)

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         CCRejected,
         CourseCorrection,
         CourseCorrectionRequest,
+        check_added_values,
         check_request,
         start_value,
     )
@@ -42,6 +43,8 @@ _WRITE = {
 PATCH_CC_PLAN_FIRST = "master-cc-plans-first"
 # A course correction accepted together with a rearm (one workflow task: the validator saw neither) is refused.
 PATCH_CC_AFTER_REARM = "master-cc-waits-for-rearm"
+# An added story whose value BSO does not know (`wip`) is refused instead of written `backlog` over.
+PATCH_CC_KNOWN_VALUES = "master-cc-refuses-unknown-values"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 
 
@@ -85,7 +88,8 @@ class CourseCorrector:
         if self._rearm_in_flight():
             raise _cc_rejected(CC_DURING_REARM)
         try:
-            self._cc_check(parsed)
+            add, _ = self._cc_check(parsed)
+            check_added_values(add, self._state.outside_stories)
         except CCRejected as err:
             raise _cc_rejected(str(err)) from None
 
@@ -113,6 +117,11 @@ class CourseCorrector:
             # Outside the sprint when it started, gone from the file since (removed or renamed by hand).
             if missing := [key for key in add if key not in metas]:
                 raise _cc_rejected(f"CC_REJECTED: {', '.join(missing)} no longer in sprint-status.yaml")
+            try:  # the value may have changed since the sprint started (the validator's)
+                check_added_values(add, {key: metas[key].state for key in add})
+            except CCRejected as err:
+                if workflow.patched(PATCH_CC_KNOWN_VALUES):  # recorded only where it refuses
+                    raise _cc_rejected(str(err)) from None
         note = f"dropped by course correction ({request.reason.value})"
         if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
             for key in drop:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bso.course_correction import CCRejected, CourseCorrectionRequest, check_request, replan, start_value
+from bso.course_correction import (
+    CCRejected,
+    CourseCorrectionRequest,
+    check_added_values,
+    check_request,
+    replan,
+    start_value,
+)
 from bso.models import StoryMeta
 
 SPRINT = {"1-1-a": "done", "1-2-b": "review", "1-3-c": "backlog"}
@@ -39,6 +46,13 @@ def test_rejections(kw, why):
 def test_start_value_of_added_stories():
     assert start_value("skipped") == "backlog" and start_value("weird") == "backlog"
     assert start_value("ready-for-dev") is None and start_value("backlog") is None
+
+
+def test_an_added_story_of_a_value_bso_does_not_know_is_refused():
+    values = {"2-1-a": "wip", "2-2-b": "skipped", "2-3-c": "in-progress", "2-4-d": "needs-intervention"}
+    with pytest.raises(CCRejected, match=r"no agent starts from the state of 2-1-a: 'wip'; a story starts from one of backlog"):
+        check_added_values(["2-1-a", "2-2-b"], values)
+    check_added_values(["2-2-b", "2-3-c", "2-4-d"], values)  # end states are reset to backlog, legacy names read
 
 
 def test_replan_numbers_batches_after_the_last_one():

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
 from bso.states import SprintPhase, SprintStatus
@@ -161,3 +162,36 @@ async def test_adding_a_story_gone_from_the_file_is_rejected(ts_env, tmp_path: P
         report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
     assert await workflow_task_failures(ts_env.client, "cc-gone") == 0
+
+
+async def test_adding_a_story_of_an_unknown_value_is_rejected_and_the_value_kept(ts_env, tmp_path: Path):
+    """2-1 is `wip`, no state BSO knows: the correction is refused, and the value stays (it was written `backlog`
+    over). Its second form: 2-2 was `backlog` at the sprint's start (the validator's view) and is `wip` now."""
+    other2 = "2-2-filters"
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review", OTHER: "wip", other2: "backlog"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-wip", epic=1, config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-1"]}),
+            "CC_REJECTED: no agent starts from the state of 2-1-search: 'wip'",
+        )
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(
+            status_file.read_text(encoding="utf-8").replace(f"{other2}: backlog", f"{other2}: wip"), encoding="utf-8"
+        )
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-2"]}),
+            f"CC_REJECTED: no agent starts from the state of {other2}: 'wip'",
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done"}
+    assert (status_values(tmp_path)[OTHER], status_values(tmp_path)[other2]) == ("wip", "wip")
+    assert await workflow_task_failures(ts_env.client, "cc-wip") == 0
+    # The first was refused by the validator (no trace in history), the second by the update itself.
+    history = await handle.fetch_history()
+    assert [e.event_type for e in history.events].count(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED) == 1
