@@ -152,8 +152,9 @@ async def local_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @asynccontextmanager
 async def bso_worker(client: Client, **kwargs) -> AsyncIterator[str]:
-    """Both BSO workers on a fresh pair of task queues; yields the sprint task queue."""
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    """Both BSO workers on a fresh pair of task queues (or those of `queue_prefix`, for a second worker with an
+    empty cache); yields the sprint task queue."""
+    prefix = kwargs.pop("queue_prefix", None) or f"t-{uuid.uuid4().hex[:8]}-"
     async with AsyncExitStack() as stack:
         workers: list[Worker] = build_workers(client, queue_prefix=prefix, **kwargs)
         for worker in workers:

@@ -424,12 +424,13 @@ async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: P
     assert len(started(tmp_path)) == 2  # dev and code review of the story in hand, nothing else
 
 
-async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_path: Path):
+async def test_cancel_cancels_the_batches_and_stops_the_residents(local_env, tmp_path: Path):
     """A cancelled sprint leaves nothing of it running: its batch ends cancelled (not terminated by the Master's
-    close) and its residents, which outlive the Master by design, are stopped; the status query says canceled."""
+    close) and its residents, which outlive the Master by design, are stopped; the status query says canceled.
+    On the dev server: the time-skipping server does not hand a closed workflow's query to a second worker."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
-    async with bso_worker(ts_env.client) as queue:
-        handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "cancel-1", 500)
+    async with bso_worker(local_env.client) as queue:
+        handle = await start_with_k1_dev_in_flight(local_env.client, queue, tmp_path, "cancel-1", 500)
         await handle.cancel(reason="wrong branch")
         with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
@@ -439,16 +440,19 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(ts_env, tmp_pa
         assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: wrong branch"], status.errors
         # The cancelled batch counts (batches, tokens), and nothing of it shows in flight any more.
         assert (status.batches_done, status.stories[K1].agent_in_flight) == (1, None), status
-        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1))
+        slave = local_env.client.get_workflow_handle(slave_workflow_id("cancel-1", 1))
         assert (await slave.describe()).status is WorkflowExecutionStatus.CANCELED
         # K1's agent in flight was cancelled with its batch (its TERMINATE_DIRECTIVE), not left to run out.
         events = [e.event_type for e in (await slave.fetch_history()).events]
         assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in events
         assert status.roster.residents == [] and len(status.unavailable_residents) == 0
         for role in ("scrum-master", "knowledge-researcher", "debugger"):  # the default resident slots
-            resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
+            resident = await local_env.client.get_workflow_handle(resident_workflow_id("cancel-1", role)).describe()
             assert resident.status is WorkflowExecutionStatus.COMPLETED, (role, resident.status)
         report = await handle.query(SprintMasterWorkflow.report)  # a cancelled sprint has no result, but a report
+    # A worker that has not run the sprint (an empty cache: it replays the history) answers the same report.
+    async with bso_worker(local_env.client, queue_prefix=queue.removesuffix(SPRINT_TASK_QUEUE)):
+        assert await handle.query(SprintMasterWorkflow.report) == report
     assert status_values(tmp_path)[K2] == "ready-for-dev"  # nothing started after the cancel
     assert (report.status, report.error) == (SprintStatus.CANCELLED, "sprint cancelled: wrong branch"), report
     assert report.stories == {K1: "ready-for-dev", K2: "ready-for-dev"} and len(report.batches) == 1, report
