@@ -338,19 +338,23 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
         # Under the lock: another call for the story (an attempt left running by a Slave that ended, the Master
         # finishing its merge) may have merged it and cleared its branch meanwhile.
         if record.exists() and await _merge_recorded_holds(inp):
-            return FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
-        result = await _squash_and_merge(inp)
-        if result.merged:
+            # Merged before: by an attempt that stopped before its track was cleared, or in an earlier run of
+            # a reused sprint id (this run added nothing). Its track is cleared as after the merge itself.
+            result = FinishStoryResult.model_validate(json.loads(record.read_text(encoding="utf-8")))
+        else:
+            result = await _squash_and_merge(inp)
+            if not result.merged:
+                return result
             write_json_atomic(record, result.model_dump(mode="json"))
-            branch = story_branch(inp.session_id, inp.story_key)
-            if inp.clear_track:
-                cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
-                activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
-            elif (tip := await _commit_of(inp.project_root, f"refs/heads/{branch}")) is not None:
-                # The kept branch is merged up to here: the story run again on it (a reused sprint id) squashes
-                # and merges only what it adds, not this work a second time (a conflict with itself).
-                write_json_atomic(_story_base_record(inp.project_root, inp.session_id, inp.story_key),
-                                  {"story": inp.story_key, "base": tip})
+        branch = story_branch(inp.session_id, inp.story_key)
+        if inp.clear_track:
+            cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
+            activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")
+        elif (tip := await _commit_of(inp.project_root, f"refs/heads/{branch}")) is not None:
+            # The kept branch is merged up to here: the story run again on it (a reused sprint id) squashes
+            # and merges only what it adds, not this work a second time (a conflict with itself).
+            write_json_atomic(_story_base_record(inp.project_root, inp.session_id, inp.story_key),
+                              {"story": inp.story_key, "base": tip})
     return result
 
 

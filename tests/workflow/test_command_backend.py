@@ -234,6 +234,10 @@ async def test_a_finish_retried_after_a_crash_at_any_step_merges_the_story(
     assert result.merged and result.squashed, result.note
     assert set(changed) <= set(git(root, "ls-files").split())
     assert git(root, "log", "-1", "--format=%s", "--no-merges").strip() == "feat: Story 1.1: Hello"
+    # Its track is cleared, even when the crash came after the merge was recorded (the retry was answered by
+    # the record and left the worktree and the branch behind).
+    assert not worktree_path(str(root), "s1", STORY).exists()
+    assert git(root, "branch", "--list", f"bso/s1/{STORY}").strip() == ""
 
 
 async def test_a_squash_an_older_worker_left_half_done_is_finished_from_the_originals(tmp_path: Path) -> None:
