@@ -155,6 +155,9 @@ PATCH_CANCEL_WRITES_SUMMARY = "master-cancel-writes-summary"
 # A batch that ended abnormally has the stories rearmed out of it while it ran in its result (their agents and
 # tokens were lost from the report and the sprint's total).
 PATCH_ABNORMAL_COUNTS_REARMED = "master-abnormal-batch-counts-rearmed-tokens"
+# A Slave counts its own working time against slave_timeout_seconds (PATCH_WORKING_TIME_LIMIT): no execution
+# timeout, which ran on while the batch was paused or waited for a human and killed it with its agent in flight.
+PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT = "master-slave-without-execution-timeout"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -1010,7 +1013,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 SprintSlaveWorkflow.run,
                 slave_input,
                 id=slave_id,
-                execution_timeout=timedelta(seconds=s.config.slave_timeout_seconds),
+                execution_timeout=None
+                if workflow.patched(PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT)
+                else timedelta(seconds=s.config.slave_timeout_seconds),
                 task_timeout=CHILD_WORKFLOW_TASK_TIMEOUT,
                 static_summary=f"Batch {spec.batch_id} of sprint {s.session_id}: {', '.join(spec.stories)}",
                 search_attributes=TypedSearchAttributes(

@@ -144,6 +144,12 @@ PATCH_REREAD_BEFORE_FIRST_AGENT = "slave-rereads-before-first-agent"
 # command backend: a done story shows `merging` until its branch is merged back, then the Master hears it again;
 # a batch held for a file it touches started once it was done, and its worktree missed the merge still running.
 PATCH_REPORTS_MERGES = "slave-reports-merges"
+# The batch's working time is bounded by slave_timeout_seconds, counted here: time paused or with a story
+# waiting for a human's decision does not count, and a batch out of time ends after the agent in flight. (The
+# Master set it as the Slave's execution timeout, which ran on through pauses, overnight decisions and sleep, and
+# killed the batch with its agent in flight.)
+PATCH_WORKING_TIME_LIMIT = "slave-working-time-limit"
+WORKING_TIME_SUMMARY = "batch working-time limit (slave_timeout_seconds)"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
 # ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
 STATUS_FILE_RETRY = RetryPolicy(
@@ -217,6 +223,8 @@ class SprintSlaveWorkflow:
         self._updates_sent_at: datetime | None = None
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
+        self._out_of_time: str | None = None  # slave_timeout_seconds of work are up: why no new dispatch
+        self._working_time_watch: asyncio.Task[None] | None = None
         self._states_read_at: datetime | None = None  # workflow time of the last read of the stories' states
         self._reports_merges = False  # PATCH_REPORTS_MERGES (command backend): done stories show `merging`
         self._merged: list[str] = []  # done stories whose branch merge has ended (merged or not)
@@ -410,6 +418,9 @@ class SprintSlaveWorkflow:
         errors: list[str] = []
         budget_exhausted = False
         self._reports_merges = inp.agent_backend == "command" and workflow.patched(PATCH_REPORTS_MERGES)
+        if workflow.patched(PATCH_WORKING_TIME_LIMIT):
+            limit = timedelta(seconds=inp.config.slave_timeout_seconds)
+            self._working_time_watch = asyncio.create_task(self._watch_working_time(limit))
         try:
             await self._refresh_states()
         except ActivityError as err:
@@ -427,6 +438,9 @@ class SprintSlaveWorkflow:
             if self._fatal is not None:
                 workflow.logger.warning("[Slave] fail_fast: %s not started", meta.key)
                 continue
+            if self._out_of_time is not None:
+                workflow.logger.warning("[Slave] out of time: %s not started", meta.key)
+                continue
             self._current = meta.key
             if is_terminal(self._progress[meta.key]) or await self._await_dependencies(meta):
                 await self._drive_story(meta)
@@ -442,6 +456,8 @@ class SprintSlaveWorkflow:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
 
+        if self._out_of_time is not None:
+            errors.append(self._out_of_time)
         self._closing = True  # a decision that came too late (shutdown) is answered as it stands
         # Only where the agents answer in their activity's result: an external agent's activity may still be
         # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
@@ -532,6 +548,9 @@ class SprintSlaveWorkflow:
 
     async def _drive_story(self, meta: StoryMeta) -> None:
         while not is_terminal(progress := self._progress[meta.key]):
+            if self._out_of_time is not None:
+                workflow.logger.warning("[Slave] out of time: %s stays %s", meta.key, progress.state)
+                return
             if progress.awaiting_decision:
                 if not await self._await_decision(progress):
                     return  # shutdown while waiting: the story stays where it is
@@ -604,6 +623,7 @@ class SprintSlaveWorkflow:
             self._show()
             await workflow.wait_condition(
                 lambda: self._shutdown
+                or self._out_of_time is not None
                 or (c := check_dependencies(meta.depends_on, self._dependency_states(meta))).ready
                 or c.blocked_by is not None
             )
@@ -613,8 +633,8 @@ class SprintSlaveWorkflow:
             dep, state = check.blocked_by
             await self._commit(self._progress[meta.key], skipped_for_dependency(self._progress[meta.key], dep, state))
             return False
-        if not check.ready:  # shutdown while waiting: the story was never started
-            workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
+        if not check.ready:  # shutdown (or out of time) while waiting: the story was never started
+            workflow.logger.info("[Slave] %s: %s not started", "shutdown requested" if self._shutdown else "out of time", meta.key)
             return False
         return True
 
@@ -1022,6 +1042,38 @@ class SprintSlaveWorkflow:
             if key != besides and not progress.started and not is_terminal(progress)
         }
 
+    # --- working time ----------------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """Time that does not count against the batch's working time: paused, or a story waits for a human."""
+        return self._paused or any(p.awaiting_decision for p in self._progress.values())
+
+    async def _watch_working_time(self, limit: timedelta) -> None:
+        """Sets `_out_of_time` once the batch has worked `limit` (slave_timeout_seconds), idle time not counted.
+        One timer at a time, left to fire (never cancelled, as the story updates' hold): a batch that ends
+        within its limit costs one timer."""
+        worked = timedelta(0)
+        timer: asyncio.Task[None] | None = None
+        while not self._closing:
+            if self._idle():
+                await workflow.wait_condition(lambda: not self._idle() or self._closing)
+                continue
+            since = workflow.now()
+            if timer is None or timer.done():
+                timer = asyncio.create_task(workflow.sleep(limit - worked, summary=WORKING_TIME_SUMMARY))
+            pending = timer
+            await workflow.wait_condition(lambda: pending.done() or self._idle() or self._closing)
+            worked += workflow.now() - since
+            if worked >= limit and not self._closing:
+                self._out_of_time = (
+                    f"batch {self._input.batch_id} out of time: it worked {int(limit.total_seconds())} s "
+                    "(slave_timeout_seconds; time paused or waiting for a decision not counted); no agent was "
+                    "started after it, and the stories not finished keep their state"
+                )
+                workflow.logger.warning("[Slave] %s", self._out_of_time)
+                self._show()
+                return
+
     # --- visibility ----------------------------------------------------------------------------
 
     def _merges_back(self, progress: StoryProgress) -> bool:
@@ -1094,6 +1146,7 @@ class SprintSlaveWorkflow:
             f"**Batch {self._input.batch_id}** of `{self._input.session_id}`"
             + (" (shutting down)" if self._shutdown else "")
             + (" (paused: no new dispatch)" if self._paused else "")
+            + (" (out of time: no new dispatch)" if self._out_of_time else "")
             + (f" ({self._current} waits for {', '.join(self._waiting_for)})" if self._waiting_for else "")
             + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
             + "\n".join(rows)

@@ -23,7 +23,7 @@ from bso.messages import AgentComplete, TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.conftest import bso_worker
 from tests.workflow.helpers import ledger, make_project, run_sprint, sprint_input, status_values, workflow_task_failures
-from workflows.sprint_slave import STORY_UPDATES_HOLD_SUMMARY
+from workflows.sprint_slave import STORY_UPDATES_HOLD_SUMMARY, WORKING_TIME_SUMMARY
 
 K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile"
 
@@ -41,9 +41,11 @@ async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_p
     signals = [e.workflow_execution_signaled_event_attributes.signal_name for e in slave.events
                if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
     assert "agent_complete" not in signals
-    # No deadline timer per dispatch: the only timers hold story updates for the Master (at most one a second).
-    timers = [e for e in slave.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    assert all(STORY_UPDATES_HOLD_SUMMARY.encode() in e.user_metadata.summary.data for e in timers), timers
+    # No deadline timer per dispatch: the timers hold story updates for the Master (at most one a second), and
+    # one counts the batch's working time.
+    timers = [e.user_metadata.summary.data for e in slave.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert sum(WORKING_TIME_SUMMARY.encode() in t for t in timers) == 1, timers
+    assert all(STORY_UPDATES_HOLD_SUMMARY.encode() in t or WORKING_TIME_SUMMARY.encode() in t for t in timers), timers
     writes = [e for e in slave.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert len(writes) >= 5  # the status load; K2: dev then review; K1, K3: review (local activities)
     # The Slave's only activities are its agents, and simulated agents run on the sprint's own queue (where
