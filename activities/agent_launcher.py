@@ -5,7 +5,11 @@ recorded durably even when the worker that started it is gone (killed hard while
 
 SPEC_JSON: `run_dir`; `stdin` (a file given to the agent as its stdin, or null); `secret_keys` (the names of the
 env variables whose values are redacted from the transcript); `record` (what pid.json and exit.json carry besides
-the process facts: dispatch id, workflow run id, attempt, the commit before the agent...).
+the process facts: dispatch id, workflow run id, attempt, the commit before the agent...); `deadline_seconds` and
+`kill_grace_seconds` (optional): past the deadline the launcher stops the agent itself (SIGTERM to the group, the
+grace, SIGKILL), records the timeout and ends the group with itself. The worker's activity holds the agent to
+its timeout before that; the launcher's deadline is the backstop for an agent whose worker was killed hard and
+that no retry adopts.
 
 It writes `pid.json` before the agent starts, pumps the agent's stdout and stderr (secrets redacted) into
 `stdout.log` and `stderr.log` itself (no pipe to the worker: an orphaned agent neither dies of SIGPIPE nor loses
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -58,6 +63,17 @@ def pump(stream, path: Path, redact, last: list[str]) -> None:
                 last[0] = text.strip()[:LAST_LINE_CHARS]
 
 
+def stop_agent(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the group (the launcher itself ignores it), up to `grace` for the agent to exit, then SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     command = argv[1:]
@@ -69,6 +85,7 @@ def main(argv: list[str]) -> int:
         run_dir / "pid.json", {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
     )
     last = [""]
+    timed_out = False
     stdin = open(spec["stdin"], "rb") if spec.get("stdin") else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -85,14 +102,22 @@ def main(argv: list[str]) -> int:
             t.start()
         if stdin is not subprocess.DEVNULL:
             stdin.close()
-        returncode = proc.wait()
-        deadline = time.monotonic() + 10  # a child the agent left behind may hold its output open
+        try:
+            returncode = proc.wait(timeout=spec.get("deadline_seconds"))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
+            returncode = None
+        deadline = time.monotonic() + (0 if timed_out else 10)  # a child the agent left behind may hold its output open
         for t in pumps:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
     write_json_atomic(
         run_dir / "exit.json",
-        {**record, "returncode": returncode, "timed_out": False, "elapsed": time.time() - started, "last_line": last[0]},
+        {**record, "returncode": returncode, "timed_out": timed_out, "elapsed": time.time() - started,
+         "last_line": last[0]},
     )
+    if timed_out:  # what the agent left behind in the group goes too, the launcher with it (its record is written)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     return 0
 
 

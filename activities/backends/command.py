@@ -54,7 +54,7 @@ from activities.git_ops import (
     verify,
 )
 from activities.process import group_alive, kill_group, kill_group_now, machine_id
-from activities.session_files import file_written_at, safe_name, session_path, write_json_atomic
+from activities.session_files import SESSION_DIR, file_written_at, safe_name, session_path, write_json_atomic
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
@@ -86,6 +86,9 @@ from bso.states import AgentMode, AgentStatus, AgentType, Severity
 
 LAST_LINE_CHARS = 300
 LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
+# The launcher holds its agent to the timeout itself this long after the activity would have: a backstop for an
+# agent whose worker was killed hard and whose dispatch no retry adopts (its deadline passed, another host).
+LAUNCHER_BACKSTOP_SECONDS = 60
 TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 
@@ -171,6 +174,8 @@ async def _run_process(
         "stdin": str(stdin_file) if stdin_file else None,
         "secret_keys": sorted(k for k in env if is_secret_env_key(k)),  # names only: the values stay in env
         "record": record,
+        "deadline_seconds": timeout + LAUNCHER_BACKSTOP_SECONDS,
+        "kill_grace_seconds": agents.kill_grace_seconds,
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", str(LAUNCHER), json.dumps(spec), *argv,
@@ -305,6 +310,25 @@ def _kill_previous_attempt(run_dir: Path) -> None:
         if group_alive(pgid):  # its launcher, or what an exited launcher's agent left behind
             activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
             kill_group_now(pgid)
+
+
+def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> None:
+    """A live agent of another dispatch of this story (its worker was killed hard, and the story went on: a
+    rearm, a sprint run again) would work in the same worktree as the one about to start: it is stopped."""
+    agents = Path(project_root, SESSION_DIR, "agents")
+    for pid_file in sorted(agents.glob("*/pid.json")) if agents.is_dir() else []:
+        if pid_file.parent == run_dir or (pid_file.parent / "exit.json").exists():
+            continue
+        try:
+            data = json.loads(pid_file.read_text(encoding="utf-8"))
+            pgid = int(data["pgid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_running(pgid):
+            continue
+        activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
+                                data.get("dispatch_id"), story_key, pgid)
+        kill_group_now(pgid)
 
 
 def _keep_earlier_transcript(run_dir: Path) -> None:
@@ -465,6 +489,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
     if exited is None:
+        _kill_other_dispatches(root, a.story_key, run_dir)
         _keep_earlier_transcript(run_dir)
         before = await head(wt.path) if wt else None
     else:  # the agent finished in an earlier attempt: check its work, never run it again
@@ -547,7 +572,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         record = {
             "dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id,
             "attempt": activity.info().attempt, "before": before, "passing_before": passing_before,
-            "machine": machine_id(),
+            "machine": machine_id(), "story_key": a.story_key,
         }
         run = await _run_process(
             argv, workdir, env, prompt_file if profile.prompt_via == "stdin" else None,

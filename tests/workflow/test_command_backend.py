@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.fake_agent.project import STORY, git, make_git_project
+from tests.workflow.helpers import poll_until
 
 STORY_PATH = f"_bmad-output/implementation-artifacts/{STORY}.md"
 STORY_TEXT = (
@@ -397,22 +399,24 @@ async def test_a_retry_first_kills_the_previous_attempts_orphan(tmp_path: Path) 
 
 # Attempt 1 of the dispatch in a worker process of its own, killed with SIGKILL like a worker killed hard.
 ATTEMPT = (
-    "import asyncio, sys\n"
+    "import asyncio, os, sys\n"
     "from temporalio.testing import ActivityEnvironment\n"
     "from activities.backends import command\n"
     "from bso.messages import TaskAssignment\n"
+    "command.LAUNCHER_BACKSTOP_SECONDS = float(os.environ.get('TEST_BACKSTOP', command.LAUNCHER_BACKSTOP_SECONDS))\n"
     "asyncio.run(ActivityEnvironment().run(command.run, TaskAssignment.model_validate_json(sys.argv[1])))\n"
 )
 
 
-async def _worker_killed_while_its_agent_runs(tmp_path: Path, a: TaskAssignment) -> int:
+async def _worker_killed_while_its_agent_runs(tmp_path: Path, a: TaskAssignment, backstop: float | None = None) -> int:
     """Attempt 1 starts the agent, then its worker is killed hard (the agent, in its own process group, is
-    left running): the agent's pid."""
+    left running): the agent's pid. `backstop`: the launcher's LAUNCHER_BACKSTOP_SECONDS in that worker."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    worker = subprocess.Popen([sys.executable, "-c", ATTEMPT, a.model_dump_json()], cwd=repo)
+    env = {**os.environ, **({"TEST_BACKSTOP": str(backstop)} if backstop is not None else {})}
+    worker = subprocess.Popen([sys.executable, "-c", ATTEMPT, a.model_dump_json()], cwd=repo, env=env)
     try:
         for _ in range(300):
             if runs(tmp_path) or worker.poll() is not None:
@@ -425,6 +429,44 @@ async def _worker_killed_while_its_agent_runs(tmp_path: Path, a: TaskAssignment)
     pid = runs(tmp_path)[0]["pid"]
     assert alive(pid)  # the orphan agent runs on
     return pid
+
+
+async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its_deadline(tmp_path: Path) -> None:
+    """kill -9 of the worker while its agent works, and no retry of the dispatch comes (its deadline passed on
+    the server, or the retry runs on another host): the launcher holds the agent to its timeout itself (plus
+    the backstop) and records the timeout. It ran on with no limit."""
+    root = dev_project(
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n", FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60"
+    )
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a, backstop=1)
+    assert await gone(pid, seconds=20), "the orphan agent ran past its deadline"
+    exited = json.loads((command.run_dir_for(str(root), a.dispatch_id) / "exit.json").read_text())
+    assert (exited["timed_out"], exited["returncode"], exited["dispatch_id"]) == (True, None, a.dispatch_id)
+    done = await ActivityEnvironment().run(command.run, a)  # a late retry reports the timeout, runs nothing
+    assert done.status is AgentStatus.FAILURE and "timed out" in done.error, done.error
+    assert len(runs(tmp_path)) == 1
+
+
+async def test_an_orphan_agent_of_the_storys_earlier_dispatch_is_stopped_before_the_next_starts(tmp_path: Path) -> None:
+    """The worker of dispatch 1 is killed hard, its agent left running; the story goes on (the dispatch timed
+    out on the server; a rearm): dispatch 2 starts in the same worktree only once dispatch 1's agent is gone.
+    The two agents worked side by side."""
+    root = dev_project(
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 3\n", FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60"
+    )
+    orphan = await _worker_killed_while_its_agent_runs(tmp_path, assignment(root, n=1))
+    second = asyncio.ensure_future(ActivityEnvironment().run(command.run, assignment(root, n=2)))
+    try:
+        async def two_started() -> bool:
+            return len(runs(tmp_path)) == 2
+
+        await poll_until(two_started, "dispatch 2's agent started", timeout=30)
+        assert not alive(orphan), "dispatch 1's agent works beside dispatch 2's"
+    finally:
+        await second  # its own 3 s timeout
+        if alive(orphan):
+            os.killpg(os.getpgid(orphan), signal.SIGKILL)
 
 
 async def test_an_agent_that_finished_after_its_worker_died_is_not_run_again(tmp_path: Path) -> None:
