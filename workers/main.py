@@ -53,6 +53,10 @@ log = logging.getLogger("bso.worker")
 # sticky queue before any worker may take it (the SDK's default is 10 s, which every crash recovery paid).
 # Shorter only costs a full history replay when a busy live worker leaves a task waiting that long.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
+# An activity hears of its cancellation (a cancelled sprint's TERMINATE_DIRECTIVE) only when its heartbeat
+# reaches the server, which the SDK holds back up to 0.8 x the heartbeat timeout (48 s for an agent's 60 s):
+# the agent worked on that long after the cancel. Sent at least this often, it hears within a few seconds.
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 def build_workers(
@@ -76,6 +80,7 @@ def build_workers(
                 activities=[*SPRINT_ACTIVITIES, run_agent],
                 interceptors=[TelemetryInterceptor()],
                 sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             )
         )
     if AGENTS_TASK_QUEUE in queues:
@@ -86,6 +91,7 @@ def build_workers(
                 activities=AGENT_ACTIVITIES,
                 max_concurrent_activities=max_concurrent_agents,
                 interceptors=[TelemetryInterceptor()],
+                max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             )
         )
     return workers

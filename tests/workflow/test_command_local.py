@@ -114,6 +114,32 @@ async def test_agent_hanging_past_its_timeout_is_killed_with_its_group(local_env
     assert git(root, "rev-parse", "HEAD").strip() == base
 
 
+async def test_a_cancelled_sprint_stops_its_agent_within_seconds(local_env, tmp_path: Path) -> None:
+    """The agent hangs; the sprint is cancelled: its process group is killed within seconds. The activity heard
+    of the cancel with its next heartbeat the SDK let through, ~48 s later, and the agent worked on meanwhile."""
+    pids = tmp_path / "pids.json"
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids))
+    session = f"cmd-cancel-{uuid.uuid4().hex[:6]}"
+    async with bso_worker(local_env.client) as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(
+            root, session_id=session, agent_backend="command", config_overrides={"po_gates_enabled": False}
+        ))
+        for _ in range(600):  # the agent and the child it started are up
+            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 2:
+                break
+            await asyncio.sleep(0.1)
+        recorded = json.loads(pids.read_text())
+        await asyncio.sleep(3)  # a heartbeat or two went out before the cancel
+        await handle.cancel()
+        loop = asyncio.get_running_loop()
+        cancelled_at = loop.time()
+        while any(alive(pid) for pid in recorded) and loop.time() - cancelled_at < 30:
+            await asyncio.sleep(0.2)
+        stopped_after = loop.time() - cancelled_at
+    assert not any(alive(pid) for pid in recorded), recorded
+    assert stopped_after < 15, f"the agent ran {stopped_after:.0f}s after the cancel"
+
+
 async def test_leaked_env_file_is_refused_and_never_committed(local_env, tmp_path: Path) -> None:
     root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="leak-env")
     base = git(root, "rev-parse", "HEAD").strip()
