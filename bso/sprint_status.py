@@ -220,6 +220,12 @@ def stories_to_run(stories: list[tuple[str, str]], epic: int | str | None, story
     known = [key for key, _ in stories]
     chosen = resolve_epic(epic, known) if epic is not None else None
     wanted = set(resolve_story_keys(story_keys, known)) if story_keys else None
+    # Both given, the sprint takes the named stories of the epic: one outside it would be dropped in silence.
+    if chosen is not None and wanted and (outside := sorted(k for k in wanted if epic_key_of(k) != chosen)):
+        raise StoryKeyError(
+            f"{', '.join(outside)} not in {chosen}: with an epic, the stories named are picked among its own "
+            "(name the epic's stories, or leave the epic out)"
+        )
     return [
         key
         for key, state in stories

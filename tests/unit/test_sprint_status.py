@@ -491,6 +491,9 @@ def test_a_sprint_takes_on_the_selected_stories_that_are_not_settled():
         stories_to_run(stories, 3, [])
     with pytest.raises(StoryKeyError):
         stories_to_run(stories, None, ["9-9"])
+    # A named story outside the epic was dropped in silence ("nothing to run" when it was the only one).
+    with pytest.raises(StoryKeyError, match=r"^2-2-e not in epic-1: with an epic, the stories named are picked"):
+        stories_to_run(stories, 1, ["1-3", "2-2"])
 
 
 def test_story_file_fields_stay_on_their_line_or_their_list() -> None:
