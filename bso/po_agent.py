@@ -48,6 +48,17 @@ def expected_type(phase: PoPhase) -> str:
     return "PLAN_SUBMISSION" if phase == "plan" else "COMPLETION_REPORT"
 
 
+# The messages a dev agent writes as its answer in the PO phases; BSO reads them from its result file.
+AGENT_ANSWER_TYPES = ("PLAN_SUBMISSION", "COMPLETION_REPORT", "BLOCKED_NOTIFICATION")
+
+
+def with_read_time(raw: dict[str, Any], at: datetime) -> dict[str, Any]:
+    """An agent's answer without a timestamp takes the time BSO read it (the agent need not write one)."""
+    if raw.get("message_type") in AGENT_ANSWER_TYPES and "timestamp" not in raw:
+        return {**raw, "timestamp": at.isoformat()}
+    return raw
+
+
 def template_name(phase: PoPhase) -> str:
     return PLAN_TEMPLATE if phase == "plan" else COMPLETION_TEMPLATE
 
@@ -188,7 +199,7 @@ def parse_po_answer(raw: dict[str, Any], phase: PoPhase, at: datetime) -> PoAnsw
             "action": f"Please resubmit a {wanted}",
         }
         return PoAnswer(kind="invalid", failure=failure, error_message=error)
-    msg = raw if "timestamp" in raw else {**raw, "timestamp": at.isoformat()}
+    msg = with_read_time(raw, at)
     try:
         parsed = parse_message(msg)
     except ValidationError as err:

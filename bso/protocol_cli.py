@@ -7,6 +7,7 @@ Mounted by the main CLI as `bso protocol`; also runnable on its own:
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from bso.po_agent import with_read_time
 from bso.messages import (
     MESSAGE_ADAPTER,
     MESSAGE_CLASSES,
@@ -78,8 +80,10 @@ def validate(
     except (OSError, UnicodeDecodeError, YAMLError, ValueError) as err:
         typer.echo(f"cannot read {file}: {err}", err=True)
         raise typer.Exit(2) from None
+    # As the sprint reads an agent's answer: a missing timestamp is the time it is read.
+    read = with_read_time(raw, datetime.now(UTC)) if isinstance(raw, dict) else raw
     try:
-        message = parse_message(raw)
+        message = parse_message(read)
     except ValidationError as err:
         if po_error:
             typer.echo(json.dumps(invalid_message(raw, err), indent=2))
@@ -91,7 +95,8 @@ def validate(
             for item in rendered.errors:
                 typer.echo(f"  {item.field}: {item.error}")
         raise typer.Exit(1) from None
-    typer.echo(f"OK {message.type} {message.id or ''}".rstrip())
+    filled = " (no timestamp: BSO takes the time it reads the answer)" if read is not raw else ""
+    typer.echo(f"OK {message.type} {message.id or ''}".rstrip() + filled)
 
 
 if __name__ == "__main__":

@@ -109,3 +109,22 @@ def test_validate_takes_an_agent_answer_as_the_agent_complete_signal_carries_it(
     bad.write_text(json.dumps({**answer, "status": "bogus"}))
     result = runner.invoke(protocol_app, ["validate", str(bad)])
     assert result.exit_code == 1 and "status: invalid value: bogus" in result.output, result.output
+
+
+def test_validate_takes_an_agent_po_answer_without_timestamp_as_the_sprint_does(tmp_path: Path) -> None:
+    """A dev agent's PLAN_SUBMISSION / COMPLETION_REPORT may leave out its timestamp (the sprint takes the time it
+    reads the answer): validate said `timestamp: required field missing` of what the sprint accepted."""
+    from tests.unit import message_examples as ex
+
+    for kind in ("PLAN_SUBMISSION", "COMPLETION_REPORT"):
+        answer = {k: v for k, v in ex.PO[kind].items() if k != "timestamp"}
+        path = tmp_path / f"{kind}.json"
+        path.write_text(json.dumps(answer))
+        result = runner.invoke(protocol_app, ["validate", str(path)])
+        assert result.exit_code == 0 and result.output.startswith(f"OK {kind}"), result.output
+        assert "no timestamp: BSO takes the time it reads the answer" in result.output
+    # Other messages still need theirs (BSO writes them itself).
+    directive = tmp_path / "go.json"
+    directive.write_text(json.dumps({k: v for k, v in ex.PO["GO_DIRECTIVE"].items() if k != "timestamp"}))
+    result = runner.invoke(protocol_app, ["validate", str(directive)])
+    assert result.exit_code == 1 and "timestamp: required field missing" in result.output, result.output
