@@ -447,6 +447,8 @@ class ResidentWorkflow:
             )
         scripted = list(self._script.for_story(request.story_key).debug)
         outcome = scripted[request.attempt - 1] if request.attempt <= len(scripted) else "unfixable"
+        if not request.session_id:  # sent by hand: its journal section is named after this sprint
+            request = request.model_copy(update={"session_id": self._input.session_id})
         try:
             return await self._in_hand_until_done(workflow.start_activity(
                 analyze_failure,

@@ -260,3 +260,32 @@ async def _analysis_pending(handle) -> bool:
 async def _ready(host) -> bool:
     return (await host.query(ResidentHost.seen)).ready == ["debugger"]
 
+
+
+async def test_a_debug_request_by_hand_is_journalled_under_the_sprint(local_env, tmp_path: Path):
+    """The README's DEBUG_REQUEST by hand carries no session_id: its journal section was `## DBG-001-sprint` with
+    an empty `- session:` line; it is named after the resident's sprint."""
+    session, prefix = f"by-hand-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
+    host_queue = f"host-{uuid.uuid4().hex[:8]}"
+    debugger = local_env.client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+    request = DebugRequest(debug_id="DBG-001", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
+        async with bso_worker(local_env.client, queue_prefix=prefix):
+            host = await local_env.client.start_workflow(
+                ResidentHost.run,
+                HostInput(session_id=session, project_root=str(tmp_path), roles=["debugger"],
+                          resident_task_queue=prefix + SPRINT_TASK_QUEUE),
+                id=f"{session}-host",
+                task_queue=host_queue,
+            )
+            await poll_until(lambda: _ready(host), "the debugger up")
+            await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json", exclude={"session_id"}))
+
+            async def answered() -> bool:
+                return (await host.query(ResidentHost.seen)).answers["debug"] == ["DBG-001"]
+
+            await poll_until(answered, "the DEBUG_RESULT")
+            await host.signal(ResidentHost.finish)
+            await asyncio.wait_for(host.result(), 60)
+    text = journal(tmp_path)
+    assert f"## DBG-001-{session}\n" in text and f"- session: {session}\n" in text, text
