@@ -146,6 +146,12 @@ class SprintConfig(_Knobs):
     def strictness(self) -> Strictness:
         return Strictness(self.review_strictness)
 
+    def research_limits(self) -> KnowledgeResearch:
+        """The researcher's limits: a call is held to the lower of `knowledge_research.call_timeout_seconds` and
+        the module's `agent_timeout_seconds.knowledge_research` (set either, the call keeps to it)."""
+        timeout = min(self.knowledge_research.call_timeout_seconds, self.agent_timeout_seconds.knowledge_research)
+        return self.knowledge_research.model_copy(update={"call_timeout_seconds": timeout})
+
 
 class ConfigError(ValueError):
     """A config override that cannot be honoured; the message names every bad knob."""

@@ -537,7 +537,7 @@ class RosterKeeper:
                     agent_backend=backend,
                     fail_start=role in simulation.residents_fail_start,
                     start_delay_seconds=RESIDENT_SLOW_START_SECONDS if role in simulation.residents_slow_start else 0,
-                    knowledge_research=s.config.knowledge_research,
+                    knowledge_research=s.config.research_limits(),
                     e2e_live_base_url=s.config.e2e_live_base_url,
                     continue_as_new_after_events=resident_handover_limit(s.config),
                 ),

@@ -103,6 +103,14 @@ def test_slave_timeout_default(defaults):
     assert defaults.slave_timeout_seconds == 5400
 
 
+def test_a_research_call_keeps_to_the_lower_of_its_two_timeouts(defaults):
+    assert defaults.research_limits().call_timeout_seconds == 600
+    lower = defaults.model_copy(update={"agent_timeout_seconds": defaults.agent_timeout_seconds.model_copy(update={"knowledge_research": 90})})
+    assert lower.research_limits().call_timeout_seconds == 90
+    call = defaults.knowledge_research.model_copy(update={"call_timeout_seconds": 30})
+    assert defaults.model_copy(update={"knowledge_research": call}).research_limits().call_timeout_seconds == 30
+
+
 def test_resident_slot_defaults(defaults):
     r = defaults.resident_slots
     assert r.scrum_master is True

@@ -63,3 +63,20 @@ async def test_research_cache_budget_and_restart(ts_env, tmp_path: Path):
         assert hit.status == "cached" and hit.calls_used == 3
         await handle.signal(SprintMasterWorkflow.resume, {})
         await sprint_result(handle)
+
+
+async def test_the_modules_research_timeout_bounds_each_call(ts_env, tmp_path: Path):
+    """`agent_timeout_seconds.knowledge_research` was accepted and ignored: only
+    `knowledge_research.call_timeout_seconds` held a call. The lower of the two holds now."""
+    import json
+
+    make_project(tmp_path, {K1: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle, kr = await held_sprint(
+            ts_env.client, queue, tmp_path, "kr-timeout", {"agent_timeout_seconds.knowledge_research": 120}
+        )
+        started = (await kr.fetch_history()).events[0].workflow_execution_started_event_attributes
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        await sprint_result(handle)
+    resident_input = json.loads(started.input.payloads[0].data)
+    assert resident_input["knowledge_research"]["call_timeout_seconds"] == 120
