@@ -255,6 +255,19 @@ def resolve_profile(agents: AgentsFile, agent_type: AgentType, mode: AgentMode) 
     )
 
 
+def profile_errors(agents: AgentsFile, steps: list[tuple[AgentType, AgentMode]]) -> list[str]:
+    """What `resolve_profile` refuses for each of a sprint's dispatch steps, once each: checked before the
+    sprint starts, a bad reviewer profile is not found at the first review, after the dev work it wasted."""
+    errors: list[str] = []
+    for agent_type, mode in steps:
+        try:
+            resolve_profile(agents, agent_type, mode)
+        except AgentProfileError as err:
+            if str(err) not in errors:
+                errors.append(str(err))
+    return errors
+
+
 def dispatch_session_id(dispatch_id: str) -> str:
     """A fresh, per-dispatch session id (UUID-shaped) for `{session_id}`: no two dispatches share one (P30)."""
     h = hashlib.sha256(dispatch_id.encode()).hexdigest()

@@ -74,7 +74,8 @@ from bso.message_flow import (
 )
 from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
-from bso.dispatch import unknown_values, unknown_values_message
+from bso.agent_profiles import PROFILES_FILES, AgentProfileError, AgentsFile, parse_agents_file, profile_errors
+from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import (
@@ -767,6 +768,23 @@ def _check_selection(
         raise BsoError(unknown_values_message(unknown, "fix the file, then start the sprint"))
 
 
+def _check_agent_profiles(root: Path) -> None:
+    """command backend: the project's agents file parses and gives every agent and mode a usable profile (the
+    worker reads the same file at each dispatch)."""
+    for rel in PROFILES_FILES:
+        path = root / rel
+        if path.is_file():
+            try:
+                agents = parse_agents_file(path.read_text(encoding="utf-8"), str(path))
+            except (AgentProfileError, OSError, UnicodeDecodeError) as err:
+                raise BsoError(f"{err} (fix it, then start the sprint)") from None
+            break
+    else:
+        agents = AgentsFile()
+    if errors := profile_errors(agents, list(SCRIPT_KEYS)):
+        raise BsoError(f"{'; '.join(errors)} (fix the agents file, then start the sprint)")
+
+
 def new_sprint_id() -> str:
     return f"sprint-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -870,6 +888,8 @@ def sprint_start(
                 detail = describe_validation_error(e) if isinstance(e, ValidationError) else str(e)
                 raise BsoError(f"--simulation {simulation}: {detail}") from None
         _check_selection(status_path, epic, story or [], named)
+        if backend == AgentBackend.COMMAND:
+            _check_agent_profiles(root)
         sid = sprint_id or new_sprint_id()
         inp = SprintInput(
             project_root=str(root),

@@ -291,6 +291,21 @@ def test_error_paths(cli_env, tmp_path: Path):
     assert "no agent starts from the state of 1-3-c: 'wip'" in line and "ready-for-dev" in line, line
     assert "1-3-c: wip" in settled_status.read_text(encoding="utf-8")
     _one_line_error(bso(cli_env, "messages", "x", "--type", "NOT_A_TYPE"))
+    # command backend: a reviewer profile that would resume a session (P30) is refused before any agent works
+    # (it was found at the story's first review, the dev work done), as is an agents file that does not parse.
+    agents = project / ".bso" / "agents.toml"
+    agents.parent.mkdir(exist_ok=True)
+    agents.write_text(
+        '[profiles.resumer]\nargv = ["claude", "--resume", "-p"]\n[agents.review-runner]\nprofile = "resumer"\n',
+        encoding="utf-8",
+    )
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "command", "--story", "1-2"))
+    assert "profile 'resumer' for review-runner: '--resume' would resume" in line, line
+    assert "fix the agents file, then start the sprint" in line, line
+    agents.write_text("[profiles.broken\n", encoding="utf-8")
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "command", "--story", "1-2"))
+    assert "agents.toml" in line and "fix it, then start the sprint" in line, line
+    agents.unlink()
     broken_status = project / DEFAULT_STATUS_FILE  # refused before anything starts, with the file's line
     broken_status.write_text(broken_status.read_text(encoding="utf-8") + "  9-9-half-typed: [unclosed\n", encoding="utf-8")
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "1-2"))
