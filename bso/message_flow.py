@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from temporalio.api.common.v1 import Payloads
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, SignalExternalWorkflowExecutionFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
@@ -26,6 +26,8 @@ from bso.constants import (
     SIGNAL_BROWSER_RESULT,
     SIGNAL_DEBUG_REQUEST,
     SIGNAL_DEBUG_RESULT,
+    SIGNAL_DECISION,
+    SIGNAL_DEPENDENCY_UPDATE,
     SIGNAL_PAUSE,
     SIGNAL_PLAN_REQUEST,
     SIGNAL_PLAN_RESULT,
@@ -38,8 +40,11 @@ from bso.constants import (
     SIGNAL_STOP_NOW,
     SIGNAL_STORY_UPDATE,
     SIGNAL_STORY_UPDATES,
+    UPDATE_BROWSE,
+    UPDATE_RESEARCH,
 )
 from bso.debugging import DebugRequest, DebugResult
+from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, check_waiting_decision
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
     answer_mismatch,
@@ -51,6 +56,7 @@ from bso.messages import (
     MASTER_SIGNALS,
     RejectedMessage,
     TerminateDirectivePayload,
+    describe_validation_error,
     rejected_invalid,
     unknown_signal_to_sprint,
 )
@@ -112,6 +118,12 @@ _RESIDENT_OF_SIGNAL = {
     SIGNAL_RESEARCH_RESULT: "knowledge-researcher",
     SIGNAL_BROWSER_RESULT: "e2e-live",
 }
+
+# A resident's answers it signals to a request's `report_to` (its own history shows them: the recipient may be
+# any workflow, with no handler for them); its debug and plan answers are read from the Slave's and Master's.
+_RESULT_SIGNALS = {SIGNAL_RESEARCH_RESULT: "RESEARCH_RESULT", SIGNAL_BROWSER_RESULT: "BROWSER_RESULT"}
+# The updates an agent asks a resident with (one call: the request accepted, its answer the completion).
+_RESIDENT_UPDATES = {UPDATE_RESEARCH: "RESEARCH", UPDATE_BROWSE: "BROWSER"}
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
 
@@ -702,6 +714,10 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 }
                 reason = _invalid("DEBUG_RESULT", DebugResult, decode(attrs.input))  # the Slave's debug_result
                 add(event, **(_rejected(fields, reason) if reason else fields))
+            elif attrs.signal_name == SIGNAL_DEPENDENCY_UPDATE:
+                add(event, **_dependency_update(decode(attrs.input), me))
+            elif attrs.signal_name == SIGNAL_DECISION:
+                add(event, **_decision(decode(attrs.input), me))
         elif et == EventType.EVENT_TYPE_TIMER_STARTED and arming and not event.user_metadata.HasField("summary"):
             # The deadline of a dispatch answered by the agent itself (the story-updates hold timer has a summary).
             timers[event.timer_started_event_attributes.timer_id] = arming.pop(0)
@@ -725,6 +741,45 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     for answered_event, _, value in deferred:  # a history that ends inside a workflow task
         answer(answered_event, value)
     return sorted(out, key=lambda m: m.event_id)
+
+
+def _dependency_update(states: Any, slave: str) -> dict[str, Any]:
+    """The Master's DEPENDENCY_UPDATE to a Slave (`{story key: state}`), as the Slave's dependency_update judged it."""
+    fields = {
+        "type": "DEPENDENCY_UPDATE",
+        "sender": MASTER,
+        "recipient": slave,
+        "detail": _brief(states),
+        "payload": _as_payload(states) if states is not None else {},
+    }
+    if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
+        return _rejected(fields, "expected an object of story key: state")  # the Slave's own reason
+    return {**fields, "detail": _cut(", ".join(f"{k}: {v}" for k, v in states.items()), 160)}
+
+
+def _decision(request: Any, slave: str) -> dict[str, Any]:
+    """A human decision the Master forwarded to a Slave (the `decision` signal), as the Slave's handler judged
+    what it can tell from the message alone: its shape, and whether the decision answers a waiting story at all
+    (whether that story is waiting for one is the Slave's state, in no history event)."""
+    value = _dict(request)
+    state = value.get("state")
+    fields = {
+        "type": "DECISION",
+        "sender": MASTER,
+        "recipient": slave,
+        "story": value.get("story_key"),
+        "detail": _cut(f"{value.get('decision', '?')}" + (f" -> {state}" if state else ""), 120),
+        "payload": _as_payload(request) if request is not None else {},
+    }
+    try:
+        parsed = DecisionRequest.model_validate(request)
+        if parsed.decision not in WAITING_DECISIONS:
+            check_waiting_decision(parsed, None)  # raises for the decision before it looks at the story
+    except ValidationError as err:
+        return _rejected(fields, describe_validation_error(err))  # as the Slave's decision handler records it
+    except DecisionError as err:
+        return _rejected(fields, str(err))
+    return fields
 
 
 def _rejected(fields: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -804,11 +859,76 @@ def _local_status_write(event: HistoryEvent) -> dict[str, Any] | None:
 
 
 def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
-    """What a resident received: the Master's broadcasts and stop, and the requests agents and Slaves sent."""
+    """What a resident received: the Master's broadcasts and stop, and the requests agents and Slaves sent (by
+    signal, or by the `research` / `browse` update); and the research and browser answers it sent back."""
     role = workflow_id.rsplit("/resident-", 1)[-1]
     out: list[FlowMessage] = []
+    sent: dict[int, int] = {}  # initiated event id -> index in out (an answer signalled to its report_to)
+    asked: dict[int, tuple[str, str, Any]] = {}  # accepted update's event id -> (kind, requester, story)
+
+    def add(event: HistoryEvent, **fields: Any) -> None:
+        out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
+
     for event in events:
-        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+        et = event.event_type
+        if et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            attrs = event.signal_external_workflow_execution_initiated_event_attributes
+            if attrs.signal_name in _RESULT_SIGNALS:
+                value = _dict(decode(attrs.input))
+                sent[event.event_id] = len(out)
+                add(
+                    event,
+                    type=_RESULT_SIGNALS[attrs.signal_name],
+                    sender=role,
+                    recipient=_party(attrs.workflow_execution.workflow_id or "?"),
+                    story=value.get("story_key"),
+                    detail=_result_detail(value),
+                    payload=value,
+                )
+            continue
+        if et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED:
+            # Not delivered (the requester is gone): `deliver` tries again, each try its own message.
+            attrs = event.signal_external_workflow_execution_failed_event_attributes
+            if attrs.initiated_event_id in sent:
+                i = sent[attrs.initiated_event_id]
+                causes = {number: name for name, number in SignalExternalWorkflowExecutionFailedCause.items()}
+                cause = causes.get(attrs.cause, str(attrs.cause))
+                cause = cause.removeprefix("SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_").lower().replace("_", " ")
+                out[i] = out[i].model_copy(update={"detail": _cut(f"{out[i].detail} (not delivered: {cause})", 200)})
+            continue
+        if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name not in _RESIDENT_UPDATES:
+                continue
+            kind = _RESIDENT_UPDATES[request.input.name]
+            value = _dict(decode(request.input.args))  # its validator let it in: a valid request
+            requester = _party(str(value.get("requested_by") or value.get("agent_type") or "agent"))
+            asked[event.event_id] = (kind, requester, value.get("story_key"))
+            add(
+                event,
+                type=f"{kind}_REQUEST",
+                sender=requester,
+                recipient=role,
+                story=value.get("story_key"),
+                detail=_request_detail(value),
+                payload=value,
+            )
+            continue
+        if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            attrs = event.workflow_execution_update_completed_event_attributes
+            if attrs.accepted_event_id not in asked:
+                continue
+            kind, requester, story = asked.pop(attrs.accepted_event_id)
+            if attrs.outcome.HasField("failure"):
+                value = {}
+                detail = _cut("failed: " + " ".join(attrs.outcome.failure.message.split()), 200)
+            else:
+                value = _dict(decode(attrs.outcome.success))
+                detail = _result_detail(value)
+            add(event, type=f"{kind}_RESULT", sender=role, recipient=requester, story=value.get("story_key", story),
+                detail=detail, payload=value)
+            continue
+        if et != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             continue
         attrs = event.workflow_execution_signaled_event_attributes
         value = _dict(decode(attrs.input))
@@ -822,25 +942,37 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             detail = ", ".join(f"{len(v)} {k}" for k, v in roster.items() if isinstance(v, list))
         elif value.get("error_summary"):
             detail = _cut(str(value["error_summary"]), 120)
+        elif attrs.signal_name in (SIGNAL_RESEARCH_REQUEST, SIGNAL_BROWSER_REQUEST):
+            detail = _request_detail(value)
         fields: dict[str, Any] = {"detail": detail}
         if attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
             msg_type, model = _RESIDENT_MODELS[attrs.signal_name]
             reason = _invalid(msg_type, model, decode(attrs.input))
             fields = _rejected(fields, reason) if reason else fields
-        out.append(
-            FlowMessage(
-                time=_time(event),
-                workflow_id=workflow_id,
-                event_id=event.event_id,
-                type=attrs.signal_name.upper(),
-                sender=sender,
-                recipient=role,
-                story=value.get("story_key"),
-                payload=value,
-                **fields,
-            )
+        add(
+            event,
+            type=attrs.signal_name.upper(),
+            sender=sender,
+            recipient=role,
+            story=value.get("story_key"),
+            payload=value,
+            **fields,
         )
     return out
+
+
+def _request_detail(value: dict[str, Any]) -> str:
+    """A research or browser request on one line: its id and question (query, or operation and url)."""
+    what = value.get("query") if "query" in value else " ".join(str(value[k]) for k in ("operation", "url") if value.get(k))
+    return _cut(f"{value.get('request_id', '?')}: " + " ".join(str(what or "").split()), 120)
+
+
+def _result_detail(value: dict[str, Any]) -> str:
+    """A research or browser answer on one line: its id, status and answer (or error)."""
+    said = value.get("error") or value.get("answer") or (json.dumps(value["result_data"], default=str)
+                                                          if value.get("result_data") else "")
+    said = " ".join(str(said).split())
+    return _cut(f"{value.get('request_id', '?')}: {value.get('status', '?')}" + (f": {_cut(said, 100)}" if said else ""), 160)
 
 
 def message_flow(histories: Iterable[WorkflowHistory]) -> list[FlowMessage]:

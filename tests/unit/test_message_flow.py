@@ -7,9 +7,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from temporalio.api.common.v1 import ActivityType, Payloads, WorkflowType
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.common.v1 import ActivityType, Payloads, WorkflowExecution, WorkflowType
+from temporalio.api.enums.v1 import EventType, SignalExternalWorkflowExecutionFailedCause
+from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.update.v1 import Input, Meta, Outcome, Request
 from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 
@@ -401,3 +403,118 @@ def test_an_answer_naming_another_agent_is_rejected_where_the_slave_applied_that
     (answer,) = [m for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
     expected = "agent_type/mode story-reviewer/review does not match dispatch (dev-runner/dev)" if patched else None
     assert answer.rejected == expected, answer
+
+
+# --- what the Master tells a Slave besides its batch, and the residents' research and browser answers -------
+
+
+def test_the_masters_dependency_updates_and_decisions_reach_the_slave():
+    """`--type DEPENDENCY_UPDATE` / `--type DECISION` found nothing: the Slave's history shows both, from the
+    Master; a payload the Slave's handler refuses is marked with its reason, and never breaks the flow."""
+    h = _History("s/batch-2", "SprintSlaveWorkflow")
+    h.task()
+    h.signal("dependency_update", {"1-1-login": "done", "1-2-logout": "unfinished:needs-intervention"})
+    h.signal("dependency_update", {f"9-{n}-a-rather-long-story-key": "done" for n in range(20)})
+    h.signal("dependency_update", {"1-1-login": 5})
+    h.signal("dependency_update", ["1-1-login", "done"])
+    h.signal("decision", {"story_key": "2-1-signup", "decision": "force_pass", "note": "good enough"})
+    h.signal("decision", {"story_key": "2-1-signup", "decision": "rearm", "state": "review"})
+    h.signal("decision", {"story_key": "2-1-signup", "decision": "maybe"})
+    h.signal("decision", "force_pass")
+    h.task()
+    flow = message_flow([h.history()])
+    assert {m.type for m in flow} <= set(MESSAGE_TYPES)
+    assert all((m.sender, m.recipient, m.batch_id) == ("sprint-master", "slave-batch-2", 2) for m in flow)
+    deps = filter_messages(flow, types=["dependency_update"])
+    assert [m.detail for m in deps[:1]] == ["1-1-login: done, 1-2-logout: unfinished:needs-intervention"]
+    assert len(deps[1].detail) == 160 and deps[1].detail.endswith("...") and len(deps[1].payload) == 20
+    assert [m.rejected for m in deps] == [None, None, *["expected an object of story key: state"] * 2]
+    assert deps[2].payload == {"1-1-login": 5} and deps[3].payload == {"value": ["1-1-login", "done"]}
+    decisions = filter_messages(flow, story="2-1", types=["DECISION"])
+    assert [(m.story, m.detail) for m in decisions[:1]] == [("2-1-signup", "force_pass")]
+    assert decisions[0].rejected is None and decisions[0].payload["note"] == "good enough"
+    assert decisions[1].rejected.startswith("decision 'rearm' does not answer a waiting story")  # the Slave's rule
+    assert decisions[1].detail.endswith("): rearm -> review")
+    assert decisions[2].rejected.startswith("decision: Input should be 'force_pass'")
+    (malformed,) = [m for m in flow if m.type == "DECISION" and m.story is None]
+    assert malformed.rejected.startswith("(root): ") and malformed.payload == {"value": "force_pass"}
+    assert all(m.detail.startswith("REJECTED (") and len(m.detail) <= 200 for m in flow if m.rejected)
+
+
+def _update(h: _History, name: str, value) -> int:
+    """An update the resident's validator accepted."""
+    return h.add(
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED, "workflow_execution_update_accepted_event_attributes",
+        protocol_instance_id=f"u-{len(h.events)}",
+        accepted_request=Request(meta=Meta(update_id=f"u-{len(h.events)}"), input=Input(name=name, args=_payloads(value))),
+    )
+
+
+def _update_done(h: _History, accepted: int, result=None, failure: str | None = None) -> int:
+    outcome = Outcome(failure=Failure(message=failure)) if failure else Outcome(success=_payloads(result))
+    return h.add(
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED, "workflow_execution_update_completed_event_attributes",
+        accepted_event_id=accepted, outcome=outcome,
+    )
+
+
+def _answer_signal(h: _History, signal: str, to: str, value) -> int:
+    return h.add(
+        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+        "signal_external_workflow_execution_initiated_event_attributes",
+        signal_name=signal, workflow_execution=WorkflowExecution(workflow_id=to), input=_payloads(value),
+    )
+
+
+def test_residents_research_and_browser_answers_are_shown():
+    """RESEARCH_RESULT and BROWSER_RESULT never appeared: a signalled request's answer (signalled to its report_to,
+    in the resident's history) and an update's (its completion) go from the resident to whoever asked."""
+    researcher = _History("m/resident-knowledge-researcher", "ResidentWorkflow")
+    researcher.signal("research_request", {"request_id": "rs-1", "story_key": "1-1-login", "query": "how  do\nsessions expire?",
+                                           "report_to": "m/batch-1"})
+    researcher.task()
+    answer = {"request_id": "rs-1", "story_key": "1-1-login", "query": "how do sessions expire?", "status": "answered",
+              "answer": "after 30 minutes " * 20}
+    lost = _answer_signal(researcher, "research_result", "m/batch-1", answer)
+    researcher.add(EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED,
+                   "signal_external_workflow_execution_failed_event_attributes", initiated_event_id=lost,
+                   cause=SignalExternalWorkflowExecutionFailedCause.SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_EXTERNAL_WORKFLOW_EXECUTION_NOT_FOUND)
+    _answer_signal(researcher, "research_result", "m/batch-1", answer)  # delivered on the second try
+    _answer_signal(researcher, "debug_result", "m/batch-1", {"debug_id": "DBG-1"})  # shown from the Slave's history
+    asked = _update(researcher, "research", {"request_id": "rs-2", "story_key": "1-2-logout", "query": "csrf?",
+                                             "agent_type": "dev-runner"})
+    _update_done(researcher, asked, {**answer, "request_id": "rs-2", "story_key": "1-2-logout", "status": "cached",
+                                     "answer": "use the token"})
+    browser = _History("m/resident-e2e-live", "ResidentWorkflow")
+    asked = _update(browser, "browse", {"request_id": "br-1", "operation": "navigate", "url": "/login"})
+    _update_done(browser, asked, {"request_id": "br-1", "status": "success", "result_data": {"title": "Login"}})
+    asked = _update(browser, "browse", {"request_id": "br-2", "operation": "click", "selector": "#go"})
+    _update_done(browser, asked, failure="the e2e-live resident is stopping")
+    _answer_signal(browser, "browser_result", "m/batch-3", {"request_id": "br-3", "status": "browser_error",
+                                                            "error": "no url, and no e2e_live_base_url configured"})
+    flow = message_flow([researcher.history(), browser.history()])
+    assert {m.type for m in flow} <= set(MESSAGE_TYPES)
+    research = [(m.type, m.sender, m.recipient, m.story) for m in flow if m.workflow_id.endswith("researcher")]
+    assert research == [
+        ("RESEARCH_REQUEST", "slave-batch-1", "knowledge-researcher", "1-1-login"),
+        ("RESEARCH_RESULT", "knowledge-researcher", "slave-batch-1", "1-1-login"),
+        ("RESEARCH_RESULT", "knowledge-researcher", "slave-batch-1", "1-1-login"),
+        ("RESEARCH_REQUEST", "dev-runner", "knowledge-researcher", "1-2-logout"),
+        ("RESEARCH_RESULT", "knowledge-researcher", "dev-runner", "1-2-logout"),
+    ]
+    results = filter_messages(flow, types=["RESEARCH_RESULT"])
+    assert results[1].detail.startswith("rs-1: answered: after 30 minutes after") and results[1].detail.endswith("...")
+    assert results[0].detail.endswith("... (not delivered: external workflow execution not found)")
+    assert results[1].payload == answer and results[2].detail == "rs-2: cached: use the token"
+    assert filter_messages(flow, types=["RESEARCH_REQUEST"])[0].detail == "rs-1: how do sessions expire?"
+    browsed = [(m.type, m.sender, m.recipient, m.detail) for m in flow if m.workflow_id.endswith("e2e-live")]
+    assert browsed == [
+        ("BROWSER_REQUEST", "agent", "e2e-live", "br-1: navigate /login"),
+        ("BROWSER_RESULT", "e2e-live", "agent", 'br-1: success: {"title": "Login"}'),
+        ("BROWSER_REQUEST", "agent", "e2e-live", "br-2: click"),
+        ("BROWSER_RESULT", "e2e-live", "agent", "failed: the e2e-live resident is stopping"),
+        ("BROWSER_RESULT", "e2e-live", "slave-batch-3", "br-3: browser_error: no url, and no e2e_live_base_url configured"),
+    ]
+    for m in flow:
+        assert "/" not in m.sender and "/" not in m.recipient, m
+        assert "\n" not in m.detail and len(m.detail) <= 200, m
