@@ -134,11 +134,26 @@ def _parse(text: str, source: str):
 # --- load ----------------------------------------------------------------------------------------
 
 
+def cannot_write(status_real: str) -> str | None:
+    """Why a sprint could not write the status file (U4 replaces it through a temporary file beside it), or None.
+    Checked before a sprint starts: a file it cannot write would have every story's first agent run for nothing."""
+    directory = os.path.dirname(status_real)
+    if not os.access(status_real, os.W_OK):
+        why = f"{status_real} is not writable"
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        why = f"{directory} is not writable (each write replaces the file through a temporary file beside it)"
+    else:
+        return None
+    return f"{why}: the sprint could not record any story's state (fix the permissions, then start it)"
+
+
 def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
     root, root_real = _project_root(inp.project_root)
     status_real = _status_path(root, root_real, inp.status_file)
     text = _read_text(status_real)
     parsed = _parse(text, status_real)
+    if inp.claim_project and (why := cannot_write(status_real)):  # the sprint's start
+        raise _fail(why)
 
     # story_location, relative to the project root (computed against the real root)
     default_rel = _posix(os.path.relpath(os.path.dirname(status_real), root_real))

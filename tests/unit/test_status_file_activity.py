@@ -340,3 +340,29 @@ async def test_a_write_reports_the_watched_stories_the_file_holds_otherwise(tmp_
     assert result.outcome == outcome
     file_value = "done" if plain else "ready-for-dev"
     assert result.watched_changes == {by_hand: file_value, "9-9-gone": None}
+
+
+@pytest.mark.parametrize("denied", ["file", "directory"])
+def test_a_sprint_does_not_start_on_a_status_file_it_cannot_write(tmp_path: Path, monkeypatch, denied) -> None:
+    """Checked at the sprint's start (the Master's load, and `bso sprint start`): each story's first agent ran
+    before its first write failed, ten tries later, for every story. (os.access is faked: the tests run as root,
+    for whom permission bits do not hold.)"""
+    import os
+
+    from activities import status_file
+    from activities.status_file import _load_sync
+    from bso.cli import BsoError, _check_selection
+    from tests.workflow.helpers import make_project as _make
+
+    _make(tmp_path, {"1-1-a": "review"})
+    target = os.path.realpath(tmp_path / DEFAULT_STATUS_FILE)
+    denied_path = target if denied == "file" else os.path.dirname(target)
+    real_access = os.access
+    monkeypatch.setattr(status_file.os, "access", lambda p, mode: p != denied_path and real_access(p, mode))
+    _load_sync(LoadStatusInput(project_root=str(tmp_path)))  # a Slave's load (no claim) reads as before
+    with pytest.raises(ApplicationError) as err:
+        _load_sync(LoadStatusInput(project_root=str(tmp_path), claim_project=True))
+    assert err.value.non_retryable and f"{denied_path} is not writable" in str(err.value)
+    assert "the sprint could not record any story's state" in str(err.value)
+    with pytest.raises(BsoError, match="is not writable"):
+        _check_selection(tmp_path / DEFAULT_STATUS_FILE, None, [])
