@@ -56,6 +56,7 @@ from bso.messages import (
     MASTER_SIGNALS,
     RejectedMessage,
     TerminateDirectivePayload,
+    cut_text as _cut,  # a cut detail's whole text is in the message's payload
     describe_validation_error,
     rejected_invalid,
     unknown_signal_to_sprint,
@@ -227,11 +228,6 @@ def _party(name: str) -> str:
 def _brief(value: Any, limit: int = 160) -> str:
     """A payload as one short line of the table (the whole of it stays in the record's payload)."""
     return _cut(json.dumps(value, default=str) if value not in (None, {}) else "", limit)
-
-
-def _cut(text: str, limit: int) -> str:
-    """`text` in at most `limit` characters, a cut one ending in "..." (the whole of it is in the payload)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _time(event: HistoryEvent) -> datetime:

@@ -175,6 +175,11 @@ def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list
     return [*kept, message][-MAX_REJECTED_KEPT:]
 
 
+def cut_text(text: str, limit: int) -> str:
+    """`text` in at most `limit` characters, a cut one ending in "..."."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def describe_validation_error(err: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors()

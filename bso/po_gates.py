@@ -27,6 +27,7 @@ from bso.messages import (
     BlockedDetails,
     BlockedNotificationPayload,
     CompletionReportPayload,
+    cut_text,
     FeedbackPayload,
     FileChanged,
     FileToModify,
@@ -306,6 +307,8 @@ def next_gate(
             validation=IssueList(issues=issues),
             retry=RetryInfo(count=count, max=max(1, max_retries), allowed=True),
             guidance="Fix the issues" + (" starting from fresh context" if count >= 2 else ""),
+            message=cut_text(f"fix {len(issues)} issue{'' if len(issues) == 1 else 's'} (retry {count}): "
+                              + "; ".join(i.message for i in issues), 500),
         ),
     )
 

@@ -95,6 +95,8 @@ def test_next_gate() -> None:
     fix = _next("failing_tests")
     assert fix.outcome == "FIX" and fix.fix is not None and fix.fix.retry.count == 1
     assert [i.type for i in fix.issues] == ["tests_failed"]
+    # The directive says what to fix in its message too (it was empty in the gate's file).
+    assert fix.fix.message == f"fix 1 issue (retry 1): {fix.issues[0].message}", fix.fix.message
     assert _next("failing_tests", retries_used=1).fix.retry.count == 2  # type: ignore[union-attr]
     assert _next("failing_tests", retries_used=2).outcome == "BLOCKED"
     assert _next("failing_tests", max_retries=0).outcome == "BLOCKED"
