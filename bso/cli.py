@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
@@ -1055,19 +1056,20 @@ def sprint_list(
             query += f' AND {SA_SESSION_ID.name} = "{session.replace(chr(34), "")}"'
         client = await _client()
         table = Table(box=None, pad_edge=False)
-        for column in ("sprint", "status", "phase", "started", "closed"):
+        for column in ("sprint", "status", "phase", "outcome", "started", "closed"):
             table.add_column(column)
-        rows = 0
-        async for wf in client.list_workflows(query, limit=limit):
+        found = [wf async for wf in client.list_workflows(query, limit=limit)]
+        outcomes = await asyncio.gather(*(_outcome(client, wf) for wf in found))
+        for wf, outcome in zip(found, outcomes, strict=True):
             table.add_row(
                 wf.id,
                 _status_name(wf.status),
                 _phase_shown(wf.typed_search_attributes.get(SA_PHASE) or "", wf.status),
+                outcome,
                 wf.start_time.strftime("%Y-%m-%d %H:%M:%S") if wf.start_time else "",
                 wf.close_time.strftime("%Y-%m-%d %H:%M:%S") if wf.close_time else "",
             )
-            rows += 1
-        if rows:
+        if found:
             out.print(table)
         else:
             err_console.print("no sprints found", markup=False)
@@ -1077,13 +1079,24 @@ def sprint_list(
 
 def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
     """The phase column of `bso sprint list`: a sprint that ended before its phase said so (failed at its
-    start, terminated, timed out) shows where it was, not `planning` as if it still were."""
-    # A run that continued as new did not end the sprint: its next run carries on.
-    if not phase or status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
-        return phase
-    if phase in ENDED_PHASES:
-        return phase
-    return f"ended in {phase}"
+    start, terminated, timed out) shows where it was, not `planning` as if it still were. (A run that continued
+    as new did not end the sprint: its next run carries on.)"""
+    going_on = status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
+    return phase if not phase or going_on or phase in ENDED_PHASES else f"ended in {phase}"
+
+
+async def _outcome(client: Client, wf: WorkflowExecution) -> str:
+    """The outcome column of `bso sprint list`: a completed sprint's report status (sprint-complete, -partial,
+    -failed: all complete as workflows), read from its close event; a cancelled one's is sprint-cancelled."""
+    if wf.status is WorkflowExecutionStatus.CANCELED:
+        return SprintStatus.CANCELLED.value
+    if wf.status is not WorkflowExecutionStatus.COMPLETED:
+        return ""
+    try:
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=SprintReport)
+        return (await handle.result(follow_runs=False)).status.value
+    except Exception:  # noqa: BLE001 - a result this version cannot read: the other columns still stand
+        return "?"
 
 
 @sprint_app.command("report")

@@ -118,6 +118,7 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
         "the sprint in the visibility store",
     )
     assert "completed" in listed.stdout
+    assert "sprint-partial" in listed.stdout  # the outcome: every sprint that ran to its end is "completed"
 
     # The execution summary file, and `bso sprint report` printing the same text.
     summary = project / ".sprint-session" / f"execution-summary-{sprint_id}.md"
@@ -210,6 +211,7 @@ def test_operator_actions(cli_env, tmp_path: Path):
     _wait_for(lambda: _status_name(cli_env, victim) == "canceled", "the cancellation")
     spelled = bso(cli_env, "sprint", "list", "--session", victim, "--status", "cancelled")  # as BSO's texts spell it
     assert spelled.returncode == 0 and victim in spelled.stdout, spelled.stderr
+    assert "sprint-cancelled" in spelled.stdout, spelled.stdout
     ended = bso(cli_env, "sprint", "watch", victim)  # ends with the cancelled sprint's summary (it had none)
     assert ended.returncode == 0 and "| status | sprint-cancelled |" in ended.stdout, (ended.stdout, ended.stderr)
     assert "- sprint: sprint cancelled: wrong branch" in ended.stdout, ended.stdout
