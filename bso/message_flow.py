@@ -600,6 +600,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 assignments[inp["dispatch_id"]] = inp
             if name == "run_agent":
                 findings = inp.get("fix_findings") or []
+                po_phase = _dict(inp.get("po")).get("phase")  # Agent-PO gates: plan, implement or fix
                 add(
                     event,
                     type="TASK_ASSIGNMENT",
@@ -609,6 +610,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                     agent=inp.get("agent_type"),
                     dispatch_id=inp.get("dispatch_id", attrs.activity_id),
                     detail=f"{inp.get('mode', '?')} round {inp.get('mode_round', 1)}"
+                    + (f", PO phase {po_phase}" if po_phase else "")
                     + (f", {len(findings)} findings to fix" if findings else ""),
                     payload={k: v for k, v in inp.items() if k not in ("simulation", "config_overrides")},
                 )
@@ -810,6 +812,8 @@ def _agent_complete(value: dict[str, Any], recipient: str) -> dict[str, Any]:
     parts = [str(value.get("status", "?"))]
     if value.get("verdict"):
         parts.append(f"verdict {value['verdict']}")
+    if isinstance(value.get("score"), int):  # a scored review (Gear 2)
+        parts.append(f"score {value['score']}")
     if value.get("findings"):
         parts.append(f"{len(value['findings'])} findings")
     parts.append(f"{value.get('tokens_used', 0)} tokens")

@@ -194,11 +194,13 @@ class _History:
         return self.add(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "workflow_execution_signaled_event_attributes",
                         signal_name=name, input=_payloads(value))
 
-    def dispatch(self, dispatch_id: str, story: str, agent: str = "story-reviewer", mode: str = "review") -> int:
+    def dispatch(
+        self, dispatch_id: str, story: str, agent: str = "story-reviewer", mode: str = "review", **extra
+    ) -> int:
         return self.add(
             EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, "activity_task_scheduled_event_attributes",
             activity_id=dispatch_id, activity_type=ActivityType(name="run_agent"),
-            input=_payloads({"dispatch_id": dispatch_id, "story_key": story, "agent_type": agent, "mode": mode}),
+            input=_payloads({"dispatch_id": dispatch_id, "story_key": story, "agent_type": agent, "mode": mode, **extra}),
         )
 
     def activity_completed(self, scheduled: int, result) -> int:
@@ -518,3 +520,19 @@ def test_residents_research_and_browser_answers_are_shown():
     for m in flow:
         assert "/" not in m.sender and "/" not in m.recipient, m
         assert "\n" not in m.detail and len(m.detail) <= 200, m
+
+
+def test_a_po_phase_and_a_review_score_are_in_the_detail():
+    """The Agent-PO plan and implementation of one dev dispatch read alike ("dev round 1"), and a scored
+    review's answer did not show its score."""
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    h.dispatch("d-1", "1-1-login-form", agent="dev-runner", mode="dev", po={"phase": "plan", "attempt": 1})
+    h.dispatch("d-2", "1-2-logout")
+    h.signal("agent_complete", _answer("d-2", story="1-2", score=72))
+    h.task()
+    messages = message_flow([h.history()])
+    plan = next(m for m in messages if m.type == "TASK_ASSIGNMENT" and m.dispatch_id == "d-1")
+    assert plan.detail == "dev round 1, PO phase plan", plan.detail
+    answer = next(m for m in messages if m.type == "AGENT_COMPLETE")
+    assert answer.detail == "success, verdict passed, score 72, 10 tokens", answer.detail
