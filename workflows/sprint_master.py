@@ -1097,7 +1097,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         merge_cut: dict[str, str] = {}
         for key in self._still_in(spec):  # nothing of the batch is in flight any more
             view = s.views[key]
-            update: dict[str, Any] = {"agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None}
+            # Nothing of it waits for anyone either: a decision for it is refused (its batch is not running).
+            update: dict[str, Any] = {
+                "agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None, "awaiting_decision": None
+            }
             if view.merging:  # done: its merge finished by the Master, or (cancelled) maybe landed, told so
                 update |= {"merging": False, "error": view.error or merges.get(key, MERGE_CUT_SHORT)}
                 merge_cut[key] = view.state

@@ -227,6 +227,24 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
     assert status_values(tmp_path)[K1] == final
 
 
+async def test_a_story_whose_batch_was_terminated_no_longer_awaits_a_decision(local_env, tmp_path: Path):
+    """K1 waits for a decision when its batch's Slave is terminated: the sprint ends, and its status no longer
+    lists K1 as awaiting a decision that could never land (it invited one). On the dev server: the time-skipping
+    server times the sprint out once the Slave is terminated."""
+    make_project(tmp_path, {K1: "story-doc-review"})
+    session = f"ask-terminated-{uuid.uuid4().hex[:6]}"
+    async with bso_worker(local_env.client) as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(
+            tmp_path, session_id=session, config_overrides=ASK, simulation=NEEDS_IMPROVE
+        ))
+        await _awaiting(handle)
+        await local_env.client.get_workflow_handle(slave_workflow_id(session, 1)).terminate("by hand")
+        report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert report.stories == {K1: "story-doc-review"}
+    assert status.awaiting_decision == {} and status.stories[K1].awaiting_decision is None, status.awaiting_decision
+
+
 async def test_two_decisions_for_one_story_apply_once(ts_env, tmp_path: Path):
     """Two operators (or a retried call) answer at once: both may pass the validator in one workflow task;
     one decision is applied, the other refused, and the Master's task never fails."""
