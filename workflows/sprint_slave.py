@@ -548,13 +548,13 @@ class SprintSlaveWorkflow:
 
     async def _drive_story(self, meta: StoryMeta) -> None:
         while not is_terminal(progress := self._progress[meta.key]):
-            if self._out_of_time is not None:
-                workflow.logger.warning("[Slave] out of time: %s stays %s", meta.key, progress.state)
-                return
-            if progress.awaiting_decision:
+            if progress.awaiting_decision:  # even out of time: the wait is the human's, the decision lands
                 if not await self._await_decision(progress):
                     return  # shutdown while waiting: the story stays where it is
                 continue
+            if self._out_of_time is not None:
+                workflow.logger.warning("[Slave] out of time: %s stays %s", meta.key, progress.state)
+                return
             if self._paused:
                 await workflow.wait_condition(lambda: not self._paused or self._shutdown)
                 if self._shutdown:
@@ -1067,8 +1067,8 @@ class SprintSlaveWorkflow:
             if worked >= limit and not self._closing:
                 self._out_of_time = (
                     f"batch {self._input.batch_id} out of time: it worked {int(limit.total_seconds())} s "
-                    "(slave_timeout_seconds; time paused or waiting for a decision not counted); no agent was "
-                    "started after it, and the stories not finished keep their state"
+                    "(slave_timeout_seconds; time paused or waiting for a decision not counted); the step in "
+                    "flight finished, no step was started after it, and the stories not finished keep their state"
                 )
                 workflow.logger.warning("[Slave] %s", self._out_of_time)
                 self._show()

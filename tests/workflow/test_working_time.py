@@ -88,3 +88,26 @@ async def test_a_batch_out_of_working_time_ends_after_the_agent_in_flight(own_ts
     assert len(errors) == 1 and errors[0].startswith("batch 1 out of time: it worked 60 s"), errors
     assert status_values(tmp_path)[K1] == "review"
     assert await workflow_task_failures(env.client, "late") == 0
+
+
+async def test_a_decision_asked_for_after_the_limit_is_still_taken(local_env, tmp_path: Path):
+    """The story reviewer in flight when the time is up spends the review rounds (ask_user): the story waits
+    for the human (that time is theirs), takes the decision, and only then the batch stops, no dev started.
+    It stopped at once, the story left awaiting a decision that `decide` refused (its batch had ended)."""
+    import uuid
+
+    make_project(tmp_path, {K1: "story-doc-review"})
+    session = f"late-decision-{uuid.uuid4().hex[:6]}"
+    async with bso_worker(local_env.client) as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(
+            tmp_path, session_id=session, config_overrides={"max_story_review_rounds": 1, "slave_timeout_seconds": 1},
+            simulation={"stories": {"1-1": {"story_review": ["needs-improve"], "duration_ms": 3000}}},
+        ))
+        await wait_status(handle, lambda s: K1 in s.awaiting_decision, "the story waiting for a decision")
+        view = await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
+        report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
+    errors = [e for b in report.batches for e in b.errors]
+    assert view.state == "ready-for-dev" and report.stories == {K1: "ready-for-dev"}, (report.stories, errors)
+    assert len(errors) == 1 and "out of time" in errors[0], errors
+    assert status.awaiting_decision == {}
