@@ -312,6 +312,17 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             kill_group_now(pgid)
 
 
+def _launcher_of(pgid: int, run_dir: Path) -> bool:
+    """The group `pgid` is led by the running launcher of `run_dir` (its argv holds its spec, with the folder): a
+    record left by a cancelled dispatch (no exit.json) may name a group number someone else has since. Without
+    procfs (macOS) nothing tells: False."""
+    try:
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return _launcher_running(pgid) and json.dumps(str(run_dir)).encode() in cmdline
+
+
 def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> None:
     """A live agent of another dispatch of this story (its worker was killed hard, and the story went on: a
     rearm, a sprint run again) would work in the same worktree as the one about to start: it is stopped."""
@@ -324,7 +335,7 @@ def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> 
             pgid = int(data["pgid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_running(pgid):
+        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_of(pgid, pid_file.parent):
             continue
         activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
                                 data.get("dispatch_id"), story_key, pgid)

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -690,3 +691,35 @@ async def test_two_finishes_of_one_story_at_once_both_say_merged(tmp_path: Path)
     first, second = await asyncio.gather(finish(root), finish(root))
     assert first.merged and second.merged, (first, second)
     assert first == second
+
+
+async def test_a_stale_record_of_the_story_spares_a_launcher_that_is_not_its_own(tmp_path: Path) -> None:
+    """A dispatch of 1-1 cancelled long ago left its pid.json (no exit.json); its group number is now led by
+    another project's launcher (simulated: the same number). The next dispatch of 1-1 killed that agent."""
+    from activities.process import group_alive, machine_id
+
+    other_dir = tmp_path / "other-project" / ".sprint-session" / "agents" / "x"
+    other_dir.mkdir(parents=True)
+    spec = {"run_dir": str(other_dir), "stdin": None, "secret_keys": [], "record": {"story_key": "2-1-other"}}
+    other = subprocess.Popen(
+        [sys.executable, "-I", str(command.LAUNCHER), json.dumps(spec), "sleep", "60"], start_new_session=True
+    )
+    try:
+        for _ in range(100):
+            if (other_dir / "pid.json").exists():
+                break
+            await asyncio.sleep(0.05)
+        root = tmp_path / "project"
+        stale = root / ".sprint-session" / "agents" / "old-dispatch"
+        stale.mkdir(parents=True)
+        (stale / "pid.json").write_text(json.dumps({
+            "dispatch_id": "s/batch-1/1-1/1", "pid": other.pid, "pgid": other.pid, "started_at": 1.0,
+            "machine": machine_id(), "story_key": STORY,
+        }))
+        command._kill_other_dispatches(str(root), STORY, root / ".sprint-session" / "agents" / "new-dispatch")
+        await asyncio.sleep(0.5)
+        assert other.poll() is None, "another project's agent was killed through a stale record"
+    finally:
+        if group_alive(other.pid):
+            os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
