@@ -48,7 +48,6 @@ from temporalio.exceptions import CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.session_files import recorded_running_sprint
-from activities.status_file import cannot_write
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
@@ -753,8 +752,6 @@ def _check_selection(
         entries = parse_status_text(text, str(status_path)).stories()
     except StatusFileError as err:
         raise BsoError(f"{err} (fix the file, then start the sprint)") from None
-    if why := cannot_write(os.path.realpath(status_path)):
-        raise BsoError(why)
     try:
         to_run = stories_to_run([(e.key, e.value) for e in entries], epic, stories)
     except StoryKeyError as err:
