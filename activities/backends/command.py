@@ -386,6 +386,7 @@ def _redact_file(path: Path, env: dict[str, str]) -> None:
 
 
 CHECKING_PHASE = "checking"  # BSO checks the agent's work: Exit Gate, scope guard, verification
+PREPARING_PHASE = "preparing"  # BSO creates the story's worktree (under the repository lock) before the agent
 FIX_SNAPSHOT_PHASE = "fix-snapshot"  # P20: BSO counts the passing tests before a fix agent starts
 
 
@@ -485,7 +486,10 @@ async def run(a: TaskAssignment) -> AgentComplete:
     env = {**os.environ, **profile.env}
     _executable(profile, env, root)
     run_dir = run_dir_for(root, a.dispatch_id)
-    wt = await ensure_worktree(root, a.session_id, a.story_key) if profile.workdir == "worktree" else None
+    wt = None
+    if profile.workdir == "worktree":  # `git worktree add` of a large repository, behind other stories' git work
+        async with _beating(a, PREPARING_PHASE, "BSO preparing the story's worktree", _beat_every(agents)):
+            wt = await ensure_worktree(root, a.session_id, a.story_key)
     workdir = wt.path if wt else root
     marker = await _marker_path(wt, run_dir, a.dispatch_id)
     recorded = await _recorded(marker, wt)
