@@ -554,18 +554,22 @@ def _shorten(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _bar(total: int, completed: int) -> ProgressBar:
+    """A progress bar as wide as its column lets it be (up to 40)."""
+    return ProgressBar(total=max(total, 1), completed=completed, width=None)
+
+
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None
 ) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
+    # The bars give way on a narrow terminal (40 columns at most); labels and counts are never cut.
     bars = Table.grid(padding=(0, 1))
-    bars.add_column()
-    bars.add_column(width=40)
-    bars.add_column()
-    bars.add_row(
-        "overall", ProgressBar(total=max(len(stories), 1), completed=done, width=40), f"{done}/{len(stories)} stories"
-    )
+    bars.add_column(no_wrap=True)
+    bars.add_column(min_width=5, max_width=40)
+    bars.add_column(no_wrap=True)
+    bars.add_row("overall", _bar(len(stories), done), f"{done}/{len(stories)} stories")
     batches: dict[int, list[StoryView]] = {}
     for s in stories.values():
         if s.batch_id is not None:
@@ -578,17 +582,9 @@ def _progress(
         )
         running = batch_id in view.running_batches or view.current_batch == batch_id  # (a sprint of an older worker)
         marker = " (running)" if running else ""
-        bars.add_row(
-            f"batch {batch_id}",
-            ProgressBar(total=max(total, 1), completed=finished, width=40),
-            f"{finished}/{total}{marker}",
-        )
+        bars.add_row(f"batch {batch_id}", _bar(total, finished), f"{finished}/{total}{marker}")
     limit = view.token_limit or 0
-    bars.add_row(
-        "tokens",
-        ProgressBar(total=max(limit, 1), completed=min(view.tokens_used, limit) if limit else 0, width=40),
-        f"{view.tokens_used}/{limit}",
-    )
+    bars.add_row("tokens", _bar(limit, min(view.tokens_used, limit) if limit else 0), f"{view.tokens_used}/{limit}")
     # The workflow's own status only when it says more than the phase (a finished sprint: its outcome).
     state = view.phase.value if desc_status in (view.phase.value, "running") else f"{view.phase.value} ({desc_status})"
     header = Text(

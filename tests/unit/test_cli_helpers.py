@@ -249,3 +249,20 @@ def test_sprint_list_says_where_a_sprint_that_ended_early_was():
     assert _phase_shown("completed", S.COMPLETED) == "completed"
     assert _phase_shown("canceled", S.CANCELED) == "canceled"
     assert _phase_shown("", S.FAILED) == ""
+
+
+def test_the_bars_give_way_on_a_narrow_terminal_and_the_counts_stay_whole():
+    """At 45 columns the 40-column bars pushed the counts off: `5…`, `27800/2000…`."""
+    stories = {f"1-{i}-story": StoryView(state="done" if i < 3 else "review", batch_id=1) for i in range(1, 6)}
+    view = SprintStatusView(
+        session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, running_batches=[1],
+        token_limit=2_000_000, tokens_used=27_800,
+    )
+    for width in (45, 60, 120):
+        terminal = io.StringIO()
+        Console(file=terminal, width=width, color_system=None).print(_progress(view, None, "running"), soft_wrap=False)
+        shown = terminal.getvalue()
+        assert "2/5 stories" in shown and "2/5 (running)" in shown and "27800/2000000" in shown, shown
+        assert "…" not in shown.split("story")[0], shown
+        bar = next(line for line in shown.splitlines() if line.startswith("overall"))
+        assert len(bar.rstrip()) <= width and bar.count("━") <= 40, bar
