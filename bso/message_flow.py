@@ -944,6 +944,12 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             detail = _cut(str(value["error_summary"]), 120)
         elif attrs.signal_name in (SIGNAL_RESEARCH_REQUEST, SIGNAL_BROWSER_REQUEST):
             detail = _request_detail(value)
+        elif attrs.signal_name == SIGNAL_PLAN_REQUEST:
+            stories = value.get("stories")
+            count = f"{len(stories)} stor{'y' if len(stories) == 1 else 'ies'}" if isinstance(stories, list) else "? stories"
+            detail = f"{value.get('request_id', '?')}: {count}, batch_size {value.get('batch_size', '?')}" + (
+                " (course correction)" if value.get("course_correction") else ""
+            )
         fields: dict[str, Any] = {"detail": detail}
         if attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
             msg_type, model = _RESIDENT_MODELS[attrs.signal_name]

@@ -536,3 +536,15 @@ def test_a_po_phase_and_a_review_score_are_in_the_detail():
     assert plan.detail == "dev round 1, PO phase plan", plan.detail
     answer = next(m for m in messages if m.type == "AGENT_COMPLETE")
     assert answer.detail == "success, verdict passed, score 72, 10 tokens", answer.detail
+
+
+def test_a_plan_request_says_what_it_asks():
+    """PLAN_REQUEST's detail was empty: the request id, how many stories, the batch size (and a re-plan)."""
+    sm = _History("m/resident-scrum-master", "ResidentWorkflow")
+    stories = [{"key": f"1-{i}-s", "epic": "epic-1", "short_key": f"1-{i}", "state": "backlog", "story_path": ""} for i in (1, 2, 3)]
+    sm.signal("plan_request", {"request_id": "plan-1", "session_id": "m", "report_to": "m", "stories": stories, "batch_size": 2})
+    sm.signal("plan_request", {"request_id": "plan-2", "session_id": "m", "report_to": "m", "stories": stories[:1],
+                               "batch_size": 2, "course_correction": {"reason": "user_request"}})
+    details = [m.detail for m in message_flow([sm.history()]) if m.type == "PLAN_REQUEST"]
+    assert details[0] == "plan-1: 3 stories, batch_size 2", details
+    assert details[1] == "plan-2: 1 story, batch_size 2 (course correction)", details
