@@ -556,6 +556,8 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
     # A Slave that refused an answer naming another agent than its dispatch's recorded this patch marker then.
     matched_by_dispatch = PATCH_ANSWER_MATCHES_DISPATCH in _patches(events)
+    # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).
+    debug_sent: dict[int, dict[str, Any]] = {}
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
@@ -687,6 +689,24 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 )
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             cancelling = True
+        elif et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            attrs = event.signal_external_workflow_execution_initiated_event_attributes
+            if attrs.signal_name == SIGNAL_DEBUG_REQUEST:
+                debug_sent[event.event_id] = _dict(decode(attrs.input))
+        elif et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED:
+            attrs = event.signal_external_workflow_execution_failed_event_attributes
+            if (request := debug_sent.pop(attrs.initiated_event_id, None)) is not None:
+                summary = " ".join(str(request.get("error_summary") or "").split())
+                add(
+                    event,
+                    type="DEBUG_REQUEST",
+                    sender=me,
+                    recipient=_RESIDENT_OF_SIGNAL[SIGNAL_DEBUG_RESULT],
+                    story=request.get("story_key"),
+                    detail=_cut(f"{request.get('debug_id', '?')}: not delivered: {_not_delivered(attrs)}"
+                                + (f": {summary}" if summary else ""), 200),
+                    payload=request,
+                )
         elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
             attrs = event.activity_task_cancel_requested_event_attributes
             name, inp = scheduled.get(attrs.scheduled_event_id, ("?", {}))
@@ -891,10 +911,7 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             attrs = event.signal_external_workflow_execution_failed_event_attributes
             if attrs.initiated_event_id in sent:
                 i = sent[attrs.initiated_event_id]
-                causes = {number: name for name, number in SignalExternalWorkflowExecutionFailedCause.items()}
-                cause = causes.get(attrs.cause, str(attrs.cause))
-                cause = cause.removeprefix("SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_").lower().replace("_", " ")
-                out[i] = out[i].model_copy(update={"detail": _cut(f"{out[i].detail} (not delivered: {cause})", 200)})
+                out[i] = out[i].model_copy(update={"detail": _cut(f"{out[i].detail} (not delivered: {_not_delivered(attrs)})", 200)})
             continue
         if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
             request = event.workflow_execution_update_accepted_event_attributes.accepted_request
@@ -965,6 +982,13 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
             **fields,
         )
     return out
+
+
+def _not_delivered(attrs: Any) -> str:
+    """Why a signal to another workflow failed (SignalExternalWorkflowExecutionFailed), in words."""
+    causes = {number: name for name, number in SignalExternalWorkflowExecutionFailedCause.items()}
+    cause = causes.get(attrs.cause, str(attrs.cause))
+    return cause.removeprefix("SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_").lower().replace("_", " ")
 
 
 def _request_detail(value: dict[str, Any]) -> str:

@@ -548,3 +548,19 @@ def test_a_plan_request_says_what_it_asks():
     details = [m.detail for m in message_flow([sm.history()]) if m.type == "PLAN_REQUEST"]
     assert details[0] == "plan-1: 3 stories, batch_size 2", details
     assert details[1] == "plan-2: 1 story, batch_size 2 (course correction)", details
+
+
+def test_a_debug_request_that_was_not_delivered_is_listed():
+    """A Slave's DEBUG_REQUEST to a debugger that was gone appeared nowhere (they are read from the debugger's
+    history): it is listed from the Slave's, saying it was not delivered; a delivered one is not listed twice."""
+    slave = _History("m/batch-1", "SprintSlaveWorkflow")
+    slave.task()
+    request = {"debug_id": "DBG-1", "story_key": "1-1-login", "error_summary": "boom\n at line 3", "report_to": "m/batch-1"}
+    lost = _answer_signal(slave, "debug_request", "m/resident-debugger", request)
+    slave.add(EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED,
+              "signal_external_workflow_execution_failed_event_attributes", initiated_event_id=lost,
+              cause=SignalExternalWorkflowExecutionFailedCause.SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED_CAUSE_EXTERNAL_WORKFLOW_EXECUTION_NOT_FOUND)
+    _answer_signal(slave, "debug_request", "m/resident-debugger", {**request, "debug_id": "DBG-2"})  # delivered
+    flow = [m for m in message_flow([slave.history()]) if m.type == "DEBUG_REQUEST"]
+    assert [(m.sender, m.recipient, m.story) for m in flow] == [("slave-batch-1", "debugger", "1-1-login")], flow
+    assert flow[0].detail == "DBG-1: not delivered: external workflow execution not found: boom at line 3", flow[0].detail
