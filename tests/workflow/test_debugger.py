@@ -226,14 +226,7 @@ async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(l
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
         (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
         async with worker:
-            host = await local_env.client.start_workflow(
-                ResidentHost.run,
-                HostInput(session_id=session, project_root=str(tmp_path), roles=["debugger"],
-                          resident_task_queue=prefix + SPRINT_TASK_QUEUE),
-                id=f"{session}-host",
-                task_queue=host_queue,
-            )
-            await poll_until(lambda: _ready(host), "the debugger up")
+            host = await _debugger_up(local_env.client, session, tmp_path, prefix, host_queue)
             await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
             await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
         await debugger.signal(SIGNAL_STOP_NOW)
@@ -251,6 +244,19 @@ async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(l
     assert [(r.msg_type, r.reason) for r in status.rejected_messages] == [
         ("DEBUG_REQUEST", "the sprint was cancelled: this resident is stopping")
     ], status.rejected_messages
+
+
+async def _debugger_up(client, session: str, root: Path, prefix: str, host_queue: str):
+    """A ResidentHost (on `host_queue`) whose one resident, the debugger, runs on the `prefix` sprint queue."""
+    host = await client.start_workflow(
+        ResidentHost.run,
+        HostInput(session_id=session, project_root=str(root), roles=["debugger"],
+                  resident_task_queue=prefix + SPRINT_TASK_QUEUE),
+        id=f"{session}-host",
+        task_queue=host_queue,
+    )
+    await poll_until(lambda: _ready(host), "the debugger up")
+    return host
 
 
 async def _analysis_pending(handle) -> bool:
@@ -271,14 +277,7 @@ async def test_a_debug_request_by_hand_is_journalled_under_the_sprint(local_env,
     request = DebugRequest(debug_id="DBG-001", story_key=K1, report_to=f"{session}-host", error_summary="boom")
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
         async with bso_worker(local_env.client, queue_prefix=prefix):
-            host = await local_env.client.start_workflow(
-                ResidentHost.run,
-                HostInput(session_id=session, project_root=str(tmp_path), roles=["debugger"],
-                          resident_task_queue=prefix + SPRINT_TASK_QUEUE),
-                id=f"{session}-host",
-                task_queue=host_queue,
-            )
-            await poll_until(lambda: _ready(host), "the debugger up")
+            host = await _debugger_up(local_env.client, session, tmp_path, prefix, host_queue)
             await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json", exclude={"session_id"}))
 
             async def answered() -> bool:
