@@ -224,7 +224,7 @@ class SprintSlaveWorkflow:
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         self._out_of_time: str | None = None  # slave_timeout_seconds of work are up: why no new dispatch
-        self._working_time_watch: asyncio.Task[None] | None = None
+        self._working_time_watch: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
         self._states_read_at: datetime | None = None  # workflow time of the last read of the stories' states
         self._reports_merges = False  # PATCH_REPORTS_MERGES (command backend): done stories show `merging`
         self._merged: list[str] = []  # done stories whose branch merge has ended (merged or not)

@@ -226,16 +226,19 @@ def _someone_elses(pid: int) -> bool:
     return bool(cmdline) and str(LAUNCHER).encode() not in cmdline
 
 
-def _launcher_running(pid: int) -> bool:
-    """The launcher `pid` (its group's leader) still runs: alive, not a zombie, and really BSO's launcher."""
+def _launcher_running(pid: int, run_dir: Path | None = None) -> bool:
+    """The launcher `pid` (its group's leader) still runs: alive, not a zombie, and really BSO's launcher; with
+    `run_dir`, the launcher of that folder (its argv holds its spec): a record left by a cancelled dispatch (no
+    exit.json) may name a group number someone else has since, which without procfs nothing tells."""
     if not group_alive(pid):
         return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return not Path("/proc/self").exists()  # no procfs (macOS): the live group is taken as the launcher's
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(LAUNCHER).encode() in cmdline
+    except OSError:  # no procfs (macOS): the live group is taken as the launcher's, unless a folder must match
+        return run_dir is None and not Path("/proc/self").exists()
+    ours = run_dir is None or json.dumps(str(run_dir)).encode() in cmdline
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(LAUNCHER).encode() in cmdline and ours
 
 
 def _earlier_launch(run_dir: Path, dispatch_id: str) -> dict | None:
@@ -312,17 +315,6 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             kill_group_now(pgid)
 
 
-def _launcher_of(pgid: int, run_dir: Path) -> bool:
-    """The group `pgid` is led by the running launcher of `run_dir` (its argv holds its spec, with the folder): a
-    record left by a cancelled dispatch (no exit.json) may name a group number someone else has since. Without
-    procfs (macOS) nothing tells: False."""
-    try:
-        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return _launcher_running(pgid) and json.dumps(str(run_dir)).encode() in cmdline
-
-
 def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> None:
     """A live agent of another dispatch of this story (its worker was killed hard, and the story went on: a
     rearm, a sprint run again) would work in the same worktree as the one about to start: it is stopped."""
@@ -335,7 +327,7 @@ def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> 
             pgid = int(data["pgid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_of(pgid, pid_file.parent):
+        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_running(pgid, pid_file.parent):
             continue
         activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
                                 data.get("dispatch_id"), story_key, pgid)
