@@ -44,9 +44,10 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import CancelledError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.agent_config import load_agents_file
 from activities.session_files import recorded_running_sprint
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
@@ -75,7 +76,7 @@ from bso.message_flow import (
 )
 from bso.decisions import DecisionRequest
 from bso.dev_server import dev_server_args
-from bso.agent_profiles import PROFILES_FILES, AgentProfileError, AgentsFile, parse_agents_file, profile_errors
+from bso.agent_profiles import profile_errors
 from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
@@ -768,16 +769,10 @@ def _check_selection(
 def _check_agent_profiles(root: Path) -> None:
     """command backend: the project's agents file parses and gives every agent and mode a usable profile (the
     worker reads the same file at each dispatch)."""
-    for rel in PROFILES_FILES:
-        path = root / rel
-        if path.is_file():
-            try:
-                agents = parse_agents_file(path.read_text(encoding="utf-8"), str(path))
-            except (AgentProfileError, OSError, UnicodeDecodeError) as err:
-                raise BsoError(f"{err} (fix it, then start the sprint)") from None
-            break
-    else:
-        agents = AgentsFile()
+    try:
+        agents = load_agents_file(str(root))
+    except (ApplicationError, OSError, UnicodeDecodeError) as err:
+        raise BsoError(f"{getattr(err, 'message', None) or err} (fix it, then start the sprint)") from None
     if errors := profile_errors(agents, list(SCRIPT_KEYS)):
         raise BsoError(f"{'; '.join(errors)} (fix the agents file, then start the sprint)")
 
