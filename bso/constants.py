@@ -64,7 +64,17 @@ def slave_workflow_id(session_id: str, batch_id: int) -> str:
     return f"{session_id}/batch-{batch_id}"
 
 
+def of_sprint(dispatch_id: str, session_id: str) -> bool:
+    """Is this the id of a dispatch of one of the sprint's batches (`<Slave's id>/<story>/<n>`)?"""
+    return dispatch_id.startswith(f"{session_id}/batch-")
+
+
 IN_PROCESS_AGENT_BACKENDS = ("simulated",)
+
+# The command backend's launcher holds its agent to the timeout itself this long after the activity would have: a
+# backstop for an agent whose worker was killed hard (or stopped) and whose dispatch no retry adopts (its deadline
+# passed, another host, the sprint cancelled while no worker ran).
+LAUNCHER_BACKSTOP_SECONDS = 60
 
 
 def agent_task_queue(backend: str, sprint_task_queue: str) -> str:

@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bso.config import ReviewDegradation, SprintConfig
 from bso.messages import (
@@ -168,6 +168,14 @@ class Transition:
     progress: StoryProgress
     outcome: Outcome
     note: str
+
+
+class StopAgentsInput(BaseModel):
+    """The sprint `session_id` was cancelled: stop the agents of its batches still running (command backend)."""
+
+    model_config = ConfigDict(extra="forbid")
+    project_root: str
+    session_id: str
 
 
 def written_by_this_run(recorded_run_id: str | None, run_id: str, *, written_at: datetime,

@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agents import run_agent
+from activities.backends.command import stop_sprint_agents
 from activities.browser import browse
 from activities.debugger import analyze_failure
 from activities.git_ops import finish_story_git
@@ -45,7 +46,7 @@ SPRINT_ACTIVITIES = [
     load_story_scope,
     record_gate,
 ]
-AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, browse]
+AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, browse, stop_sprint_agents]
 
 log = logging.getLogger("bso.worker")
 

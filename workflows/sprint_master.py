@@ -37,10 +37,12 @@ with workflow.unsafe.imports_passed_through():
         load_sprint_status,
         write_story_status,
     )
+    from activities.backends.command import stop_sprint_agents
     from activities.summary import SummaryInput, write_execution_summary
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
+        LAUNCHER_BACKSTOP_SECONDS,
         QUERY_REPORT,
         QUERY_STATUS,
         SA_BATCH_ID,
@@ -55,11 +57,12 @@ with workflow.unsafe.imports_passed_through():
         SIGNAL_STORY_UPDATES,
         SLAVE_CANCEL_WAIT,
         UPDATE_DECIDE,
+        agents_task_queue_for,
         slave_workflow_id,
     )
     from bso.dependencies import UNFINISHED, state_for_dependants
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
-    from bso.dispatch import BudgetLevel, budget_level
+    from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
     from bso.messages import (
         BatchSpec,
         RejectedMessage,
@@ -158,6 +161,9 @@ PATCH_ABNORMAL_COUNTS_REARMED = "master-abnormal-batch-counts-rearmed-tokens"
 # A Slave counts its own working time against slave_timeout_seconds (PATCH_WORKING_TIME_LIMIT): no execution
 # timeout, which ran on while the batch was paused or waited for a human and killed it with its agent in flight.
 PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT = "master-slave-without-execution-timeout"
+# A cancelled sprint (command backend) stops its agents still running: those whose worker was down when the cancel
+# came (stopped gracefully, or killed) heard nothing of it and ran on until their launcher's backstop.
+PATCH_CANCEL_STOPS_AGENTS = "master-cancel-stops-agents"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -556,6 +562,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._state.results.append(task.result())
                 self._state.tokens_used += task.result().tokens_used
         self._batch_tasks.clear()
+        if self._input.agent_backend == "command" and workflow.patched(PATCH_CANCEL_STOPS_AGENTS):
+            await self._stop_agents()
         await self._cancel_starting_resident()
         await self._stop_residents(now=workflow.patched(PATCH_CANCEL_STOPS_RESIDENTS_NOW))
         cancelled = f"sprint cancelled: {workflow.cancellation_reason() or 'no reason given'}"
@@ -565,6 +573,26 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if workflow.patched(PATCH_CANCEL_WRITES_SUMMARY):  # the execution summary, as at the end of any sprint
             await self._write_summary(self._input, ended)
         raise asyncio.CancelledError
+
+    async def _stop_agents(self) -> None:
+        """The cancelled sprint's agents still running stop (their launchers would stop them past their
+        timeout anyway: no longer worth waiting for a worker then)."""
+        try:
+            stopped = await workflow.execute_activity(
+                stop_sprint_agents,
+                StopAgentsInput(project_root=self._project_root, session_id=self._state.session_id),
+                task_queue=agents_task_queue_for(workflow.info().task_queue),
+                schedule_to_close_timeout=timedelta(
+                    seconds=self._state.config.agent_timeout_seconds.longest() + LAUNCHER_BACKSTOP_SECONDS
+                ),
+                start_to_close_timeout=timedelta(seconds=60),
+                summary="stop the cancelled sprint's agents",
+            )
+        except ActivityError as err:
+            workflow.logger.warning("the cancelled sprint's agents not stopped: %s", err.cause or err)
+            return
+        if stopped:
+            workflow.logger.info("the cancelled sprint's agents stopped: %s", ", ".join(stopped))
 
     async def _sprint(self, inp: SprintInput) -> SprintReport:
         if inp.carried_state is None:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import po_command
 from activities.po_command import heartbeat_detail
@@ -70,7 +71,8 @@ from bso.agent_profiles import (
     resolve_profile,
 )
 from bso.config import ConfigError, SprintConfig, resolve_config
-from bso.dispatch import VERIFICATION_FAILED, written_by_this_run
+from bso.constants import LAUNCHER_BACKSTOP_SECONDS, of_sprint
+from bso.dispatch import VERIFICATION_FAILED, StopAgentsInput, written_by_this_run
 from bso.git_rules import (
     GitRuleError,
     check_ref_part,
@@ -86,9 +88,6 @@ from bso.states import AgentMode, AgentStatus, AgentType, Severity
 
 LAST_LINE_CHARS = 300
 LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
-# The launcher holds its agent to the timeout itself this long after the activity would have: a backstop for an
-# agent whose worker was killed hard and whose dispatch no retry adopts (its deadline passed, another host).
-LAUNCHER_BACKSTOP_SECONDS = 60
 TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 
@@ -189,7 +188,7 @@ async def _run_process(
     pgid = proc.pid
     started = time.monotonic()
     waiter = asyncio.ensure_future(proc.wait())
-    timed_out = False
+    timed_out = left_running = False
     try:
         while True:
             done, _ = await asyncio.wait({waiter}, timeout=beat_every)
@@ -205,16 +204,30 @@ async def _run_process(
                 await waiter
                 break
     except asyncio.CancelledError:
-        # TERMINATE (the Slave cancelled), or the worker shuts down: no orphan agent may remain.
-        kill_group_now(pgid)
+        left_running = _leave_to_next_worker(pgid, dispatch_id)
+        if not left_running:  # TERMINATE (the Slave cancelled): no orphan agent may remain
+            kill_group_now(pgid)
         raise
     finally:
-        if group_alive(pgid):  # the agent exited but left children behind
+        if not left_running and group_alive(pgid):  # the agent exited but left children behind
             kill_group_now(pgid)
     exited = None if timed_out else _exit_record(run_dir, dispatch_id)
     if exited is not None:  # the launcher's record of the agent's exit
         return exited[0]
     return AgentRun(proc.returncode, timed_out, time.monotonic() - started, _last_line(run_dir / "stdout.log"))
+
+
+def _leave_to_next_worker(pgid: int, dispatch_id: str) -> bool:
+    """Cancelled because the worker stops (Ctrl-C, SIGTERM, a deploy), not by the sprint: the agent goes on
+    under its launcher, which holds it to its deadline, and the retry on the next worker adopts it. Its work
+    was lost (the agent killed, then run from scratch)."""
+    if not activity.is_worker_shutdown():
+        return False
+    activity.logger.warning(
+        "dispatch %s: the worker stops; its agent (process group %s) goes on for the next worker to adopt",
+        dispatch_id, pgid,
+    )
+    return True
 
 
 def _someone_elses(pid: int) -> bool:
@@ -288,7 +301,8 @@ async def _adopt(
                 return
             await asyncio.sleep(beat_every)
     except asyncio.CancelledError:
-        kill_group_now(pgid)
+        if not _leave_to_next_worker(pgid, dispatch_id):
+            kill_group_now(pgid)
         raise
 
 
@@ -315,23 +329,63 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             kill_group_now(pgid)
 
 
-def _kill_other_dispatches(project_root: str, story_key: str, run_dir: Path) -> None:
-    """A live agent of another dispatch of this story (its worker was killed hard, and the story went on: a
-    rearm, a sprint run again) would work in the same worktree as the one about to start: it is stopped."""
+def _live_launchers(project_root: str) -> list[tuple[Path, dict, int]]:
+    """The launchers of this host still running an agent of the project (no exit.json yet): each one's run
+    folder, pid.json record and process group."""
     agents = Path(project_root, SESSION_DIR, "agents")
+    live = []
     for pid_file in sorted(agents.glob("*/pid.json")) if agents.is_dir() else []:
-        if pid_file.parent == run_dir or (pid_file.parent / "exit.json").exists():
+        if (pid_file.parent / "exit.json").exists():
             continue
         try:
             data = json.loads(pid_file.read_text(encoding="utf-8"))
             pgid = int(data["pgid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if data.get("story_key") != story_key or not _on_this_machine(data) or not _launcher_running(pgid, pid_file.parent):
-            continue
-        activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
-                                data.get("dispatch_id"), story_key, pgid)
-        kill_group_now(pgid)
+        if isinstance(data, dict) and _on_this_machine(data) and _launcher_running(pgid, pid_file.parent):
+            live.append((pid_file.parent, data, pgid))
+    return live
+
+
+def _kill_other_dispatches(project_root: str, story_key: str, dispatch_id: str) -> None:
+    """A live agent of another dispatch of this story (its worker was killed hard, and the story went on: a
+    rearm, a sprint run again) would work in the same worktree as the one about to start: it is stopped."""
+    for _, data, pgid in _live_launchers(project_root):
+        if data.get("story_key") == story_key and data.get("dispatch_id") != dispatch_id:
+            activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
+                                    data.get("dispatch_id"), story_key, pgid)
+            kill_group_now(pgid)
+
+
+@activity.defn
+async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
+    """The sprint was cancelled: the agents of its batches still running on this host are stopped. (A cancel
+    reaches a running agent through its activity; one whose worker was down when it came, left running by a
+    graceful stop or orphaned by a crash, heard nothing and ran on until its launcher's backstop.) The
+    dispatches stopped."""
+    stopped = []
+    for run_dir, data, pgid in _live_launchers(inp.project_root):
+        if of_sprint(str(data.get("dispatch_id", "")), inp.session_id):
+            activity.logger.warning("sprint cancelled: killing the agent of dispatch %s (process group %s)",
+                                    data["dispatch_id"], pgid)
+            # First the record: an attempt of the dispatch adopting this agent (a worker back up before the
+            # cancel reached the Slave) must not take its end for a crash and run it again.
+            write_json_atomic(run_dir / CANCELLED_FILE, {k: data.get(k) for k in ("dispatch_id", "run_id")})
+            kill_group_now(pgid)
+            stopped.append(str(data["dispatch_id"]))
+    return stopped
+
+
+CANCELLED_FILE = "cancelled.json"  # stop_sprint_agents: the sprint was cancelled, its agent stopped
+
+
+def _stopped_by_cancel(run_dir: Path, dispatch_id: str) -> bool:
+    path = run_dir / CANCELLED_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data.get("dispatch_id") == dispatch_id and _this_runs(data, path)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _keep_earlier_transcript(run_dir: Path) -> None:
@@ -362,6 +416,20 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         run = AgentRun(data["returncode"], bool(data["timed_out"]), float(data["elapsed"]), str(data["last_line"]))
         return run, data.get("before"), data.get("passing_before")
     except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _earlier_start(run_dir: Path, dispatch_id: str) -> tuple[str, int | None] | None:
+    """An earlier attempt of this dispatch (this workflow run) started its agent, which died unfinished: the
+    commit before it and its fix snapshot; None when none did."""
+    path = run_dir / "pid.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("dispatch_id") != dispatch_id or not _this_runs(data, path) or not isinstance(data.get("before"), str):
+            return None
+        passing = data.get("passing_before")
+        return data["before"], passing if isinstance(passing, int) else None
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -495,19 +563,28 @@ async def run(a: TaskAssignment) -> AgentComplete:
         await _adopt(launch, run_dir, agents, beat_env, a.dispatch_id, timeout)
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
+    if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):
+        raise ApplicationError(
+            f"dispatch {a.dispatch_id}: the sprint was cancelled and its agent stopped", type="SprintCancelled",
+            non_retryable=True,
+        )
+    started = None
     if exited is None:
-        _kill_other_dispatches(root, a.story_key, run_dir)
+        _kill_other_dispatches(root, a.story_key, a.dispatch_id)
+        started = _earlier_start(run_dir, a.dispatch_id)
         _keep_earlier_transcript(run_dir)
-        before = await head(wt.path) if wt else None
+        # An attempt killed mid-run (a worker stopped or crashed with its agent) may have committed: the diff
+        # and the P20 rollback count from where the dispatch began, not from that commit.
+        before = started[0] if started else (await head(wt.path) if wt else None)
     else:  # the agent finished in an earlier attempt: check its work, never run it again
         activity.logger.info("dispatch %s: agent already exited; checking its work again", a.dispatch_id)
         before = exited[1]
     po_base = None  # Agent-PO completion phases: the NEXT gate's changed files are the diff since this
     if wt and before and po_command.is_completion(a):
         po_base = await po_command.remember_diff_base(wt.path, a, before)
-    passing_before: int | None = exited[2] if exited else None
+    passing_before: int | None = exited[2] if exited else (started[1] if started else None)
     checks = agents.verification
-    if exited is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
+    if exited is None and passing_before is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
         # P20: the fix snapshot: how many tests pass before the fix.
         async with _beating(a, FIX_SNAPSHOT_PHASE, "BSO counting the passing tests before the fix", _beat_every(agents)):
             snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})

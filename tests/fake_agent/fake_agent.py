@@ -7,7 +7,8 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
-dev mode breaks them, a fix repairs them), no-commit, no-changes, no-result-file, shared-file (also appends
+dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commits, then
+sleeps 300 s), no-result-file, shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -188,6 +189,9 @@ def main():
             if subprocess.run(["git", "diff", "--cached", "--quiet"]).returncode:  # something staged
                 git("commit", "-q", "-m", f"implement {key}")
             Path(f"src/{module}_extra.py").write_text("EXTRA = 1\n")  # left for BSO's exit gate
+    if dev and "linger" in behavior:  # its work committed, the agent is still busy (killed here, it reruns)
+        print("committed, still checking", flush=True)
+        time.sleep(300)
     usage = {"input_tokens": 1000, "output_tokens": 200, "cache_read_input_tokens": 5000,
              "cache_creation_input_tokens": 0}
     if report_kind:

@@ -1,6 +1,6 @@
-"""Which task queue a Slave sends its agents to (bso.constants.agent_task_queue)."""
+"""Which task queue a Slave sends its agents to (bso.constants.agent_task_queue); whose a dispatch is."""
 
-from bso.constants import agent_task_queue, agents_task_queue_for
+from bso.constants import agent_task_queue, agents_task_queue_for, of_sprint, slave_workflow_id
 from bso.states import AgentBackend
 
 
@@ -18,3 +18,10 @@ def test_real_agents_go_to_the_paired_agents_queue():
 def test_every_backend_has_a_queue():
     # A backend added later goes to the agents queue unless it is declared in-process.
     assert agent_task_queue("some-new-backend", "q") == agents_task_queue_for("q")
+
+
+def test_a_dispatch_belongs_to_the_sprint_whose_batch_sent_it():
+    dispatch = f"{slave_workflow_id('s1', 3)}/1-1/2"
+    assert of_sprint(dispatch, "s1")
+    assert not of_sprint(dispatch, "s")  # a session id that is a prefix of another's
+    assert not of_sprint("s1-other/batch-1/1-1/1", "s1")

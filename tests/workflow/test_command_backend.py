@@ -449,6 +449,29 @@ async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its
     assert len(runs(tmp_path)) == 1
 
 
+async def test_an_agent_killed_after_committing_reruns_against_the_commit_before_it(tmp_path: Path) -> None:
+    """The worker dies with its agent (a crash that takes the process group, or a graceful stop) after the
+    agent committed: the retry runs the agent again, and its work counts from the commit before the killed
+    attempt. The rerun agent, finding the work done, changed nothing and failed with "empty diff"."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="linger")
+    a = assignment(root)
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    worktree = worktree_path(str(root), "s1", STORY)
+
+    async def committed() -> bool:
+        return "implement" in git(worktree, "log", "--oneline", "-1")
+
+    await poll_until(committed, "the agent committed", timeout=30)
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    assert await gone(pid)
+    git(worktree, "clean", "-fdq")  # all its work is in the commit
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace('"linger"', '"no-changes"'))
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert len(runs(tmp_path)) == 2
+
+
 async def test_an_orphan_agent_of_the_storys_earlier_dispatch_is_stopped_before_the_next_starts(tmp_path: Path) -> None:
     """The worker of dispatch 1 is killed hard, its agent left running; the story goes on (the dispatch timed
     out on the server; a rearm): dispatch 2 starts in the same worktree only once dispatch 1's agent is gone.

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -140,6 +142,58 @@ async def test_a_cancelled_sprint_stops_its_agent_within_seconds(local_env, tmp_
     assert stopped_after < 15, f"the agent ran {stopped_after:.0f}s after the cancel"
 
 
+@pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
+async def test_a_sprint_cancelled_while_its_worker_is_down_stops_its_agent(local_env, tmp_path: Path, stop: str) -> None:
+    """The worker is killed hard while the agent works (the agent runs on, for a retry to adopt once the
+    attempt's heartbeat times out); the sprint is cancelled before that, so no attempt of the dispatch comes
+    again to hear of it. Once a worker is back, the cancelled sprint stops the agent. It ran on until its
+    launcher's backstop (its timeout plus 60 s). A worker stopped gracefully leaves its agent too, and its
+    attempt's retry comes at once, adopting the agent as the sprint stops it: it must not take that for a
+    crash and run the agent again."""
+    pids = tmp_path / "pids.json"
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids))
+    prefix = f"down-{uuid.uuid4().hex[:6]}-"
+    address = local_env.client.service_client.config.target_host
+    logs = tmp_path / "worker.log"
+    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    inp = sprint_input(
+        root, session_id=f"cmd-down-{uuid.uuid4().hex[:6]}", agent_backend="command",
+        config_overrides={"po_gates_enabled": False},
+    )
+    recorded: list[int] = []
+    first_worker.start()
+    try:
+        handle = await start_sprint(local_env.client, prefix + SPRINT_TASK_QUEUE, inp)
+        for _ in range(1800):  # the agent and the child it started are up
+            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"the dev agent never started; worker log:\n{logs.read_text()[-3000:]}")
+        recorded = json.loads(pids.read_text())
+        await asyncio.to_thread(first_worker.kill9 if stop == "kill -9" else first_worker.stop)
+        assert all(alive(pid) for pid in recorded)
+        await handle.cancel()
+        await asyncio.sleep(2)  # the cancel is recorded; no worker heard it
+        second_worker.start()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
+        loop = asyncio.get_running_loop()
+        ended_at = loop.time()
+        while any(alive(pid) for pid in recorded) and loop.time() - ended_at < 10:
+            await asyncio.sleep(0.2)
+    finally:
+        first_worker.kill9()
+        second_worker.stop()
+        latest = json.loads(pids.read_text() or "[]") if pids.exists() else []
+        survivors = [pid for pid in dict.fromkeys([*recorded, *latest]) if alive(pid)]
+        for pid in survivors:  # the fake agents this test started (a failed run leaves them)
+            os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"the cancelled sprint's agent runs on: {survivors}"
+    assert len(agent_runs(tmp_path)) == 1, agent_runs(tmp_path)  # stopped, never run again
+
+
 async def test_leaked_env_file_is_refused_and_never_committed(local_env, tmp_path: Path) -> None:
     root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="leak-env")
     base = git(root, "rev-parse", "HEAD").strip()
@@ -233,10 +287,13 @@ async def test_worker_killed_while_checking_a_finished_agent_does_not_rerun_it(l
     assert "feat: Story 1.1: Hello" in git(root, "log", "-1", "--format=%s")
 
 
-async def test_worker_killed_while_its_agent_works_does_not_rerun_it(local_env, tmp_path: Path) -> None:
-    """kill -9 of the worker process while the dev agent works; the orphaned agent finishes alone, then a
-    worker is restarted: the retry picks up the agent's exit and answer, it never runs the agent again."""
-    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3")
+@pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
+async def test_worker_stopped_while_its_agent_works_does_not_rerun_it(local_env, tmp_path: Path, stop: str) -> None:
+    """The worker process dies while the dev agent works: killed hard, the orphaned agent finishes alone, then
+    a worker is restarted; stopped gracefully (Ctrl-C, a deploy), the agent goes on and the next worker's
+    retry adopts it while it still runs. Either way the agent never runs again. A graceful stop used to kill
+    the agent, and the retry ran it from scratch."""
+    root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3" if stop == "kill -9" else "8")
     prefix = f"orphan-{uuid.uuid4().hex[:6]}-"
     address = local_env.client.service_client.config.target_host
     logs = tmp_path / "worker.log"
@@ -256,12 +313,16 @@ async def test_worker_killed_while_its_agent_works_does_not_rerun_it(local_env, 
             await asyncio.sleep(0.1)
         else:
             pytest.fail(f"the dev agent never started; worker log:\n{logs.read_text()[-3000:]}")
-        first_worker.kill9()
-        assert alive(devs[0]["pid"])
-        for _ in range(300):  # the orphan finishes while no worker runs
-            if not alive(devs[0]["pid"]):
-                break
-            await asyncio.sleep(0.1)
+        if stop == "kill -9":
+            first_worker.kill9()
+            assert alive(devs[0]["pid"])
+            for _ in range(300):  # the orphan finishes while no worker runs
+                if not alive(devs[0]["pid"]):
+                    break
+                await asyncio.sleep(0.1)
+        else:
+            await asyncio.to_thread(first_worker.stop)
+            assert alive(devs[0]["pid"]), "the worker's graceful stop killed its agent"
         second_worker.start()
         report = await asyncio.wait_for(handle.result(), SPRINT_TIMEOUT)
     finally:
