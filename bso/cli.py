@@ -89,7 +89,7 @@ from bso.models import (
     StoryView,
     short_key,
 )
-from bso.report import work_per_story
+from bso.report import batch_errors, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
     NOTHING_TO_RUN,
@@ -392,6 +392,8 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
             )
     return SprintStatusView(
         session_id=report.session_id,
+        batch_errors=batch_errors(report.batches, [report.error] if report.error else []),
+        errors=[report.error] if report.error else [],
         phase=SprintPhase.CANCELED if report.status is SprintStatus.CANCELLED else SprintPhase.COMPLETED,
         batches_total=len(report.batch_plan.batches) if report.batch_plan else len(report.batches),
         batches_done=len(report.batches),
@@ -523,6 +525,7 @@ def _stories_table(view: SprintStatusView, width: int) -> Table:
 
 
 STORY_PROBLEMS_SHOWN = 8
+ERRORS_SHOWN = 5  # the sprint's and its batches' last errors
 
 
 def _story_problems(view: SprintStatusView) -> list[Text]:
@@ -612,8 +615,14 @@ def _progress(
                     style="yellow",
                 )
             )
-    for error in view.errors[-3:]:
-        parts.append(Text(f"error: {error}", style="red"))
+    errors = [
+        *(e if e.startswith(f"batch {b} ") else f"batch {b}: {e}" for b, found in view.batch_errors.items() for e in found),
+        *view.errors,
+    ]
+    if len(errors) > ERRORS_SHOWN:
+        parts.append(Text(f"... {len(errors) - ERRORS_SHOWN} errors before these (--json, or bso sprint report)", style="red"))
+    for error in errors[-ERRORS_SHOWN:]:
+        parts.append(Text(f"error: {_shorten(error, 300)}", style="red"))
     if note:
         parts.append(Text(note, style="dim"))
     return Group(*parts)

@@ -391,6 +391,9 @@ class SprintStatusView(_Model):
     token_limit: int = 0
     pause_reason: str | None = None
     errors: list[str] = Field(default_factory=list)
+    # A finished batch's own errors (out of time, the status file unreadable, fail_fast's fatal error): batch id ->
+    # its errors. (A batch that ended abnormally has its reason among `errors` already.)
+    batch_errors: dict[int, list[str]] = Field(default_factory=dict)
     runs: int = 1
     checkpoint: str | None = None
     awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question

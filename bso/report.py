@@ -86,3 +86,11 @@ def sprint_status(final_states: dict[str, str], stopped_early: bool) -> SprintSt
     if done == 0 and not stopped_early:
         return SprintStatus.FAILED
     return SprintStatus.PARTIAL
+
+
+def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[int, list[str]]:
+    """The finished batches' own errors (out of time, fail_fast's fatal error ...), by batch id: those the
+    sprint's errors do not hold already (the reason a batch ended abnormally is the Master's)."""
+    known = set(sprint_errors)
+    found = {r.batch_id: [e for e in r.errors if e not in known] for r in sorted(results, key=lambda r: r.batch_id)}
+    return {batch_id: errors for batch_id, errors in found.items() if errors}

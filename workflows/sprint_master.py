@@ -101,7 +101,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.po_gates import gate_totals
     from bso.delivery import sprint_message_errors
-    from bso.report import build_slave_result, sprint_status
+    from bso.report import batch_errors, build_slave_result, sprint_status
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
         NOTHING_TO_RUN,
@@ -222,6 +222,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             token_limit=s.token_limit,
             pause_reason=s.paused_reason if s.phase not in ENDED_PHASES else None,  # an ended sprint is not paused
             errors=list(s.errors),
+            batch_errors=batch_errors(s.results, s.errors),
             runs=s.runs,
             checkpoint=s.checkpoint,
             awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},

@@ -23,14 +23,16 @@ from bso.cli import (
     _print_markdown,
     _progress,
     _query_status,
+    _view_from_report,
     parse_set,
     server_command,
     temporal_start_command,
     ui_link,
     watch_console,
 )
-from bso.models import SprintInput, SprintStatusView, StoryView
-from bso.states import SprintPhase
+from bso.models import SlaveResult, SlaveResults, SprintInput, SprintReport, SprintStatusView, StoryView
+from bso.report import batch_errors
+from bso.states import BatchStatus, SprintPhase, SprintStatus
 from bso.temporal_client import connect_config
 
 
@@ -136,6 +138,20 @@ def _rendered(view: SprintStatusView) -> str:
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(_progress(view, None, view.phase.value))
     return console.export_text()
+
+
+def test_status_shows_the_finished_batches_errors_with_the_sprints():
+    """A batch out of time said so only in the report: the status showed nothing of it."""
+    view = SprintStatusView(
+        session_id="s", phase=SprintPhase.COMPLETED, errors=["sprint stopped"],
+        batch_errors={1: ["batch 1 out of time: it worked 60 s"], 2: ["sprint-status.yaml unreadable: gone"]},
+    )
+    text = _rendered(view)
+    assert "error: batch 1 out of time: it worked 60 s" in text
+    assert "error: batch 2: sprint-status.yaml unreadable: gone" in text and "error: sprint stopped" in text
+    many = view.model_copy(update={"batch_errors": {n: [f"batch {n} out of time"] for n in range(1, 9)}})
+    text = _rendered(many)
+    assert "... 4 errors before these" in text and "batch 4 out of time" not in text and "batch 8 out of time" in text
 
 
 def test_status_says_why_stories_stopped_and_what_a_pause_with_nothing_left_waits_for():
@@ -266,3 +282,21 @@ def test_the_bars_give_way_on_a_narrow_terminal_and_the_counts_stay_whole():
         assert "…" not in shown.split("story")[0], shown
         bar = next(line for line in shown.splitlines() if line.startswith("overall"))
         assert len(bar.rstrip()) <= width and bar.count("━") <= 40, bar
+
+
+def test_batch_errors_leave_out_what_the_sprint_says_already():
+    """A batch that ended abnormally has the Master's reason as its error, among the sprint's errors already."""
+    def batch(batch_id: int, status: BatchStatus, errors: list[str]) -> SlaveResult:
+        nothing = SlaveResults(
+            stories_total=0, stories_completed=0, stories_failed=0, stories_skipped=0, story_results=[],
+            total_agents_created=0, total_agents_destroyed=0, review_fix_rounds={},
+        )
+        return SlaveResult(batch_id=batch_id, session_id="s", status=status, results=nothing, errors=errors)
+
+    ran = batch(2, BatchStatus.PARTIAL, ["batch 2 out of time: it worked 60 s"])
+    cut = batch(1, BatchStatus.FAILED, ["batch 1 timed out"])
+    clean = batch(3, BatchStatus.COMPLETE, [])
+    assert batch_errors([ran, cut, clean], ["batch 1 timed out"]) == {2: ["batch 2 out of time: it worked 60 s"]}
+    report = SprintReport(session_id="s", status=SprintStatus.PARTIAL, batches=[ran, cut], error="batch 1 timed out")
+    view = _view_from_report(report)  # a finished sprint no worker answers for: from its result
+    assert (view.batch_errors, view.errors) == ({2: ["batch 2 out of time: it worked 60 s"]}, ["batch 1 timed out"])

@@ -83,9 +83,11 @@ async def test_a_batch_out_of_working_time_ends_after_the_agent_in_flight(own_ts
             "status": "success",
         })
         report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
     errors = [e for b in report.batches for e in b.errors]
     assert report.stories == {K1: "review", K2: "review"}, (report.stories, errors)
     assert len(errors) == 1 and errors[0].startswith("batch 1 out of time: it worked 60 s"), errors
+    assert status.batch_errors == {1: errors}  # `bso sprint status` shows it
     assert status_values(tmp_path)[K1] == "review"
     assert await workflow_task_failures(env.client, "late") == 0
 
