@@ -512,7 +512,10 @@ def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentR
         "mode": a.mode.value,
     }
     if run.timed_out:
-        return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"agent timed out after {int(timeout)}s; process group killed")
+        error = f"agent timed out after {int(timeout)}s; process group killed"
+        if run.elapsed >= timeout + LAUNCHER_BACKSTOP_SECONDS:  # its worker gone, the launcher's backstop did it
+            error += f" by its launcher {int(run.elapsed)}s after it started (no worker watched it then)"
+        return AgentComplete(**base, status=AgentStatus.FAILURE, error=error)
     raw = None
     if result_file.exists():
         try:

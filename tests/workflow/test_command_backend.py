@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -432,7 +433,7 @@ async def _worker_killed_while_its_agent_runs(tmp_path: Path, a: TaskAssignment,
     return pid
 
 
-async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its_deadline(tmp_path: Path) -> None:
+async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its_deadline(tmp_path: Path, monkeypatch) -> None:
     """kill -9 of the worker while its agent works, and no retry of the dispatch comes (its deadline passed on
     the server, or the retry runs on another host): the launcher holds the agent to its timeout itself (plus
     the backstop) and records the timeout. It ran on with no limit."""
@@ -441,11 +442,13 @@ async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its
     )
     a = assignment(root)
     pid = await _worker_killed_while_its_agent_runs(tmp_path, a, backstop=1)
+    monkeypatch.setattr(command, "LAUNCHER_BACKSTOP_SECONDS", 1)
     assert await gone(pid, seconds=20), "the orphan agent ran past its deadline"
     exited = json.loads((command.run_dir_for(str(root), a.dispatch_id) / "exit.json").read_text())
     assert (exited["timed_out"], exited["returncode"], exited["dispatch_id"]) == (True, None, a.dispatch_id)
     done = await ActivityEnvironment().run(command.run, a)  # a late retry reports the timeout, runs nothing
-    assert done.status is AgentStatus.FAILURE and "timed out" in done.error, done.error
+    assert done.status is AgentStatus.FAILURE and "timed out after 2s" in done.error, done.error
+    assert re.search(r"by its launcher [3-9]s after it started", done.error), done.error  # what took the time
     assert len(runs(tmp_path)) == 1
 
 
