@@ -43,6 +43,9 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -54,6 +57,7 @@ from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
     AGENTS_TASK_QUEUE,
     FAILURE_INVALID_INPUT,
+    IN_PROCESS_AGENT_BACKENDS,
     FAILURE_MISSING_INPUT,
     QUERY_REPORT,
     QUERY_STATUS,
@@ -65,6 +69,7 @@ from bso.constants import (
     SPRINT_TASK_QUEUE,
     UPDATE_COURSE_CORRECT,
     UPDATE_DECIDE,
+    agents_task_queue_for,
 )
 from bso.message_flow import (
     MESSAGE_TYPES,
@@ -564,7 +569,8 @@ def _bar(total: int, completed: int) -> ProgressBar:
 
 
 def _progress(
-    view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None
+    view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
+    unserved_queue: str | None = None,
 ) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
@@ -603,6 +609,14 @@ def _progress(
         *_awaiting_decisions(view),
         *_rejections(view, rejected_by_children or {}),
     ]
+    if unserved_queue:
+        prefix = unserved_queue.removesuffix(AGENTS_TASK_QUEUE)
+        start = f"bso worker --queue {AGENTS_TASK_QUEUE}" + (f" --queue-prefix {prefix}" if prefix else "")
+        parts.append(Text(
+            f"no worker has polled {unserved_queue} for {int(AGENTS_POLL_PATIENCE.total_seconds())} s: the agents in "
+            f"flight wait for one (none runs, or all its agent slots are busy). Start one: `{start}`",
+            style="bold yellow",
+        ))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:
@@ -626,6 +640,30 @@ def _progress(
     if note:
         parts.append(Text(note, style="dim"))
     return Group(*parts)
+
+
+# A live worker polls at least once a minute (a long poll lasts up to that): longer, none polls (or every slot of
+# the ones there is busy, which the server cannot tell apart).
+AGENTS_POLL_PATIENCE = timedelta(seconds=90)
+
+
+async def _unserved_agents_queue(client: Client, sprint_queue: str, view: SprintStatusView) -> str | None:
+    """The agents queue of a sprint whose agents run there, with one in flight, that no worker has polled
+    lately (the server's record of its pollers); None when one has, or nothing waits for one."""
+    waiting = any(story.agent_in_flight for story in view.stories.values())
+    if not waiting or view.agent_backend in IN_PROCESS_AGENT_BACKENDS:
+        return None
+    queue = agents_task_queue_for(sprint_queue)
+    try:
+        described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        ))
+    except RPCError:
+        return None  # not this command's business to fail on
+    now = datetime.now(UTC)
+    polled = [poller.last_access_time.ToDatetime(tzinfo=UTC) for poller in described.pollers]
+    return None if any(now - at < AGENTS_POLL_PATIENCE for at in polled) else queue
 
 
 def _print_markdown(text: str) -> None:
@@ -949,6 +987,7 @@ def sprint_watch(
         note: str | None = None
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
+        unserved: str | None = None
         with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -964,11 +1003,12 @@ def sprint_watch(
                     fresh, note = await _query_status(handle)
                     view = fresh or view
                     rejected = await _rejected_by_children(client, desc)
+                    unserved = await _unserved_agents_queue(client, desc.task_queue, view) if view else None
                 if note and note != last_note and not out.is_terminal:
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    live.update(_progress(view, note, "running", rejected), refresh=out.is_terminal)
+                    live.update(_progress(view, note, "running", rejected, unserved), refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
@@ -1004,7 +1044,9 @@ def sprint_status(
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
-        rejected = await _rejected_by_children(client, desc) if desc.status == WorkflowExecutionStatus.RUNNING else {}
+        running = desc.status == WorkflowExecutionStatus.RUNNING
+        rejected = await _rejected_by_children(client, desc) if running else {}
+        unserved = await _unserved_agents_queue(client, desc.task_queue, view) if running else None
         if as_json:
             data = view.model_dump(mode="json")
             data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
@@ -1014,7 +1056,7 @@ def sprint_status(
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected), soft_wrap=not out.is_terminal)  # piped: lines whole
+        out.print(_progress(view, note, outcome, rejected, unserved), soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
 

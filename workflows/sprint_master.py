@@ -223,6 +223,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             pause_reason=s.paused_reason if s.phase not in ENDED_PHASES else None,  # an ended sprint is not paused
             errors=list(s.errors),
             batch_errors=batch_errors(s.results, s.errors),
+            agent_backend=self._input.agent_backend,
             runs=s.runs,
             checkpoint=s.checkpoint,
             awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},

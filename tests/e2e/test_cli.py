@@ -478,3 +478,47 @@ def test_an_update_without_a_worker_says_what_it_waits_for(cli_env, tmp_path: Pa
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=30)
+
+
+def test_status_says_when_no_worker_serves_the_agents_queue(cli_env, tmp_path: Path):
+    """A worker serves the sprint queue only; the sprint's external agents wait on the agents queue: the status
+    showed the agent in flight and nothing else, for ever. It says no worker polls that queue, and how to start
+    one, until one does."""
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    project, _ = _project(tmp_path, duration_ms=20)
+    sprint_id = f"noagents-{uuid.uuid4().hex[:6]}"
+    workers: list[subprocess.Popen] = []
+
+    def start_worker(queue: str) -> None:
+        with (tmp_path / f"{queue}.log").open("w") as fh:
+            workers.append(subprocess.Popen(
+                [BSO, "worker", "--queue", queue, "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"],
+                stdout=fh, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+
+    try:
+        start_worker("bso-sprint")
+        started = bso(
+            cli_env, "sprint", "start", str(project), "--backend", "external", "--id", sprint_id,
+            "--task-queue", f"{prefix}bso-sprint",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        _wait_for(
+            lambda: any(s["agent_in_flight"] for s in _status(cli_env, sprint_id)["stories"].values()),
+            "an agent in flight",
+        )
+        shown = bso(cli_env, "sprint", "status", sprint_id)
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert f"no worker has polled {prefix}bso-agents for 90 s" in text, shown.stdout
+        assert f"`bso worker --queue bso-agents --queue-prefix {prefix}`" in text, shown.stdout
+        start_worker("bso-agents")
+        _wait_for(
+            lambda: "no worker has polled" not in bso(cli_env, "sprint", "status", sprint_id).stdout,
+            "the note gone once an agents worker polls", timeout=30,
+        )
+    finally:
+        bso(cli_env, "sprint", "cancel", sprint_id)
+        for proc in workers:
+            proc.terminate()
+            proc.wait(timeout=30)
