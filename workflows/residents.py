@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -97,6 +97,12 @@ RESIDENT_READY_TIMEOUT = timedelta(seconds=60)
 ROSTER_BROADCAST_HOLD = timedelta(seconds=1)
 
 RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  # simulation: residents_slow_start
+# A resident of an earlier run of the sprint id still running (that Master was terminated: an ended sprint stops
+# its residents, ABANDON keeps them past a termination) is cancelled, and the start tried again this often, this
+# far apart, while it ends.
+PATCH_REPLACES_LINGERING_RESIDENT = "master-replaces-lingering-resident"
+LINGERING_RESIDENT_TRIES = 10
+LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 
 
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
@@ -525,32 +531,20 @@ class RosterKeeper:
         self, role: str, workflow_id: str, project_root: str, simulation: SimulationScript, backend: str
     ) -> str | None:
         s = self._state
-        try:
-            handle = await workflow.start_child_workflow(
-                ResidentWorkflow.run,
-                ResidentRunInput(
-                    role=role,
-                    session_id=s.session_id,
-                    master_id=workflow.info().workflow_id,
-                    project_root=project_root,
-                    simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
-                    agent_backend=backend,
-                    fail_start=role in simulation.residents_fail_start,
-                    start_delay_seconds=RESIDENT_SLOW_START_SECONDS if role in simulation.residents_slow_start else 0,
-                    knowledge_research=s.config.research_limits(),
-                    e2e_live_base_url=s.config.e2e_live_base_url,
-                    continue_as_new_after_events=resident_handover_limit(s.config),
-                ),
-                id=workflow_id,
-                parent_close_policy=ParentClosePolicy.ABANDON,
-                task_timeout=CHILD_WORKFLOW_TASK_TIMEOUT,
-                static_summary=f"Resident {role} of sprint {s.session_id}",
-                search_attributes=TypedSearchAttributes(
-                    [SA_SESSION_ID.value_set(s.session_id), SA_PHASE.value_set("resident")]
-                ),
-            )
-        except Exception as err:  # noqa: BLE001 - e.g. a workflow with this id already running
-            return f"could not start: {err}"
+        for attempt in range(1, LINGERING_RESIDENT_TRIES + 1):
+            try:
+                handle = await self._start_resident_workflow(role, workflow_id, project_root, simulation, backend)
+                break
+            except WorkflowAlreadyStartedError as err:
+                if attempt == LINGERING_RESIDENT_TRIES or not workflow.patched(PATCH_REPLACES_LINGERING_RESIDENT):
+                    return f"could not start: {err}"
+                if attempt == 1:
+                    workflow.logger.warning(await _cancel_unready(
+                        workflow_id, f"resident {role} of an earlier run of sprint {s.session_id} still runs"
+                    ))
+                await workflow.sleep(LINGERING_RESIDENT_WAIT)
+            except Exception as err:  # noqa: BLE001 - the start refused for another reason
+                return f"could not start: {err}"
         try:
             await workflow.wait_condition(
                 lambda: role in self._ready_residents or handle.done(), timeout=RESIDENT_READY_TIMEOUT
@@ -566,6 +560,34 @@ class RosterKeeper:
             return str(cause.message if isinstance(cause, ApplicationError) else cause or "ended while starting")
         self._resident_handles[role] = handle
         return None
+
+    async def _start_resident_workflow(
+        self, role: str, workflow_id: str, project_root: str, simulation: SimulationScript, backend: str
+    ) -> workflow.ChildWorkflowHandle[Any, Any]:
+        s = self._state
+        return await workflow.start_child_workflow(
+            ResidentWorkflow.run,
+            ResidentRunInput(
+                role=role,
+                session_id=s.session_id,
+                master_id=workflow.info().workflow_id,
+                project_root=project_root,
+                simulation=simulation.model_dump(mode="json") if backend == "simulated" else {},
+                agent_backend=backend,
+                fail_start=role in simulation.residents_fail_start,
+                start_delay_seconds=RESIDENT_SLOW_START_SECONDS if role in simulation.residents_slow_start else 0,
+                knowledge_research=s.config.research_limits(),
+                e2e_live_base_url=s.config.e2e_live_base_url,
+                continue_as_new_after_events=resident_handover_limit(s.config),
+            ),
+            id=workflow_id,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            task_timeout=CHILD_WORKFLOW_TASK_TIMEOUT,
+            static_summary=f"Resident {role} of sprint {s.session_id}",
+            search_attributes=TypedSearchAttributes(
+                [SA_SESSION_ID.value_set(s.session_id), SA_PHASE.value_set("resident")]
+            ),
+        )
 
     async def _cancel_starting_resident(self) -> None:
         """A cancelled sprint: the resident it was starting is not in the roster yet, and nothing else would stop

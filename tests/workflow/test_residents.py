@@ -149,3 +149,33 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
         report = await sprint_result(handle)
     # 3 residents + 1 Slave + 1 temp + 1 two-phase agent
     assert report.total_agents_created == report.total_agents_destroyed == 6
+
+
+async def test_a_sprint_started_again_after_its_master_was_terminated_replaces_the_lingering_residents(
+    local_env, tmp_path: Path
+):
+    """`temporal workflow terminate` of a Master leaves its residents running (ABANDON: an ended sprint stops them
+    itself); the sprint started again under its id cancels them and starts its own. It failed: "the sprint
+    cannot run without its scrum-master: ... could not start: Workflow execution already started"."""
+    import uuid
+
+    from temporalio.client import WorkflowExecutionStatus
+
+    client = local_env.client
+    make_project(tmp_path, {K1: "review"})
+    session = f"again-{uuid.uuid4().hex[:6]}"
+    roles = ("scrum-master", "knowledge-researcher", "debugger")
+    async with bso_worker(client) as queue:
+        slow = sprint_input(tmp_path, session_id=session, simulation={"stories": {"1-1": {"duration_ms": 60000}}})
+        first = await start_sprint(client, queue, slow)
+        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
+        await first.terminate("by hand")
+        lingering = {r: await client.get_workflow_handle(resident_workflow_id(session, r)).describe() for r in roles}
+        assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering.values())
+        report = await run_sprint(client, queue, sprint_input(tmp_path, session_id=session))
+        ended = {
+            r: await client.get_workflow_handle(resident_workflow_id(session, r), run_id=d.run_id).describe()
+            for r, d in lingering.items()
+        }
+    assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done"}, report
+    assert all(d.status is WorkflowExecutionStatus.CANCELED for d in ended.values()), ended
