@@ -27,10 +27,6 @@ class AgentTimeouts(_Knobs):
     e2e_inspection: int = Field(900, gt=0)
     knowledge_research: int = Field(600, gt=0)
 
-    def longest(self) -> int:
-        """The longest an agent of any type may run."""
-        return max(self.for_agent(agent_type) for agent_type in AgentType)
-
     def for_agent(self, agent_type: AgentType) -> int:
         return {
             AgentType.STORY_CREATOR: self.story_creation,

@@ -71,11 +71,6 @@ def of_sprint(dispatch_id: str, session_id: str) -> bool:
 
 IN_PROCESS_AGENT_BACKENDS = ("simulated",)
 
-# The command backend's launcher holds its agent to the timeout itself this long after the activity would have: a
-# backstop for an agent whose worker was killed hard (or stopped) and whose dispatch no retry adopts (its deadline
-# passed, another host, the sprint cancelled while no worker ran).
-LAUNCHER_BACKSTOP_SECONDS = 60
-
 
 def agent_task_queue(backend: str, sprint_task_queue: str) -> str:
     """Where a Slave dispatches its agents. Simulated agents need no agent host: they run on the sprint's

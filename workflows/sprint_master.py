@@ -42,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
     from bso.config import ConfigError, SprintConfig, resolve_config
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
-        LAUNCHER_BACKSTOP_SECONDS,
         QUERY_REPORT,
         QUERY_STATUS,
         SA_BATCH_ID,
@@ -164,6 +163,7 @@ PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT = "master-slave-without-execution-timeout"
 # A cancelled sprint (command backend) stops its agents still running: those whose worker was down when the cancel
 # came (stopped gracefully, or killed) heard nothing of it and ran on until their launcher's backstop.
 PATCH_CANCEL_STOPS_AGENTS = "master-cancel-stops-agents"
+STOP_AGENTS_PATIENCE = timedelta(minutes=2)
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -546,6 +546,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         workflows/residents.py). The status file keeps each story's last state. A sprint that had finished
         its work when the cancel came (it was stopping its residents) ends with its report."""
         self._cancelling = True
+        batches_ran = bool(self._running_batches)
         for slave_id in sorted(self._running_batches.values()):
             try:
                 await workflow.get_external_workflow_handle(slave_id).cancel()
@@ -564,7 +565,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._state.results.append(task.result())
                 self._state.tokens_used += task.result().tokens_used
         self._batch_tasks.clear()
-        if self._input.agent_backend == "command" and workflow.patched(PATCH_CANCEL_STOPS_AGENTS):
+        if batches_ran and self._input.agent_backend == "command" and workflow.patched(PATCH_CANCEL_STOPS_AGENTS):
             await self._stop_agents()
         await self._cancel_starting_resident()
         await self._stop_residents(now=workflow.patched(PATCH_CANCEL_STOPS_RESIDENTS_NOW))
@@ -577,17 +578,17 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         raise asyncio.CancelledError
 
     async def _stop_agents(self) -> None:
-        """The cancelled sprint's agents still running stop (their launchers would stop them past their
-        timeout anyway: no longer worth waiting for a worker then)."""
+        """The cancelled sprint's agents still running stop. The Master winds down on a worker that is back, and
+        the agents queue's is as a rule the same process: the cancel waits for it a little, not for ever (an
+        agent missed is still stopped by its launcher, past its timeout)."""
         try:
             stopped = await workflow.execute_activity(
                 stop_sprint_agents,
                 StopAgentsInput(project_root=self._project_root, session_id=self._state.session_id),
                 task_queue=agents_task_queue_for(workflow.info().task_queue),
-                schedule_to_close_timeout=timedelta(
-                    seconds=self._state.config.agent_timeout_seconds.longest() + LAUNCHER_BACKSTOP_SECONDS
-                ),
+                schedule_to_close_timeout=STOP_AGENTS_PATIENCE,
                 start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="stop the cancelled sprint's agents",
             )
         except ActivityError as err:

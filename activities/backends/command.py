@@ -71,7 +71,7 @@ from bso.agent_profiles import (
     resolve_profile,
 )
 from bso.config import ConfigError, SprintConfig, resolve_config
-from bso.constants import LAUNCHER_BACKSTOP_SECONDS, of_sprint
+from bso.constants import of_sprint
 from bso.dispatch import VERIFICATION_FAILED, StopAgentsInput, written_by_this_run
 from bso.git_rules import (
     GitRuleError,
@@ -88,6 +88,10 @@ from bso.states import AgentMode, AgentStatus, AgentType, Severity
 
 LAST_LINE_CHARS = 300
 LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
+# The launcher holds its agent to the timeout itself this long after the activity would have: a backstop for an
+# agent whose worker was killed hard or stopped and whose dispatch no retry adopts (its deadline passed, another
+# host, its sprint cancelled and no worker back within STOP_AGENTS_PATIENCE, workflows/sprint_master.py).
+LAUNCHER_BACKSTOP_SECONDS = 60
 TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 

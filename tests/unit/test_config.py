@@ -85,12 +85,6 @@ def test_agent_timeout_for_agent_follows_overrides():
     assert cfg.agent_timeout_seconds.for_agent(AgentType.STORY_CREATOR) == 900
 
 
-def test_longest_agent_timeout_is_the_largest_of_any_agent_type():
-    assert SprintConfig().agent_timeout_seconds.longest() == 1800  # dev_execution
-    cfg = resolve_config({"agent_timeout_seconds": {"dev_execution": 60, "e2e_inspection": 4000}})
-    assert cfg.agent_timeout_seconds.longest() == 4000
-
-
 def test_token_budget_defaults(defaults):
     b = defaults.token_budget
     assert b.enabled is True
