@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -92,6 +93,7 @@ LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
 # agent whose worker was killed hard or stopped and whose dispatch no retry adopts (its deadline passed, another
 # host, its sprint cancelled and no worker back within STOP_AGENTS_PATIENCE, workflows/sprint_master.py).
 LAUNCHER_BACKSTOP_SECONDS = 60
+EXIT_POLL_SECONDS = 0.1  # how soon the launcher's exit is seen
 TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 
@@ -180,32 +182,37 @@ async def _run_process(
         "deadline_seconds": timeout + LAUNCHER_BACKSTOP_SECONDS,
         "kill_grace_seconds": agents.kill_grace_seconds,
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", str(LAUNCHER), json.dumps(spec), *argv,
+    # subprocess, not asyncio's: an asyncio child watcher (pidfd, the default from Python 3.12) kills a child still
+    # running when the worker's event loop closes, and a worker that stops leaves its agent to the next one.
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(LAUNCHER), json.dumps(spec), *argv],
         cwd=cwd,
         env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,  # no pipe to the worker: the agent outlives a worker killed hard
-        stderr=asyncio.subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # no pipe to the worker: the agent outlives a worker killed hard
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: killed as a whole
     )
     pgid = proc.pid
     started = time.monotonic()
-    waiter = asyncio.ensure_future(proc.wait())
+    next_beat = started + beat_every
     timed_out = left_running = False
     try:
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=beat_every)
-            elapsed = time.monotonic() - started
-            if done:
-                break
+        while proc.poll() is None:
+            await asyncio.sleep(EXIT_POLL_SECONDS)
+            now = time.monotonic()
+            if now < next_beat:
+                continue
+            next_beat = now + beat_every
+            elapsed = now - started
             activity.heartbeat(
                 heartbeat_detail(env, dispatch_id, proc.pid, elapsed, timeout, _last_line(run_dir / "stdout.log"))
             )
             if elapsed >= timeout:
                 timed_out = True
                 await kill_group(pgid, agents.kill_grace_seconds)
-                await waiter
+                while proc.poll() is None:
+                    await asyncio.sleep(EXIT_POLL_SECONDS)
                 break
     except asyncio.CancelledError:
         left_running = _leave_to_next_worker(pgid, dispatch_id)
@@ -223,9 +230,10 @@ async def _run_process(
 
 def _leave_to_next_worker(pgid: int, dispatch_id: str) -> bool:
     """Cancelled because the worker stops (Ctrl-C, SIGTERM, a deploy), not by the sprint: the agent goes on
-    under its launcher, which holds it to its deadline, and the retry on the next worker adopts it. Its work
-    was lost (the agent killed, then run from scratch)."""
-    if not activity.is_worker_shutdown():
+    under its launcher, which holds it to its deadline, and the retry on the next worker of this host adopts it
+    (killing it would lose the work it has done). A cancel the sprint asked for still stops it."""
+    details = activity.cancellation_details()
+    if details is None or not details.worker_shutdown or details.cancel_requested:
         return False
     activity.logger.warning(
         "dispatch %s: the worker stops; its agent (process group %s) goes on for the next worker to adopt",
@@ -284,7 +292,8 @@ async def _adopt(
 ) -> None:
     """Wait for the earlier attempt's agent, heartbeating and holding it to its timeout (counted from its start),
     until the launcher records its exit. On timeout the group is killed and the timeout recorded; cancelled, the
-    group is killed. If the launcher dies without a record, the agent runs again."""
+    group is killed (left running when the worker stops). If the launcher dies without a record, the agent runs
+    again."""
     pgid = int(launch["pgid"])
     activity.logger.warning("dispatch %s: the previous attempt's agent still runs (process group %s): waiting for it",
                             dispatch_id, pgid)

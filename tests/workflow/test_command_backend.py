@@ -452,6 +452,72 @@ async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its
     assert len(runs(tmp_path)) == 1
 
 
+# Attempt 1 of the dispatch in a worker process of its own, which stops (Ctrl-C, SIGTERM) once the agent has
+# started: the SDK cancels the activity with worker_shutdown, then the event loop closes. The pidfd child
+# watcher (Python 3.12's default) is used where there is one: asyncio's subprocess transport, closed with the
+# loop, killed a launcher still running.
+STOPPING_WORKER = (
+    "import asyncio, sys, warnings\n"
+    "from pathlib import Path\n"
+    "from temporalio.activity import ActivityCancellationDetails\n"
+    "from temporalio.testing import ActivityEnvironment\n"
+    "from activities.backends import command\n"
+    "from bso.messages import TaskAssignment\n"
+    "async def main():\n"
+    "    env = ActivityEnvironment()\n"
+    "    attempt = asyncio.ensure_future(env.run(command.run, TaskAssignment.model_validate_json(sys.argv[1])))\n"
+    "    while not Path(sys.argv[2]).exists():\n"
+    "        await asyncio.sleep(0.1)\n"
+    "    env.worker_shutdown()\n"
+    "    env.cancel(ActivityCancellationDetails(worker_shutdown=True))\n"
+    "    try:\n"
+    "        await attempt\n"
+    "    except asyncio.CancelledError:\n"
+    "        pass\n"
+    "if hasattr(asyncio, 'PidfdChildWatcher') and sys.version_info < (3, 14):\n"
+    "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+    "    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())\n"
+    "asyncio.run(main())\n"
+)
+
+
+async def test_a_stopping_worker_leaves_its_agent_for_the_next_worker_to_adopt(tmp_path: Path) -> None:
+    """The worker stops while the agent works: the agent goes on past the worker's end, and the retry adopts it
+    (its answer reported, the agent never run again). A graceful stop killed it, and the retry ran it from
+    scratch; then, with the pidfd child watcher, the launcher died with the worker's event loop."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="4")
+    a = assignment(root)
+    repo = Path(__file__).resolve().parents[2]
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STOPPING_WORKER, a.model_dump_json(), str(tmp_path / "ledger.jsonl"), cwd=repo
+    )
+    assert await asyncio.wait_for(worker.wait(), 60) == 0
+    [started] = runs(tmp_path)
+    assert alive(started["pid"]), "the stopping worker's agent was killed"
+    done = await ActivityEnvironment().run(command.run, a)  # the retry on the next worker
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert len(runs(tmp_path)) == 1
+    assert "thinking slowly" in (command.run_dir_for(str(root), a.dispatch_id) / "stdout.log").read_text()
+
+
+async def test_a_cancel_during_a_worker_stop_still_stops_the_agent(tmp_path: Path) -> None:
+    """A TERMINATE (the sprint cancelled) that reaches the activity while its worker stops: the agent is
+    stopped, since no retry of a cancelled dispatch comes to adopt it."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60")
+    env = ActivityEnvironment()
+    attempt = asyncio.ensure_future(env.run(command.run, assignment(root)))
+
+    async def started() -> bool:
+        return bool(runs(tmp_path))
+
+    await poll_until(started, "the agent started", timeout=30)
+    env.worker_shutdown()
+    env.cancel()  # cancel_requested: the sprint's
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    assert await gone(runs(tmp_path)[0]["pid"]), "the cancelled dispatch's agent runs on"
+
+
 async def test_an_agent_killed_after_committing_reruns_against_the_commit_before_it(tmp_path: Path) -> None:
     """The worker dies with its agent (a crash that takes the process group, or a graceful stop) after the
     agent committed: the retry runs the agent again, and its work counts from the commit before the killed
