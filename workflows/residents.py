@@ -539,9 +539,9 @@ class RosterKeeper:
                 if attempt == LINGERING_RESIDENT_TRIES or not workflow.patched(PATCH_REPLACES_LINGERING_RESIDENT):
                     return f"could not start: {err}"
                 if attempt == 1:
-                    workflow.logger.warning(await _cancel_unready(
-                        workflow_id, f"resident {role} of an earlier run of sprint {s.session_id} still runs"
-                    ))
+                    workflow.logger.warning("resident %s of an earlier run of sprint %s still runs: stopping it",
+                                            role, s.session_id)
+                await _stop_lingering(workflow_id)  # again each time: it may have continued as new meanwhile
                 await workflow.sleep(LINGERING_RESIDENT_WAIT)
             except Exception as err:  # noqa: BLE001 - the start refused for another reason
                 return f"could not start: {err}"
@@ -732,6 +732,18 @@ async def _cancel_unready(workflow_id: str, why: str) -> str:
     except Exception as err:  # noqa: BLE001 - e.g. it ended meanwhile
         return f"{why}; cancelling it failed: {err}"
     return f"{why}; cancelled"
+
+
+async def _stop_lingering(workflow_id: str) -> None:
+    """A resident an earlier run of the sprint left running: told stop_now, it drops the requests it holds and
+    cancels the call in hand (cancelled alone, a resident busy with a request takes the cancel for that call's
+    failure and serves on), and cancelled, should it not be serving."""
+    handle = workflow.get_external_workflow_handle(workflow_id)
+    for stop in (lambda: handle.signal(SIGNAL_STOP_NOW), handle.cancel):
+        try:
+            await stop()
+        except Exception as err:  # noqa: BLE001 - it ended meanwhile
+            workflow.logger.info("resident %s: %s", workflow_id, err)
 
 
 async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:

@@ -155,21 +155,33 @@ async def test_a_sprint_started_again_after_its_master_was_terminated_replaces_t
     local_env, tmp_path: Path
 ):
     """`temporal workflow terminate` of a Master leaves its residents running (ABANDON: an ended sprint stops them
-    itself); the sprint started again under its id cancels them and starts its own. It failed: "the sprint
-    cannot run without its scrum-master: ... could not start: Workflow execution already started"."""
+    itself), the debugger here busy with an analysis no worker takes (no agents worker); the sprint started
+    again under its id stops them and starts its own. It failed: "the sprint cannot run without its
+    scrum-master: ... could not start: Workflow execution already started"; cancelled only, the busy debugger
+    served on and was left out of the new run."""
     import uuid
 
     from temporalio.client import WorkflowExecutionStatus
 
+    from bso.constants import SIGNAL_DEBUG_REQUEST, SPRINT_TASK_QUEUE
+    from bso.debugging import DebugRequest
+    from workers.main import build_workers
+
     client = local_env.client
     make_project(tmp_path, {K1: "review"})
-    session = f"again-{uuid.uuid4().hex[:6]}"
+    session, prefix = f"again-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
     roles = ("scrum-master", "knowledge-researcher", "debugger")
-    async with bso_worker(client) as queue:
+    (worker,) = build_workers(client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)  # the sprint's queue only
+    queue = prefix + SPRINT_TASK_QUEUE
+    async with worker:
         slow = sprint_input(tmp_path, session_id=session, simulation={"stories": {"1-1": {"duration_ms": 60000}}})
         first = await start_sprint(client, queue, slow)
         await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
         await first.terminate("by hand")
+        debugger = client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+        request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}/batch-1", error_summary="boom")
+        await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
+        await wait_until_busy(debugger)
         lingering = {r: await client.get_workflow_handle(resident_workflow_id(session, r)).describe() for r in roles}
         assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering.values())
         report = await run_sprint(client, queue, sprint_input(tmp_path, session_id=session))
@@ -178,4 +190,14 @@ async def test_a_sprint_started_again_after_its_master_was_terminated_replaces_t
             for r, d in lingering.items()
         }
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done"}, report
-    assert all(d.status is WorkflowExecutionStatus.CANCELED for d in ended.values()), ended
+    assert report.unavailable_residents == {}, report.unavailable_residents
+    assert all(d.status is not WorkflowExecutionStatus.RUNNING for d in ended.values()), ended
+
+
+async def wait_until_busy(resident, seconds: float = 30) -> None:
+    """Until the resident's analysis activity is scheduled (and, with no agents worker, never started)."""
+    for _ in range(int(seconds * 10)):
+        if (await resident.describe()).raw_description.pending_activities:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the resident never took the request in hand")
