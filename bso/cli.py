@@ -20,6 +20,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -43,9 +44,7 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -570,7 +569,7 @@ def _bar(total: int, completed: int) -> ProgressBar:
 
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
-    unserved_queue: str | None = None,
+    waiting_agent: WaitingAgent | None = None,
 ) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
@@ -609,14 +608,8 @@ def _progress(
         *_awaiting_decisions(view),
         *_rejections(view, rejected_by_children or {}),
     ]
-    if unserved_queue:
-        prefix = unserved_queue.removesuffix(AGENTS_TASK_QUEUE)
-        start = f"bso worker --queue {AGENTS_TASK_QUEUE}" + (f" --queue-prefix {prefix}" if prefix else "")
-        parts.append(Text(
-            f"no worker has polled {unserved_queue} for {int(AGENTS_POLL_PATIENCE.total_seconds())} s: the agents in "
-            f"flight wait for one (none runs, or all its agent slots are busy). Start one: `{start}`",
-            style="bold yellow",
-        ))
+    if waiting_agent is not None:
+        parts.append(Text(waiting_agent.describe(), style="bold yellow"))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:
@@ -642,28 +635,61 @@ def _progress(
     return Group(*parts)
 
 
-# A live worker polls at least once a minute (a long poll lasts up to that): longer, none polls (or every slot of
-# the ones there is busy, which the server cannot tell apart).
-AGENTS_POLL_PATIENCE = timedelta(seconds=90)
+SLAVE_TYPE = "SprintSlaveWorkflow"
+AGENT_ACTIVITY_TYPE = "run_agent"
+# An agent activity scheduled this long and not started: no worker polls its queue, or every agent slot of those
+# that do is busy (the server cannot tell the two apart).
+AGENT_START_PATIENCE = timedelta(seconds=90)
 
 
-async def _unserved_agents_queue(client: Client, sprint_queue: str, view: SprintStatusView) -> str | None:
-    """The agents queue of a sprint whose agents run there, with one in flight, that no worker has polled
-    lately (the server's record of its pollers); None when one has, or nothing waits for one."""
-    waiting = any(story.agent_in_flight for story in view.stories.values())
-    if not waiting or view.agent_backend in IN_PROCESS_AGENT_BACKENDS:
+@dataclass(frozen=True)
+class WaitingAgent:
+    """The agent that has waited longest for a worker of its queue to start it, past AGENT_START_PATIENCE."""
+
+    dispatch_id: str
+    queue: str
+    waited: timedelta
+
+    def describe(self) -> str:
+        start = f"bso worker --queue {AGENTS_TASK_QUEUE}"
+        if self.queue != AGENTS_TASK_QUEUE and self.queue.endswith(AGENTS_TASK_QUEUE):
+            start += f" --queue-prefix {self.queue.removesuffix(AGENTS_TASK_QUEUE)}"
+        elif self.queue != AGENTS_TASK_QUEUE:  # a sprint queue named freely: its agents queue is <name>-agents
+            start = f"a worker serving {self.queue}"
+        return (
+            f"agent {self.dispatch_id} has waited {int(self.waited.total_seconds())} s for a worker of {self.queue}: "
+            f"none polls it, or all their agent slots are busy (--max-concurrent-agents). Start one: `{start}`"
+        )
+
+
+async def _agent_waiting_for_a_worker(
+    client: Client, desc: WorkflowExecutionDescription, view: SprintStatusView
+) -> WaitingAgent | None:
+    """The running batches' agent that no worker has started for the longest, past AGENT_START_PATIENCE (its
+    activity scheduled on the agents queue, not started); None when none waits that long. In-process agents
+    run on the sprint queue, whose worker answered the status query."""
+    if view.agent_backend in (None, *IN_PROCESS_AGENT_BACKENDS):
         return None
-    queue = agents_task_queue_for(sprint_queue)
-    try:
-        described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-            namespace=client.namespace, task_queue=TaskQueue(name=queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        ))
-    except RPCError:
-        return None  # not this command's business to fail on
+    slaves = [c.workflow_id for c in desc.raw_description.pending_children if c.workflow_type_name == SLAVE_TYPE]
+
+    async def pending(workflow_id: str) -> list:
+        try:
+            return list((await client.get_workflow_handle(workflow_id).describe()).raw_description.pending_activities)
+        except RPCError:
+            return []
+
     now = datetime.now(UTC)
-    polled = [poller.last_access_time.ToDatetime(tzinfo=UTC) for poller in described.pollers]
-    return None if any(now - at < AGENTS_POLL_PATIENCE for at in polled) else queue
+    waiting = [
+        WaitingAgent(activity.activity_id, agents_task_queue_for(desc.task_queue or SPRINT_TASK_QUEUE),
+                     now - activity.scheduled_time.ToDatetime(tzinfo=UTC))
+        for found in await asyncio.gather(*(pending(w) for w in slaves))
+        for activity in found
+        if activity.activity_type.name == AGENT_ACTIVITY_TYPE
+        and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+        and activity.HasField("scheduled_time")
+    ]
+    longest = max(waiting, key=lambda w: w.waited, default=None)
+    return longest if longest is not None and longest.waited >= AGENT_START_PATIENCE else None
 
 
 def _print_markdown(text: str) -> None:
@@ -987,7 +1013,7 @@ def sprint_watch(
         note: str | None = None
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
-        unserved: str | None = None
+        waiting_agent: WaitingAgent | None = None
         with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -1003,12 +1029,12 @@ def sprint_watch(
                     fresh, note = await _query_status(handle)
                     view = fresh or view
                     rejected = await _rejected_by_children(client, desc)
-                    unserved = await _unserved_agents_queue(client, desc.task_queue, view) if view else None
+                    waiting_agent = await _agent_waiting_for_a_worker(client, desc, view) if view else None
                 if note and note != last_note and not out.is_terminal:
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    live.update(_progress(view, note, "running", rejected, unserved), refresh=out.is_terminal)
+                    live.update(_progress(view, note, "running", rejected, waiting_agent), refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
@@ -1046,17 +1072,18 @@ def sprint_status(
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
         running = desc.status == WorkflowExecutionStatus.RUNNING
         rejected = await _rejected_by_children(client, desc) if running else {}
-        unserved = await _unserved_agents_queue(client, desc.task_queue, view) if running else None
+        waiting_agent = await _agent_waiting_for_a_worker(client, desc, view) if running else None
         if as_json:
             data = view.model_dump(mode="json")
             data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
+            data["agent_waiting_for_a_worker"] = waiting_agent.describe() if waiting_agent else None
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected, unserved), soft_wrap=not out.is_terminal)  # piped: lines whole
+        out.print(_progress(view, note, outcome, rejected, waiting_agent), soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
 

@@ -394,7 +394,7 @@ class SprintStatusView(_Model):
     # A finished batch's own errors (out of time, the status file unreadable, fail_fast's fatal error): batch id ->
     # its errors. (A batch that ended abnormally has its reason among `errors` already.)
     batch_errors: dict[int, list[str]] = Field(default_factory=dict)
-    agent_backend: str = "simulated"  # where its agents run: on the agents queue unless in-process
+    agent_backend: str | None = None  # where its agents run: on the agents queue unless in-process
     runs: int = 1
     checkpoint: str | None = None
     awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question

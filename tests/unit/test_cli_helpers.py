@@ -300,3 +300,18 @@ def test_batch_errors_leave_out_what_the_sprint_says_already():
     report = SprintReport(session_id="s", status=SprintStatus.PARTIAL, batches=[ran, cut], error="batch 1 timed out")
     view = _view_from_report(report)  # a finished sprint no worker answers for: from its result
     assert (view.batch_errors, view.errors) == ({2: ["batch 2 out of time: it worked 60 s"]}, ["batch 1 timed out"])
+
+
+def test_an_agent_waiting_for_a_worker_names_the_worker_to_start():
+    from datetime import timedelta
+
+    from bso.cli import WaitingAgent
+
+    def told(queue: str) -> str:
+        return WaitingAgent("s/batch-1/1-1/1", queue, timedelta(seconds=95.6)).describe()
+
+    assert "agent s/batch-1/1-1/1 has waited 95 s for a worker of bso-agents" in told("bso-agents")
+    assert told("bso-agents").endswith("Start one: `bso worker --queue bso-agents`")
+    assert told("team-a-bso-agents").endswith("`bso worker --queue bso-agents --queue-prefix team-a-`")
+    # A sprint queue named freely (--task-queue myq) pairs with myq-agents, which no --queue-prefix names.
+    assert told("myq-agents").endswith("Start one: `a worker serving myq-agents`")

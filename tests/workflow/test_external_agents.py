@@ -216,3 +216,48 @@ async def test_a_pause_crosses_the_masters_hand_over_and_holds_in_the_new_run(ts
         report = await latest.result()
     assert report.stories == {"1-1-first": "done", "1-2-second": "done"}
     assert await workflow_task_failures(client, handle.id) == 0
+
+
+async def test_status_names_the_agent_no_worker_starts(local_env, tmp_path: Path, monkeypatch):
+    """A worker serves the sprint queue only: the external agent's activity waits on the agents queue, and the
+    status showed it in flight and nothing else, for ever. `bso sprint status` / `watch` name it, how long it
+    has waited, and the worker to start, until one takes it. (AGENT_START_PATIENCE, 90 s, cut to 1 s here.)"""
+    import io
+    import uuid
+    from datetime import timedelta
+
+    from rich.console import Console
+
+    import bso.cli
+    from bso.cli import _agent_waiting_for_a_worker, _progress
+    from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE
+    from workers.main import build_workers
+
+    monkeypatch.setattr(bso.cli, "AGENT_START_PATIENCE", timedelta(seconds=1))
+    client = local_env.client
+    make_project(tmp_path, {K1: "review"})
+    session, prefix = f"unserved-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
+    (sprint_worker,) = build_workers(client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+    async with sprint_worker:
+        handle = await start_sprint(client, prefix + SPRINT_TASK_QUEUE, sprint_input(
+            tmp_path, session_id=session, agent_backend="external"
+        ))
+        await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's agent dispatched")
+        await asyncio.sleep(1.5)
+        view = await handle.query(SprintMasterWorkflow.status)
+        waiting = await _agent_waiting_for_a_worker(client, await handle.describe(), view)
+        assert waiting is not None and waiting.dispatch_id == view.stories[K1].dispatch_id, waiting
+        console = Console(width=300, record=True, file=io.StringIO())
+        console.print(_progress(view, None, "running", {}, waiting))
+        text = console.export_text()
+        assert f"agent {waiting.dispatch_id} has waited" in text and f"for a worker of {prefix}bso-agents" in text
+        assert f"`bso worker --queue bso-agents --queue-prefix {prefix}`" in text, text
+        (agents_worker,) = build_workers(client, (AGENTS_TASK_QUEUE,), queue_prefix=prefix)
+        async with agents_worker:  # an agents worker comes: the agent starts
+            for _ in range(100):
+                if await _agent_waiting_for_a_worker(client, await handle.describe(), view) is None:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the agent still shown waiting once a worker serves its queue")
+        await handle.cancel()
