@@ -94,6 +94,7 @@ LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
 # host, its sprint cancelled and no worker back within STOP_AGENTS_PATIENCE, workflows/sprint_master.py).
 LAUNCHER_BACKSTOP_SECONDS = 60
 EXIT_POLL_SECONDS = 0.1  # how soon the launcher's exit is seen
+OTHER_HOST_SLACK_SECONDS = 30  # another agent host's clock may run this far from ours
 TRANSCRIPT_FILES = ("prompt.md", "command.json", "stdout.log", "stderr.log", "complete.json", "launcher-error.log")
 
 
@@ -266,19 +267,54 @@ def _launcher_running(pid: int, run_dir: Path | None = None) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(LAUNCHER).encode() in cmdline and ours
 
 
-def _earlier_launch(run_dir: Path, dispatch_id: str) -> dict | None:
-    """pid.json of an earlier attempt of this dispatch (this workflow run) whose agent still runs: its worker
-    was killed hard (the dispatch lock tells that no live attempt holds it)."""
+def _pid_record(run_dir: Path, dispatch_id: str) -> dict | None:
+    """pid.json of an earlier attempt of this dispatch (this workflow run), well formed; None otherwise."""
     try:
         data = json.loads((run_dir / "pid.json").read_text(encoding="utf-8"))
-        pgid, started = int(data["pgid"]), float(data["started_at"])
+        if int(data["pgid"]) <= 0 or float(data["started_at"]) <= 0:
+            return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if data.get("dispatch_id") != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
         return None
-    if not _on_this_machine(data):
+    return data
+
+
+def _earlier_launch(run_dir: Path, dispatch_id: str) -> dict | None:
+    """pid.json of an earlier attempt of this dispatch (this workflow run) whose agent still runs on this host:
+    its worker was killed hard or stopped (the dispatch lock tells that no live attempt holds it)."""
+    data = _pid_record(run_dir, dispatch_id)
+    if data is None or not _on_this_machine(data):
         return None
-    return data if pgid > 0 and started > 0 and _launcher_running(pgid) else None
+    return data if _launcher_running(int(data["pgid"])) else None
+
+
+def _launch_on_another_host(run_dir: Path, dispatch_id: str) -> dict | None:
+    """pid.json of an earlier attempt of this dispatch whose agent was started on another host sharing the
+    project (its worker stopped or died there) and has no exit record yet: out of reach, its launcher writes
+    exit.json when it ends, or stops it at its deadline."""
+    data = _pid_record(run_dir, dispatch_id)
+    machine = data.get("machine") if data else None
+    if not isinstance(machine, str) or machine.split("/")[0] == machine_id().split("/")[0]:
+        return None  # this host's (before a reboot, its agent died with it)
+    return None if (run_dir / "exit.json").exists() else data
+
+
+async def _await_other_host(
+    launch: dict, run_dir: Path, agents: AgentsFile, env: dict[str, str], dispatch_id: str, timeout: float
+) -> None:
+    """Wait, heartbeating, for the exit record of the agent another host runs, until its launcher's deadline
+    (plus OTHER_HOST_SLACK_SECONDS for the hosts' clocks) is past: an agent run again here meanwhile would work
+    beside it in the same worktree. Past the deadline with no record, that host died: the agent runs again."""
+    started = float(launch["started_at"])
+    deadline = started + timeout + LAUNCHER_BACKSTOP_SECONDS + OTHER_HOST_SLACK_SECONDS
+    activity.logger.warning("dispatch %s: the previous attempt's agent runs on %s: waiting for it",
+                            dispatch_id, launch.get("machine"))
+    beat_every = _beat_every(agents)
+    while not (run_dir / "exit.json").exists() and time.time() < deadline:
+        last = _last_line(run_dir / "stdout.log")
+        activity.heartbeat(heartbeat_detail(env, dispatch_id, int(launch["pgid"]), time.time() - started, timeout, last))
+        await asyncio.sleep(beat_every)
 
 
 def _on_this_machine(pid_record: dict) -> bool:
@@ -384,7 +420,7 @@ async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
             # First the record: an attempt of the dispatch adopting this agent (a worker back up before the
             # cancel reached the Slave) must not take its end for a crash and run it again.
             write_json_atomic(run_dir / CANCELLED_FILE, {k: data.get(k) for k in ("dispatch_id", "run_id")})
-            kill_group_now(pgid)
+            await asyncio.to_thread(kill_group_now, pgid)  # it sleeps: the other agents' heartbeats go on
             stopped.append(str(data["dispatch_id"]))
     return stopped
 
@@ -435,15 +471,11 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
 def _earlier_start(run_dir: Path, dispatch_id: str) -> tuple[str, int | None] | None:
     """An earlier attempt of this dispatch (this workflow run) started its agent, which died unfinished: the
     commit before it and its fix snapshot; None when none did."""
-    path = run_dir / "pid.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("dispatch_id") != dispatch_id or not _this_runs(data, path) or not isinstance(data.get("before"), str):
-            return None
-        passing = data.get("passing_before")
-        return data["before"], passing if isinstance(passing, int) else None
-    except (OSError, ValueError, TypeError):
+    data = _pid_record(run_dir, dispatch_id)
+    if data is None or not isinstance(data.get("before"), str):
         return None
+    passing = data.get("passing_before")
+    return data["before"], passing if isinstance(passing, int) else None
 
 
 PO_ANSWER_FILES = ("validation_failed.json", "po-error.json")  # activities/po_command.py copies of the answer
@@ -574,9 +606,12 @@ async def run(a: TaskAssignment) -> AgentComplete:
         return recorded
     timeout = _timeout(a, profile)
     exited = _exit_record(run_dir, a.dispatch_id)
+    beat_env = {**env, "BSO_AGENT_TYPE": a.agent_type.value, "BSO_STORY_KEY": a.story_key, **po_command.env(a)}
     if exited is None and (launch := _earlier_launch(run_dir, a.dispatch_id)) is not None:
-        beat_env = {**env, "BSO_AGENT_TYPE": a.agent_type.value, "BSO_STORY_KEY": a.story_key, **po_command.env(a)}
         await _adopt(launch, run_dir, agents, beat_env, a.dispatch_id, timeout)
+        exited = _exit_record(run_dir, a.dispatch_id)
+    elif exited is None and (elsewhere := _launch_on_another_host(run_dir, a.dispatch_id)) is not None:
+        await _await_other_host(elsewhere, run_dir, agents, beat_env, a.dispatch_id, timeout)
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
     if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):

@@ -519,7 +519,7 @@ async def test_a_cancel_during_a_worker_stop_still_stops_the_agent(tmp_path: Pat
 
 
 async def test_an_agent_killed_after_committing_reruns_against_the_commit_before_it(tmp_path: Path) -> None:
-    """The worker dies with its agent (a crash that takes the process group, or a graceful stop) after the
+    """The worker dies with its agent (a crash that takes the process group, a container stopped) after the
     agent committed: the retry runs the agent again, and its work counts from the commit before the killed
     attempt. The rerun agent, finding the work done, changed nothing and failed with "empty diff"."""
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="linger")
@@ -836,3 +836,48 @@ async def test_a_stale_record_of_the_story_spares_a_launcher_that_is_not_its_own
         if group_alive(other.pid):
             os.killpg(other.pid, signal.SIGKILL)
         other.wait()
+
+
+async def test_an_agent_another_host_started_is_waited_for_not_run_beside_it(tmp_path: Path) -> None:
+    """The dispatch's agent was started on another agent host sharing the project, whose worker then stopped
+    (the agent runs on there): the retry here waits for that agent's exit record and reports its answer. It ran
+    the agent again at once, the two working side by side in the same worktree."""
+    root = dev_project(tmp_path)
+    a = assignment(root, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    record = {"dispatch_id": a.dispatch_id, "run_id": ActivityEnvironment().default_info().workflow_run_id,
+              "attempt": 1, "before": None, "passing_before": None, "machine": "other-host/boot-1",
+              "story_key": STORY}
+    (run_dir / "pid.json").write_text(json.dumps({**record, "pid": 4242, "pgid": 4242, "started_at": time.time()}))
+    retry = asyncio.ensure_future(ActivityEnvironment().run(command.run, a))
+    await asyncio.sleep(1.5)
+    assert not retry.done() and runs(tmp_path) == [], "the agent ran again beside the other host's"
+    (run_dir / "result.json").write_text(json.dumps(
+        {"msg_type": "AGENT_COMPLETE", "status": "success", "verdict": "success", "summary": "reviewed on the other host"}
+    ))
+    (run_dir / "exit.json").write_text(json.dumps(
+        {**record, "returncode": 0, "timed_out": False, "elapsed": 2.0, "last_line": "Done."}
+    ))
+    done = await asyncio.wait_for(retry, 30)
+    assert done.status is AgentStatus.SUCCESS and done.summary.startswith("reviewed on the other host"), done
+    assert runs(tmp_path) == []
+
+
+async def test_an_adopted_agent_the_cancelled_sprint_stops_is_not_run_again(tmp_path: Path) -> None:
+    """A retry adopts the agent its killed worker left running; the sprint is cancelled meanwhile and
+    stop_sprint_agents stops that agent: the retry ends with the cancel, it does not take the launcher's end
+    for a crash and run the agent again."""
+    from bso.dispatch import StopAgentsInput
+
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60")
+    a = assignment(root)
+    orphan = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    retry = asyncio.ensure_future(ActivityEnvironment().run(command.run, a))
+    await asyncio.sleep(1)  # it adopts the orphan, heartbeating
+    assert not retry.done()
+    stopped = await ActivityEnvironment().run(command.stop_sprint_agents, StopAgentsInput(project_root=str(root), session_id="s1"))
+    assert stopped == [a.dispatch_id]
+    with pytest.raises(ApplicationError) as err:
+        await asyncio.wait_for(retry, 30)
+    assert err.value.type == "SprintCancelled" and err.value.non_retryable
+    assert await gone(orphan) and len(runs(tmp_path)) == 1

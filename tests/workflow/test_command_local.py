@@ -148,8 +148,8 @@ async def test_a_sprint_cancelled_while_its_worker_is_down_stops_its_agent(local
     attempt's heartbeat times out); the sprint is cancelled before that, so no attempt of the dispatch comes
     again to hear of it. Once a worker is back, the cancelled sprint stops the agent. It ran on until its
     launcher's backstop (its timeout plus 60 s). A worker stopped gracefully leaves its agent too, and its
-    attempt's retry comes at once, adopting the agent as the sprint stops it: it must not take that for a
-    crash and run the agent again."""
+    attempt's retry comes at once; when it adopts the agent as the sprint stops it (timing decides), it must
+    not take that for a crash and run the agent again."""
     pids = tmp_path / "pids.json"
     root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids))
     prefix = f"down-{uuid.uuid4().hex[:6]}-"
