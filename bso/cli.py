@@ -654,12 +654,16 @@ class WaitingAgent:
         start = f"bso worker --queue {AGENTS_TASK_QUEUE}"
         if self.queue != AGENTS_TASK_QUEUE and self.queue.endswith(AGENTS_TASK_QUEUE):
             start += f" --queue-prefix {self.queue.removesuffix(AGENTS_TASK_QUEUE)}"
-        elif self.queue != AGENTS_TASK_QUEUE:  # a sprint queue named freely: its agents queue is <name>-agents
-            start = f"a worker serving {self.queue}"
+        # A sprint queue named freely pairs with <name>-agents, which no `bso worker` option names.
+        how = f"Start one: `{start}`" if self.queue.endswith(AGENTS_TASK_QUEUE) else f"Start a worker serving {self.queue}"
         return (
             f"agent {self.dispatch_id} has waited {int(self.waited.total_seconds())} s for a worker of {self.queue}: "
-            f"none polls it, or all their agent slots are busy (--max-concurrent-agents). Start one: `{start}`"
+            f"none polls it, or all their agent slots are busy (--max-concurrent-agents). {how}"
         )
+
+    def as_json(self) -> dict[str, Any]:
+        return {"dispatch_id": self.dispatch_id, "queue": self.queue,
+                "waited_seconds": round(self.waited.total_seconds(), 1), "message": self.describe()}
 
 
 async def _agent_waiting_for_a_worker(
@@ -1079,7 +1083,7 @@ def sprint_status(
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
-            data["agent_waiting_for_a_worker"] = waiting_agent.describe() if waiting_agent else None
+            data["agent_waiting_for_a_worker"] = waiting_agent.as_json() if waiting_agent else None
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)

@@ -211,16 +211,18 @@ async def _run_process(
             )
             if elapsed >= timeout:
                 timed_out = True
+                reaper = asyncio.ensure_future(_reaped(proc))  # a zombie leader would keep its group "alive"
                 await kill_group(pgid, agents.kill_grace_seconds)
-                while proc.poll() is None:
-                    await asyncio.sleep(EXIT_POLL_SECONDS)
+                await reaper
                 break
     except asyncio.CancelledError:
         left_running = _leave_to_next_worker(pgid, dispatch_id)
         if not left_running:  # TERMINATE (the Slave cancelled): no orphan agent may remain
+            _mark_killed(run_dir)
             kill_group_now(pgid)
         raise
     finally:
+        proc.poll()  # reaps a launcher that has ended
         if not left_running and group_alive(pgid):  # the agent exited but left children behind
             kill_group_now(pgid)
     exited = None if timed_out else _exit_record(run_dir, dispatch_id)
@@ -229,12 +231,29 @@ async def _run_process(
     return AgentRun(proc.returncode, timed_out, time.monotonic() - started, _last_line(run_dir / "stdout.log"))
 
 
+async def _reaped(proc: subprocess.Popen) -> None:
+    while proc.poll() is None:
+        await asyncio.sleep(EXIT_POLL_SECONDS)
+
+
+def _mark_killed(run_dir: Path) -> None:
+    """This worker kills the agent of the dispatch (a cancel, not a stop of the worker): its pid.json says so, for
+    a retry on another host, which would otherwise wait for an exit record the killed launcher never writes."""
+    try:
+        data = json.loads((run_dir / "pid.json").read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            write_json_atomic(run_dir / "pid.json", {**data, "killed": True})
+    except (OSError, ValueError):
+        pass
+
+
 def _leave_to_next_worker(pgid: int, dispatch_id: str) -> bool:
     """Cancelled because the worker stops (Ctrl-C, SIGTERM, a deploy), not by the sprint: the agent goes on
     under its launcher, which holds it to its deadline, and the retry on the next worker of this host adopts it
-    (killing it would lose the work it has done). A cancel the sprint asked for still stops it."""
+    (killing it would lose the work it has done). A cancel the sprint asked for before the stop still stops it;
+    one that comes after the worker's own is left to the cancelled sprint (stop_sprint_agents)."""
     details = activity.cancellation_details()
-    if details is None or not details.worker_shutdown or details.cancel_requested:
+    if details is None or not details.worker_shutdown:
         return False
     activity.logger.warning(
         "dispatch %s: the worker stops; its agent (process group %s) goes on for the next worker to adopt",
@@ -297,7 +316,7 @@ def _launch_on_another_host(run_dir: Path, dispatch_id: str) -> dict | None:
     machine = data.get("machine") if data else None
     if not isinstance(machine, str) or machine.split("/")[0] == machine_id().split("/")[0]:
         return None  # this host's (before a reboot, its agent died with it)
-    return None if (run_dir / "exit.json").exists() else data
+    return None if data.get("killed") else data  # killed by its worker there: nothing to wait for
 
 
 async def _await_other_host(
@@ -305,13 +324,19 @@ async def _await_other_host(
 ) -> None:
     """Wait, heartbeating, for the exit record of the agent another host runs, until its launcher's deadline
     (plus OTHER_HOST_SLACK_SECONDS for the hosts' clocks) is past: an agent run again here meanwhile would work
-    beside it in the same worktree. Past the deadline with no record, that host died: the agent runs again."""
+    beside it in the same worktree. Killed by its worker there, or past the deadline with no record (that host
+    died), the agent runs again here."""
     started = float(launch["started_at"])
-    deadline = started + timeout + LAUNCHER_BACKSTOP_SECONDS + OTHER_HOST_SLACK_SECONDS
+    # Its launcher stops it at timeout + backstop, taking up to the kill grace, then writes exit.json.
+    deadline = started + timeout + LAUNCHER_BACKSTOP_SECONDS + agents.kill_grace_seconds + OTHER_HOST_SLACK_SECONDS
     activity.logger.warning("dispatch %s: the previous attempt's agent runs on %s: waiting for it",
                             dispatch_id, launch.get("machine"))
     beat_every = _beat_every(agents)
-    while not (run_dir / "exit.json").exists() and time.time() < deadline:
+    while (
+        not (run_dir / "exit.json").exists()
+        and not (_pid_record(run_dir, dispatch_id) or {}).get("killed")
+        and time.time() < deadline
+    ):
         last = _last_line(run_dir / "stdout.log")
         activity.heartbeat(heartbeat_detail(env, dispatch_id, int(launch["pgid"]), time.time() - started, timeout, last))
         await asyncio.sleep(beat_every)
@@ -351,6 +376,7 @@ async def _adopt(
             await asyncio.sleep(beat_every)
     except asyncio.CancelledError:
         if not _leave_to_next_worker(pgid, dispatch_id):
+            _mark_killed(run_dir)
             kill_group_now(pgid)
         raise
 
@@ -363,7 +389,7 @@ def _kill_previous_attempt(run_dir: Path) -> None:
         try:
             data = json.loads(pid_file.read_text(encoding="utf-8"))
             pgid = int(data["pgid"])
-        except (ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             return
         if not _on_this_machine(data):
             activity.logger.warning("the previous attempt ran on %s: its process group is not this host's", data.get("machine"))

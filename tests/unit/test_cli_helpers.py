@@ -314,4 +314,8 @@ def test_an_agent_waiting_for_a_worker_names_the_worker_to_start():
     assert told("bso-agents").endswith("Start one: `bso worker --queue bso-agents`")
     assert told("team-a-bso-agents").endswith("`bso worker --queue bso-agents --queue-prefix team-a-`")
     # A sprint queue named freely (--task-queue myq) pairs with myq-agents, which no --queue-prefix names.
-    assert told("myq-agents").endswith("Start one: `a worker serving myq-agents`")
+    assert told("myq-agents").endswith("Start a worker serving myq-agents")
+    as_json = WaitingAgent("s/batch-1/1-1/1", "bso-agents", timedelta(seconds=95.62)).as_json()
+    assert {k: as_json[k] for k in ("dispatch_id", "queue", "waited_seconds")} == {
+        "dispatch_id": "s/batch-1/1-1/1", "queue": "bso-agents", "waited_seconds": 95.6
+    }

@@ -516,6 +516,8 @@ async def test_a_cancel_during_a_worker_stop_still_stops_the_agent(tmp_path: Pat
     with pytest.raises(asyncio.CancelledError):
         await attempt
     assert await gone(runs(tmp_path)[0]["pid"]), "the cancelled dispatch's agent runs on"
+    # Said in its record, for a retry on another host sharing the project (no exit record will come).
+    assert json.loads((command.run_dir_for(str(root), assignment(root).dispatch_id) / "pid.json").read_text())["killed"]
 
 
 async def test_an_agent_killed_after_committing_reruns_against_the_commit_before_it(tmp_path: Path) -> None:
@@ -881,3 +883,19 @@ async def test_an_adopted_agent_the_cancelled_sprint_stops_is_not_run_again(tmp_
         await asyncio.wait_for(retry, 30)
     assert err.value.type == "SprintCancelled" and err.value.non_retryable
     assert await gone(orphan) and len(runs(tmp_path)) == 1
+
+
+async def test_an_agent_another_hosts_worker_killed_is_run_again_here_at_once(tmp_path: Path) -> None:
+    """Its worker on the other host killed the agent (the server had given up on that attempt): no exit record
+    will come, and the retry here runs the agent at once instead of waiting out that launcher's deadline."""
+    root = dev_project(tmp_path)
+    a = assignment(root, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    (run_dir / "pid.json").write_text(json.dumps({
+        "dispatch_id": a.dispatch_id, "run_id": ActivityEnvironment().default_info().workflow_run_id, "attempt": 1,
+        "before": None, "machine": "other-host/boot-1", "story_key": STORY, "pid": 4242, "pgid": 4242,
+        "started_at": time.time(), "killed": True,
+    }))
+    done = await asyncio.wait_for(ActivityEnvironment().run(command.run, a), 30)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert len(runs(tmp_path)) == 1
