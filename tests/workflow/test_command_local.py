@@ -65,6 +65,15 @@ def ready_project(
     return root
 
 
+def worker_processes(local_env, tmp_path: Path, name: str) -> tuple[str, Path, list[WorkerProcess]]:
+    """Two BSO worker processes (not started) on a queue prefix of their own, logging to one file: a worker and
+    the one that replaces it."""
+    prefix = f"{name}-{uuid.uuid4().hex[:6]}-"
+    address = local_env.client.service_client.config.target_host
+    logs = tmp_path / "worker.log"
+    return prefix, logs, [WorkerProcess(address, logs, ["--queue-prefix", prefix]) for _ in range(2)]
+
+
 def agent_runs(tmp_path: Path) -> list[dict]:
     path = tmp_path / "ledger.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -152,11 +161,7 @@ async def test_a_sprint_cancelled_while_its_worker_is_down_stops_its_agent(local
     not take that for a crash and run the agent again."""
     pids = tmp_path / "pids.json"
     root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids))
-    prefix = f"down-{uuid.uuid4().hex[:6]}-"
-    address = local_env.client.service_client.config.target_host
-    logs = tmp_path / "worker.log"
-    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
-    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    prefix, logs, (first_worker, second_worker) = worker_processes(local_env, tmp_path, "down")
     inp = sprint_input(
         root, session_id=f"cmd-down-{uuid.uuid4().hex[:6]}", agent_backend="command",
         config_overrides={"po_gates_enabled": False},
@@ -251,11 +256,7 @@ async def test_worker_killed_while_checking_a_finished_agent_does_not_rerun_it(l
         CHECK_LOG=str(check_log), CHECK_HOLD=str(hold),
     )
 
-    prefix = f"crash-{uuid.uuid4().hex[:6]}-"
-    address = local_env.client.service_client.config.target_host
-    logs = tmp_path / "worker.log"
-    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
-    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    prefix, logs, (first_worker, second_worker) = worker_processes(local_env, tmp_path, "crash")
     session = f"cmd-crash-{uuid.uuid4().hex[:6]}"
     inp = sprint_input(
         root, session_id=session, agent_backend="command",
@@ -294,11 +295,7 @@ async def test_worker_stopped_while_its_agent_works_does_not_rerun_it(local_env,
     retry adopts it while it still runs. Either way the agent never runs again. A graceful stop used to kill
     the agent, and the retry ran it from scratch."""
     root = ready_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3" if stop == "kill -9" else "8")
-    prefix = f"orphan-{uuid.uuid4().hex[:6]}-"
-    address = local_env.client.service_client.config.target_host
-    logs = tmp_path / "worker.log"
-    first_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
-    second_worker = WorkerProcess(address, logs, ["--queue-prefix", prefix])
+    prefix, logs, (first_worker, second_worker) = worker_processes(local_env, tmp_path, "orphan")
     inp = sprint_input(
         root, session_id=f"cmd-orphan-{uuid.uuid4().hex[:6]}", agent_backend="command",
         config_overrides={"agent_retry": {"heartbeat_timeout_seconds": 5, "initial_interval_seconds": 0.5}},
