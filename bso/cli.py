@@ -569,7 +569,7 @@ def _bar(total: int, completed: int) -> ProgressBar:
 
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
-    waiting_agent: WaitingAgent | None = None,
+    waiting: WaitingForAWorker | None = None,
 ) -> Group:
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
@@ -608,8 +608,8 @@ def _progress(
         *_awaiting_decisions(view),
         *_rejections(view, rejected_by_children or {}),
     ]
-    if waiting_agent is not None:
-        parts.append(Text(waiting_agent.describe(), style="bold yellow"))
+    if waiting is not None:
+        parts.append(Text(waiting.describe(), style="bold yellow"))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:
@@ -635,18 +635,23 @@ def _progress(
     return Group(*parts)
 
 
-SLAVE_TYPE = "SprintSlaveWorkflow"
-AGENT_ACTIVITY_TYPE = "run_agent"
-# An agent activity scheduled this long and not started: no worker polls its queue, or every agent slot of those
-# that do is busy (the server cannot tell the two apart).
+AGENT_ACTIVITY = "run_agent"  # on the sprint's own queue for in-process agents (simulated)
+# What the sprint's children run on the agents queue besides real agents: a story's squash and merge, the
+# residents' analyses, research and browsing.
+AGENTS_QUEUE_ACTIVITIES = ("finish_story_git", "analyze_failure", "research", "browse")
+# Scheduled this long and not started: no worker polls the agents queue, or every agent slot of those that do is
+# busy (the server cannot tell the two apart).
 AGENT_START_PATIENCE = timedelta(seconds=90)
 
 
 @dataclass(frozen=True)
-class WaitingAgent:
-    """The agent that has waited longest for a worker of its queue to start it, past AGENT_START_PATIENCE."""
+class WaitingForAWorker:
+    """The activity of the agents queue that has waited longest for a worker to start it, past
+    AGENT_START_PATIENCE: an agent, or a child workflow's work there."""
 
-    dispatch_id: str
+    activity_type: str
+    activity_id: str
+    workflow_id: str
     queue: str
     waited: timedelta
 
@@ -656,25 +661,27 @@ class WaitingAgent:
             start += f" --queue-prefix {self.queue.removesuffix(AGENTS_TASK_QUEUE)}"
         # A sprint queue named freely pairs with <name>-agents, which no `bso worker` option names.
         how = f"Start one: `{start}`" if self.queue.endswith(AGENTS_TASK_QUEUE) else f"Start a worker serving {self.queue}"
+        what = (f"agent {self.activity_id}" if self.activity_type == AGENT_ACTIVITY
+                else f"{self.activity_type} of {self.workflow_id}")
         return (
-            f"agent {self.dispatch_id} has waited {int(self.waited.total_seconds())} s for a worker of {self.queue}: "
+            f"{what} has waited {int(self.waited.total_seconds())} s for a worker of {self.queue}: "
             f"none polls it, or all their agent slots are busy (--max-concurrent-agents). {how}"
         )
 
     def as_json(self) -> dict[str, Any]:
-        return {"dispatch_id": self.dispatch_id, "queue": self.queue,
-                "waited_seconds": round(self.waited.total_seconds(), 1), "message": self.describe()}
+        return {"activity_type": self.activity_type, "activity_id": self.activity_id, "workflow_id": self.workflow_id,
+                "queue": self.queue, "waited_seconds": round(self.waited.total_seconds(), 1), "message": self.describe()}
 
 
-async def _agent_waiting_for_a_worker(
+async def _waiting_for_a_worker(
     client: Client, desc: WorkflowExecutionDescription, view: SprintStatusView
-) -> WaitingAgent | None:
-    """The running batches' agent that no worker has started for the longest, past AGENT_START_PATIENCE (its
-    activity scheduled on the agents queue, not started); None when none waits that long. In-process agents
+) -> WaitingForAWorker | None:
+    """Of the work the sprint's running children (batches, residents) have on the agents queue, what no worker
+    has started for the longest, past AGENT_START_PATIENCE; None when nothing waits that long. In-process agents
     run on the sprint queue, whose worker answered the status query."""
-    if view.agent_backend in (None, *IN_PROCESS_AGENT_BACKENDS):
-        return None
-    slaves = [c.workflow_id for c in desc.raw_description.pending_children if c.workflow_type_name == SLAVE_TYPE]
+    on_agents_queue = set(AGENTS_QUEUE_ACTIVITIES)
+    if view.agent_backend is not None and view.agent_backend not in IN_PROCESS_AGENT_BACKENDS:
+        on_agents_queue.add(AGENT_ACTIVITY)
 
     async def pending(workflow_id: str) -> list:
         try:
@@ -682,13 +689,15 @@ async def _agent_waiting_for_a_worker(
         except RPCError:
             return []
 
+    children = [child.workflow_id for child in desc.raw_description.pending_children]
+    queue = agents_task_queue_for(desc.task_queue or SPRINT_TASK_QUEUE)
     now = datetime.now(UTC)
     waiting = [
-        WaitingAgent(activity.activity_id, agents_task_queue_for(desc.task_queue or SPRINT_TASK_QUEUE),
-                     now - activity.scheduled_time.ToDatetime(tzinfo=UTC))
-        for found in await asyncio.gather(*(pending(w) for w in slaves))
+        WaitingForAWorker(activity.activity_type.name, activity.activity_id, workflow_id, queue,
+                          now - activity.scheduled_time.ToDatetime(tzinfo=UTC))
+        for workflow_id, found in zip(children, await asyncio.gather(*(pending(w) for w in children)), strict=True)
         for activity in found
-        if activity.activity_type.name == AGENT_ACTIVITY_TYPE
+        if activity.activity_type.name in on_agents_queue
         and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
         and activity.HasField("scheduled_time")
     ]
@@ -1017,7 +1026,7 @@ def sprint_watch(
         note: str | None = None
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
-        waiting_agent: WaitingAgent | None = None
+        waiting: WaitingForAWorker | None = None
         with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -1033,12 +1042,12 @@ def sprint_watch(
                     fresh, note = await _query_status(handle)
                     view = fresh or view
                     rejected = await _rejected_by_children(client, desc)
-                    waiting_agent = await _agent_waiting_for_a_worker(client, desc, view) if view else None
+                    waiting = await _waiting_for_a_worker(client, desc, view) if view else None
                 if note and note != last_note and not out.is_terminal:
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    live.update(_progress(view, note, "running", rejected, waiting_agent), refresh=out.is_terminal)
+                    live.update(_progress(view, note, "running", rejected, waiting), refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
@@ -1076,18 +1085,18 @@ def sprint_status(
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
         running = desc.status == WorkflowExecutionStatus.RUNNING
         rejected = await _rejected_by_children(client, desc) if running else {}
-        waiting_agent = await _agent_waiting_for_a_worker(client, desc, view) if running else None
+        waiting = await _waiting_for_a_worker(client, desc, view) if running else None
         if as_json:
             data = view.model_dump(mode="json")
             data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
-            data["agent_waiting_for_a_worker"] = waiting_agent.as_json() if waiting_agent else None
+            data["waiting_for_a_worker"] = waiting.as_json() if waiting else None
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected, waiting_agent), soft_wrap=not out.is_terminal)  # piped: lines whole
+        out.print(_progress(view, note, outcome, rejected, waiting), soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
 

@@ -302,20 +302,23 @@ def test_batch_errors_leave_out_what_the_sprint_says_already():
     assert (view.batch_errors, view.errors) == ({2: ["batch 2 out of time: it worked 60 s"]}, ["batch 1 timed out"])
 
 
-def test_an_agent_waiting_for_a_worker_names_the_worker_to_start():
+def test_what_waits_for_a_worker_names_the_worker_to_start():
     from datetime import timedelta
 
-    from bso.cli import WaitingAgent
+    from bso.cli import WaitingForAWorker
 
-    def told(queue: str) -> str:
-        return WaitingAgent("s/batch-1/1-1/1", queue, timedelta(seconds=95.6)).describe()
+    def told(queue: str, activity_type: str = "run_agent") -> str:
+        return WaitingForAWorker(
+            activity_type, "s/batch-1/1-1/1", "s/batch-1", queue, timedelta(seconds=95.6)
+        ).describe()
 
     assert "agent s/batch-1/1-1/1 has waited 95 s for a worker of bso-agents" in told("bso-agents")
     assert told("bso-agents").endswith("Start one: `bso worker --queue bso-agents`")
     assert told("team-a-bso-agents").endswith("`bso worker --queue bso-agents --queue-prefix team-a-`")
     # A sprint queue named freely (--task-queue myq) pairs with myq-agents, which no --queue-prefix names.
     assert told("myq-agents").endswith("Start a worker serving myq-agents")
-    as_json = WaitingAgent("s/batch-1/1-1/1", "bso-agents", timedelta(seconds=95.62)).as_json()
-    assert {k: as_json[k] for k in ("dispatch_id", "queue", "waited_seconds")} == {
-        "dispatch_id": "s/batch-1/1-1/1", "queue": "bso-agents", "waited_seconds": 95.6
+    assert told("bso-agents", "finish_story_git").startswith("finish_story_git of s/batch-1 has waited 95 s")
+    as_json = WaitingForAWorker("run_agent", "s/batch-1/1-1/1", "s/batch-1", "bso-agents", timedelta(seconds=95.62)).as_json()
+    assert {k: as_json[k] for k in ("activity_id", "workflow_id", "queue", "waited_seconds")} == {
+        "activity_id": "s/batch-1/1-1/1", "workflow_id": "s/batch-1", "queue": "bso-agents", "waited_seconds": 95.6
     }

@@ -229,7 +229,7 @@ async def test_status_names_the_agent_no_worker_starts(local_env, tmp_path: Path
     from rich.console import Console
 
     import bso.cli
-    from bso.cli import _agent_waiting_for_a_worker, _progress
+    from bso.cli import _progress, _waiting_for_a_worker
     from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE
     from workers.main import build_workers
 
@@ -245,17 +245,17 @@ async def test_status_names_the_agent_no_worker_starts(local_env, tmp_path: Path
         await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's agent dispatched")
         await asyncio.sleep(1.5)
         view = await handle.query(SprintMasterWorkflow.status)
-        waiting = await _agent_waiting_for_a_worker(client, await handle.describe(), view)
-        assert waiting is not None and waiting.dispatch_id == view.stories[K1].dispatch_id, waiting
+        waiting = await _waiting_for_a_worker(client, await handle.describe(), view)
+        assert waiting is not None and waiting.activity_id == view.stories[K1].dispatch_id, waiting
         console = Console(width=300, record=True, file=io.StringIO())
         console.print(_progress(view, None, "running", {}, waiting))
         text = console.export_text()
-        assert f"agent {waiting.dispatch_id} has waited" in text and f"for a worker of {prefix}bso-agents" in text
+        assert f"agent {waiting.activity_id} has waited" in text and f"for a worker of {prefix}bso-agents" in text
         assert f"`bso worker --queue bso-agents --queue-prefix {prefix}`" in text, text
         (agents_worker,) = build_workers(client, (AGENTS_TASK_QUEUE,), queue_prefix=prefix)
         async with agents_worker:  # an agents worker comes: the agent starts
             for _ in range(100):
-                if await _agent_waiting_for_a_worker(client, await handle.describe(), view) is None:
+                if await _waiting_for_a_worker(client, await handle.describe(), view) is None:
                     break
                 await asyncio.sleep(0.1)
             else:
