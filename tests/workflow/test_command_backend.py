@@ -444,7 +444,13 @@ async def test_an_orphan_agent_no_retry_adopts_is_stopped_by_its_launcher_at_its
     pid = await _worker_killed_while_its_agent_runs(tmp_path, a, backstop=1)
     monkeypatch.setattr(command, "LAUNCHER_BACKSTOP_SECONDS", 1)
     assert await gone(pid, seconds=20), "the orphan agent ran past its deadline"
-    exited = json.loads((command.run_dir_for(str(root), a.dispatch_id) / "exit.json").read_text())
+    exit_file = command.run_dir_for(str(root), a.dispatch_id) / "exit.json"
+
+    async def recorded() -> bool:  # the launcher writes it once the agent it stopped is gone
+        return exit_file.exists()
+
+    await poll_until(recorded, "the launcher's exit record", timeout=10)
+    exited = json.loads(exit_file.read_text())
     assert (exited["timed_out"], exited["returncode"], exited["dispatch_id"]) == (True, None, a.dispatch_id)
     done = await ActivityEnvironment().run(command.run, a)  # a late retry reports the timeout, runs nothing
     assert done.status is AgentStatus.FAILURE and "timed out after 2s" in done.error, done.error
