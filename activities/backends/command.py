@@ -231,6 +231,16 @@ async def _run_process(
     return AgentRun(proc.returncode, timed_out, time.monotonic() - started, _last_line(run_dir / "stdout.log"))
 
 
+def _read_record(path: Path) -> dict | None:
+    """A JSON object this backend or its launcher wrote (pid.json, exit.json, cancelled.json); None when it is
+    missing, unreadable or not an object (a torn or foreign file counts as none)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 async def _reaped(proc: subprocess.Popen) -> None:
     while proc.poll() is None:
         await asyncio.sleep(EXIT_POLL_SECONDS)
@@ -239,12 +249,9 @@ async def _reaped(proc: subprocess.Popen) -> None:
 def _mark_killed(run_dir: Path) -> None:
     """This worker kills the agent of the dispatch (a cancel, not a stop of the worker): its pid.json says so, for
     a retry on another host, which would otherwise wait for an exit record the killed launcher never writes."""
-    try:
-        data = json.loads((run_dir / "pid.json").read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            write_json_atomic(run_dir / "pid.json", {**data, "killed": True})
-    except (OSError, ValueError):
-        pass
+    data = _read_record(run_dir / "pid.json")
+    if data is not None:
+        write_json_atomic(run_dir / "pid.json", {**data, "killed": True})
 
 
 def _leave_to_next_worker(pgid: int, dispatch_id: str) -> bool:
@@ -288,11 +295,11 @@ def _launcher_running(pid: int, run_dir: Path | None = None) -> bool:
 
 def _pid_record(run_dir: Path, dispatch_id: str) -> dict | None:
     """pid.json of an earlier attempt of this dispatch (this workflow run), well formed; None otherwise."""
+    data = _read_record(run_dir / "pid.json")
     try:
-        data = json.loads((run_dir / "pid.json").read_text(encoding="utf-8"))
-        if int(data["pgid"]) <= 0 or float(data["started_at"]) <= 0:
+        if data is None or int(data["pgid"]) <= 0 or float(data["started_at"]) <= 0:
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     if data.get("dispatch_id") != dispatch_id or data.get("run_id") != activity.info().workflow_run_id:
         return None
@@ -384,12 +391,11 @@ async def _adopt(
 def _kill_previous_attempt(run_dir: Path) -> None:
     """What an earlier attempt left running and no one waits for (a launcher that died unfinished, or children
     an exited agent left behind): stop it before the retry goes on."""
-    pid_file = run_dir / "pid.json"
-    if pid_file.exists():
+    data = _read_record(run_dir / "pid.json")
+    if data is not None:
         try:
-            data = json.loads(pid_file.read_text(encoding="utf-8"))
             pgid = int(data["pgid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return
         if not _on_this_machine(data):
             activity.logger.warning("the previous attempt ran on %s: its process group is not this host's", data.get("machine"))
@@ -410,14 +416,13 @@ def _live_launchers(project_root: str) -> list[tuple[Path, dict, int]]:
     agents = Path(project_root, SESSION_DIR, "agents")
     live = []
     for pid_file in sorted(agents.glob("*/pid.json")) if agents.is_dir() else []:
-        if (pid_file.parent / "exit.json").exists():
+        if (pid_file.parent / "exit.json").exists() or (data := _read_record(pid_file)) is None:
             continue
         try:
-            data = json.loads(pid_file.read_text(encoding="utf-8"))
             pgid = int(data["pgid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             continue
-        if isinstance(data, dict) and _on_this_machine(data) and _launcher_running(pgid, pid_file.parent):
+        if _on_this_machine(data) and _launcher_running(pgid, pid_file.parent):
             live.append((pid_file.parent, data, pgid))
     return live
 
@@ -456,11 +461,8 @@ CANCELLED_FILE = "cancelled.json"  # stop_sprint_agents: the sprint was cancelle
 
 def _stopped_by_cancel(run_dir: Path, dispatch_id: str) -> bool:
     path = run_dir / CANCELLED_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data.get("dispatch_id") == dispatch_id and _this_runs(data, path)
-    except (OSError, ValueError, AttributeError):
-        return False
+    data = _read_record(path)
+    return data is not None and data.get("dispatch_id") == dispatch_id and _this_runs(data, path)
 
 
 def _keep_earlier_transcript(run_dir: Path) -> None:
@@ -482,10 +484,9 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
     """The agent of this dispatch already exited in an earlier attempt (its worker died while it ran, or while
     BSO checked its work): its run, the commit before it, the fix snapshot; None when it must run."""
     path = run_dir / "exit.json"
-    if not path.exists():
+    if (data := _read_record(path)) is None:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         if data["dispatch_id"] != dispatch_id or not _this_runs(data, path):
             return None  # another run of a workflow with the same id (a session id used again): the agent runs
         run = AgentRun(data["returncode"], bool(data["timed_out"]), float(data["elapsed"]), str(data["last_line"]))

@@ -25,3 +25,13 @@ def test_a_dispatch_belongs_to_the_sprint_whose_batch_sent_it():
     assert of_sprint(dispatch, "s1")
     assert not of_sprint(dispatch, "s")  # a session id that is a prefix of another's
     assert not of_sprint("s1-other/batch-1/1-1/1", "s1")
+
+
+def test_the_status_watches_every_activity_of_the_agents_queue():
+    """`bso sprint status` names the agents-queue work no worker starts: its list is the agents worker's, less
+    the Master's own clean-up at a cancel (an activity added to that worker is watched too, or this fails)."""
+    from bso.cli import AGENT_ACTIVITY, AGENTS_QUEUE_ACTIVITIES
+    from workers.main import AGENT_ACTIVITIES
+
+    served = {fn.__name__ for fn in AGENT_ACTIVITIES}  # @activity.defn names them after their functions
+    assert served == {AGENT_ACTIVITY, *AGENTS_QUEUE_ACTIVITIES, "stop_sprint_agents"}
