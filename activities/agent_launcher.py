@@ -14,7 +14,10 @@ that no retry adopts.
 It writes `pid.json` before the agent starts, pumps the agent's stdout and stderr (secrets redacted) into
 `stdout.log` and `stderr.log` itself (no pipe to the worker: an orphaned agent neither dies of SIGPIPE nor loses
 its output), and writes `exit.json` once the agent exited. Killed with its group (a timeout, a cancellation),
-it writes no `exit.json`. Standard library only: the worker's interpreter runs it in isolated mode.
+it writes no `exit.json`. A cancelled sprint asks it to stop its agent through `cancelled.json` in the run folder
+(written by `stop_sprint_agents` on whichever agent host takes that stop, the project being shared): it checks
+for one every CANCEL_POLL_SECONDS, marks `pid.json` killed, stops the agent and ends the group with itself, with
+no `exit.json`. Standard library only: the worker's interpreter runs it in isolated mode.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import traceback
 from pathlib import Path
 
 LAST_LINE_CHARS = 300
+CANCELLED_FILE = "cancelled.json"  # stop_sprint_agents (activities/backends/command.py): the sprint was cancelled
+CANCEL_POLL_SECONDS = 1.0  # how soon a cancelled sprint's request to stop is seen
 
 
 def write_json_atomic(path: Path, data: object) -> None:
@@ -74,6 +79,29 @@ def stop_agent(proc: subprocess.Popen, grace: float) -> None:
         proc.wait()
 
 
+def cancel_requested(run_dir: Path, record: dict) -> bool:
+    """The sprint of this dispatch (this workflow run, not an earlier one under the same id) was cancelled."""
+    try:
+        data = json.loads((run_dir / CANCELLED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(data.get(k) == record.get(k) for k in ("dispatch_id", "run_id"))
+
+
+def await_agent(proc: subprocess.Popen, deadline_seconds: float | None, run_dir: Path, record: dict) -> int | str:
+    """The agent's exit code; "timed_out" once past the deadline, "cancelled" when its sprint was cancelled."""
+    end = None if deadline_seconds is None else time.monotonic() + float(deadline_seconds)
+    while True:
+        wait = CANCEL_POLL_SECONDS if end is None else max(0.0, min(CANCEL_POLL_SECONDS, end - time.monotonic()))
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            if cancel_requested(run_dir, record):
+                return "cancelled"
+            if end is not None and time.monotonic() >= end:
+                return "timed_out"
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     command = argv[1:]
@@ -81,9 +109,8 @@ def main(argv: list[str]) -> int:
     record = dict(spec.get("record", {}))
     redact = redactor(spec.get("secret_keys", []))
     started = time.time()
-    write_json_atomic(
-        run_dir / "pid.json", {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
-    )
+    pid_record = {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
+    write_json_atomic(run_dir / "pid.json", pid_record)
     last = [""]
     timed_out = False
     stdin = open(spec["stdin"], "rb") if spec.get("stdin") else subprocess.DEVNULL
@@ -102,12 +129,15 @@ def main(argv: list[str]) -> int:
             t.start()
         if stdin is not subprocess.DEVNULL:
             stdin.close()
-        try:
-            returncode = proc.wait(timeout=spec.get("deadline_seconds"))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        outcome = await_agent(proc, spec.get("deadline_seconds"), run_dir, record)
+        if outcome == "cancelled":  # killed, as by its worker: pid.json says so, and no exit.json
+            write_json_atomic(run_dir / "pid.json", {**pid_record, "killed": True})
             stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
-            returncode = None
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher too: nothing of the group stays
+        timed_out = outcome == "timed_out"
+        if timed_out:
+            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
+        returncode = outcome if isinstance(outcome, int) else None
         deadline = time.monotonic() + (0 if timed_out else 10)  # a child the agent left behind may hold its output open
         for t in pumps:
             t.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -44,6 +44,7 @@ from temporalio.exceptions import ApplicationError
 from activities import po_command
 from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
+from activities.agent_launcher import CANCELLED_FILE
 from activities.git_ops import (
     Worktree,
     changed_paths,
@@ -410,11 +411,11 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             kill_group_now(pgid)
 
 
-def _live_launchers(project_root: str) -> list[tuple[Path, dict, int]]:
-    """The launchers of this host still running an agent of the project (no exit.json yet): each one's run
-    folder, pid.json record and process group."""
+def _unfinished_launches(project_root: str) -> list[tuple[Path, dict, int]]:
+    """The agents of the project, on any agent host sharing it, whose launcher recorded no exit yet: each one's
+    run folder, pid.json record and process group."""
     agents = Path(project_root, SESSION_DIR, "agents")
-    live = []
+    found = []
     for pid_file in sorted(agents.glob("*/pid.json")) if agents.is_dir() else []:
         if (pid_file.parent / "exit.json").exists() or (data := _read_record(pid_file)) is None:
             continue
@@ -422,9 +423,16 @@ def _live_launchers(project_root: str) -> list[tuple[Path, dict, int]]:
             pgid = int(data["pgid"])
         except (ValueError, KeyError, TypeError):
             continue
-        if _on_this_machine(data) and _launcher_running(pgid, pid_file.parent):
-            live.append((pid_file.parent, data, pgid))
-    return live
+        found.append((pid_file.parent, data, pgid))
+    return found
+
+
+def _live_launchers(project_root: str) -> list[tuple[Path, dict, int]]:
+    """The launchers of this host still running an agent of the project (no exit.json yet)."""
+    return [
+        (run_dir, data, pgid) for run_dir, data, pgid in _unfinished_launches(project_root)
+        if _on_this_machine(data) and _launcher_running(pgid, run_dir)
+    ]
 
 
 def _kill_other_dispatches(project_root: str, story_key: str, dispatch_id: str) -> None:
@@ -439,30 +447,44 @@ def _kill_other_dispatches(project_root: str, story_key: str, dispatch_id: str) 
 
 @activity.defn
 async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
-    """The sprint was cancelled: the agents of its batches still running on this host are stopped. (A cancel
+    """The sprint was cancelled: the agents of its batches still running are stopped, this host's at once, those
+    of other agent hosts sharing the project by their launchers, which see the request within a second. (A cancel
     reaches a running agent through its activity; one whose worker was down when it came, left running by a
     graceful stop or orphaned by a crash, heard nothing and ran on until its launcher's backstop.) The
-    dispatches stopped."""
+    dispatches stopped or asked to stop."""
     stopped = []
-    for run_dir, data, pgid in _live_launchers(inp.project_root):
-        if of_sprint(str(data.get("dispatch_id", "")), inp.session_id):
+    for run_dir, data, pgid in _unfinished_launches(inp.project_root):
+        if data.get("killed") or not of_sprint(str(data.get("dispatch_id", "")), inp.session_id):
+            continue
+        here = _on_this_machine(data)
+        if here and not _launcher_running(pgid, run_dir):
+            continue  # died with its worker's host, or before a reboot: nothing runs
+        # First the record: an attempt of the dispatch adopting this agent (a worker back up before the cancel
+        # reached the Slave) must not take its end for a crash and run it again. It is also the request to the
+        # agent's launcher, on whichever host it runs.
+        write_json_atomic(run_dir / CANCELLED_FILE, {k: data.get(k) for k in ("dispatch_id", "run_id")})
+        if here:
             activity.logger.warning("sprint cancelled: killing the agent of dispatch %s (process group %s)",
                                     data["dispatch_id"], pgid)
-            # First the record: an attempt of the dispatch adopting this agent (a worker back up before the
-            # cancel reached the Slave) must not take its end for a crash and run it again.
-            write_json_atomic(run_dir / CANCELLED_FILE, {k: data.get(k) for k in ("dispatch_id", "run_id")})
             await asyncio.to_thread(kill_group_now, pgid)  # it sleeps: the other agents' heartbeats go on
-            stopped.append(str(data["dispatch_id"]))
+        else:
+            activity.logger.warning("sprint cancelled: the agent of dispatch %s runs on %s: its launcher stops it",
+                                    data["dispatch_id"], data.get("machine"))
+        stopped.append(str(data["dispatch_id"]))
     return stopped
-
-
-CANCELLED_FILE = "cancelled.json"  # stop_sprint_agents: the sprint was cancelled, its agent stopped
 
 
 def _stopped_by_cancel(run_dir: Path, dispatch_id: str) -> bool:
     path = run_dir / CANCELLED_FILE
     data = _read_record(path)
     return data is not None and data.get("dispatch_id") == dispatch_id and _this_runs(data, path)
+
+
+def _sprint_cancelled(dispatch_id: str) -> ApplicationError:
+    return ApplicationError(
+        f"dispatch {dispatch_id}: the sprint was cancelled and its agent stopped", type="SprintCancelled",
+        non_retryable=True,
+    )
 
 
 def _keep_earlier_transcript(run_dir: Path) -> None:
@@ -642,10 +664,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
     if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):
-        raise ApplicationError(
-            f"dispatch {a.dispatch_id}: the sprint was cancelled and its agent stopped", type="SprintCancelled",
-            non_retryable=True,
-        )
+        raise _sprint_cancelled(a.dispatch_id)
     started = None
     if exited is None:
         _kill_other_dispatches(root, a.story_key, a.dispatch_id)
@@ -740,6 +759,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
             argv, workdir, env, prompt_file if profile.prompt_via == "stdin" else None,
             timeout, run_dir, agents, a.dispatch_id, record,
         )
+        if _stopped_by_cancel(run_dir, a.dispatch_id):  # by its launcher, asked from another agent host
+            raise _sprint_cancelled(a.dispatch_id)
         write_json_atomic(  # the launcher's record, or the timeout's (it killed the launcher)
             run_dir / "exit.json",
             {

@@ -891,6 +891,53 @@ async def test_an_adopted_agent_the_cancelled_sprint_stops_is_not_run_again(tmp_
     assert await gone(orphan) and len(runs(tmp_path)) == 1
 
 
+async def test_the_cancelled_sprint_stops_an_agent_another_host_runs(tmp_path: Path, monkeypatch) -> None:
+    """The cancelled sprint's agent runs on another agent host sharing the project (its worker there was killed):
+    stop_sprint_agents, taken by this host's worker, cannot kill it and asks its launcher, which stops it within
+    a second and marks pid.json killed; a retry ends with the cancel. The agent ran on to its launcher's backstop."""
+    from bso.dispatch import StopAgentsInput
+
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60")
+    a = assignment(root)
+    orphan = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    monkeypatch.setattr(command, "machine_id", lambda: "this-host/boot-2")  # the agent ran on another host
+    try:
+        stopped = await ActivityEnvironment().run(command.stop_sprint_agents, StopAgentsInput(project_root=str(root), session_id="s1"))
+        assert stopped == [a.dispatch_id]
+        assert await gone(orphan, seconds=15), "the agent on the other host ran on"
+    finally:
+        if alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    assert json.loads((run_dir / "pid.json").read_text())["killed"] and not (run_dir / "exit.json").exists()
+    with pytest.raises(ApplicationError) as err:
+        await asyncio.wait_for(ActivityEnvironment().run(command.run, a), 30)
+    assert err.value.type == "SprintCancelled" and err.value.non_retryable
+    assert len(runs(tmp_path)) == 1
+
+
+async def test_an_agent_its_launcher_stopped_for_the_cancel_is_reported_cancelled(tmp_path: Path) -> None:
+    """The attempt still runs when another host's stop_sprint_agents asks its agent's launcher to stop: the
+    attempt ends with the cancel, it does not check and report the killed agent's work as its answer."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="60")
+    a = assignment(root)
+    env = ActivityEnvironment()
+    attempt = asyncio.ensure_future(env.run(command.run, a))
+    for _ in range(300):
+        if runs(tmp_path):
+            break
+        await asyncio.sleep(0.1)
+    assert len(runs(tmp_path)) == 1, "the agent never started"
+    command.write_json_atomic(  # what stop_sprint_agents writes on the host that takes the sprint's stop
+        command.run_dir_for(str(root), a.dispatch_id) / "cancelled.json",
+        {"dispatch_id": a.dispatch_id, "run_id": env.info.workflow_run_id},
+    )
+    with pytest.raises(ApplicationError) as err:
+        await asyncio.wait_for(attempt, 30)
+    assert err.value.type == "SprintCancelled" and err.value.non_retryable
+    assert await gone(runs(tmp_path)[0]["pid"])
+
+
 async def test_an_agent_another_hosts_worker_killed_is_run_again_here_at_once(tmp_path: Path) -> None:
     """Its worker on the other host killed the agent (the server had given up on that attempt): no exit record
     will come, and the retry here runs the agent at once instead of waiting out that launcher's deadline."""
