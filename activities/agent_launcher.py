@@ -131,7 +131,10 @@ def main(argv: list[str]) -> int:
             stdin.close()
         outcome = await_agent(proc, spec.get("deadline_seconds"), run_dir, record)
         if outcome == "cancelled":  # killed, as by its worker: pid.json says so, and no exit.json
-            write_json_atomic(run_dir / "pid.json", {**pid_record, "killed": True})
+            try:
+                write_json_atomic(run_dir / "pid.json", {**pid_record, "killed": True})
+            except OSError:  # the agent is stopped all the same
+                pass
             stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
             os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher too: nothing of the group stays
         timed_out = outcome == "timed_out"
@@ -155,6 +158,10 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except Exception:  # the launcher's own failure: kept where the transcripts are (the worker reads no pipe)
-        with open(Path(json.loads(sys.argv[1])["run_dir"], "launcher-error.log"), "a", encoding="utf-8") as fh:
-            fh.write(traceback.format_exc())
+        try:
+            with open(Path(json.loads(sys.argv[1])["run_dir"], "launcher-error.log"), "a", encoding="utf-8") as fh:
+                fh.write(traceback.format_exc())
+        finally:  # an agent already started would run on with no deadline: the group goes, the launcher with it
+            if os.getpgrp() == os.getpid():  # the group it leads (started in a session of its own), no other
+                os.killpg(os.getpgrp(), signal.SIGKILL)
         sys.exit(1)

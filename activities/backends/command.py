@@ -251,8 +251,11 @@ def _mark_killed(run_dir: Path) -> None:
     """This worker kills the agent of the dispatch (a cancel, not a stop of the worker): its pid.json says so, for
     a retry on another host, which would otherwise wait for an exit record the killed launcher never writes."""
     data = _read_record(run_dir / "pid.json")
-    if data is not None:
-        write_json_atomic(run_dir / "pid.json", {**data, "killed": True})
+    try:
+        if data is not None:
+            write_json_atomic(run_dir / "pid.json", {**data, "killed": True})
+    except OSError:  # the agent is killed all the same
+        pass
 
 
 def _leave_to_next_worker(pgid: int, dispatch_id: str) -> bool:
@@ -321,8 +324,7 @@ def _launch_on_another_host(run_dir: Path, dispatch_id: str) -> dict | None:
     project (its worker stopped or died there) and has no exit record yet: out of reach, its launcher writes
     exit.json when it ends, or stops it at its deadline."""
     data = _pid_record(run_dir, dispatch_id)
-    machine = data.get("machine") if data else None
-    if not isinstance(machine, str) or machine.split("/")[0] == machine_id().split("/")[0]:
+    if data is None or _on_this_host(data):
         return None  # this host's (before a reboot, its agent died with it)
     return None if data.get("killed") else data  # killed by its worker there: nothing to wait for
 
@@ -343,11 +345,18 @@ async def _await_other_host(
     while (
         not (run_dir / "exit.json").exists()
         and not (_pid_record(run_dir, dispatch_id) or {}).get("killed")
+        and not _stopped_by_cancel(run_dir, dispatch_id)
         and time.time() < deadline
     ):
         last = _last_line(run_dir / "stdout.log")
         activity.heartbeat(heartbeat_detail(env, dispatch_id, int(launch["pgid"]), time.time() - started, timeout, last))
         await asyncio.sleep(beat_every)
+
+
+def _on_this_host(pid_record: dict) -> bool:
+    """Recorded on this host, in this boot or an earlier one (records from before the field existed count)."""
+    machine = pid_record.get("machine")
+    return not isinstance(machine, str) or machine.split("/")[0] == machine_id().split("/")[0]
 
 
 def _on_this_machine(pid_record: dict) -> bool:
@@ -448,7 +457,7 @@ def _kill_other_dispatches(project_root: str, story_key: str, dispatch_id: str) 
 @activity.defn
 async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
     """The sprint was cancelled: the agents of its batches still running are stopped, this host's at once, those
-    of other agent hosts sharing the project by their launchers, which see the request within a second. (A cancel
+    of other agent hosts sharing the project by their launchers, which check for the request every second. (A cancel
     reaches a running agent through its activity; one whose worker was down when it came, left running by a
     graceful stop or orphaned by a crash, heard nothing and ran on until its launcher's backstop.) The
     dispatches stopped or asked to stop."""
@@ -456,9 +465,9 @@ async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
     for run_dir, data, pgid in _unfinished_launches(inp.project_root):
         if data.get("killed") or not of_sprint(str(data.get("dispatch_id", "")), inp.session_id):
             continue
-        here = _on_this_machine(data)
-        if here and not _launcher_running(pgid, run_dir):
-            continue  # died with its worker's host, or before a reboot: nothing runs
+        here = _on_this_host(data)
+        if here and not (_on_this_machine(data) and _launcher_running(pgid, run_dir)):
+            continue  # gone with its worker, or before a reboot: nothing runs
         # First the record: an attempt of the dispatch adopting this agent (a worker back up before the cancel
         # reached the Slave) must not take its end for a crash and run it again. It is also the request to the
         # agent's launcher, on whichever host it runs.
@@ -466,6 +475,7 @@ async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
         if here:
             activity.logger.warning("sprint cancelled: killing the agent of dispatch %s (process group %s)",
                                     data["dispatch_id"], pgid)
+            _mark_killed(run_dir)  # a retry waiting on another host stops waiting
             await asyncio.to_thread(kill_group_now, pgid)  # it sleeps: the other agents' heartbeats go on
         else:
             activity.logger.warning("sprint cancelled: the agent of dispatch %s runs on %s: its launcher stops it",

@@ -916,6 +916,24 @@ async def test_the_cancelled_sprint_stops_an_agent_another_host_runs(tmp_path: P
     assert len(runs(tmp_path)) == 1
 
 
+async def test_a_retry_waiting_for_another_hosts_agent_ends_with_the_cancel(tmp_path: Path) -> None:
+    """A retry waits for the agent another host runs; the sprint is cancelled (cancelled.json, by whichever host
+    took the stop): the retry ends with the cancel at once. It waited out that launcher's whole deadline."""
+    root = dev_project(tmp_path)
+    a = assignment(root, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    record = {"dispatch_id": a.dispatch_id, "run_id": ActivityEnvironment().default_info().workflow_run_id,
+              "attempt": 1, "machine": "other-host/boot-1", "story_key": STORY}
+    (run_dir / "pid.json").write_text(json.dumps({**record, "pid": 4242, "pgid": 4242, "started_at": time.time()}))
+    retry = asyncio.ensure_future(ActivityEnvironment().run(command.run, a))
+    await asyncio.sleep(1.5)
+    assert not retry.done()
+    (run_dir / "cancelled.json").write_text(json.dumps({k: record[k] for k in ("dispatch_id", "run_id")}))
+    with pytest.raises(ApplicationError) as err:
+        await asyncio.wait_for(retry, 15)
+    assert err.value.type == "SprintCancelled" and runs(tmp_path) == []
+
+
 async def test_an_agent_its_launcher_stopped_for_the_cancel_is_reported_cancelled(tmp_path: Path) -> None:
     """The attempt still runs when another host's stop_sprint_agents asks its agent's launcher to stop: the
     attempt ends with the cancel, it does not check and report the killed agent's work as its answer."""
