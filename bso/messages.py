@@ -171,6 +171,13 @@ def unknown_signal_to_sprint(name: str, payload: Any) -> RejectedMessage:
                            dispatch_id=dispatch_id)
 
 
+def rejected_inputs(kind: str, name: str, given: int, problem: str) -> str:
+    """Why a signal or update was refused before its handler ran: the inputs it was sent do not fit it (two
+    `--input`s to `temporal workflow signal`, say). `problem` is Python's own word on the call."""
+    inputs = "no input" if given == 0 else "1 input" if given == 1 else f"{given} inputs"
+    return f"{kind} {name!r} sent with {inputs}, which it cannot take ({problem}): ignored"
+
+
 def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list[RejectedMessage]:
     return [*kept, message][-MAX_REJECTED_KEPT:]
 

@@ -32,6 +32,7 @@ from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
 from workers.telemetry import TelemetryInterceptor, configure_logging, worker_runtime
+from workflows.inbound_guard import InboundGuard
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
@@ -79,7 +80,7 @@ def build_workers(
                 workflows=WORKFLOWS,
                 # run_agent too: simulated agents run on the sprint queue (bso.constants.agent_task_queue).
                 activities=[*SPRINT_ACTIVITIES, run_agent],
-                interceptors=[TelemetryInterceptor()],
+                interceptors=[TelemetryInterceptor(), InboundGuard()],
                 sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
                 max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             )

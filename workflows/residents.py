@@ -133,7 +133,7 @@ class ResidentWorkflow:
         try:
             request = DebugRequest.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("DEBUG_REQUEST", payload, err))
+            self.record_rejected(rejected_invalid("DEBUG_REQUEST", payload, err))
             return
         if self._dropped_after_stop_now("DEBUG_REQUEST"):
             return
@@ -145,7 +145,7 @@ class ResidentWorkflow:
         try:
             request = PlanRequest.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("PLAN_REQUEST", payload, err))
+            self.record_rejected(rejected_invalid("PLAN_REQUEST", payload, err))
             return
         if self._dropped_after_stop_now("PLAN_REQUEST"):
             return
@@ -157,12 +157,12 @@ class ResidentWorkflow:
         try:
             request = ResearchRequest.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("RESEARCH_REQUEST", payload, err))
+            self.record_rejected(rejected_invalid("RESEARCH_REQUEST", payload, err))
             return
         if self._dropped_after_stop_now("RESEARCH_REQUEST"):
             return
         if not request.report_to:
-            self._reject(RejectedMessage(msg_type="RESEARCH_REQUEST", reason=f"{request.request_id}: no report_to "
+            self.record_rejected(RejectedMessage(msg_type="RESEARCH_REQUEST", reason=f"{request.request_id}: no report_to "
                                          "to answer by signal (agents use the `research` update)"))
             return
         self._research_requests.append(request)
@@ -191,12 +191,12 @@ class ResidentWorkflow:
         try:
             request = BrowserRequest.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("BROWSER_REQUEST", payload, err))
+            self.record_rejected(rejected_invalid("BROWSER_REQUEST", payload, err))
             return
         if self._dropped_after_stop_now("BROWSER_REQUEST"):
             return
         if not request.report_to:
-            self._reject(RejectedMessage(msg_type="BROWSER_REQUEST", reason=f"{request.request_id}: no report_to "
+            self.record_rejected(RejectedMessage(msg_type="BROWSER_REQUEST", reason=f"{request.request_id}: no report_to "
                                          "to answer by signal (agents use the `browse` update)"))
             return
         self._browser_requests.append(request)
@@ -244,7 +244,7 @@ class ResidentWorkflow:
         try:
             message = RosterBroadcast.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("AGENT_ROSTER_BROADCAST", payload, err))
+            self.record_rejected(rejected_invalid("AGENT_ROSTER_BROADCAST", payload, err))
             return
         self._received += 1
         self._broadcasts = [*self._broadcasts, message][-MAX_BROADCASTS_KEPT:]
@@ -270,7 +270,7 @@ class ResidentWorkflow:
     def _dropped_after_stop_now(self, msg_type: str) -> bool:
         """A request that came after stop_now: nobody waits for its answer (recorded as rejected)."""
         if self._stopped_now:
-            self._reject(RejectedMessage(msg_type=msg_type, reason="the sprint was cancelled: this resident is stopping"))
+            self.record_rejected(RejectedMessage(msg_type=msg_type, reason="the sprint was cancelled: this resident is stopping"))
         return self._stopped_now
 
     async def _in_hand_until_done(self, handle: workflow.ActivityHandle[T]) -> T:
@@ -295,7 +295,7 @@ class ResidentWorkflow:
             rejected_total=self._rejected_total,
         )
 
-    def _reject(self, message: RejectedMessage) -> None:
+    def record_rejected(self, message: RejectedMessage) -> None:
         """A message this resident cannot act on: recorded (status query), logged, never raised."""
         self._rejected_total += 1
         self._rejected = keep_rejected(self._rejected, message)

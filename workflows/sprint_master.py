@@ -240,7 +240,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             rejected_total=s.rejected_total,
         )
 
-    def _reject(self, message: RejectedMessage) -> None:
+    def record_rejected(self, message: RejectedMessage) -> None:
         """A signal the Master cannot act on: recorded (status query, carried), logged, never raised."""
         s = self._state
         s.rejected_total += 1
@@ -255,14 +255,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             payload = workflow.payload_converter().from_payload(args[0].payload) if args else None
         except Exception:  # noqa: BLE001 - an undecodable payload is still recorded, by its name
             payload = None
-        self._reject(unknown_signal_to_sprint(name, payload))
+        self.record_rejected(unknown_signal_to_sprint(name, payload))
 
     @workflow.signal(name=SIGNAL_STORY_UPDATES)
     def story_updates(self, payload: Any) -> None:
         """Several story_update payloads in one signal (a Slave batches what it has to tell), in order."""
         updates = payload.get("updates") if isinstance(payload, dict) else None
         if not isinstance(updates, list):
-            self._reject(RejectedMessage(msg_type="STORY_UPDATES", reason="expected an object with a list of updates"))
+            self.record_rejected(RejectedMessage(msg_type="STORY_UPDATES", reason="expected an object with a list of updates"))
             return
         applied = [self._apply_story_update(update) for update in updates]
         if any(applied):
@@ -278,7 +278,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             update = StoryUpdate.model_validate(payload)
         except ValidationError as err:
-            self._reject(rejected_invalid("STORY_UPDATE", payload, err))
+            self.record_rejected(rejected_invalid("STORY_UPDATE", payload, err))
             return False
         s = self._state
         if update.story_key in s.views:
@@ -335,7 +335,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         try:
             parsed = ResumeRequest.model_validate(request or {})
         except ValidationError as err:
-            self._reject(rejected_invalid("RESUME", request, err))
+            self.record_rejected(rejected_invalid("RESUME", request, err))
             return
         if parsed.token_limit is not None:
             self._state.token_limit = max(self._state.token_limit, parsed.token_limit)

@@ -260,7 +260,7 @@ class SprintSlaveWorkflow:
             if mismatch is not None and workflow.patched(PATCH_ANSWER_MATCHES_DISPATCH):
                 checked = mismatch
         if isinstance(checked, RejectedMessage):
-            self._record(checked)  # recorded, never acted on
+            self.record_rejected(checked)  # recorded, never acted on
             return
         del self._open_dispatches[checked.dispatch_id]
         self._answers[checked.dispatch_id] = checked
@@ -269,7 +269,7 @@ class SprintSlaveWorkflow:
         """Gear 2's agent_error on the same signal: its task_id is the dispatch id it ends (as a failure)."""
         error = check_agent_error(payload, self._open_dispatches)
         if isinstance(error, RejectedMessage):
-            self._record(error)
+            self.record_rejected(error)
             return
         dispatch_id = error.task_id
         story_key = self._open_dispatches[dispatch_id]
@@ -293,7 +293,7 @@ class SprintSlaveWorkflow:
         try:
             result = DebugResult.model_validate(payload)
         except ValidationError as err:
-            self._record(rejected_invalid("DEBUG_RESULT", payload, err))
+            self.record_rejected(rejected_invalid("DEBUG_RESULT", payload, err))
             return
         if self._open_debug.pop(result.debug_id, None) is None:
             self._reject("DEBUG_RESULT", f"unknown or answered debug id {result.debug_id!r}", None)
@@ -309,8 +309,9 @@ class SprintSlaveWorkflow:
         self._dep_states.update(states)
 
     @workflow.signal(name=SIGNAL_PAUSE)
-    def pause(self, reason: str | None = None) -> None:
-        """No new dispatch while paused; the agent in flight finishes."""
+    def pause(self, reason: Any = None) -> None:
+        """No new dispatch while paused; the agent in flight finishes. (`reason` is Any, as the Master's: with
+        `str | None` the SDK dropped a pause whose reason was not a string, unseen.)"""
         self._paused = True
         self._show()
 
@@ -378,9 +379,9 @@ class SprintSlaveWorkflow:
         )
 
     def _reject(self, msg_type: str, reason: str, dispatch_id: str | None) -> None:
-        self._record(RejectedMessage(msg_type=msg_type, reason=reason, dispatch_id=dispatch_id))
+        self.record_rejected(RejectedMessage(msg_type=msg_type, reason=reason, dispatch_id=dispatch_id))
 
-    def _record(self, message: RejectedMessage) -> None:
+    def record_rejected(self, message: RejectedMessage) -> None:
         """A message the Slave cannot act on: recorded (status, batch result), logged, never raised."""
         self._rejected_total += 1
         self._rejected = keep_rejected(self._rejected, message)

@@ -53,11 +53,17 @@ async def flood(handle: WorkflowHandle, cls: type) -> list[str]:
     for name in signals:
         for payload in HOSTILE:
             await handle.signal(name, payload)
+        await handle.signal(name)  # no input at all
+    for name in signals:  # (the SDK hands a handler without parameters no input at all: those above act)
+        await handle.signal(name, args=[{}, {}])  # one input too many: `temporal workflow signal --input A --input B`
     for name in updates:
         for payload in HOSTILE:
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await asyncio.wait_for(handle.execute_update(name, payload), 30)
             refusals.append(f"{name}: {refused.value.cause}")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await asyncio.wait_for(handle.execute_update(name, args=[{}, {}]), 30)
+        assert "sent with 2 inputs, which it cannot take" in str(refused.value.cause), refused.value.cause
     return refusals
 
 
@@ -95,6 +101,9 @@ async def test_every_handler_refuses_or_ignores_malformed_payloads(ts_env, tmp_p
         for resident in residents:
             refusals += await flood(resident, ResidentWorkflow)
         assert all(r.split(": ", 1)[1].strip() for r in refusals), refusals  # each refusal says why
+        for target in (handle, slave, *residents):  # the signals no handler could take are recorded as rejected
+            rejected = [r["reason"] for r in (await target.query("status"))["rejected_messages"]]
+            assert any("sent with 2 inputs, which it cannot take" in r for r in rejected), (target.id, rejected)
 
         # Malformed pauses still pause (the reason falls back to the default): resume, and answer properly.
         await handle.signal("resume", {})
