@@ -69,6 +69,7 @@ from bso.constants import (
     UPDATE_COURSE_CORRECT,
     UPDATE_DECIDE,
     agents_task_queue_for,
+    sprint_id_error,
 )
 from bso.message_flow import (
     MESSAGE_TYPES,
@@ -969,6 +970,8 @@ def sprint_start(
         if backend == AgentBackend.COMMAND:
             _check_agent_profiles(root)
         sid = sprint_id or new_sprint_id()
+        if (id_error := sprint_id_error(sid)) is not None:
+            raise BsoError(id_error)
         inp = SprintInput(
             project_root=str(root),
             status_file=status_file,

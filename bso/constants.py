@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from temporalio.common import SearchAttributeKey
@@ -62,6 +63,20 @@ SEARCH_ATTRIBUTES = (SA_SESSION_ID, SA_BATCH_ID, SA_PHASE)
 
 def slave_workflow_id(session_id: str, batch_id: int) -> str:
     return f"{session_id}/batch-{batch_id}"
+
+
+# What a sprint names its children: slave_workflow_id above, bso.roster.resident_workflow_id.
+_CHILD_ID = re.compile(r"/(batch-\d+|resident-[^/]*)$")
+
+
+def sprint_id_error(sprint_id: str) -> str | None:
+    """A sprint id that is the id a sprint gives its batch or resident (`zz/batch-1`, `zz/resident-debugger`)
+    would collide with sprint `zz`'s own workflow of that id: refused, saying why; None when it is fine."""
+    if (found := _CHILD_ID.search(sprint_id)) is None:
+        return None
+    owner = sprint_id[: found.start()]
+    return (f"sprint id {sprint_id!r} is the id sprint {owner!r} gives its {found.group(1).split('-')[0]} "
+            f"workflow: choose an id that does not end in /batch-<n> or /resident-<role>")
 
 
 def of_sprint(dispatch_id: str, session_id: str) -> bool:

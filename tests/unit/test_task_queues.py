@@ -1,5 +1,7 @@
 """Which task queue a Slave sends its agents to (bso.constants.agent_task_queue); whose a dispatch is."""
 
+import pytest
+
 from bso.constants import agent_task_queue, agents_task_queue_for, of_sprint, slave_workflow_id
 from bso.states import AgentBackend
 
@@ -35,3 +37,16 @@ def test_the_status_watches_every_activity_of_the_agents_queue():
 
     served = {fn.__name__ for fn in AGENT_ACTIVITIES}  # @activity.defn names them after their functions
     assert served == {AGENT_ACTIVITY, *AGENTS_QUEUE_ACTIVITIES, "stop_sprint_agents"}
+
+
+@pytest.mark.parametrize(
+    ("sprint_id", "refused"),
+    [("zz/batch-1", True), ("zz/resident-debugger", True), ("a/b/batch-12", True), ("zz", False),
+     ("batch-1", False), ("zz/batch-x", False), ("zz/batch-1/more", False), ("sprint-1/resident", False)],
+)
+def test_a_sprint_id_may_not_be_one_a_sprint_gives_its_children(sprint_id: str, refused: bool):
+    from bso.constants import sprint_id_error
+    from bso.roster import resident_workflow_id
+
+    assert (sprint_id_error(sprint_id) is not None) is refused
+    assert sprint_id_error(slave_workflow_id("zz", 3)) and sprint_id_error(resident_workflow_id("zz", "scrum-master"))

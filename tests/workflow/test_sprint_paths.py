@@ -347,6 +347,20 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
 
 
+async def test_a_sprint_id_another_sprint_gives_its_batch_is_refused(ts_env, tmp_path: Path):
+    """A sprint started (with the temporal CLI) under the id sprint `zz` gives its first batch fails at once,
+    saying so: `zz` then failed to start that batch with only "Workflow execution already started"."""
+    make_project(tmp_path, {K1: "backlog"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="zz/batch-1"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert failure.value.cause.type == "InvalidSprintInput"
+    assert "sprint id 'zz/batch-1' is the id sprint 'zz' gives its batch workflow" in failure.value.cause.message
+    assert status_values(tmp_path)[K1] == "backlog"
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+
+
 async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
