@@ -107,6 +107,7 @@ from bso.sprint_status import (
 from bso.states import ENDED_PHASES, AgentBackend, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
+from bso.terminal_text import printable, printable_model
 
 T = TypeVar("T")
 
@@ -572,6 +573,10 @@ def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
     waiting: WaitingForAWorker | None = None,
 ) -> Group:
+    # Agents' and operators' words are shown as written, never obeyed by the terminal (bso.terminal_text).
+    view = printable_model(view)
+    note = printable(note) if note else note
+    rejected_by_children = {printable(k): printable_model(r) for k, r in (rejected_by_children or {}).items()}
     stories = view.stories
     done = sum(s.state in _TERMINAL for s in stories.values())
     # The bars give way on a narrow terminal (40 columns at most); labels and counts are never cut.
@@ -706,7 +711,19 @@ async def _waiting_for_a_worker(
     return longest if longest is not None and longest.waited >= AGENT_START_PATIENCE else None
 
 
+def _flow_table(flow: list[FlowMessage]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("time", "from -> to", "type", "story", "detail"):
+        table.add_column(column, overflow="fold")
+    for m in flow:  # Text: a `[/x]` in a detail is shown, not taken for Rich markup
+        table.add_row(*(Text(printable(cell)) for cell in (
+            m.time.strftime("%H:%M:%S.%f")[:-3], f"{m.sender} -> {m.recipient}", m.type, m.story or "", m.detail,
+        )))
+    return table
+
+
 def _print_markdown(text: str) -> None:
+    text = printable(text)  # an agent's error quoted in the summary may carry a test runner's colour codes
     if out.is_terminal:
         out.print(Markdown(text), soft_wrap=False)  # wrapped to the terminal, not cut at its edge
     else:
@@ -1423,18 +1440,7 @@ def messages(
             )
         count = f"{len(flow)} message{'' if len(flow) == 1 else 's'}"
         if jsonl is None:
-            table = Table(box=None, pad_edge=False)
-            for column in ("time", "from -> to", "type", "story", "detail"):
-                table.add_column(column, overflow="fold")
-            for m in flow:
-                table.add_row(
-                    m.time.strftime("%H:%M:%S.%f")[:-3],
-                    f"{m.sender} -> {m.recipient}",
-                    m.type,
-                    m.story or "",
-                    m.detail,
-                )
-            out.print(table)
+            out.print(_flow_table(flow))
             out.print(count, markup=False)
         else:
             jsonl.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ from bso.dev_server import dynamic_config_args
 import bso.cli
 from bso.cli import (
     BsoError,
+    RejectedSoFar,
+    _flow_table,
     _print_markdown,
     _progress,
     _query_status,
@@ -322,3 +324,46 @@ def test_what_waits_for_a_worker_names_the_worker_to_start():
     assert {k: as_json[k] for k in ("activity_id", "workflow_id", "queue", "waited_seconds")} == {
         "activity_id": "s/batch-1/1-1/1", "workflow_id": "s/batch-1", "queue": "bso-agents", "waited_seconds": 95.6
     }
+
+
+# An agent's error as test runners write it (colours, a screen clear), a carriage return, a NUL, Rich markup.
+HOSTILE_TEXT = "[/x] \x1b[2J\x1b[31mRED\x1b[0m \x00 nul\r [bold]b[/bold] \x07"
+
+
+def _no_terminal_codes(text: str) -> None:
+    assert not any(c in text for c in "\x1b\x00\r\x07"), repr(text)
+    assert "[/x] \\x1b[2J\\x1b[31mRED\\x1b[0m \\x00 nul" in text and "[bold]b[/bold]" in text, text
+
+
+def test_what_agents_and_operators_wrote_is_shown_not_obeyed_by_the_terminal():
+    """bso sprint status / watch printed an agent's error raw: the screen cleared, the rest turned red."""
+    from bso.messages import RejectedMessage
+
+    view = SprintStatusView(
+        session_id="s", phase=SprintPhase.PAUSED, errors=[HOSTILE_TEXT], pause_reason=HOSTILE_TEXT,
+        stories={"1-1-a": StoryView(state="needs-intervention", batch_id=1, error=HOSTILE_TEXT)},
+    )
+    rejected = {"s/batch-1": RejectedSoFar(rejected_messages=[RejectedMessage(msg_type="X", reason=HOSTILE_TEXT)], rejected_total=1)}
+    terminal = io.StringIO()
+    Console(file=terminal, width=400, color_system=None).print(_progress(view, HOSTILE_TEXT, "running", rejected))
+    _no_terminal_codes(terminal.getvalue())
+
+
+def test_the_message_table_shows_markup_and_escapes_as_text():
+    """A `[/x]` in a message's detail made `bso messages` fail with Rich's MarkupError."""
+    from datetime import UTC, datetime
+
+    from bso.message_flow import FlowMessage
+
+    flow = [FlowMessage(time=datetime(2026, 11, 26, tzinfo=UTC), workflow_id="s/batch-1", event_id=5, type="AGENT_COMPLETE",
+                        sender="dev-runner", recipient="s/batch-1", story="1-1-a", detail=HOSTILE_TEXT)]
+    terminal = io.StringIO()
+    Console(file=terminal, width=400, color_system=None).print(_flow_table(flow))
+    _no_terminal_codes(terminal.getvalue())
+
+
+def test_the_summary_printed_shows_control_characters_as_escapes(monkeypatch):
+    terminal = io.StringIO()
+    monkeypatch.setattr(bso.cli, "out", Console(file=terminal, width=400, color_system=None))
+    _print_markdown(f"# Summary\n\n{HOSTILE_TEXT}\n")
+    _no_terminal_codes(terminal.getvalue())
