@@ -59,6 +59,7 @@ from bso.messages import (
     cut_text as _cut,  # a cut detail's whole text is in the message's payload
     describe_validation_error,
     rejected_invalid,
+    story_update_not_from_its_batch,
     unknown_signal_to_sprint,
 )
 from bso.models import ResumeRequest, StoryUpdate, describe_in_flight, short_key
@@ -277,6 +278,7 @@ def _plan_result_detail(value: dict[str, Any]) -> str:
 def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
     out: list[FlowMessage] = []
     children: dict[str, dict[str, Any]] = {}  # child workflow id -> its SlaveInput
+    running: dict[Any, list[str]] = {}  # the running batches' stories, by batch id (the Master's _batch_stories)
     planned = False
     # The plan as planned, from the first of: the report's, the carried state's (a continued run), the
     # scrum-master's accepted answer to the Master's plan request, the Master's fallback plan for that request.
@@ -306,7 +308,9 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 + (f", review round {view['review_round']}" if view.get("review_round") else ""),
                 "payload": update if isinstance(item, dict) else {"value": item},
             }
-            reason = _invalid("STORY_UPDATE", StoryUpdate, item)  # the Master's rule (_apply_story_update)
+            reason = _invalid("STORY_UPDATE", StoryUpdate, item)  # the Master's rules (_apply_story_update)
+            if reason is None and update.get("story_key") not in running.get(batch, ()):
+                reason = story_update_not_from_its_batch(str(update.get("story_key")), batch)  # type: ignore[arg-type]
             add(event, **(_rejected(fields, reason) if reason else fields))
 
     for event in events:
@@ -352,6 +356,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             children[attrs.workflow_id] = inp
             batch = inp.get("batch_id", _batch_from_workflow_id(attrs.workflow_id))
             keys = [s.get("key", "") for s in inp.get("stories", []) if isinstance(s, dict)]
+            running[batch] = keys
             add(
                 event,
                 type="BATCH_DISPATCH",
@@ -368,6 +373,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             result = _dict(decode(attrs.result))
             add_story_updates(event, result.get("final_updates"))  # the last ones come with the result
             batch = result.get("batch_id", _batch_from_workflow_id(attrs.workflow_execution.workflow_id))
+            running.pop(batch, None)
             results = _dict(result.get("results"))
             add(
                 event,
@@ -406,6 +412,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             if _is_resident(attrs.workflow_execution.workflow_id):
                 continue
             batch = _batch_from_workflow_id(attrs.workflow_execution.workflow_id)
+            running.pop(batch, None)
             add(
                 event,
                 type="SLAVE_BATCH_COMPLETE",

@@ -178,6 +178,11 @@ def rejected_inputs(kind: str, name: str, given: int, problem: str) -> str:
     return f"{kind} {name!r} sent with {inputs}, which it cannot take ({problem}): ignored"
 
 
+def story_update_not_from_its_batch(story_key: str, batch_id: int) -> str:
+    """Why the Master ignores a STORY_UPDATE: only the running batch that holds the story tells how it goes."""
+    return f"{story_key} is not a story of a running batch {batch_id}: only its batch tells the sprint how it goes"
+
+
 def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list[RejectedMessage]:
     return [*kept, message][-MAX_REJECTED_KEPT:]
 

@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.messages import (
         BatchSpec,
         RejectedMessage,
+        story_update_not_from_its_batch,
         describe_validation_error,
         keep_rejected,
         rejected_invalid,
@@ -165,6 +166,9 @@ PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT = "master-slave-without-execution-timeout"
 # came (stopped gracefully, or killed) heard nothing of it and ran on until their launcher's backstop.
 PATCH_CANCEL_STOPS_AGENTS = "master-cancel-stops-agents"
 STOP_AGENTS_PATIENCE = timedelta(minutes=2)
+# A story update is taken only from the running batch that holds the story: one naming no running batch (sent by
+# hand) set the story's view, and the report said `done` for a story the status file had `skipped`.
+PATCH_STORY_UPDATE_FROM_ITS_BATCH = "master-story-update-from-its-batch"
 # A sprint id that another sprint gives its batch or resident (`zz/batch-1`) is refused at the start: sprint `zz`
 # then failed to start that child, with "Workflow execution already started" and no word of which.
 PATCH_SPRINT_ID_CHECKED = "master-sprint-id-not-a-childs"
@@ -285,6 +289,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             self.record_rejected(rejected_invalid("STORY_UPDATE", payload, err))
             return False
         s = self._state
+        if update.story_key not in self._batch_stories.get(update.batch_id, ()) and workflow.patched(
+            PATCH_STORY_UPDATE_FROM_ITS_BATCH
+        ):
+            reason = story_update_not_from_its_batch(update.story_key, update.batch_id)
+            self.record_rejected(RejectedMessage(msg_type="STORY_UPDATE", reason=reason))
+            return False
         if update.story_key in s.views:
             if s.views[update.story_key].awaiting_decision and not update.view.awaiting_decision:
                 self._decided_views.setdefault(update.story_key, update.view)

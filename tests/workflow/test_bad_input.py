@@ -173,6 +173,8 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await handle.signal(
             "story_update", {"batch_id": 1, "story_key": "9-9-not-in-sprint", "view": {"state": "done"}}
         )  # unknown story
+        forged = {"batch_id": 99, "story_key": K1, "view": {"state": "done"}}  # no batch 99: sent by hand
+        await handle.signal("story_update", forged)
         await handle.signal("resume", {"token_limit": -5})  # invalid
         await handle.signal("resume", [1, 2, 3])
         await handle.signal("pause", 12345)  # not a string: paused with the default reason
@@ -180,6 +182,8 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         status = await handle.query(SprintMasterWorkflow.status)
         assert status.phase == "paused" and status.pause_reason == "paused by operator"
         assert "9-9-not-in-sprint" not in status.stories
+        assert status.stories[K1].state != "done", "a story update no batch sent set the story's view"
+        assert any(r.reason.startswith(f"{K1} is not a story of a running batch 99") for r in status.rejected_messages)
         await handle.signal("resume")
         slave = client.get_workflow_handle(slave_id)
         # Decisions sent straight to the Slave (the Master validates its own first): wrong shapes, no decision due.
@@ -212,6 +216,9 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
     # The refused signals stay readable in the message flow, and the execution summary is still written.
     flow = message_flow(await fetch_sprint_histories(client, handle.id))
     assert any(m.type == "STORY_UPDATE" and m.story == "42" for m in flow)
+    updates = [m for m in flow if m.type == "STORY_UPDATE" and m.story == K1]
+    assert [m.batch_id for m in updates if m.rejected] == [99], updates  # the forged one, as the Master took it
+    assert len(updates) > 1
     assert (tmp_path / SESSION_DIR / summary_filename(report.session_id)).is_file()
 
 
