@@ -315,6 +315,7 @@ class SprintReport(_Model):
     batches: list[SlaveResult] = Field(default_factory=list)
     stories: dict[str, str] = Field(default_factory=dict)
     tokens_used: int = 0
+    token_limit: int | None = None  # the budget in force at the end (a resume may have raised it); None: older
     error: str | None = None
     improvements: list[ImprovementRecord] = Field(default_factory=list)  # the improvement cycle's stories
 

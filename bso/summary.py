@@ -81,7 +81,7 @@ def render_summary(
         f"| skipped | {count[StoryState.SKIPPED]} |",
         f"| other (not finished) | {len(stories) - count[StoryState.DONE] - count[StoryState.NEEDS_INTERVENTION] - count[StoryState.SKIPPED]} |",
         f"| batches | {len(report.batches)} |",
-        f"| tokens used | {report.tokens_used} / {config.token_budget.limit} |",
+        f"| tokens used | {report.tokens_used} / {report.token_limit or config.token_budget.limit} |",
     ]
     g = report.po_gates
     if g.go_issued or g.feedback_issued or g.blocked:  # Agent-PO gates ran

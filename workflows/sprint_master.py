@@ -664,6 +664,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             batches=batches,
             stories={key: view.state for key, view in s.views.items()},
             tokens_used=s.tokens_used,
+            token_limit=s.token_limit,
             error=error,
             improvements=list(s.improvements),
             total_agents_created=s.agents_created,

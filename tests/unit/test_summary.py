@@ -57,6 +57,14 @@ def test_content():
     assert "| batch_size | 3 |" in config and "| token_budget.limit | 2000000 |" in config
 
 
+def test_the_tokens_line_shows_the_limit_a_resume_raised():
+    """`bso sprint resume --token-limit` raised the budget: the summary still showed the one the sprint began with."""
+    histories = _histories()
+    raised = _report(histories).model_copy(update={"token_limit": 5_000_000})
+    overview = _section(render_from_histories(raised, histories), "Results Overview")
+    assert "| tokens used | 27800 / 5000000 |" in overview
+
+
 def test_overrides_are_marked_and_empty_sprint_reads_well():
     report = SprintReport(session_id="s", status="sprint-complete")
     text = render_summary(report, overrides={"token_budget.limit": 10, "batch_size": 2})

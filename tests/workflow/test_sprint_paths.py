@@ -240,6 +240,7 @@ async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
         report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done"}
     assert report.status is SprintStatus.COMPLETE
+    assert report.token_limit == 10_000  # the execution summary's tokens line shows it
 
 
 async def test_filters_epic_and_short_story_keys(ts_env, tmp_path: Path):
