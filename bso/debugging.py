@@ -19,6 +19,7 @@ from bso.config import SprintConfig
 from bso.dispatch import (
     DEV,
     FIX,
+    SETUP_ERROR_TYPE,
     DispatchStep,
     Outcome,
     Transition,
@@ -77,14 +78,23 @@ def debug_id_for(batch_id: int, story_short_key: str, attempt: int) -> str:
     return f"DBG-b{batch_id}-{story_short_key}-{attempt:03d}"
 
 
-def wants_debug(step: DispatchStep, answer: AgentComplete, progress: StoryProgress, config: SprintConfig) -> bool:
-    """A dev-runner failure with an error, and debug attempts left for the story."""
+def wants_debug(
+    step: DispatchStep, answer: AgentComplete, progress: StoryProgress, config: SprintConfig, *, setup_errors: bool = False
+) -> bool:
+    """A dev-runner failure with an error, and debug attempts left for the story. Not an agent that could not
+    start at all (a missing CLI, a broken profile: the user's setup, which no analysis of the code mends), unless
+    `setup_errors` (a Slave from before PATCH_NO_DEBUG_FOR_SETUP replaying)."""
     return (
         step in (DEV, FIX)
         and answer.status is AgentStatus.FAILURE
         and bool(answer.error or answer.summary)
         and progress.debug_attempts < config.max_debug_attempts
+        and (setup_errors or not is_setup_error(answer))
     )
+
+
+def is_setup_error(answer: AgentComplete) -> bool:
+    return answer.error_type == SETUP_ERROR_TYPE
 
 
 def debug_request_for(

@@ -275,6 +275,7 @@ def taken_from_file(progress: StoryProgress, found: str | None) -> StoryProgress
 # The agent activity's non-retryable error type when the agent cannot be started at all (a missing or
 # non-executable CLI, a broken profile): see activities/agent_config.py.
 AGENT_CONFIG_ERROR = "AgentConfigError"
+SETUP_ERROR_TYPE = "agent_config_error"  # its AGENT_COMPLETE's error_type (setup_failure)
 
 
 def setup_failure(dispatch_id: str, step: DispatchStep, story_key: str, error: str) -> AgentComplete:
@@ -282,7 +283,7 @@ def setup_failure(dispatch_id: str, step: DispatchStep, story_key: str, error: s
     and with fail_fast the sprint stops instead of failing every story the same way."""
     return AgentComplete(
         dispatch_id=dispatch_id, story_key=story_key, agent_type=step.agent_type, mode=step.mode,
-        status=AgentStatus.FAILURE, error=error[:MAX_SUMMARY_CHARS], error_type="agent_config_error",
+        status=AgentStatus.FAILURE, error=error[:MAX_SUMMARY_CHARS], error_type=SETUP_ERROR_TYPE,
         recoverable=False,
     )
 

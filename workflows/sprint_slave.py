@@ -41,7 +41,15 @@ with workflow.unsafe.imports_passed_through():
         agent_task_queue,
         agents_task_queue_for,
     )
-    from bso.debugging import DebugResult, after_debug, awaiting_debug, debug_id_for, debug_request_for, wants_debug
+    from bso.debugging import (
+        DebugResult,
+        after_debug,
+        awaiting_debug,
+        debug_id_for,
+        debug_request_for,
+        is_setup_error,
+        wants_debug,
+    )
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
     from bso.messages import DeliveryFailed, ResponseTimeout
     from workflows.delivery import await_answer, deliver
@@ -150,6 +158,9 @@ PATCH_REPORTS_MERGES = "slave-reports-merges"
 # killed the batch with its agent in flight.)
 PATCH_WORKING_TIME_LIMIT = "slave-working-time-limit"
 WORKING_TIME_SUMMARY = "batch working-time limit (slave_timeout_seconds)"
+# A dev-runner that could not start at all (agent_config_error: a missing CLI, a broken profile) is not sent to
+# the debugger: the story goes to needs-intervention with "agent setup: ..." at once, as for the other agents.
+PATCH_NO_DEBUG_FOR_SETUP = "slave-no-debug-for-agent-setup"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
 # ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
 STATUS_FILE_RETRY = RetryPolicy(
@@ -583,7 +594,10 @@ class SprintSlaveWorkflow:
             fatal = isinstance(answer, AgentComplete) and fatal_error(answer, self._input.config)
             if isinstance(answer, Transition):
                 transition = answer
-            elif isinstance(answer, AgentComplete) and not fatal and wants_debug(step, answer, progress, self._input.config):
+            elif isinstance(answer, AgentComplete) and not fatal and wants_debug(
+                step, answer, progress, self._input.config,
+                setup_errors=is_setup_error(answer) and not workflow.patched(PATCH_NO_DEBUG_FOR_SETUP),
+            ):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
                 # fail_fast: an unrecoverable agent error stops the sprint; no debug round first.

@@ -49,6 +49,9 @@ def test_wants_debug_only_for_dev_runner_failures_with_attempts_left():
     assert not wants_debug(CODE_REVIEW, failed(CODE_REVIEW), p, config)
     assert not wants_debug(DEV, failed(DEV), p.model_copy(update={"debug_attempts": 1}), config)
     assert not wants_debug(DEV, failed(DEV), p, resolve_config({"max_debug_attempts": 0}))
+    setup = failed(DEV).model_copy(update={"error_type": "agent_config_error", "recoverable": False})
+    assert not wants_debug(DEV, setup, p, config)  # a missing CLI: the user's to mend, not the code's
+    assert wants_debug(DEV, setup, p, config, setup_errors=True)  # as a Slave before the patch did
 
 
 def test_fixable_result_dispatches_a_fix_with_the_analysis():
