@@ -103,6 +103,16 @@ def _status_path(root: str, root_real: str, status_file: str | None) -> str:
     return real
 
 
+def status_path_problem(project_root: str, status_file: str | None) -> str | None:
+    """Why the sprint would refuse this status file's path (outside the project, not a file...), by the rule
+    load_sprint_status applies; None when the path is fine or the file is only missing (the caller says so)."""
+    try:
+        _status_path(*_project_root(project_root), status_file)
+    except ApplicationError as err:
+        return None if err.type == UNREADABLE_ERROR_TYPE else err.message
+    return None
+
+
 def _read_text(path: str, limit: int = MAX_STATUS_BYTES) -> str:
     try:
         size = os.stat(path).st_size

@@ -51,6 +51,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
 from activities.session_files import recorded_running_sprint
+from activities.status_file import status_path_problem
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
@@ -967,6 +968,8 @@ def sprint_start(
         if not root.is_dir():
             raise BsoError(f"project directory not found: {project}")
         status_path = root / (status_file or DEFAULT_STATUS_FILE)
+        if (problem := status_path_problem(str(root), status_file)) is not None:
+            raise BsoError(problem)
         if not status_path.is_file():
             raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
         if backend not in {b.value for b in AgentBackend}:

@@ -290,6 +290,12 @@ def test_error_paths(cli_env, tmp_path: Path):
     )
     line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))
     assert "nothing to run" in line and "set its state in the status file back" in line
+    # Another project's status file (with nothing to run in it): refused for where it is, as the sprint refuses it.
+    outside = str(settled_status.resolve())
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--status-file", outside))
+    assert "status file is outside the project root" in line, line
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--status-file", "../settled/x.yaml"))
+    assert "path escapes the project" in line, line
     settled_status.write_text(settled_status.read_text(encoding="utf-8") + "  1-3-c: wip\n", encoding="utf-8")
     line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))  # the sprint would overwrite `wip`
     assert "no agent starts from the state of 1-3-c: 'wip'" in line and "ready-for-dev" in line, line
