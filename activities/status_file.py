@@ -103,6 +103,12 @@ def _status_path(root: str, root_real: str, status_file: str | None) -> str:
     return real
 
 
+def read_snapshot(project_root: str, status_file: str | None) -> StatusSnapshot:
+    """The snapshot the sprint's first load would take (without claiming the project): for `bso sprint start`'s
+    checks. Raises ApplicationError as the activity does."""
+    return _load_sync(LoadStatusInput(project_root=project_root, status_file=status_file))
+
+
 def status_path_problem(project_root: str, status_file: str | None) -> str | None:
     """Why the sprint would refuse this status file's path (outside the project, not a file...), by the rule
     load_sprint_status applies; None when the path is fine or the file is only missing (the caller says so)."""

@@ -51,7 +51,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
 from activities.session_files import recorded_running_sprint
-from activities.status_file import status_path_problem
+from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
@@ -95,6 +95,7 @@ from bso.models import (
     StoryView,
     short_key,
 )
+from bso.planning import PlanningError, dependency_order
 from bso.report import batch_errors, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
@@ -842,14 +843,15 @@ def parse_set(values: list[str]) -> dict[str, Any]:
 
 def _check_selection(
     status_path: Path, epic: str | None, stories: list[str], named: dict[str, list[str]] | None = None
-) -> None:
+) -> list[str] | None:
     """--epic and --story checked against the status file before anything starts, by the rules the sprint
-    applies (bso.sprint_status), and that the selection leaves something to run. A file that does not parse is
-    refused here too, with the sprint's own message; one this process cannot read is left to the worker."""
+    applies (bso.sprint_status), and that the selection leaves something to run: the keys it will run. A file
+    that does not parse is refused here too, with the sprint's own message; one this process cannot read is left
+    to the worker (None)."""
     try:
         text = status_path.read_text(encoding="utf-8")
     except (OSError, ValueError):
-        return
+        return None
     try:
         entries = parse_status_text(text, str(status_path)).stories()
     except StatusFileError as err:
@@ -869,6 +871,21 @@ def _check_selection(
     # A value no agent starts from: the sprint would give the story up (needs-intervention), losing the value.
     if unknown := unknown_values({e.key: e.value for e in entries}, to_run):
         raise BsoError(unknown_values_message(unknown, "fix the file, then start the sprint"))
+    return to_run
+
+
+def _check_dependencies(root: Path, status_file: str | None, to_run: list[str]) -> None:
+    """The stories' `Depends on:` lines (their story files) planned as the sprint will: a cycle is refused here,
+    with the planner's message, instead of failing the sprint once started. A load problem is the sprint's to say."""
+    try:
+        snapshot = read_snapshot(str(root), status_file)
+    except ApplicationError:
+        return
+    chosen = set(to_run)
+    try:
+        dependency_order([story for story in snapshot.stories if story.key in chosen])
+    except PlanningError as err:
+        raise BsoError(f"{err} (fix their story files' `Depends on:` lines, or leave one out with --story)") from None
 
 
 def _check_agent_profiles(root: Path) -> None:
@@ -986,7 +1003,9 @@ def sprint_start(
             except ValueError as e:
                 detail = describe_validation_error(e) if isinstance(e, ValidationError) else str(e)
                 raise BsoError(f"--simulation {simulation}: {detail}") from None
-        _check_selection(status_path, epic, story or [], named)
+        to_run = _check_selection(status_path, epic, story or [], named)
+        if to_run is not None:
+            _check_dependencies(root, status_file, to_run)
         if backend == AgentBackend.COMMAND:
             _check_agent_profiles(root)
         sid = sprint_id or new_sprint_id()

@@ -290,6 +290,17 @@ def test_error_paths(cli_env, tmp_path: Path):
     )
     line = _one_line_error(bso(cli_env, "sprint", "start", str(settled)))
     assert "nothing to run" in line and "set its state in the status file back" in line
+    # Stories that depend on each other (their story files' Depends on: lines): refused before the sprint starts.
+    cyclic = tmp_path / "cyclic"
+    stories_dir = cyclic / "_bmad-output" / "implementation-artifacts"
+    stories_dir.mkdir(parents=True)
+    (stories_dir / "sprint-status.yaml").write_text(
+        "development_status:\n  epic-1: in-progress\n  1-1-a: ready-for-dev\n  1-2-b: ready-for-dev\n", encoding="utf-8"
+    )
+    (stories_dir / "1-1-a.md").write_text("# Story 1.1\n\nDepends on: 1-2\n", encoding="utf-8")
+    (stories_dir / "1-2-b.md").write_text("# Story 1.2\n\nDepends on: 1-1\n", encoding="utf-8")
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(cyclic)))
+    assert "dependency cycle among stories: 1-1-a, 1-2-b" in line and "Depends on:" in line, line
     # Another project's status file (with nothing to run in it): refused for where it is, as the sprint refuses it.
     outside = str(settled_status.resolve())
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--status-file", outside))
