@@ -222,7 +222,7 @@ def _target() -> tuple[dict[str, Any], str, str]:
 
 
 async def _client() -> Client:
-    from temporalio.contrib.pydantic import pydantic_data_converter
+    from bso.data_converter import data_converter
     from temporalio.runtime import Runtime, TelemetryConfig
 
     config, target, namespace = _target()
@@ -233,7 +233,7 @@ async def _client() -> Client:
     quiet = Runtime(telemetry=TelemetryConfig(logging=None))
     try:
         return await asyncio.wait_for(
-            Client.connect(target, data_converter=pydantic_data_converter, runtime=quiet, **config),
+            Client.connect(target, data_converter=data_converter, runtime=quiet, **config),
             CONNECT_TIMEOUT_SECONDS,
         )
     except (RuntimeError, TimeoutError, OSError) as e:

@@ -9,7 +9,7 @@ from typing import Any
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
+from bso.data_converter import data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -50,7 +50,7 @@ async def connect(
     target = config.pop("target_host")
     if runtime is not None:
         config["runtime"] = runtime
-    return await Client.connect(target, data_converter=pydantic_data_converter, **config)
+    return await Client.connect(target, data_converter=data_converter, **config)
 
 
 async def ensure_search_attributes(client: Client) -> list[str]:

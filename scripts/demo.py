@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.contrib.pydantic import pydantic_data_converter
+from bso.data_converter import data_converter
 
 from bso.dev_server import dev_server_args
 from bso.models import describe_in_flight
@@ -155,7 +155,7 @@ def _stop_process(proc: subprocess.Popen[bytes], name: str, timeout: float = 15.
 
 async def _connect(timeout: float = 3.0) -> Client:
     return await asyncio.wait_for(
-        Client.connect(ADDRESS, namespace=NAMESPACE, data_converter=pydantic_data_converter), timeout
+        Client.connect(ADDRESS, namespace=NAMESPACE, data_converter=data_converter), timeout
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from bso.data_converter import data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from bso.constants import slave_workflow_id  # noqa: E402
@@ -36,7 +36,7 @@ async def record() -> None:
     for script in simulation["stories"].values():
         script.pop("duration_ms", None)
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=_binary("temporal-test-server"), data_converter=pydantic_data_converter
+        test_server_existing_path=_binary("temporal-test-server"), data_converter=data_converter
     )
     async with env:
         await ensure_search_attributes(env.client)

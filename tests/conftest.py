@@ -17,7 +17,7 @@ import pytest_asyncio
 from hypothesis import HealthCheck, settings
 from temporalio.client import Client, OutboundInterceptor, StartWorkflowInput, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.client import Interceptor as ClientInterceptor
-from temporalio.contrib.pydantic import pydantic_data_converter
+from bso.data_converter import data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -74,7 +74,7 @@ _started_on_shared_ts = _StartedWorkflows()
 async def _time_skipping_env(interceptors: list[ClientInterceptor] | None = None) -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=_binary("temporal-test-server"),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter,
         interceptors=interceptors or [],
     )
     await ensure_search_attributes(env.client)
@@ -140,7 +140,7 @@ async def own_ts_env() -> AsyncIterator[WorkflowEnvironment]:
 async def local_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=_binary("temporal"),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_extra_args=dynamic_config_args(),
     )

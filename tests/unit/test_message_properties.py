@@ -9,8 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.api.common.v1 import Payload
 
+from bso.data_converter import data_converter
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, describe_validation_error
 from bso.models import ResumeRequest, SprintInput, StoryUpdate
 from bso.states import AgentMode, AgentStatus, AgentType, Severity, Verdict
@@ -64,8 +65,8 @@ def test_any_json_validates_or_raises_validation_error(payload: Any):
 @given(valid_complete)
 def test_valid_agent_complete_round_trips_through_the_data_converter(payload: dict[str, Any]):
     message = AgentComplete.model_validate(payload)
-    (encoded,) = pydantic_data_converter.payload_converter.to_payloads([message])
-    (decoded,) = pydantic_data_converter.payload_converter.from_payloads([encoded], [AgentComplete])
+    (encoded,) = data_converter.payload_converter.to_payloads([message])
+    (decoded,) = data_converter.payload_converter.from_payloads([encoded], [AgentComplete])
     assert decoded == message
     assert AgentComplete.model_validate(message.model_dump(mode="json")) == message
 
@@ -90,3 +91,24 @@ def test_too_many_findings_are_rejected():
         assert "findings" in describe_validation_error(err)
     else:
         raise AssertionError("too many findings were accepted")
+
+
+@given(valid_complete, st.sampled_from([b'"\\ud800"', b'"\\udfff tail"', '"\ud83d cut"'.encode("utf-8", "surrogatepass")]))
+def test_a_lone_surrogate_in_a_payload_is_read_not_refused(payload: dict[str, Any], broken: bytes):
+    """JSON with half an emoji (a JS agent cutting a string): pydantic's parser refused the whole payload, and the
+    SDK dropped the signal carrying it. It is read, the half replaced by U+FFFD."""
+    text = AgentComplete.model_validate(payload).model_dump_json(exclude={"summary"})
+    data = text[:-1].encode() + b', "summary": ' + broken + b"}"
+    (decoded,) = data_converter.payload_converter.from_payloads(
+        [Payload(metadata={"encoding": b"json/plain"}, data=data)], [AgentComplete]
+    )
+    assert "\ufffd" in decoded.summary and decoded.dispatch_id == payload["dispatch_id"]
+
+
+def test_json_refused_for_other_reasons_is_still_refused():
+    for data in (b'{"token_limit": NaN}', b'{"token_limit": ', b'{"token_limit": 1e400}'):
+        try:
+            data_converter.payload_converter.from_payloads([Payload(metadata={"encoding": b"json/plain"}, data=data)], [ResumeRequest])
+        except ValidationError:
+            continue
+        raise AssertionError(f"{data!r} was taken")

@@ -5,11 +5,14 @@ Add a file to tests/corpus/status/ and a row to STATUS_CORPUS for every new bad 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import RawValue
 from temporalio.service import RPCError
 
 from activities.session_files import SESSION_DIR
@@ -198,7 +201,10 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # repeated
         review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
         slave_status = await slave.query(SprintSlaveWorkflow.status)
-        await slave.signal("agent_complete", _complete(review_id, agent, mode))
+        # The review's answer with half an emoji in its summary (a JS agent cutting a string): valid JSON that
+        # pydantic's parser refused, and the SDK dropped the signal; the story then waited for its timeout.
+        answer = json.dumps(_complete(review_id, agent, mode, summary="looks good \ud83d")).encode()
+        await slave.signal("agent_complete", RawValue(Payload(metadata={"encoding": b"json/plain"}, data=answer)))
         report = await sprint_result(handle)
     reasons = [r.reason for r in slave_status.rejected_messages]
     assert reasons[:3] == [

@@ -1,0 +1,63 @@
+"""The data converter every BSO client and worker uses: Temporal's pydantic converter, lenient with one kind of
+JSON it refuses.
+
+JSON may carry a lone UTF-16 surrogate (`"\\ud800"`, what a JavaScript agent writes when it cuts a string between
+the two halves of an emoji): valid JSON, but not valid Unicode, so pydantic's parser refuses the whole payload.
+For a signal the SDK then drops it with only a line in the worker's log: an agent's AGENT_COMPLETE was lost
+without a trace in the sprint's status. Such a payload is read with Python's own parser instead, each lone
+surrogate replaced by U+FFFD, and validated as usual."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
+from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    return value
+
+
+def _bad_unicode(err: ValidationError) -> bool:
+    """Refused for a lone surrogate only (not, say, for a NaN, which Python's parser would take too)."""
+    return any(
+        e["type"] == "json_invalid" and ("unicode code point" in e["msg"] or "hex escape" in e["msg"]) for e in err.errors()
+    )
+
+
+class LenientJSONPayloadConverter(PydanticJSONPlainPayloadConverter):
+    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
+        try:
+            return super().from_payload(payload, type_hint)
+        except ValidationError as err:
+            if not _bad_unicode(err):
+                raise
+            try:
+                value = json.loads(payload.data)  # Python's parser takes lone surrogates
+            except ValueError:
+                raise err from None
+            return TypeAdapter(type_hint if type_hint is not None else Any).validate_python(_without_lone_surrogates(value))
+
+
+class BsoPayloadConverter(CompositePayloadConverter):
+    def __init__(self) -> None:
+        json_converter = LenientJSONPayloadConverter()
+        super().__init__(
+            *(
+                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            )
+        )
+
+
+data_converter = DataConverter(payload_converter_class=BsoPayloadConverter)
