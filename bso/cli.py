@@ -76,7 +76,7 @@ from bso.message_flow import (
     MESSAGE_TYPES,
     FlowMessage,
     export_paths,
-    file_safe,
+    file_safe_unique,
     filter_messages,
     message_flow,
 )
@@ -1416,7 +1416,7 @@ def earlier_export(folder: Path) -> Path | None:
 
 def default_export_dir(project_root: str, sprint_id: str) -> Path:
     """`<project>/.sprint-session/messages/<sprint id>`: sprints on one project export side by side."""
-    folder = file_safe(sprint_id).strip(".") or "_"
+    folder = file_safe_unique(sprint_id).strip(".") or "_"
     return Path(project_root) / ".sprint-session" / "messages" / folder
 
 

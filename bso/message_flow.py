@@ -8,6 +8,8 @@ section and its tests (over the recorded histories in tests/histories/).
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -1065,6 +1067,13 @@ def export_paths(messages: Sequence[FlowMessage]) -> list[tuple[str, FlowMessage
 def file_safe(name: str) -> str:
     """A readable file or folder name for an id (a sprint, an agent): anything but letters, digits, `-_.` is `_`."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def file_safe_unique(name: str) -> str:
+    """file_safe, and unique: an id it changed gets 8 hex digits of its sha1 (sprints `a/b` and `a_b` would
+    share one file otherwise); an id it leaves alone stays as it is."""
+    safe = file_safe(name)
+    return safe if safe == name else f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 class AgentStats(BaseModel):

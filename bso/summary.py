@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowHistory
 
 from bso.config import ConfigError, SprintConfig, resolve_config
-from bso.message_flow import AgentStats, agent_performance, decode, file_safe, message_flow
+from bso.message_flow import AgentStats, agent_performance, decode, file_safe_unique, message_flow
 from bso.models import SprintInput, SprintReport
 from bso.report import work_per_story
 from bso.states import TERMINAL_STATES, StoryState
@@ -23,8 +23,7 @@ SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance"
 
 
 def summary_filename(session_id: str) -> str:
-    safe = file_safe(session_id)
-    return f"execution-summary-{safe}.md"
+    return f"execution-summary-{file_safe_unique(session_id)}.md"
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -77,6 +77,7 @@ def test_overrides_are_marked_and_empty_sprint_reads_well():
 def test_filename_is_safe():
     assert summary_filename("sprint-1") == "execution-summary-sprint-1.md"
     assert "/" not in summary_filename("a/../b")
+    assert summary_filename("a/b") != summary_filename("a_b") == "execution-summary-a_b.md"  # one file each
     json.dumps(summary_filename("x"))
 
 
