@@ -18,6 +18,26 @@ from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
 
 
+class _RescuedDict(dict):
+    """A payload read past its lone surrogates (workflows.inbound_guard tells it apart: PATCH_RESCUED_SIGNALS)."""
+
+
+class _RescuedList(list):
+    pass
+
+
+class _RescuedStr(str):
+    pass
+
+
+_RESCUED = {dict: _RescuedDict, list: _RescuedList, str: _RescuedStr}
+
+
+def is_rescued(value: Any) -> bool:
+    """Was `value` read past a lone surrogate by this converter (a signal's input, decoded without a type)?"""
+    return isinstance(value, _RescuedDict | _RescuedList | _RescuedStr)
+
+
 def _without_lone_surrogates(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
@@ -46,7 +66,8 @@ class LenientJSONPayloadConverter(PydanticJSONPlainPayloadConverter):
                 value = json.loads(payload.data)  # Python's parser takes lone surrogates
             except ValueError:
                 raise err from None
-            return TypeAdapter(type_hint if type_hint is not None else Any).validate_python(_without_lone_surrogates(value))
+            value = TypeAdapter(type_hint if type_hint is not None else Any).validate_python(_without_lone_surrogates(value))
+            return _RESCUED[type(value)](value) if type(value) in _RESCUED else value  # (BSO's signals take Any)
 
 
 class BsoPayloadConverter(CompositePayloadConverter):

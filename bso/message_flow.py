@@ -56,6 +56,7 @@ from bso.dispatch import (
 )
 from bso.messages import (
     MASTER_SIGNALS,
+    PATCH_STORY_UPDATE_FROM_ITS_BATCH,
     RejectedMessage,
     TerminateDirectivePayload,
     cut_text as _cut,  # a cut detail's whole text is in the message's payload
@@ -281,6 +282,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     out: list[FlowMessage] = []
     children: dict[str, dict[str, Any]] = {}  # child workflow id -> its SlaveInput
     running: dict[Any, list[str]] = {}  # the running batches' stories, by batch id (the Master's _batch_stories)
+    from_its_batch = PATCH_STORY_UPDATE_FROM_ITS_BATCH in _patches(events)  # the Master applied the rule
     planned = False
     # The plan as planned, from the first of: the report's, the carried state's (a continued run), the
     # scrum-master's accepted answer to the Master's plan request, the Master's fallback plan for that request.
@@ -311,8 +313,10 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 "payload": update if isinstance(item, dict) else {"value": item},
             }
             reason = _invalid("STORY_UPDATE", StoryUpdate, item)  # the Master's rules (_apply_story_update)
-            if reason is None and update.get("story_key") not in running.get(batch, ()):
-                reason = story_update_not_from_its_batch(str(update.get("story_key")), batch)  # type: ignore[arg-type]
+            if reason is None and from_its_batch:
+                valid = StoryUpdate.model_validate(item)
+                if valid.story_key not in running.get(valid.batch_id, ()):
+                    reason = story_update_not_from_its_batch(valid.story_key, valid.batch_id)
             add(event, **(_rejected(fields, reason) if reason else fields))
 
     for event in events:

@@ -178,6 +178,11 @@ def rejected_inputs(kind: str, name: str, given: int, problem: str) -> str:
     return f"{kind} {name!r} sent with {inputs}, which it cannot take ({problem}): ignored"
 
 
+# The Master takes a story update only from the running batch that holds the story (bso.message_flow reads the
+# rule off histories with this marker: one naming no running batch, sent by hand, set the story's view before).
+PATCH_STORY_UPDATE_FROM_ITS_BATCH = "master-story-update-from-its-batch"
+
+
 def story_update_not_from_its_batch(story_key: str, batch_id: int) -> str:
     """Why the Master ignores a STORY_UPDATE: only the running batch that holds the story tells how it goes."""
     return f"{story_key} is not a story of a running batch {batch_id}: only its batch tells the sprint how it goes"

@@ -59,6 +59,8 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=3)
 # reaches the server, which the SDK holds back up to 0.8 x the heartbeat timeout (48 s for an agent's 60 s):
 # the agent worked on that long after the cancel. Sent at least this often, it hears within a few seconds.
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
+# Every worker (and replayer) of BSO workflows: the metrics, and the guard the workflows' signals rely on.
+WORKFLOW_INTERCEPTORS = [TelemetryInterceptor(), InboundGuard()]
 
 
 def build_workers(
@@ -80,7 +82,7 @@ def build_workers(
                 workflows=WORKFLOWS,
                 # run_agent too: simulated agents run on the sprint queue (bso.constants.agent_task_queue).
                 activities=[*SPRINT_ACTIVITIES, run_agent],
-                interceptors=[TelemetryInterceptor(), InboundGuard()],
+                interceptors=WORKFLOW_INTERCEPTORS,
                 sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
                 max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             )

@@ -4,14 +4,18 @@ A signal sent with one input too many (`temporal workflow signal --input A --inp
 handler with a surplus argument: a TypeError in the workflow task, which then failed again on every retry, and
 left the sprint deaf to queries and cancellation until it was terminated. The guard checks the call first: such
 a signal is recorded as rejected by the workflow (`record_rejected`, shown in its status) and dropped; such an
-update is refused by its validator step with the same words, before it is accepted.
+update is refused with the same words (before it is accepted when it has a validator).
 
-Register it on every worker that runs BSO workflows: `Worker(..., interceptors=[InboundGuard()])`
-(workers.main.build_workers does).
+It also keeps a signal that bso.data_converter rescued (a lone UTF-16 surrogate in its JSON) out of a workflow
+that ran before that converter: the SDK dropped such a signal then, and its history must replay as it ran.
+
+Register it on every worker and replayer of BSO workflows: WORKFLOW_INTERCEPTORS (workers.main.build_workers
+and the tests do).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -26,20 +30,33 @@ from temporalio.worker import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from bso.data_converter import is_rescued
     from bso.messages import RejectedMessage, rejected_inputs
+
+# A signal whose JSON bso.data_converter read past a lone surrogate is handled (the SDK dropped it before).
+PATCH_RESCUED_SIGNALS = "signals-with-lone-surrogates-handled"
+
+
+@functools.lru_cache(maxsize=1024)  # per workflow class (the sandbox loads one per run): bounded
+def _signature(cls: type, kind: str, name: str) -> tuple[inspect.Signature, bool] | None:
+    """The handler's own signature (what workflow.get_*_handler returns for an async handler takes *args) and
+    whether it is a method; None when the class has no handler for `name` (nor a dynamic one)."""
+    definition = workflow._Definition.must_from_class(cls)
+    handlers = definition.signals if kind == "signals" else definition.updates
+    handler = handlers.get(name) or handlers.get(None)
+    return None if handler is None else (inspect.signature(handler.fn), handler.is_method)
 
 
 def _misfit(kind: str, name: str, args: list[Any]) -> str | None:
     """Why the workflow's `kind` ("signals" or "updates") handler for `name` cannot be called with `args`; None
     when it can (or there is no handler to check)."""
-    # The definition's own function: what workflow.get_*_handler returns for an async handler takes (*args).
-    definition = workflow._Definition.must_from_class(type(workflow.instance()))
-    handlers = definition.signals if kind == "signals" else definition.updates
-    handler = handlers.get(name) or handlers.get(None)
-    if handler is None:
+    instance = workflow.instance()
+    found = _signature(type(instance), kind, name)
+    if found is None:
         return None
+    signature, is_method = found
     try:
-        inspect.signature(handler.fn).bind(*([workflow.instance()] if handler.is_method else []), *args)
+        signature.bind(*([instance] if is_method else []), *args)
     except TypeError as err:
         return str(err)
     return None
@@ -47,6 +64,9 @@ def _misfit(kind: str, name: str, args: list[Any]) -> str | None:
 
 class _GuardedInbound(WorkflowInboundInterceptor):
     async def handle_signal(self, input: HandleSignalInput) -> None:
+        if any(is_rescued(arg) for arg in input.args) and not workflow.patched(PATCH_RESCUED_SIGNALS):
+            workflow.logger.warning("signal %s dropped: its JSON has a lone surrogate (a run from before)", input.signal)
+            return
         problem = _misfit("signals", input.signal, list(input.args))
         if problem is None:
             await self.next.handle_signal(input)

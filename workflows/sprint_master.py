@@ -65,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
     from bso.messages import (
         BatchSpec,
+        PATCH_STORY_UPDATE_FROM_ITS_BATCH,
         RejectedMessage,
         story_update_not_from_its_batch,
         describe_validation_error,
@@ -166,9 +167,6 @@ PATCH_SLAVE_WITHOUT_EXECUTION_TIMEOUT = "master-slave-without-execution-timeout"
 # came (stopped gracefully, or killed) heard nothing of it and ran on until their launcher's backstop.
 PATCH_CANCEL_STOPS_AGENTS = "master-cancel-stops-agents"
 STOP_AGENTS_PATIENCE = timedelta(minutes=2)
-# A story update is taken only from the running batch that holds the story: one naming no running batch (sent by
-# hand) set the story's view, and the report said `done` for a story the status file had `skipped`.
-PATCH_STORY_UPDATE_FROM_ITS_BATCH = "master-story-update-from-its-batch"
 # A sprint id that another sprint gives its batch or resident (`zz/batch-1`) is refused at the start: sprint `zz`
 # then failed to start that child, with "Workflow execution already started" and no word of which.
 PATCH_SPRINT_ID_CHECKED = "master-sprint-id-not-a-childs"
@@ -289,9 +287,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             self.record_rejected(rejected_invalid("STORY_UPDATE", payload, err))
             return False
         s = self._state
-        if update.story_key not in self._batch_stories.get(update.batch_id, ()) and workflow.patched(
-            PATCH_STORY_UPDATE_FROM_ITS_BATCH
-        ):
+        if not self._holds(update.batch_id, update.story_key) and workflow.patched(PATCH_STORY_UPDATE_FROM_ITS_BATCH):
             reason = story_update_not_from_its_batch(update.story_key, update.batch_id)
             self.record_rejected(RejectedMessage(msg_type="STORY_UPDATE", reason=reason))
             return False
@@ -313,6 +309,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     self._forward(SIGNAL_RESUME, {}, only=update.batch_id)
             return True
         return False
+
+    def _holds(self, batch_id: int, key: str) -> bool:
+        """Is `key` a story of running batch `batch_id`, still its own (not rearmed into another batch since)?"""
+        view = self._state.views.get(key)
+        return key in self._batch_stories.get(batch_id, ()) and (view is None or view.batch_id == batch_id)
 
     def _first_story_checkpoint(self, key: str, view: StoryView) -> bool:
         """first_story_checkpoint: `report` logs and shows the first finished story; `pause` also pauses.

@@ -161,6 +161,8 @@ WORKING_TIME_SUMMARY = "batch working-time limit (slave_timeout_seconds)"
 # A dev-runner that could not start at all (agent_config_error: a missing CLI, a broken profile) is not sent to
 # the debugger: the story goes to needs-intervention with "agent setup: ..." at once, as for the other agents.
 PATCH_NO_DEBUG_FOR_SETUP = "slave-no-debug-for-agent-setup"
+# A pause whose reason is not a string (sent by hand) pauses the batch: the SDK dropped it, unseen.
+PATCH_PAUSE_ANY_REASON = "slave-pause-any-reason"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
 # ~25 s before the story gives up; a story missing from the file, or a file outside the project, at once.
 STATUS_FILE_RETRY = RetryPolicy(
@@ -323,6 +325,8 @@ class SprintSlaveWorkflow:
     def pause(self, reason: Any = None) -> None:
         """No new dispatch while paused; the agent in flight finishes. (`reason` is Any, as the Master's: with
         `str | None` the SDK dropped a pause whose reason was not a string, unseen.)"""
+        if not isinstance(reason, str | None) and not workflow.patched(PATCH_PAUSE_ANY_REASON):
+            return  # a Slave from before: the SDK dropped it, and its history replays so
         self._paused = True
         self._show()
 

@@ -57,7 +57,7 @@ from tests.workflow.helpers import (
     workflow_task_failures,
 )
 from workflows.sprint_master import SprintMasterWorkflow
-from workers.main import SPRINT_ACTIVITIES, WORKFLOWS, build_workers
+from workers.main import SPRINT_ACTIVITIES, WORKFLOW_INTERCEPTORS, WORKFLOWS, build_workers
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
@@ -86,6 +86,7 @@ async def workers_with(client: Client, activity_fn: Callable[..., Any], instead_
         task_queue=prefix + SPRINT_TASK_QUEUE,
         workflows=WORKFLOWS,
         activities=[activity_fn, *(a for a in SPRINT_ACTIVITIES if a is not instead_of), run_agent],
+        interceptors=WORKFLOW_INTERCEPTORS,
     )
     (agents_worker,) = build_workers(client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
     async with sprint_worker, agents_worker:
@@ -710,7 +711,8 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
 
     prefix = f"t-{uuid.uuid4().hex[:8]}-"
     sprint_worker = Worker(
-        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS, activities=list(SPRINT_ACTIVITIES)
+        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS, activities=list(SPRINT_ACTIVITIES),
+        interceptors=WORKFLOW_INTERCEPTORS,
     )
     agents_worker = Worker(ts_env.client, task_queue=prefix + AGENTS_TASK_QUEUE, activities=[passing_review, endless_squash])
     overrides = {"resident_slots": {"knowledge_researcher": False, "debugger": False, "e2e_live": False},

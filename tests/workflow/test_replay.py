@@ -11,7 +11,7 @@ from temporalio.client import WorkflowHistory
 from bso.data_converter import data_converter
 from temporalio.worker import Replayer
 
-from workers.main import WORKFLOWS
+from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
@@ -25,7 +25,7 @@ def test_histories_are_recorded():
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[str(p.relative_to(ROOT).with_suffix("")) for p in HISTORIES])
 async def test_replay(path: Path):
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
     history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
