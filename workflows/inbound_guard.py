@@ -15,7 +15,6 @@ and the tests do).
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -37,14 +36,24 @@ with workflow.unsafe.imports_passed_through():
 PATCH_RESCUED_SIGNALS = "signals-with-lone-surrogates-handled"
 
 
-@functools.lru_cache(maxsize=1024)  # per workflow class (the sandbox loads one per run): bounded
+_SIGNATURES: dict[tuple[str, str, str, str], tuple[inspect.Signature, bool] | None] = {}
+_SIGNATURES_KEPT = 1024  # names are the sender's to choose (the Master has a dynamic handler): bounded
+
+
 def _signature(cls: type, kind: str, name: str) -> tuple[inspect.Signature, bool] | None:
     """The handler's own signature (what workflow.get_*_handler returns for an async handler takes *args) and
     whether it is a method; None when the class has no handler for `name` (nor a dynamic one)."""
-    definition = workflow._Definition.must_from_class(cls)
-    handlers = definition.signals if kind == "signals" else definition.updates
-    handler = handlers.get(name) or handlers.get(None)
-    return None if handler is None else (inspect.signature(handler.fn), handler.is_method)
+    # Kept by the class's name, not the class: the sandbox loads the class anew for every run, and holding those
+    # would keep each finished run's modules alive.
+    key = (cls.__module__, cls.__qualname__, kind, name)
+    if key not in _SIGNATURES:
+        definition = workflow._Definition.must_from_class(cls)
+        handlers = definition.signals if kind == "signals" else definition.updates
+        handler = handlers.get(name) or handlers.get(None)
+        if len(_SIGNATURES) >= _SIGNATURES_KEPT:
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = None if handler is None else (inspect.signature(handler.fn), handler.is_method)
+    return _SIGNATURES[key]
 
 
 def _misfit(kind: str, name: str, args: list[Any]) -> str | None:
