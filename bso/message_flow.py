@@ -58,6 +58,7 @@ from bso.messages import (
     MASTER_SIGNALS,
     PATCH_STORY_UPDATE_FROM_ITS_BATCH,
     RejectedMessage,
+    rejected_inputs,
     TerminateDirectivePayload,
     cut_text as _cut,  # a cut detail's whole text is in the message's payload
     describe_validation_error,
@@ -131,6 +132,21 @@ _RESULT_SIGNALS = {SIGNAL_RESEARCH_RESULT: "RESEARCH_RESULT", SIGNAL_BROWSER_RES
 _RESIDENT_UPDATES = {UPDATE_RESEARCH: "RESEARCH", UPDATE_BROWSE: "BROWSER"}
 
 _OPERATOR_SIGNALS = {SIGNAL_PAUSE: "PAUSE", SIGNAL_RESUME: "RESUME", SIGNAL_SHUTDOWN: "SHUTDOWN_REQUEST"}
+
+# Signal handlers without parameters: the SDK hands them no input at all, whatever was sent, and they act.
+_TAKE_NO_INPUT = {SIGNAL_SHUTDOWN, SIGNAL_STOP, SIGNAL_STOP_NOW}
+# The Slave's signals the flow shows (its pause and resume come from the Master, which the flow shows instead).
+_SLAVE_ANSWERS = {SIGNAL_AGENT_COMPLETE, SIGNAL_DEBUG_RESULT, SIGNAL_DEPENDENCY_UPDATE, SIGNAL_DECISION}
+
+
+def _surplus_inputs(attrs: Any) -> str | None:
+    """Why workflows/inbound_guard.py refused this signal (every BSO signal handler takes one input at most),
+    in its words; None when it was sent one input or none."""
+    given = len(attrs.input.payloads)
+    if given <= 1 or attrs.signal_name in _TAKE_NO_INPUT:
+        return None
+    return rejected_inputs("signal", attrs.signal_name, given, "too many positional arguments")
+
 
 # The model each resident validates a signal with (workflows/residents.py), and the name it records a
 # rejection under.
@@ -431,7 +447,12 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
             value = decode(attrs.input)
-            if attrs.signal_name in (SIGNAL_STORY_UPDATE, SIGNAL_STORY_UPDATES):
+            surplus = _surplus_inputs(attrs) if attrs.signal_name in MASTER_SIGNALS else None
+            if surplus is not None:
+                fields = {"type": _OPERATOR_SIGNALS.get(attrs.signal_name, attrs.signal_name.upper()), "sender": OPERATOR,
+                          "recipient": MASTER, "detail": _brief(value), "payload": _as_payload(value) if value is not None else {}}
+                add(event, **_rejected(fields, surplus))
+            elif attrs.signal_name in (SIGNAL_STORY_UPDATE, SIGNAL_STORY_UPDATES):
                 # story_updates: several story_update payloads in one signal, each its own message.
                 many = _dict(value).get("updates") if attrs.signal_name == SIGNAL_STORY_UPDATES else [value]
                 if isinstance(many, list):
@@ -728,7 +749,13 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
             value = _dict(decode(attrs.input))
-            if attrs.signal_name == SIGNAL_AGENT_COMPLETE:
+            surplus = _surplus_inputs(attrs)
+            if surplus is not None and attrs.signal_name in _SLAVE_ANSWERS:
+                fields = {"type": attrs.signal_name.upper(), "sender": str(value.get("agent_type") or OPERATOR),
+                          "recipient": me, "story": value.get("story_key"), "detail": _brief(decode(attrs.input)),
+                          "payload": value}
+                add(event, **_rejected(fields, surplus))
+            elif attrs.signal_name == SIGNAL_AGENT_COMPLETE:
                 answer(event, decode(attrs.input))
             elif attrs.signal_name == SIGNAL_SHUTDOWN:
                 add(event, type="SHUTDOWN_REQUEST", sender=MASTER, recipient=me, detail="finish the story in hand")
@@ -981,7 +1008,9 @@ def _resident_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list
                 " (course correction)" if value.get("course_correction") else ""
             )
         fields: dict[str, Any] = {"detail": detail}
-        if attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
+        if (surplus := _surplus_inputs(attrs)) is not None:
+            fields = _rejected(fields, surplus)
+        elif attrs.signal_name in _RESIDENT_MODELS:  # the resident validates it with this model
             msg_type, model = _RESIDENT_MODELS[attrs.signal_name]
             reason = _invalid(msg_type, model, decode(attrs.input))
             fields = _rejected(fields, reason) if reason else fields

@@ -15,6 +15,7 @@ from temporalio.service import RPCError
 
 from bench.histories import task_failures as history_task_failures
 from bso.constants import slave_workflow_id
+from bso.message_flow import message_flow
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
@@ -116,3 +117,8 @@ async def test_every_handler_refuses_or_ignores_malformed_payloads(ts_env, tmp_p
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"
     assert await task_failures(client, handle.id) == {}
+    # bso messages marks the signals sent two inputs rejected, in the guard's words, at each workflow.
+    flow = message_flow(await fetch_sprint_histories(client, handle.id))
+    refused = {(m.workflow_id, m.type) for m in flow if m.rejected and "sent with 2 inputs, which it cannot take" in m.rejected}
+    assert {("hostile", "RESUME"), ("hostile/batch-1", "AGENT_COMPLETE")} <= refused, refused
+    assert any(wid.startswith("hostile/resident-") for wid, _ in refused), refused
