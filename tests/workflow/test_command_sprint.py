@@ -181,37 +181,29 @@ async def test_a_missing_agent_cli_stops_the_sprint_with_fail_fast(ts_env, tmp_p
     assert await workflow_task_failures(ts_env.client, "cmd-missing-ff") == 0
 
 
-async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_profile(ts_env, tmp_path: Path) -> None:
-    root = make_git_project(tmp_path / "proj", stories={STORY: "backlog"}, agents_toml=MISSING_CLI)
-    async with bso_worker(ts_env.client) as queue:
-        report = await run_sprint(
-            ts_env.client, queue, sprint_input(root, session_id="cmd-missing", agent_backend="command")
-        )
-    assert report.stories == {STORY: "needs-intervention"}
-    error = report.batches[0].results.story_results[0].error or ""
-    assert "agent setup" in error and "fake-missing" in error, error
-
-
-async def test_a_dev_runner_that_cannot_start_is_not_sent_to_the_debugger(ts_env, tmp_path: Path) -> None:
-    """A missing dev-runner CLI is the user's setup: the story is needs-intervention with "agent setup" at once,
-    as for the other agents. The dev-runner's went to the debugger first ("debugger unavailable: ...")."""
+@pytest.mark.parametrize(("agent", "state"), [("story-creator", "backlog"), ("dev-runner", "ready-for-dev")])
+async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_profile(
+    ts_env, tmp_path: Path, agent: str, state: str
+) -> None:
+    """The user's setup: the story is needs-intervention with "agent setup" at once, no debugger asked (a
+    dev-runner's went to the debugger first: "debugger unavailable: ...")."""
     from temporalio.api.enums.v1 import EventType
 
-    missing_dev = MISSING_CLI.replace("[agents.story-creator]", "[agents.dev-runner]")
-    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev"}, agents_toml=missing_dev)
+    agents_toml = MISSING_CLI.replace("[agents.story-creator]", f"[agents.{agent}]")
+    root = make_git_project(tmp_path / "proj", stories={STORY: state}, agents_toml=agents_toml)
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(
-            ts_env.client, queue, sprint_input(root, session_id="cmd-missing-dev", agent_backend="command")
+            ts_env.client, queue, sprint_input(root, session_id=f"cmd-missing-{agent}", agent_backend="command")
         )
     assert report.stories == {STORY: "needs-intervention"}
     error = report.batches[0].results.story_results[0].error or ""
     assert "agent setup" in error and "fake-missing" in error and "debugger" not in error, error
-    history = await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-missing-dev", 1)).fetch_history()
+    history = await ts_env.client.get_workflow_handle(slave_workflow_id(f"cmd-missing-{agent}", 1)).fetch_history()
     assert not any(
         e.signal_external_workflow_execution_initiated_event_attributes.signal_name == "debug_request"
         for e in history.events if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
     )
-    assert await workflow_task_failures(ts_env.client, "cmd-missing-dev") == 0
+    assert await workflow_task_failures(ts_env.client, f"cmd-missing-{agent}") == 0
 
 
 async def test_a_real_reviewer_scores_the_work_and_a_low_score_goes_to_a_fix(ts_env, tmp_path: Path) -> None:
