@@ -1416,7 +1416,7 @@ def earlier_export(folder: Path) -> Path | None:
 
 def default_export_dir(project_root: str, sprint_id: str) -> Path:
     """`<project>/.sprint-session/messages/<sprint id>`: sprints on one project export side by side."""
-    folder = file_safe_unique(sprint_id).strip(".") or "_"
+    folder = file_safe_unique(sprint_id)
     return Path(project_root) / ".sprint-session" / "messages" / folder
 
 

@@ -1106,6 +1106,8 @@ def file_safe_unique(name: str) -> str:
     """file_safe, and unique: an id it changed gets 8 hex digits of its sha1 (sprints `a/b` and `a_b` would
     share one file otherwise); an id it leaves alone stays as it is."""
     safe = file_safe(name)
+    if safe.startswith("."):  # `.`, `..`, a hidden name: never a path step, never another id's twin
+        safe = "_" + safe.lstrip(".")
     return safe if safe == name else f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 

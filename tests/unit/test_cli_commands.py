@@ -92,8 +92,11 @@ def test_an_export_never_goes_over_an_earlier_one(recorded_sprint, tmp_path: Pat
     # The default folder is the sprint's own: two sprints on one project export side by side.
     assert default_export_dir("/p", "sprint-1") == Path("/p/.sprint-session/messages/sprint-1")
     assert default_export_dir("/p", "../x/y").parent == Path("/p/.sprint-session/messages")
-    assert default_export_dir("/p", "../x/y").name.startswith("_x_y-")  # nothing above the messages folder
+    assert default_export_dir("/p", "../x/y").name.startswith("__x_y-")  # nothing above the messages folder
     assert default_export_dir("/p", "a/b") != default_export_dir("/p", "a_b")  # two sprints, two folders
+    assert default_export_dir("/p", ".x") != default_export_dir("/p", "x")
+    for odd in (".", "..", "../.."):
+        assert default_export_dir("/p", odd).parent == Path("/p/.sprint-session/messages"), odd
     assert earlier_export(tmp_path / "none") is None
     (tmp_path / "other" / "notes").mkdir(parents=True)
     (tmp_path / "other" / "notes" / "todo.json").write_text("{}")
