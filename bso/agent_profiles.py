@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from bso.messages import map_strings
 from bso.states import AgentMode, AgentType
 
 PROFILES_FILES = (".bso/agents.toml", ".bso/agents.yaml", ".bso/agents.yml")
@@ -300,13 +301,7 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 def redact_values(value: Any, env: dict[str, str]) -> Any:
     """`value` (a model dump: dicts, lists, strings...) with every string redacted (redact_text)."""
-    if isinstance(value, str):
-        return redact_text(value, env)
-    if isinstance(value, dict):
-        return {k: redact_values(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_values(v, env) for v in value]
-    return value
+    return map_strings(value, lambda text: redact_text(text, env))
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:

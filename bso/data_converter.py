@@ -17,6 +17,8 @@ from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
 
+from bso.messages import map_strings
+
 
 class _RescuedDict(dict):
     """A payload read past its lone surrogates (workflows.inbound_guard tells it apart: PATCH_RESCUED_SIGNALS)."""
@@ -38,14 +40,8 @@ def is_rescued(value: Any) -> bool:
     return isinstance(value, _RescuedDict | _RescuedList | _RescuedStr)
 
 
-def _without_lone_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, dict):
-        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_lone_surrogates(v) for v in value]
-    return value
+def _without_lone_surrogate(text: str) -> str:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _bad_unicode(err: ValidationError) -> bool:
@@ -66,7 +62,7 @@ class LenientJSONPayloadConverter(PydanticJSONPlainPayloadConverter):
                 value = json.loads(payload.data)  # Python's parser takes lone surrogates
             except ValueError:
                 raise err from None
-            value = TypeAdapter(type_hint if type_hint is not None else Any).validate_python(_without_lone_surrogates(value))
+            value = TypeAdapter(type_hint if type_hint is not None else Any).validate_python(map_strings(value, _without_lone_surrogate))
             return _RESCUED[type(value)](value) if type(value) in _RESCUED else value  # (BSO's signals take Any)
 
 

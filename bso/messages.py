@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
@@ -186,6 +187,17 @@ PATCH_STORY_UPDATE_FROM_ITS_BATCH = "master-story-update-from-its-batch"
 def story_update_not_from_its_batch(story_key: str, batch_id: int) -> str:
     """Why the Master ignores a STORY_UPDATE: only the running batch that holds the story tells how it goes."""
     return f"{story_key} is not a story of a running batch {batch_id}: only its batch tells the sprint how it goes"
+
+
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """`value` (JSON-like: dicts, lists, tuples, strings...) with `fn` applied to every string in it, keys too."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {map_strings(k, fn): map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(map_strings(v, fn) for v in value)
+    return value
 
 
 def keep_rejected(kept: list[RejectedMessage], message: RejectedMessage) -> list[RejectedMessage]:

@@ -6,9 +6,11 @@ return that overwrites a line, a NUL) nor to Rich (its `[markup]`, which a `[/x]
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel
+
+from bso.messages import map_strings
 
 # C0 controls but newline and tab, DEL, C1 controls; lone surrogates (no terminal encoding takes them).
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -24,19 +26,9 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(_escaped, text)
 
 
-def _printable_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {_printable_value(k): _printable_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_printable_value(v) for v in value)
-    return value
-
-
 M = TypeVar("M", bound=BaseModel)
 
 
 def printable_model(model: M) -> M:
     """The same model with every string in it (keys too) made printable."""
-    return type(model).model_validate(_printable_value(model.model_dump()))
+    return type(model).model_validate(map_strings(model.model_dump(), printable))

@@ -64,13 +64,13 @@ with workflow.unsafe.imports_passed_through():
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
     from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
     from bso.messages import (
-        BatchSpec,
         PATCH_STORY_UPDATE_FROM_ITS_BATCH,
+        BatchSpec,
         RejectedMessage,
-        story_update_not_from_its_batch,
         describe_validation_error,
         keep_rejected,
         rejected_invalid,
+        story_update_not_from_its_batch,
         unknown_signal_to_sprint,
     )
     from bso.models import (
