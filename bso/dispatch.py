@@ -20,6 +20,7 @@ from bso.config import ReviewDegradation, SprintConfig
 from bso.messages import (
     CRITERIA_MAX,
     MAX_SUMMARY_CHARS,
+    MAX_TOKENS_PER_ANSWER,
     AgentComplete,
     AgentErrorPayload,
     FeedbackItem,
@@ -351,6 +352,23 @@ def answer_mismatch(message: AgentComplete, agent: object, mode: object) -> Reje
     return RejectedMessage(
         msg_type="AGENT_COMPLETE",
         reason=f"agent_type/mode {got[0]}/{got[1]} does not match dispatch ({want[0]}/{want[1]})",
+        dispatch_id=message.dispatch_id,
+    )
+
+
+# The Slave's patch id for implausible_tokens (bso.message_flow reads the rule off histories with this marker).
+PATCH_TOKENS_BOUNDED = "slave-answer-tokens-bounded"
+
+
+def implausible_tokens(message: AgentComplete) -> RejectedMessage | None:
+    """An answer claiming more tokens than any agent run uses (a forged or garbled count): refused, or it stopped
+    the sprint on its token budget. The dispatch stays open for a corrected answer. None when the count is
+    believable."""
+    if message.tokens_used <= MAX_TOKENS_PER_ANSWER:
+        return None
+    return RejectedMessage(
+        msg_type="AGENT_COMPLETE",
+        reason=f"tokens_used {message.tokens_used} is more than any agent run uses (at most {MAX_TOKENS_PER_ANSWER:,})",
         dispatch_id=message.dispatch_id,
     )
 

@@ -49,9 +49,11 @@ from bso.debugging import DebugRequest, DebugResult
 from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, check_waiting_decision
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
+    PATCH_TOKENS_BOUNDED,
     answer_mismatch,
     check_agent_complete,
     check_agent_error,
+    implausible_tokens,
     is_agent_error,
 )
 from bso.messages import (
@@ -590,6 +592,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
     # A Slave that refused an answer naming another agent than its dispatch's recorded this patch marker then.
     matched_by_dispatch = PATCH_ANSWER_MATCHES_DISPATCH in _patches(events)
+    tokens_bounded = PATCH_TOKENS_BOUNDED in _patches(events)  # ... and one claiming implausible tokens
     # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).
     debug_sent: dict[int, dict[str, Any]] = {}
 
@@ -615,6 +618,8 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
         assignment = assignments.get(checked.dispatch_id or "", {})
         if not isinstance(checked, RejectedMessage) and matched_by_dispatch and assignment:
             checked = answer_mismatch(checked, assignment.get("agent_type"), assignment.get("mode")) or checked
+        if not isinstance(checked, RejectedMessage) and tokens_bounded:
+            checked = implausible_tokens(checked) or checked
         if isinstance(checked, RejectedMessage):
             add(event, **_rejected(fields, checked.reason))
             return

@@ -81,6 +81,11 @@ class FeedbackItem(_Message):
     suggestion: str = Field("", max_length=MAX_SUMMARY_CHARS)
 
 
+# No agent run reads and writes a billion tokens (a long Claude Code session is tens of millions, its cache reads
+# included): an answer claiming more is refused (bso.dispatch.implausible_tokens).
+MAX_TOKENS_PER_ANSWER = 1_000_000_000
+
+
 class AgentComplete(_Message):
     """AGENT_COMPLETE: an agent's answer to one dispatch, sent to the Slave as the `agent_complete` signal."""
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.messages import FeedbackItem, Finding, ImprovementRequestedPayload
+from bso.messages import MAX_TOKENS_PER_ANSWER, FeedbackItem, Finding, ImprovementRequestedPayload
 from bso.models import short_key
 from bso.states import AgentStatus, Severity, Verdict
 
@@ -41,7 +41,7 @@ class StoryScript(_Script):
     priority: Literal["critical", "high", "normal", "low"] | None = None
     fail: dict[ScriptKey, Literal["error", "timeout", "fatal"]] = Field(default_factory=dict)
     flaky: dict[ScriptKey, int] = Field(default_factory=dict)
-    tokens: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_PER_ANSWER)  # the Slave refuses more
     duration_ms: int | None = Field(default=None, ge=0)
     # The text of this story's scripted failures (default: "simulated <mode> agent error in <story key>").
     # Stories given the same text fail the same way, as the debugger's journal sees it (a known pattern).
@@ -53,7 +53,7 @@ class StoryScript(_Script):
 
 
 class ScriptDefaults(_Script):
-    tokens: int = Field(1000, ge=0)
+    tokens: int = Field(1000, ge=0, le=MAX_TOKENS_PER_ANSWER)
     duration_ms: int = Field(0, ge=0)
 
 

@@ -68,9 +68,11 @@ with workflow.unsafe.imports_passed_through():
         apply_agent_result,
         agent_error_to_complete,
         PATCH_ANSWER_MATCHES_DISPATCH,
+        PATCH_TOKENS_BOUNDED,
         answer_mismatch,
         check_agent_complete,
         check_agent_error,
+        implausible_tokens,
         is_agent_error,
         apply_no_answer,
         fatal_error,
@@ -272,6 +274,8 @@ class SprintSlaveWorkflow:
             # Patched where it refuses: an answer accepted before replays as it ran.
             if mismatch is not None and workflow.patched(PATCH_ANSWER_MATCHES_DISPATCH):
                 checked = mismatch
+            elif (too_many := implausible_tokens(checked)) is not None and workflow.patched(PATCH_TOKENS_BOUNDED):
+                checked = too_many
         if isinstance(checked, RejectedMessage):
             self.record_rejected(checked)  # recorded, never acted on
             return

@@ -83,7 +83,7 @@ from bso.git_rules import (
     parse_acceptance_criteria,
     parse_file_scope,
 )
-from bso.messages import AgentComplete, Finding, TaskAssignment, describe_validation_error
+from bso.messages import MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
 from bso.states import AgentMode, AgentStatus, AgentType, Severity
@@ -854,13 +854,19 @@ async def _checked(
         complete = complete.model_copy(update={"findings": findings})
         complete = await po_command.with_real_changes(complete, wt.path, po_base, run_dir)
         findings = list(complete.findings)
+    tokens = cli_tokens or complete.tokens_used
+    if tokens > MAX_TOKENS_PER_ANSWER:  # a garbled count: the Slave would refuse the answer and wait out its time
+        findings.append(
+            Finding(severity=Severity.LOW, summary=f"the agent reported {tokens} tokens, more than any run uses: not counted")
+        )
+        tokens = 0
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)
     summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"
     update: dict[str, object] = {
         "summary": summary.strip()[:1900],
         "findings": findings[:200],
-        "tokens_used": cli_tokens or complete.tokens_used,
+        "tokens_used": tokens,
     }
     if failure is not None:
         update.update(status=AgentStatus.FAILURE, error=failure[:1900], error_type=failure_type)

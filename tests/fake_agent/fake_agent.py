@@ -8,7 +8,7 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commits, then
-sleeps 300 s), no-result-file, shared-file (also appends
+sleeps 300 s), no-result-file, garbled-usage (reports 10^30 output tokens), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -194,6 +194,8 @@ def main():
         time.sleep(300)
     usage = {"input_tokens": 1000, "output_tokens": 200, "cache_read_input_tokens": 5000,
              "cache_creation_input_tokens": 0}
+    if "garbled-usage" in behavior:  # a CLI whose usage output is broken
+        usage["output_tokens"] = 10**30
     if report_kind:
         result = po_report(report_kind, prompt, key)
     if "claim-failure" in behavior:  # the agent gives up (after changing files)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ from bso.dispatch import (
     e2e_applies,
     effective_strictness,
     findings_needing_fix,
+    implausible_tokens,
     is_terminal,
     mode_round,
     next_dispatch,
@@ -39,8 +41,9 @@ from bso.dispatch import (
     record_dispatch,
     written_by_this_run,
 )
-from bso.messages import AgentComplete, Finding
+from bso.messages import MAX_TOKENS_PER_ANSWER, AgentComplete, Finding
 from bso.models import StoryProgress
+from bso.simulation import SimulationScript
 from bso.states import (
     AgentMode,
     AgentStatus,
@@ -825,6 +828,25 @@ def test_budget_disabled_is_always_ok(used):
 
 def test_budget_default_limit_not_reached_by_a_small_sprint():
     assert budget_level(12_345, config()) is BudgetLevel.OK
+
+
+@pytest.mark.parametrize("tokens", [0, MAX_TOKENS_PER_ANSWER, MAX_TOKENS_PER_ANSWER + 1, 10**30])
+def test_an_answer_claiming_more_tokens_than_any_run_uses_is_refused(tokens):
+    """A forged or garbled count would end the sprint on its budget: refused, naming the count and the bound."""
+    refused = implausible_tokens(result(DEV, tokens=tokens))
+    if tokens <= MAX_TOKENS_PER_ANSWER:
+        assert refused is None
+    else:
+        assert refused is not None and refused.reason == (
+            f"tokens_used {tokens} is more than any agent run uses (at most 1,000,000,000)"
+        )
+
+
+def test_a_simulation_script_cannot_claim_implausible_tokens():
+    SimulationScript.model_validate({"default": {"tokens": MAX_TOKENS_PER_ANSWER}})
+    for script in ({"default": {"tokens": 10**30}}, {"stories": {KEY: {"tokens": MAX_TOKENS_PER_ANSWER + 1}}}):
+        with pytest.raises(ValidationError, match="less than or equal to 1000000000"):
+            SimulationScript.model_validate(script)
 
 
 # --- properties of the review-fix loop -------------------------------------------------------------

@@ -407,6 +407,27 @@ def test_an_answer_naming_another_agent_is_rejected_where_the_slave_applied_that
     assert answer.rejected == expected, answer
 
 
+@pytest.mark.parametrize("patched", [True, False])
+def test_an_answer_claiming_implausible_tokens_is_rejected_where_the_slave_applied_that_rule(patched):
+    """An answer claiming 10^30 tokens: refused by a Slave with the slave-answer-tokens-bounded patch (the next,
+    believable answer is the one taken), accepted by one from before it, as `bso messages` shows."""
+    h = _History("s/batch-1", "SprintSlaveWorkflow")
+    h.task()
+    h.dispatch("d-1", "1-1-login-form", agent="story-reviewer", mode="review")
+    h.signal("agent_complete", _answer("d-1", tokens_used=10**30))
+    h.signal("agent_complete", _answer("d-1"))
+    h.task()
+    if patched:
+        h.add(EventType.EVENT_TYPE_MARKER_RECORDED, "marker_recorded_event_attributes", marker_name="core_patch",
+              details={"patch-data": _payloads({"id": "slave-answer-tokens-bounded", "deprecated": False})})
+    garbled, believable = [m.rejected for m in message_flow([h.history()]) if m.type == "AGENT_COMPLETE"]
+    if patched:
+        assert garbled == f"tokens_used {10**30} is more than any agent run uses (at most 1,000,000,000)"
+        assert believable is None
+    else:
+        assert (garbled, believable) == (None, "already answered")
+
+
 # --- what the Master tells a Slave besides its batch, and the residents' research and browser answers -------
 
 

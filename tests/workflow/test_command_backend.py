@@ -115,6 +115,16 @@ async def test_dev_dispatch_commits_verifies_and_records(tmp_path: Path) -> None
     assert len(runs(tmp_path)) == 2
 
 
+async def test_a_cli_reporting_implausible_tokens_has_its_work_kept_and_the_count_not_counted(tmp_path: Path) -> None:
+    """10^30 output tokens in the CLI's usage: the Slave would refuse such an answer and wait out the agent's time,
+    so the backend reports the work with no tokens and a finding saying why."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="garbled-usage")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS and done.tokens_used == 0, done
+    (finding,) = done.findings  # the count as the cache weights made it (a float's digits past the 17th)
+    assert re.fullmatch(r"the agent reported 1\d{30} tokens, more than any run uses: not counted", finding.summary)
+
+
 async def test_secrets_are_redacted_from_files_on_disk_and_the_answer(tmp_path: Path) -> None:
     # The agent prints the secret on stdout and stderr and puts it in its summary and a finding.
     root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123", FAKE_AGENT_BEHAVIOR="echo-secret")

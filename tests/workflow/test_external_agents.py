@@ -103,6 +103,7 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         await slave.signal("agent_complete", "not even an object")
         await slave.signal("agent_complete", _complete("unknown-dispatch", agent, mode))  # stale / unknown
         await slave.signal("agent_complete", _complete(dispatch_id, "review-runner", "review"))  # mixed up
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, tokens_used=10**30))  # garbled
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # the real answer
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # a repeated delivery
 
@@ -110,13 +111,15 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
         assert (agent, mode) == ("review-runner", "review")
         status = await slave.query(SprintSlaveWorkflow.status)
         reasons = [r.reason for r in status.rejected_messages]
-        assert len(reasons) == 5 and status.rejected_total == 5
+        assert len(reasons) == 6 and status.rejected_total == 6
         assert reasons[0].startswith("validation_failed") and "status: invalid value: bogus" in reasons[0]
         assert "story_key: required field missing" in reasons[0]  # message-schemas' (field, error)
         assert reasons[1] == "validation_failed: (message): must be an object"
         assert reasons[2] == f"unknown dispatch id 'unknown-dispatch'; open: {dispatch_id}"  # the one to use
         assert reasons[3] == "agent_type/mode review-runner/review does not match dispatch (dev-runner/dev)"
-        assert reasons[4] == "already answered"
+        # A count that would have ended the sprint on its token budget (2,000,000): refused, the dispatch kept open.
+        assert reasons[4] == f"tokens_used {10**30} is more than any agent run uses (at most 1,000,000,000)"
+        assert reasons[5] == "already answered"
         assert status_values(tmp_path)[K1] == "review"
 
         # The review finds a MEDIUM issue: the Slave (not the agent) decides a fix is needed.
@@ -142,12 +145,12 @@ async def test_external_agent_answers_by_signal_and_bad_answers_are_ignored(ts_e
     # bso messages marks what the Slave rejected, with the Slave's own reason, from the histories alone.
     flow = message_flow(await fetch_sprint_histories(client, handle.id))
     answers = [m for m in flow if m.type == "AGENT_COMPLETE"]
-    assert [m.rejected for m in answers[:6]] == [*reasons[:4], None, reasons[4]]
-    assert all(m.rejected is None for m in answers[6:]) and len(answers) == 9
+    assert [m.rejected for m in answers[:7]] == [*reasons[:5], None, reasons[5]]
+    assert all(m.rejected is None for m in answers[7:]) and len(answers) == 10
     unknown = answers[2]
     assert unknown.dispatch_id == "unknown-dispatch" and unknown.detail.startswith("REJECTED (unknown dispatch id ")
     assert message_record(unknown)["rejected"] == reasons[2]
-    assert message_record(answers[4])["rejected"] is None
+    assert message_record(answers[5])["rejected"] is None
     assert {s.agent: s.answered for s in agent_performance(flow)} == {"dev-runner": 2, "review-runner": 2}
 
 
