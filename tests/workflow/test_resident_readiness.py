@@ -16,7 +16,8 @@ from workflows.sprint_master import SprintMasterWorkflow
 K1 = "1-1-login-form"
 
 
-async def test_a_resident_not_ready_in_time_is_cancelled_and_the_sprint_degrades(ts_env, tmp_path: Path):
+async def test_a_resident_not_ready_in_time_is_cancelled_and_the_sprint_degrades(own_ts_env, tmp_path: Path):
+    ts_env = own_ts_env  # its 60 s wait is skipped only on a server whose clock no earlier test holds
     make_project(tmp_path, {K1: "review"})
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(
