@@ -81,7 +81,7 @@ async def test_an_unanswered_query_is_a_response_timeout(ts_env, tmp_path: Path)
     silent_id = f"dlv-silent/resident-debugger-{uuid.uuid4().hex[:6]}"
     async with Worker(ts_env.client, task_queue=silent_queue, workflows=[SilentResident],
                       workflow_runner=UnsandboxedWorkflowRunner()):
-        silent = await ts_env.client.start_workflow("SilentResident", id=silent_id, task_queue=silent_queue)
+        await ts_env.client.start_workflow("SilentResident", id=silent_id, task_queue=silent_queue)
         try:
             async with bso_worker(ts_env.client) as queue:
                 inp = slave_input(tmp_path, "dlv-silent", silent_id, resident_query_timeout_ms=2000)
