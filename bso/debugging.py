@@ -79,17 +79,29 @@ def debug_id_for(batch_id: int, story_short_key: str, attempt: int) -> str:
 
 
 def wants_debug(
-    step: DispatchStep, answer: AgentComplete, progress: StoryProgress, config: SprintConfig, *, setup_errors: bool = False
+    step: DispatchStep,
+    answer: AgentComplete,
+    progress: StoryProgress,
+    config: SprintConfig,
+    *,
+    setup_errors: bool = False,
+    unrecoverable_errors: bool = False,
 ) -> bool:
-    """A dev-runner failure with an error, and debug attempts left for the story. Not an agent that could not
-    start at all (a missing CLI, a broken profile: the user's setup, which no analysis of the code mends), unless
-    `setup_errors` (a Slave from before PATCH_NO_DEBUG_FOR_SETUP replaying)."""
+    """A dev-runner failure with an error, and debug attempts left for the story. Not an error its agent marked
+    `recoverable: false` (Gear 2: nothing a fix round mends), such as an agent that could not start at all (a
+    missing CLI, a broken profile: the user's setup, not the code). A Slave from before replays as it ran:
+    `setup_errors` (before PATCH_NO_DEBUG_FOR_SETUP) and `unrecoverable_errors` (before
+    PATCH_NO_DEBUG_FOR_UNRECOVERABLE) let those through."""
+    if is_setup_error(answer):
+        let_through = setup_errors
+    else:
+        let_through = answer.recoverable or unrecoverable_errors
     return (
         step in (DEV, FIX)
         and answer.status is AgentStatus.FAILURE
         and bool(answer.error or answer.summary)
         and progress.debug_attempts < config.max_debug_attempts
-        and (setup_errors or not is_setup_error(answer))
+        and let_through
     )
 
 

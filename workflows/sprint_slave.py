@@ -163,6 +163,9 @@ WORKING_TIME_SUMMARY = "batch working-time limit (slave_timeout_seconds)"
 # A dev-runner that could not start at all (agent_config_error: a missing CLI, a broken profile) is not sent to
 # the debugger: the story goes to needs-intervention with "agent setup: ..." at once, as for the other agents.
 PATCH_NO_DEBUG_FOR_SETUP = "slave-no-debug-for-agent-setup"
+# Nor is any failure its agent marked `recoverable: false` (Gear 2): its story ends needs-intervention naming the
+# unrecoverable error, where a debugger round and a fix were tried first.
+PATCH_NO_DEBUG_FOR_UNRECOVERABLE = "slave-no-debug-for-unrecoverable"
 # A pause whose reason is not a string (sent by hand) pauses the batch: the SDK dropped it, unseen.
 PATCH_PAUSE_ANY_REASON = "slave-pause-any-reason"
 # A file that does not parse (StatusFileUnreadable: an editor saving it, a line typed half-way) is retried for
@@ -605,6 +608,9 @@ class SprintSlaveWorkflow:
             elif isinstance(answer, AgentComplete) and not fatal and wants_debug(
                 step, answer, progress, self._input.config,
                 setup_errors=is_setup_error(answer) and not workflow.patched(PATCH_NO_DEBUG_FOR_SETUP),
+                unrecoverable_errors=not answer.recoverable
+                and not is_setup_error(answer)
+                and not workflow.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
             ):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):

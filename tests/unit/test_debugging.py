@@ -52,6 +52,17 @@ def test_wants_debug_only_for_dev_runner_failures_with_attempts_left():
     setup = failed(DEV).model_copy(update={"error_type": "agent_config_error", "recoverable": False})
     assert not wants_debug(DEV, setup, p, config)  # a missing CLI: the user's to mend, not the code's
     assert wants_debug(DEV, setup, p, config, setup_errors=True)  # as a Slave before the patch did
+    assert not wants_debug(DEV, setup, p, config, unrecoverable_errors=True)  # the older rule for setup errors
+
+
+def test_an_unrecoverable_failure_is_not_debugged_unless_replaying_a_slave_from_before():
+    """Gear 2's `recoverable: false`: no debugger round and no fix; a Slave from before the patch asked one."""
+    p = StoryProgress(key="1-1-x", state="ready-for-dev")
+    config = resolve_config({})
+    fatal = failed(DEV).model_copy(update={"error_type": "backend_failure", "recoverable": False})
+    assert not wants_debug(DEV, fatal, p, config) and not wants_debug(FIX, fatal, p, config)
+    assert not wants_debug(DEV, fatal, p, config, setup_errors=True)
+    assert wants_debug(DEV, fatal, p, config, unrecoverable_errors=True)
 
 
 def test_fixable_result_dispatches_a_fix_with_the_analysis():

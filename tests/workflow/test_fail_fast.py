@@ -77,6 +77,10 @@ async def test_without_fail_fast_only_the_story_is_marked(ts_env, tmp_path: Path
         report = await run_sprint(ts_env.client, queue, inp)
     assert report.stories == {K1: "needs-intervention", K2: "done"}
     assert report.batches[0].fatal_error is None
+    # Unrecoverable: no debugger round (and fix) first, and the reason says so.
+    [story] = [r for r in report.batches[0].results.story_results if r.story_key == K1]
+    assert story.error == f"dev-runner/dev failed: unrecoverable backend_failure: simulated dev backend failure in {K1}"
+    assert story.agents_dispatched == 1
 
 
 async def test_external_agent_error_message_by_signal(ts_env, tmp_path: Path):
