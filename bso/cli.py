@@ -1414,6 +1414,13 @@ def earlier_export(folder: Path) -> Path | None:
     return next((f for f in sorted(folder.glob("*/*.json")) if _EXPORTED_FILE.fullmatch(f.name)), None)
 
 
+def _make_folder(folder: Path, option: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BsoError(f"{option}: cannot make the folder {folder}: {err.strerror or err}") from err
+
+
 def default_export_dir(project_root: str, sprint_id: str) -> Path:
     """`<project>/.sprint-session/messages/<sprint id>`: sprints on one project export side by side."""
     folder = file_safe_unique(sprint_id)
@@ -1460,12 +1467,16 @@ def messages(
                 f"{target_dir} already holds an export ({earlier.relative_to(target_dir)}); its files would mix "
                 "with this one's: remove the folder first, or choose another with --export-dir DIR"
             )
+        # Before anything is printed: a folder that cannot be made fails the command at once, not after the table.
+        if jsonl is not None:
+            _make_folder(jsonl.parent, f"--jsonl {jsonl}")
+        if target_dir is not None:
+            _make_folder(target_dir, f"--export-dir {target_dir}" if export_dir is not None else f"--export ({target_dir})")
         count = f"{len(flow)} message{'' if len(flow) == 1 else 's'}"
         if jsonl is None:
             out.print(_flow_table(flow))
             out.print(count, markup=False)
         else:
-            jsonl.parent.mkdir(parents=True, exist_ok=True)
             with jsonl.open("w", encoding="utf-8") as fh:
                 for m in flow:
                     fh.write(json.dumps(message_record(m)) + "\n")

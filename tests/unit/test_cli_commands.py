@@ -103,6 +103,18 @@ def test_an_export_never_goes_over_an_earlier_one(recorded_sprint, tmp_path: Pat
     assert earlier_export(tmp_path / "other") is None  # a folder with other files is no earlier export
 
 
+@pytest.mark.parametrize("option", ["--export-dir", "--jsonl"])
+def test_a_folder_that_cannot_be_made_fails_before_the_table(recorded_sprint, tmp_path: Path, option):
+    """It printed the whole table, then `FileNotFoundError: [Errno 2] ...`: now the error comes first, and alone."""
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "export"  # under a file: no folder can be made there, even as root
+    given = target / "flow.jsonl" if option == "--jsonl" else target
+    result = runner.invoke(app, ["messages", SPRINT, option, str(given)])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == f"bso: error: {option} {given}: cannot make the folder {target}: Not a directory"
+    assert result.stdout == ""
+
+
 def test_sprint_list_takes_cancelled_as_canceled(monkeypatch):
     queries: list[str] = []
 
