@@ -70,6 +70,11 @@ _CHILD_ID = re.compile(r"/(batch-\d+|resident-[^/]*)$")
 
 
 def sprint_id_error(sprint_id: str) -> str | None:
+    """Why a sprint id is refused at the start (bso sprint start, and the Master whoever started it), or None."""
+    return sprint_id_length_error(sprint_id) or sprint_id_collision(sprint_id)
+
+
+def sprint_id_collision(sprint_id: str) -> str | None:
     """A sprint id that is the id a sprint gives its batch or resident (`zz/batch-1`, `zz/resident-debugger`)
     would collide with sprint `zz`'s own workflow of that id: refused, saying why; None when it is fine."""
     if (found := _CHILD_ID.search(sprint_id)) is None:
@@ -77,6 +82,18 @@ def sprint_id_error(sprint_id: str) -> str | None:
     owner = sprint_id[: found.start()]
     return (f"sprint id {sprint_id!r} is the id sprint {owner!r} gives its {found.group(1).split('-')[0]} "
             f"workflow: choose an id that does not end in /batch-<n> or /resident-<role>")
+
+
+# Every dispatch id is `<sprint id>/batch-<n>/<story>/<n>[/impl-<n>]` and an answer's dispatch id holds at most
+# 200 characters (bso.messages.AgentComplete): a longer sprint id failed every story of the sprint.
+MAX_SPRINT_ID_CHARS = 100
+
+
+def sprint_id_length_error(sprint_id: str) -> str | None:
+    if len(sprint_id) <= MAX_SPRINT_ID_CHARS:
+        return None
+    return (f"sprint id of {len(sprint_id)} characters: at most {MAX_SPRINT_ID_CHARS} (its agents' dispatch ids "
+            "carry it)")
 
 
 def of_sprint(dispatch_id: str, session_id: str) -> bool:

@@ -81,6 +81,9 @@ class FeedbackItem(_Message):
     suggestion: str = Field("", max_length=MAX_SUMMARY_CHARS)
 
 
+# The longest dispatch id or story key an answer may carry: the status file's keys and the sprint id are held to
+# what fits (bso.sprint_status, bso.constants.MAX_SPRINT_ID_CHARS).
+MAX_ID_CHARS = 200
 # No agent run reads and writes a billion tokens (a long Claude Code session is tens of millions, its cache reads
 # included): an answer claiming more is refused (bso.dispatch.implausible_tokens).
 MAX_TOKENS_PER_ANSWER = 1_000_000_000
@@ -90,8 +93,8 @@ class AgentComplete(_Message):
     """AGENT_COMPLETE: an agent's answer to one dispatch, sent to the Slave as the `agent_complete` signal."""
 
     msg_type: Literal["AGENT_COMPLETE"] = "AGENT_COMPLETE"
-    dispatch_id: str = Field(min_length=1, max_length=200)
-    story_key: str = Field(min_length=1, max_length=200)
+    dispatch_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    story_key: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     agent_type: AgentType
     mode: AgentMode
     status: AgentStatus

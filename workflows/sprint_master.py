@@ -58,7 +58,8 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         agents_task_queue_for,
         slave_workflow_id,
-        sprint_id_error,
+        sprint_id_collision,
+        sprint_id_length_error,
     )
     from bso.dependencies import UNFINISHED, state_for_dependants
     from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
@@ -170,6 +171,9 @@ STOP_AGENTS_PATIENCE = timedelta(minutes=2)
 # A sprint id that another sprint gives its batch or resident (`zz/batch-1`) is refused at the start: sprint `zz`
 # then failed to start that child, with "Workflow execution already started" and no word of which.
 PATCH_SPRINT_ID_CHECKED = "master-sprint-id-not-a-childs"
+# A sprint id too long for its agents' dispatch ids (bso.constants.MAX_SPRINT_ID_CHARS) is refused at the start:
+# every story of the sprint failed, on a validation error of its agent's answer.
+PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -814,7 +818,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # Patched: a sprint started with a relative root before this check replays as it ran.
         if (error := project_root_error(inp.project_root)) is not None and workflow.patched("master-root-absolute"):
             raise _invalid_input(error)
-        if (error := sprint_id_error(self._state.session_id)) is not None and workflow.patched(PATCH_SPRINT_ID_CHECKED):
+        sprint_id = self._state.session_id
+        if (error := sprint_id_collision(sprint_id)) is not None and workflow.patched(PATCH_SPRINT_ID_CHECKED):
+            raise _invalid_input(error)
+        if (error := sprint_id_length_error(sprint_id)) is not None and workflow.patched(PATCH_SPRINT_ID_LENGTH):
             raise _invalid_input(error)
         try:
             config = resolve_config(inp.config_overrides)

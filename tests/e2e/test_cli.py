@@ -275,6 +275,8 @@ def test_error_paths(cli_env, tmp_path: Path):
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--no-such-option"))
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--id", "zz/resident-debugger"))
     assert "is the id sprint 'zz' gives its resident workflow" in line, line
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--id", "s" * 101))
+    assert "sprint id of 101 characters: at most 100" in line, line
     # A story the script or a knob names that the file does not have: a typo, which would be ignored silently.
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"stories": {"1-2": {"duration_ms": 5}, "9-9": {"fail": {"dev": "error"}}}}))

@@ -50,3 +50,17 @@ def test_a_sprint_id_may_not_be_one_a_sprint_gives_its_children(sprint_id: str, 
 
     assert (sprint_id_error(sprint_id) is not None) is refused
     assert sprint_id_error(slave_workflow_id("zz", 3)) and sprint_id_error(resident_workflow_id("zz", "scrum-master"))
+
+
+def test_a_sprint_id_is_short_enough_for_its_dispatch_ids():
+    """The longest sprint id, with the longest batch number, story key and agent-PO suffix, still makes a dispatch
+    id an answer can hold."""
+    from bso.constants import MAX_SPRINT_ID_CHARS, sprint_id_error
+    from bso.messages import MAX_ID_CHARS
+
+    assert sprint_id_error("s" * MAX_SPRINT_ID_CHARS) is None
+    assert sprint_id_error("s" * (MAX_SPRINT_ID_CHARS + 1)) == (
+        "sprint id of 101 characters: at most 100 (its agents' dispatch ids carry it)"
+    )
+    longest = f"{slave_workflow_id('s' * MAX_SPRINT_ID_CHARS, 99999)}/{'9' * 8}-{'9' * 8}z/9999/impl-99"
+    assert len(longest) <= MAX_ID_CHARS

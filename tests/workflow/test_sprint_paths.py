@@ -348,17 +348,26 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
 
 
-async def test_a_sprint_id_another_sprint_gives_its_batch_is_refused(ts_env, tmp_path: Path):
-    """A sprint started (with the temporal CLI) under the id sprint `zz` gives its first batch fails at once,
-    saying so: `zz` then failed to start that batch with only "Workflow execution already started"."""
-    make_project(tmp_path, {K1: "backlog"})
+@pytest.mark.parametrize(
+    ("sprint_id", "why"),
+    [
+        # `zz` then failed to start that batch with only "Workflow execution already started".
+        ("zz/batch-1", "sprint id 'zz/batch-1' is the id sprint 'zz' gives its batch workflow"),
+        # Every story failed: its agent's answer could not hold the dispatch id.
+        ("s" * 101, "sprint id of 101 characters: at most 100 (its agents' dispatch ids carry it)"),
+    ],
+)
+async def test_a_sprint_id_that_cannot_work_is_refused(ts_env, tmp_path: Path, sprint_id: str, why: str):
+    """A sprint started (with the temporal CLI) under an id sprint `zz` gives its first batch, or one too long for
+    its dispatch ids, fails at once, saying so."""
+    make_project(tmp_path, {K1: "review"})
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="zz/batch-1"))
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id=sprint_id))
         with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
     assert failure.value.cause.type == "InvalidSprintInput"
-    assert "sprint id 'zz/batch-1' is the id sprint 'zz' gives its batch workflow" in failure.value.cause.message
-    assert status_values(tmp_path)[K1] == "backlog"
+    assert why in failure.value.cause.message
+    assert status_values(tmp_path)[K1] == "review"
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
 
 
