@@ -997,7 +997,10 @@ def sprint_start(
         if simulation is not None:
             try:
                 script = json.loads(simulation.read_text(encoding="utf-8"))
-                named[f"--simulation {simulation}"] = list(SimulationScript.model_validate(script).stories)
+                scripted = SimulationScript.model_validate(script)
+                named[f"--simulation {simulation}"] = list(scripted.stories)
+                if (problem := scripted.tokens_error()) is not None:
+                    raise BsoError(f"--simulation {simulation}: {problem}")
             except OSError as e:
                 raise BsoError(f"--simulation {simulation}: {e.strerror or e}") from None
             except ValueError as e:

@@ -174,6 +174,9 @@ PATCH_SPRINT_ID_CHECKED = "master-sprint-id-not-a-childs"
 # A sprint id too long for its agents' dispatch ids (bso.constants.MAX_SPRINT_ID_CHARS) is refused at the start:
 # every story of the sprint failed, on a validation error of its agent's answer.
 PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
+# A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
+# start: each such story waited out its agent's time.
+PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
@@ -828,9 +831,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         except ConfigError as err:
             raise _invalid_input(str(err)) from None
         try:
-            SimulationScript.model_validate(inp.simulation)
+            script = SimulationScript.model_validate(inp.simulation)
         except ValidationError as err:
             raise _invalid_input(f"invalid simulation script: {describe_validation_error(err)}") from None
+        if (error := script.tokens_error()) is not None and workflow.patched(PATCH_SIMULATION_TOKENS_BOUNDED):
+            raise _invalid_input(f"invalid simulation script: {error}")
         if inp.agent_backend not in {b.value for b in AgentBackend}:
             raise _invalid_input(
                 f"agent_backend {inp.agent_backend!r} is not available; use one of: "

@@ -277,6 +277,10 @@ def test_error_paths(cli_env, tmp_path: Path):
     assert "is the id sprint 'zz' gives its resident workflow" in line, line
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--id", "s" * 101))
     assert "sprint id of 101 characters: at most 100" in line, line
+    greedy = tmp_path / "greedy.json"
+    greedy.write_text(json.dumps({"default": {"tokens": 10**30}}))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(greedy)))
+    assert line.endswith("greedy.json: tokens of default: at most 1,000,000,000 (no agent run uses more)"), line
     # A story the script or a knob names that the file does not have: a typo, which would be ignored silently.
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"stories": {"1-2": {"duration_ms": 5}, "9-9": {"fail": {"dev": "error"}}}}))

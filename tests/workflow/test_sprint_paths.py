@@ -371,6 +371,21 @@ async def test_a_sprint_id_that_cannot_work_is_refused(ts_env, tmp_path: Path, s
     assert await workflow_task_failures(ts_env.client, handle.id) == 0
 
 
+async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(ts_env, tmp_path: Path):
+    """Started with the temporal CLI: the Slave would refuse each such answer, and the story waited out its
+    agent's time."""
+    make_project(tmp_path, {K1: "review"})
+    inp = sprint_input(tmp_path, session_id="tokens-sim", simulation={"stories": {"1-1": {"tokens": 10**30}}})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert (failure.value.cause.type, failure.value.cause.message) == (
+        "InvalidSprintInput", "invalid simulation script: tokens of 1-1: at most 1,000,000,000 (no agent run uses more)"
+    )
+    assert status_values(tmp_path)[K1] == "review"
+
+
 async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
