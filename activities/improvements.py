@@ -63,7 +63,8 @@ def _read_proposals(inp: ProposeInput) -> Proposals:
     for index, item in enumerate(raw):
         try:
             if isinstance(item, dict) and ("message_type" in item or "type" in item):
-                proposals.append(parse_message(item).payload)  # type: ignore[attr-defined]
+                message = parse_message(item)  # an error message (validation_failed, ...) has no payload
+                proposals.append(getattr(message, "payload", message))
             else:
                 proposals.append(ImprovementRequestedPayload.model_validate(item))
         except ValidationError as err:
@@ -112,8 +113,8 @@ def _add_sync(inp: AddStoriesInput) -> list[StoryMeta]:
                     status="ready-for-dev", acceptance_criteria=list(proposal.acceptance_criteria), tags=tags,
                 )
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(body)
+                # Whole or not at all: a retry skips a story file that exists, so a torn one would stay.
+                _atomic_replace(path, body.encode("utf-8"), 0o644)
             out.append(
                 StoryMeta(
                     key=story.key, epic=epic_key_of(story.key), short_key=short_key(story.key),

@@ -144,6 +144,9 @@ REARM_DURING_REPLAN = "a course correction is being applied: send the rearm agai
 # Improvement stories are numbered after every story of their epic in the file, not only the sprint's: `1-3-imp-`
 # next to a `1-3-...` outside the sprint made the short key 1-3 ambiguous.
 PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
+# Proposals that cannot be read (the activity failed for good) leave the sprint's done stories done, with an error
+# saying so: the sprint failed.
+PATCH_IMPROVEMENT_PROPOSALS_MAY_FAIL = "master-improvement-proposals-may-fail"
 # A batch waits while a running batch's unfinished story touches a file one of its stories touches (their agents
 # edited it at once, and with the command backend the second squash conflicted: its story was not merged).
 PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
@@ -709,18 +712,24 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             "start_to_close_timeout": timedelta(seconds=60),
             "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
         }
-        proposed = await workflow.execute_activity(
-            propose_improvements,
-            ProposeInput(
-                project_root=inp.project_root,
-                session_id=s.session_id,
-                backend=inp.agent_backend,
-                done_stories=list(s.views),
-                simulated=list(simulation.improvements),
-            ),
-            summary="improvement cycle: scrum-master proposals",
-            **options,
-        )
+        try:
+            proposed = await workflow.execute_activity(
+                propose_improvements,
+                ProposeInput(
+                    project_root=inp.project_root,
+                    session_id=s.session_id,
+                    backend=inp.agent_backend,
+                    done_stories=list(s.views),
+                    simulated=list(simulation.improvements),
+                ),
+                summary="improvement cycle: scrum-master proposals",
+                **options,
+            )
+        except ActivityError as err:
+            if is_cancelled_exception(err) or not workflow.patched(PATCH_IMPROVEMENT_PROPOSALS_MAY_FAIL):
+                raise
+            s.errors.append(f"improvement cycle: proposals not read ({err.cause or err})")
+            return
         s.errors.extend(f"improvement proposal rejected: {r}" for r in proposed.rejected)
         chosen = select_improvements(proposed.proposals, s.config.max_improvements)
         if not chosen:

@@ -83,6 +83,48 @@ async def test_external_proposals_file_with_an_invalid_entry(ts_env, tmp_path: P
     assert status_values(tmp_path)["1-2-imp-001"] == "done"
 
 
+async def test_proposals_that_cannot_be_read_leave_the_sprint_done_with_an_error(ts_env, tmp_path: Path, monkeypatch):
+    """The proposals activity failing for good (whatever broke it) failed the whole sprint, its stories done."""
+    import activities.improvements
+
+    def broken(inp):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(activities.improvements, "_read_proposals", broken)
+    make_project(tmp_path, {K1: "review"})
+    inp = sprint_input(tmp_path, agent_backend="external", session_id="imp-broken",
+                       config_overrides={"improvement_cycle": True})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        slave_id = slave_workflow_id(inp.session_id, 1)
+        dispatch_id, agent, mode = await _pending(ts_env.client, slave_id, ts_env)
+        await ts_env.client.get_workflow_handle(slave_id).signal("agent_complete", _complete(dispatch_id, agent, mode))
+        report = await sprint_result(handle)
+        view = await handle.query(SprintMasterWorkflow.status)
+    assert report.stories == {K1: "done"} and report.improvements == []
+    assert [e for e in view.errors if "improvement" in e] == [
+        "improvement cycle: proposals not read (RuntimeError: disk on fire)"
+    ]
+
+
+async def test_an_error_message_among_the_proposals_is_rejected_not_a_crash(tmp_path: Path):
+    """A Gear 2 error message (no payload) in the file made the activity fail with AttributeError."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.improvements import propose_improvements
+    from bso.improvements import ProposeInput
+
+    (tmp_path / ".sprint-session").mkdir()
+    error = {"type": "error", "error_type": "validation_failed", "original_message_id": "msg-12345678",
+             "errors": [{"field": "x", "error": "bad"}]}
+    (tmp_path / ".sprint-session" / "improvements.json").write_text(json.dumps([error, IMPROVEMENTS[0]]))
+    read = await ActivityEnvironment().run(
+        propose_improvements, ProposeInput(project_root=str(tmp_path), session_id="imp-err", backend="command")
+    )
+    assert [p.improvement_id for p in read.proposals] == [IMPROVEMENTS[0]["improvement_id"]]
+    assert read.rejected == ["not an improvement_requested: ValidationFailed"]
+
+
 async def test_a_sprints_own_proposals_file_wins_over_the_shared_one(tmp_path: Path):
     from temporalio.testing import ActivityEnvironment
 
