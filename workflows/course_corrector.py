@@ -45,6 +45,9 @@ PATCH_CC_PLAN_FIRST = "master-cc-plans-first"
 PATCH_CC_AFTER_REARM = "master-cc-waits-for-rearm"
 # An added story whose value BSO does not know (`wip`) is refused instead of written `backlog` over.
 PATCH_CC_KNOWN_VALUES = "master-cc-refuses-unknown-values"
+# A re-plan plans again when a batch was queued while the scrum-master planned (a rearm, a budget stop's unstarted
+# stories): the new queue replaced it, and the rearmed story never ran.
+PATCH_REPLAN_SEES_QUEUED = "master-replan-sees-batches-queued-meanwhile"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 
 
@@ -183,29 +186,34 @@ class CourseCorrector:
         """Re-plan the queued stories (and the added ones) into new batches: COURSE_CORRECTION, asked of the
         scrum-master resident (the Master's fallback without one). None when they cannot be planned."""
         s = self._state
-        old = list(s.queue)
-        pending = [k for spec in old for k in spec.stories if k not in dropped] + added
-        ctx = ReplanContext(
-            reason=reason,
-            text=text,
-            added=added,
-            dropped=dropped,
-            untouched_done=[k for k, v in s.views.items() if v.state == StoryState.DONE],
-            in_flight=[  # still being worked on: a story of a running batch that has ended is not
-                k for k, v in s.views.items() if v.batch_id in self._running_batches and v.state not in TERMINAL_VALUES
-            ],
-            old_batches=old,
-            next_batch_id=s.next_batch_id,
-        )
-        answer = await self._ask_planner([s.stories[k] for k in pending], ctx)
-        cc = answer.course_correction
-        if cc is None:
-            s.errors.append(f"course correction not applied: {answer.error}")
-            workflow.logger.error("course correction not applied: %s", answer.error)
-            return None
+        while True:
+            old, first_batch_id = list(s.queue), s.next_batch_id
+            pending = [k for spec in old for k in spec.stories if k not in dropped] + added
+            ctx = ReplanContext(
+                reason=reason,
+                text=text,
+                added=added,
+                dropped=dropped,
+                untouched_done=[k for k, v in s.views.items() if v.state == StoryState.DONE],
+                in_flight=[  # still being worked on: a story of a running batch that has ended is not
+                    k for k, v in s.views.items() if v.batch_id in self._running_batches and v.state not in TERMINAL_VALUES
+                ],
+                old_batches=old,
+                next_batch_id=first_batch_id,
+            )
+            answer = await self._ask_planner([s.stories[k] for k in pending], ctx)
+            cc = answer.course_correction
+            if cc is None:
+                s.errors.append(f"course correction not applied: {answer.error}")
+                workflow.logger.error("course correction not applied: %s", answer.error)
+                return None
+            # No batch starts while `_replanning` is set, but a batch may be queued meanwhile: a rearm written
+            # while the scrum-master planned, the unstarted stories of a batch that ran out of budget. Planned
+            # without them, the new queue would drop them (and give their batch ids again): plan again.
+            if (s.queue == old and s.next_batch_id == first_batch_id) or not workflow.patched(PATCH_REPLAN_SEES_QUEUED):
+                break
+            workflow.logger.info("the queue changed while the scrum-master planned: planning again")
         cc = cc.model_copy(update={"planner": answer.planner})
-        # The queue may have changed while the scrum-master planned only if a batch started: none does
-        # while `_replanning` is set.
         s.next_batch_id += len(cc.batches)
         s.queue = list(cc.batches)
         for spec in cc.batches:

@@ -6,6 +6,7 @@ needs-intervention story, shutdown mid-batch."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,13 +23,13 @@ from temporalio.worker import Worker
 from temporalio import activity
 
 from activities.agents import run_agent
-from activities.improvements import add_improvement_stories, propose_improvements
+from activities.improvements import add_improvement_stories
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.cli import _view_from_report
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
-from bso.improvements import AddStoriesInput, ProposeInput, Proposals
+from bso.improvements import AddStoriesInput
 from bso.messages import DispatchReceipt, TaskAssignment
 from bso.models import (
     DEFAULT_STATUS_FILE,
@@ -762,20 +763,17 @@ async def test_a_checkpoint_on_a_story_settled_before_its_slave_read_it_pauses_t
 
 
 async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
-    """The improvement proposals fail for good after the batches: the sprint fails, and its residents (which
-    outlive the Master by design) are stopped with it instead of running for ever."""
-    @activity.defn(name="propose_improvements")
-    async def broken_proposals(inp: ProposeInput) -> Proposals:
-        raise ApplicationError("the proposals file is corrupt", non_retryable=True)
-
-    make_project(tmp_path, {K1: "review"})
-    async with workers_with(ts_env.client, broken_proposals, instead_of=propose_improvements) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue,
-            sprint_input(tmp_path, session_id="fails-late", config_overrides={"improvement_cycle": True}),
-        )
-        with pytest.raises(WorkflowFailureError):
+    """The scrum-master resident cannot plan the stories (they depend on each other): the sprint fails, and its
+    residents (which outlive the Master by design) are stopped with it instead of running for ever."""
+    make_project(
+        tmp_path, {K1: "review", K2: "review"},
+        story_files={K1: "# Story 1.1: Login\n\nDepends on: 1-2\n", K2: "# Story 1.2: Logout\n\nDepends on: 1-1\n"},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="fails-late"))
+        with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
+        assert "cycle" in str(failure.value.cause), failure.value.cause
         residents = [
             await ts_env.client.get_workflow_handle(resident_workflow_id("fails-late", role)).describe()
             for role in ("scrum-master", "debugger", "knowledge-researcher")
@@ -841,3 +839,43 @@ async def test_a_course_correction_waits_for_a_rearm_being_applied(ts_env, tmp_p
         report = await sprint_result(handle)
     assert K1 in [k for b in cc.batches for k in b.stories]  # the rearmed story is in the new plan
     assert report.stories == {K1: "done", K2: "done", K3: "skipped"}
+
+
+async def test_the_masters_own_course_correction_keeps_a_rearm_written_while_it_plans(ts_env, tmp_path: Path, monkeypatch):
+    """Repeated failures make the Master re-plan the queue on its own. A rearm accepted just before, written while
+    the scrum-master planned, queued its batch; the new plan then replaced the queue, the rearmed story never ran
+    and the sprint ended with it in `review`. The Master plans again with it."""
+    import bso.scrum_master
+
+    plan = bso.scrum_master.answer
+
+    def slow_replan(request, planner=bso.scrum_master.SCRUM_MASTER):
+        if request.course_correction is not None:  # the re-plan: the rearm's write ends while it is made
+            Path(tmp_path, "release").touch()
+            time.sleep(1.0)
+        return plan(request, planner)
+
+    monkeypatch.setattr(bso.scrum_master, "answer", slow_replan)  # the resident workflow imports it when it runs
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "review"})
+    inp = sprint_input(
+        tmp_path, session_id="rearm-auto-cc", config_overrides={"batch_size": 2, "consecutive_failure_threshold": 2},
+        simulation={"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"fail": {"dev": "error"}, "duration_ms": 3000}}},
+    )
+    async with workers_with(ts_env.client, rearm_write_held_until_released, instead_of=write_story_status) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
+        # K2 fails while the rearm is written: the second failure in a row, and the Master re-plans.
+        rearmed = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"}
+        )
+        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and not s.running_batches, "paused")
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    (replanned,) = status.course_corrections
+    assert replanned.startswith("repeated_failures") and "2 pending re-planned" in replanned, replanned
+    assert rearmed.state == "review"
+    batch_ids = [b.batch_id for b in report.batches]
+    assert len(batch_ids) == len(set(batch_ids)), batch_ids  # no batch id given twice
+    assert report.stories == {K1: "done", K2: "needs-intervention", K3: "done"}
+    assert status_values(tmp_path)[K1] == "done"
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
