@@ -315,8 +315,9 @@ def check_agent_complete(
         message = AgentComplete.model_validate(payload)
     except ValidationError as err:
         # message-schemas' validation_failed, naming each field.
-        return rejected_invalid("AGENT_COMPLETE", payload, err).model_copy(
-            update={"dispatch_id": dispatch_id if isinstance(dispatch_id, str) else None}
+        return RejectedMessage.model_validate(  # validated again: the sender's dispatch id is cut to size
+            {**rejected_invalid("AGENT_COMPLETE", payload, err).model_dump(),
+             "dispatch_id": dispatch_id if isinstance(dispatch_id, str) else None}
         )
     story_key = open_dispatches.get(message.dispatch_id)
     if story_key is None:

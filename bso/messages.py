@@ -142,7 +142,27 @@ class RejectedMessage(_Message):
     # when the message failed validation.
     error: dict[str, Any] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        """The sender's text in it is cut: a workflow keeps 50 rejections in its status and carries the Master's
+        into its next run, and a few signals of megabytes (an id, an invalid value) would take those over
+        Temporal's payload limit (the hand-over's workflow task then fails for good)."""
+        if not isinstance(data, dict):
+            return data
+        bounded = dict(data)
+        for name, limit in (("msg_type", 100), ("reason", 1000), ("dispatch_id", MAX_ID_CHARS)):
+            if isinstance(bounded.get(name), str):
+                bounded[name] = cut_text(bounded[name], limit)
+        error = bounded.get("error")
+        if isinstance(error, dict):
+            if isinstance(error.get("errors"), list):
+                error = {**error, "errors": error["errors"][:MAX_REJECTED_ERRORS]}
+            bounded["error"] = map_strings(error, lambda text: cut_text(text, 300))
+        return bounded
 
+
+MAX_REJECTED_ERRORS = 20  # of a rejection's validation_failed errors, the first ones are kept
 MAX_REJECTED_KEPT = 50  # a workflow keeps the last ones in its status (the count goes on)
 
 

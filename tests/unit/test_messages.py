@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from bso.dispatch import check_agent_complete
 from bso.messages import (
     ERROR_TYPES,
     MESSAGE_ADAPTER,
@@ -20,12 +21,14 @@ from bso.messages import (
     DeliveryFailed,
     Envelope,
     MessagePriority,
+    RejectedMessage,
     ResponseTimeout,
     ValidationFailed,
     derived_message_id,
     invalid_message,
     normalize_message,
     parse_message,
+    unknown_signal_to_sprint,
     validation_failed,
 )
 from tests.unit import message_examples as ex
@@ -299,3 +302,30 @@ def test_master_signals_are_the_masters_handlers():
 
     handled = {name for name in _Definition.from_class(SprintMasterWorkflow).signals if name}
     assert handled == MASTER_SIGNALS
+
+
+# --- rejections stay small ------------------------------------------------------------------------
+
+
+BIG = "x" * 1_500_000
+ANSWER = {"dispatch_id": "d", "story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
+
+
+@pytest.mark.parametrize(
+    "rejection",
+    [
+        lambda: check_agent_complete({**ANSWER, "dispatch_id": BIG}, {}, set()),
+        lambda: check_agent_complete({**ANSWER, "status": BIG}, {}, set()),
+        lambda: check_agent_complete({f"f{i}": BIG[:100] for i in range(5000)}, {}, set()),
+        lambda: unknown_signal_to_sprint("agent_complete", {"dispatch_id": f"a/b/c/{BIG}"}),
+        lambda: unknown_signal_to_sprint(BIG, {}),
+    ],
+    ids=["long-dispatch-id", "long-invalid-value", "many-fields", "answer-to-the-sprint", "long-signal-name"],
+)
+def test_a_rejection_keeps_only_a_bounded_part_of_what_the_sender_wrote(rejection):
+    """A workflow keeps 50 rejections in its status and the Master carries its own into its next run: a few
+    signals of megabytes took that over Temporal's 2 MB payload limit, and the hand-over failed for good."""
+    rejected = rejection()
+    assert len(rejected.model_dump_json()) < 5_000, rejected.reason[:200]
+    assert rejected.reason  # still says why
+    assert RejectedMessage.model_validate(rejected.model_dump()) == rejected  # cutting again changes nothing
