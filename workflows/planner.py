@@ -28,6 +28,9 @@ PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
 
 PATCH_PLAN_CHECKED = "master-plan-holds-the-stories-asked"
+# A plan_result for no plan request in flight (late, or forged) is ignored: kept, such answers piled up for good,
+# and one sent before its request was taken for the answer.
+PATCH_PLAN_ANSWER_AWAITED = "master-plan-answer-awaited"
 # Plans asked before it were made in file order whatever max_concurrent_slaves (the Master's fallback plan is
 # made in its own history and must replay as it was).
 PATCH_PLAN_BY_LEVELS = "master-plan-by-levels"
@@ -38,6 +41,7 @@ class ScrumMasterPlanning:
 
     def _init_planning(self) -> None:
         self._plan_answers: dict[str, PlanAnswer] = {}
+        self._plan_awaited: str | None = None  # the request id of the plan request in flight
 
     @workflow.signal(name=SIGNAL_PLAN_RESULT)
     def plan_result(self, payload: Any) -> None:
@@ -46,6 +50,9 @@ class ScrumMasterPlanning:
             parsed = PlanAnswer.model_validate(payload)
         except ValidationError as err:
             workflow.logger.warning("plan_result ignored: %s", describe_validation_error(err))
+            return
+        if parsed.request_id != self._plan_awaited and workflow.patched(PATCH_PLAN_ANSWER_AWAITED):
+            workflow.logger.warning("plan_result ignored: no plan request %r awaits an answer", parsed.request_id)
             return
         self._plan_answers[parsed.request_id] = parsed
 
@@ -70,14 +77,18 @@ class ScrumMasterPlanning:
             workflow.logger.info("%s %s: no scrum-master resident (%s): the Master's fallback plan", what, request.request_id, why)
             return answer(request, FALLBACK)
         sent = request.model_dump(mode="json", exclude_none=True)
-        failed = await deliver(resident, SIGNAL_PLAN_REQUEST, sent)  # retried, then delivery_failed
-        if failed is not None:  # the resident is gone
-            s.message_errors = keep_error(s.message_errors, failed)
-            return self._planner_failed(request, f"request not delivered ({describe_delivery(failed)})")
-        timeout = query_timeout(request.timeout_ms, PLAN_ANSWER_TIMEOUT)  # the query's timeout_ms, if any
-        late = await await_answer(
-            lambda: request.request_id in self._plan_answers, timeout, request=sent, recipient=resident
-        )
+        self._plan_awaited = request.request_id  # before it is sent: the answer may come with the send's completion
+        try:
+            failed = await deliver(resident, SIGNAL_PLAN_REQUEST, sent)  # retried, then delivery_failed
+            if failed is not None:  # the resident is gone
+                s.message_errors = keep_error(s.message_errors, failed)
+                return self._planner_failed(request, f"request not delivered ({describe_delivery(failed)})")
+            timeout = query_timeout(request.timeout_ms, PLAN_ANSWER_TIMEOUT)  # the query's timeout_ms, if any
+            late = await await_answer(
+                lambda: request.request_id in self._plan_answers, timeout, request=sent, recipient=resident
+            )
+        finally:
+            self._plan_awaited = None
         if late is not None:
             s.message_errors = keep_error(s.message_errors, late)
             return self._planner_failed(

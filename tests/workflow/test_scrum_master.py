@@ -96,21 +96,47 @@ async def test_a_course_correction_without_a_scrum_master_is_replanned_by_the_fa
     assert cc.planner == "fallback" and report.planner == "fallback"
 
 
-async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path: Path):
-    """A plan_result for the Master's request that names an unknown story (a buggy or forged answer; here sent
-    before the scrum-master's own) failed the Master's workflow task on every retry. It is refused: the Master
-    plans itself, says why, and the sprint runs."""
+async def test_a_plan_result_sent_before_its_request_is_not_taken_for_the_answer(ts_env, tmp_path: Path):
+    """A plan_result for no request in flight (here sent with the sprint's start, a forged plan) was kept, and
+    taken for the answer once the request of that id went out; late ones piled up for good. It is ignored: the
+    scrum-master's own plan is used."""
     make_project(tmp_path, {K1: "review"})
     forged = {
         "request_id": "plan-1", "planner": "scrum-master",
-        "plan": {"session_id": "forged-plan", "total_stories": 1,
+        "plan": {"session_id": "early-plan", "total_stories": 1,
                  "batches": [{"batch_id": 1, "stories": ["9-9-not-in-this-sprint"]}]},
     }
     async with bso_worker(ts_env.client) as queue:
         handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="forged-plan"), id="forged-plan",
+            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="early-plan"), id="early-plan",
             task_queue=queue, start_signal="plan_result", start_signal_args=[forged],
         )
+        report = await sprint_result(handle)
+        errors = (await handle.query(SprintMasterWorkflow.status)).errors
+    assert report.stories == {K1: "done"} and report.planner == "scrum-master"
+    assert errors == []
+    assert await workflow_task_failures(ts_env.client, "early-plan") == 0
+
+
+async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path: Path, monkeypatch):
+    """A scrum-master's plan that names an unknown story (a buggy or forged answer) failed the Master's workflow
+    task on every retry. It is refused: the Master plans itself, says why, and the sprint runs."""
+    import bso.scrum_master
+
+    plan = bso.scrum_master.answer
+
+    def buggy(request, planner=bso.scrum_master.SCRUM_MASTER):
+        answered = plan(request, planner)
+        if planner != bso.scrum_master.SCRUM_MASTER or answered.plan is None:
+            return answered
+        wrong = answered.plan.model_copy(update={"batches": [answered.plan.batches[0].model_copy(
+            update={"stories": ["9-9-not-in-this-sprint"]})]})
+        return answered.model_copy(update={"plan": wrong})
+
+    monkeypatch.setattr(bso.scrum_master, "answer", buggy)  # the resident workflow imports it when it runs
+    make_project(tmp_path, {K1: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="forged-plan"))
         report = await sprint_result(handle)
         errors = (await handle.query(SprintMasterWorkflow.status)).errors
     assert report.stories == {K1: "done"} and report.planner == "fallback"
