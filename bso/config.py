@@ -133,6 +133,9 @@ class SprintConfig(_Knobs):
     # only when Temporal suggests it. Low values (tests) force hand-overs mid-sprint.
     resident_continue_as_new_after_events: int | None = Field(None, ge=20)
     resident_slots: ResidentSlots = ResidentSlots()
+    # Agents made by AGENT_CREATE_REQUEST and not destroyed yet: each is on the roster every broadcast carries, and a
+    # client that never destroys its agents would grow it (and the Master's carried state) without end.
+    max_external_agents: int = Field(100, ge=1)
     knowledge_research: KnowledgeResearch = KnowledgeResearch()
 
     @field_validator("git_squash_strategy")

@@ -696,6 +696,12 @@ class RosterKeeper:
             AgentCreateRequest.model_validate(request)
         except ValidationError as err:
             raise ApplicationError(f"AGENT_CREATE_REQUEST rejected: {describe_validation_error(err)}") from None
+        most = self._state.config.max_external_agents
+        if len(self._state.external_temps) >= most:  # a validator: refused before it reaches history
+            raise ApplicationError(
+                f"AGENT_CREATE_REQUEST rejected: {most} agents it created are still on the roster "
+                "(max_external_agents): destroy one first (AGENT_DESTROY_REQUEST)"
+            )
 
     @workflow.update(name=UPDATE_AGENT_DESTROY)
     def agent_destroy_request(self, request: Any) -> AgentDestroyed:

@@ -116,7 +116,8 @@ async def test_the_sprint_fails_without_its_scrum_master(ts_env, tmp_path: Path)
 
 async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review"})
-    overrides = {"first_story_checkpoint": "pause"}  # keeps the sprint open while the test talks to it
+    # The pause keeps the sprint open while the test talks to it.
+    overrides = {"first_story_checkpoint": "pause", "max_external_agents": 2}
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, session_id="two-phase-1", config_overrides=overrides)
@@ -132,6 +133,15 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
             await handle.execute_update(SprintMasterWorkflow.agent_destroy_request, {"agent_name": "nobody"})
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update(SprintMasterWorkflow.agent_create_request, {"agent_type": "wizard"})
+        # A client that never destroys its agents: the roster holds at most max_external_agents of them.
+        more = {"agent_type": "dev-runner", "requested_by": "ext-slave"}
+        second = await handle.execute_update(SprintMasterWorkflow.agent_create_request, more)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(SprintMasterWorkflow.agent_create_request, more)
+        assert "2 agents it created are still on the roster" in str(refused.value.cause), refused.value.cause
+        await handle.execute_update(
+            SprintMasterWorkflow.agent_destroy_request, {"agent_name": second.agent_name, "requested_by": "ext-slave"}
+        )
         destroyed = await handle.execute_update(
             SprintMasterWorkflow.agent_destroy_request, {"agent_name": created.agent_name, "requested_by": "ext-slave"}
         )
@@ -147,8 +157,8 @@ async def test_two_phase_agent_creation(ts_env, tmp_path: Path):
         assert f"{created.agent_name} created for ext-slave" in changes and f"{created.agent_name} destroyed" in changes
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
-    # 3 residents + 1 Slave + 1 temp + 1 two-phase agent
-    assert report.total_agents_created == report.total_agents_destroyed == 6
+    # 3 residents + 1 Slave + 1 temp + 2 two-phase agents
+    assert report.total_agents_created == report.total_agents_destroyed == 7
 
 
 async def test_a_sprint_started_again_after_its_master_was_terminated_replaces_the_lingering_residents(
