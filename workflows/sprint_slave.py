@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.inputs import RawInput, required_input
 
     from activities.agents import run_agent
-    from activities.git_ops import finish_story_git
+    from activities.git_ops import FINISH_GIT_HEARTBEAT, finish_story_git
     from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
     from activities.status_file import load_sprint_status, write_story_status
     from bso.constants import (
@@ -1199,6 +1199,7 @@ async def merge_story_back(project_root: str, session_id: str, meta: StoryMeta, 
         ),
         task_queue=agents_task_queue_for(workflow.info().task_queue),
         start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=timedelta(seconds=FINISH_GIT_HEARTBEAT),  # a worker killed mid-merge: retried then
         retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=["AgentConfigError"]),
         summary=f"squash and merge story {meta.key}",
     )

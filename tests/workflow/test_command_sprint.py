@@ -3,6 +3,8 @@ story, implements it in the story's worktree, BSO verifies, squashes and merges 
 
 from __future__ import annotations
 
+import asyncio
+
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,31 @@ async def test_auto_clear_git_track_false_keeps_the_story_track(ts_env, tmp_path
         finish_story_git, FinishStoryInput(project_root=str(root), session_id="cmd-keep", story_key=STORY)
     )
     assert again.merged and again.commit == head and git(root, "rev-parse", "HEAD").strip() == head
+
+
+async def test_the_squash_and_merge_heartbeats_while_it_waits_its_turn(tmp_path: Path, monkeypatch) -> None:
+    """With no heartbeat, a worker killed mid-merge left the story `merging` until the activity's 10-minute
+    timeout; the Slave's heartbeat timeout ends that attempt within 30 s, and this one beats all along (here
+    while another merge holds the repository)."""
+    from temporalio.testing import ActivityEnvironment
+
+    import activities.git_ops
+    from activities.git_ops import finish_story_git, repo_lock
+    from bso.git_rules import FinishStoryInput
+
+    monkeypatch.setattr(activities.git_ops, "FINISH_GIT_HEARTBEAT", 0.6)  # a beat every 0.1 s
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev"})
+    env = ActivityEnvironment()
+    beats: list[object] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    async with repo_lock(str(root)):
+        merging = asyncio.create_task(
+            env.run(finish_story_git, FinishStoryInput(project_root=str(root), session_id="beat", story_key=STORY))
+        )
+        await asyncio.sleep(1.0)
+        assert len(beats) >= 5 and beats[0] == (f"squash and merge {STORY}",), beats
+    done = await merging
+    assert not done.merged  # no branch of the story to merge: it says so
 
 
 async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
