@@ -6,7 +6,6 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.process import run_command
+from activities.process import heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
 from bso.sprint_status import parse_story_file, resolve_inside
@@ -334,32 +333,13 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
         story_branch(inp.session_id, inp.story_key)
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
-    async with _heartbeating(f"squash and merge {inp.story_key}"):
+    async with heartbeating(lambda: f"squash and merge {inp.story_key}", FINISH_GIT_HEARTBEAT / 6):
         return await _finish_story_git(inp)
 
 
 # The Slave's heartbeat timeout for finish_story_git: a worker killed mid-merge is noticed within it, and another
 # worker retries the (idempotent) merge then, not at the 10-minute start-to-close timeout.
 FINISH_GIT_HEARTBEAT = 30
-
-
-@asynccontextmanager
-async def _heartbeating(doing: str) -> AsyncIterator[None]:
-    if not activity.in_activity():  # called directly (a test, the CLI)
-        yield
-        return
-    every = FINISH_GIT_HEARTBEAT / 6
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat(doing)
-            await asyncio.sleep(every)
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
 
 
 async def _finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:

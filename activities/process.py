@@ -8,8 +8,12 @@ import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from temporalio import activity
 
 
 def machine_id() -> str:
@@ -92,3 +96,23 @@ async def run_command(
         kill_group_now(proc.pid)
         raise
     return Finished(proc.returncode, out.decode(errors="replace"), False)
+
+
+@asynccontextmanager
+async def heartbeating(detail: Callable[[], object], every: float) -> AsyncIterator[None]:
+    """Heartbeat `detail()` every `every` seconds while the block runs (work that may outlast the activity's
+    heartbeat timeout); nothing outside an activity (a direct call)."""
+    if not activity.in_activity():
+        yield
+        return
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat(detail())
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()

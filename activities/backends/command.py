@@ -31,8 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,7 +55,7 @@ from activities.git_ops import (
     identity_args,
     verify,
 )
-from activities.process import group_alive, kill_group, kill_group_now, machine_id
+from activities.process import group_alive, heartbeating, kill_group, kill_group_now, machine_id
 from activities.session_files import SESSION_DIR, file_written_at, safe_name, session_path, write_json_atomic
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
@@ -554,26 +553,16 @@ PREPARING_PHASE = "preparing"  # BSO creates the story's worktree (under the rep
 FIX_SNAPSHOT_PHASE = "fix-snapshot"  # P20: BSO counts the passing tests before a fix agent starts
 
 
-@asynccontextmanager
-async def _beating(a: TaskAssignment, phase: str, doing: str, every: float) -> AsyncIterator[None]:
+def _beating(a: TaskAssignment, phase: str, doing: str, every: float) -> AbstractAsyncContextManager[None]:
     """Heartbeat (a PROGRESS_UPDATE) while BSO runs the project's checks itself: they can take minutes, longer
     than the heartbeat timeout, and the server would time out and retry the attempt."""
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat(
-                progress_update(
-                    agent_id=a.agent_type.value, task_id=a.story_key, at=datetime.now(UTC), percent=99,
-                    current_activity=doing, dispatch_id=a.dispatch_id, phase=phase,
-                )
-            )
-            await asyncio.sleep(every)
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
+    return heartbeating(
+        lambda: progress_update(
+            agent_id=a.agent_type.value, task_id=a.story_key, at=datetime.now(UTC), percent=99,
+            current_activity=doing, dispatch_id=a.dispatch_id, phase=phase,
+        ),
+        every,
+    )
 
 
 def _this_runs(record: dict, path: Path) -> bool:
