@@ -81,8 +81,8 @@ class FeedbackItem(_Message):
     suggestion: str = Field("", max_length=MAX_SUMMARY_CHARS)
 
 
-# The longest dispatch id or story key an answer may carry: the status file's keys and the sprint id are held to
-# what fits (bso.sprint_status, bso.constants.MAX_SPRINT_ID_CHARS).
+# The longest dispatch id or story key an answer may carry: the sprint id is held to what fits
+# (bso.constants.MAX_SPRINT_ID_CHARS).
 MAX_ID_CHARS = 200
 # No agent run reads and writes a billion tokens (a long Claude Code session is tens of millions, its cache reads
 # included): an answer claiming more is refused (bso.dispatch.implausible_tokens).

@@ -19,7 +19,6 @@ from typing import Any, Literal
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from bso.messages import MAX_ID_CHARS
 from bso.models import TERMINAL_VALUES, short_key
 
 __all__ = [
@@ -373,8 +372,6 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
                 line,
                 col,
             )
-        if kind == "story" and len(k) > MAX_ID_CHARS:  # no agent's answer could name it
-            raise _err(source, f"story key {k[:40]!r}... has {len(k)} characters: at most {MAX_ID_CHARS}", line, col)
         v = ds[k]
         if not isinstance(v, str):
             vline, vcol = _lc_value(ds, k)
@@ -735,8 +732,6 @@ def _scan_lines(text: str) -> _FastFile | None:
         indent = m["ind"]
         key, val = m["key"], m["val"]
         if key in entries or classify_key(key) is None or _FAST_DATE_KEY_RE.match(key) or val in _FAST_NOT_STRINGS:
-            return None
-        if len(key) > MAX_ID_CHARS:  # the YAML path says what is wrong with it
             return None
         entries[key] = (i, m.start("val"), m.end("val"), val)
     if not entries:
