@@ -6,6 +6,7 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -334,7 +335,14 @@ async def finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
     async with heartbeating(lambda: f"squash and merge {inp.story_key}", FINISH_GIT_HEARTBEAT / 6):
-        return await _finish_story_git(inp)
+        # A cancel (it now arrives with a heartbeat) must not kill git in the middle of a merge into the user's
+        # checkout (a half-written tree, index.lock left): the merge ends, then the cancel is taken.
+        work = asyncio.ensure_future(_finish_story_git(inp))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await work
+            raise
 
 
 # The Slave's heartbeat timeout for finish_story_git: a worker killed mid-merge is noticed within it, and another

@@ -111,6 +111,28 @@ async def test_the_squash_and_merge_heartbeats_while_it_waits_its_turn(tmp_path:
     assert not done.merged  # no branch of the story to merge: it says so
 
 
+async def test_a_cancel_never_cuts_a_squash_and_merge_in_the_middle(tmp_path: Path) -> None:
+    """The merge heartbeats, so a sprint's cancel now reaches it: git killed mid-merge would leave the user's
+    checkout half-written. The merge (here still waiting for the repository) finishes, then the cancel is taken."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.git_ops import finish_story_git, repo_lock
+    from bso.git_rules import FinishStoryInput
+
+    root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev"})
+    env = ActivityEnvironment()
+    async with repo_lock(str(root)):
+        merging = asyncio.create_task(
+            env.run(finish_story_git, FinishStoryInput(project_root=str(root), session_id="cut", story_key=STORY))
+        )
+        await asyncio.sleep(0.3)
+        env.cancel()
+        await asyncio.sleep(0.5)
+        assert not merging.done()  # still its turn to wait for, not cut off
+    with pytest.raises(asyncio.CancelledError):
+        await merging
+
+
 async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
     root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="leak-env")
     base = git(root, "rev-parse", "HEAD").strip()
