@@ -3,9 +3,13 @@ nothing lingers (time-skipping server: the window passes at once)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from temporalio.client import WorkflowExecutionStatus
+import pytest
+
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import CancelledError
 
 from bso.roster import resident_workflow_id
 from bso.states import SprintStatus
@@ -25,7 +29,11 @@ async def test_a_resident_not_ready_in_time_is_cancelled_and_the_sprint_degrades
             queue,
             sprint_input(tmp_path, session_id="slow-1", simulation={"residents_slow_start": ["knowledge-researcher"]}),
         )
-        slow = await ts_env.client.get_workflow_handle(resident_workflow_id("slow-1", "knowledge-researcher")).describe()
+        slow_handle = ts_env.client.get_workflow_handle(resident_workflow_id("slow-1", "knowledge-researcher"))
+        # the Master's cancel request is recorded before its report; the resident takes it in a task of its own
+        with pytest.raises(WorkflowFailureError) as ended:
+            await asyncio.wait_for(slow_handle.result(), timeout=30)
+        slow = await slow_handle.describe()
         status = await ts_env.client.get_workflow_handle("slow-1").query(SprintMasterWorkflow.status)
         others = [
             (await ts_env.client.get_workflow_handle(resident_workflow_id("slow-1", role)).describe()).status
@@ -36,5 +44,6 @@ async def test_a_resident_not_ready_in_time_is_cancelled_and_the_sprint_degrades
     assert reason == "resident knowledge-researcher unavailable: not ready within 60s; cancelled"
     assert status.unavailable_residents == report.unavailable_residents
     assert "knowledge-researcher" not in (status.roster.residents if status.roster else [])
+    assert isinstance(ended.value.cause, CancelledError)
     assert slow.status is WorkflowExecutionStatus.CANCELED  # nothing lingers
     assert others == [WorkflowExecutionStatus.COMPLETED] * 2  # the others ran and stopped as usual
