@@ -3,6 +3,7 @@
 `load_sprint_status` reads the file (and the story files) into a StatusSnapshot.
 `write_story_status` is U4: the only way the status file changes (compare-and-swap of one story's
 value under an exclusive lock, atomic rename, read-back verification).
+`wait_for_status_file` waits, without a history event per try, for a file that does not parse to parse again.
 
 The pure helpers in bso.sprint_status do the parsing and editing; this module only does I/O.
 """
@@ -264,6 +265,33 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
         except ProjectBusyError as err:
             raise ApplicationError(str(err), type=PROJECT_BUSY_ERROR, non_retryable=True) from None
     return snapshot
+
+
+# How often a status file that does not parse is read again while a batch waits for it.
+STATUS_FILE_POLL_SECONDS = 1.0
+
+
+def _parse_sync(inp: LoadStatusInput) -> None:
+    root, root_real = _project_root(inp.project_root)
+    status_real = _status_path(root, root_real, inp.status_file)
+    _parse(_read_text(status_real), status_real)
+
+
+@activity.defn
+async def wait_for_status_file(inp: LoadStatusInput) -> None:
+    """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict).
+    Reads it every second, heartbeating the problem (the Web UI shows it on the pending activity); the wait
+    adds nothing to the workflow's history however long it lasts. A problem no wait mends (the file moved out
+    of the project, too large) fails it at once, as the load would."""
+    while True:
+        try:
+            await asyncio.to_thread(_parse_sync, inp)
+            return
+        except ApplicationError as err:
+            if err.type != UNREADABLE_ERROR_TYPE:
+                raise
+            activity.heartbeat(err.message)
+        await asyncio.sleep(STATUS_FILE_POLL_SECONDS)
 
 
 # --- U4 write ------------------------------------------------------------------------------------

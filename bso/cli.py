@@ -561,6 +561,22 @@ def _awaiting_decisions(view: SprintStatusView) -> list[Text]:
     return lines
 
 
+def _status_file_waits(view: SprintStatusView) -> list[Text]:
+    """Stories whose next state waits for sprint-status.yaml to parse again: the user has a file to mend."""
+    waiting = {key: story.status_file_problem for key, story in view.stories.items() if story.status_file_problem}
+    if not waiting:
+        return []
+    problem = next(iter(waiting.values())) or ""
+    return [
+        Text(f"sprint-status.yaml does not parse: {_shorten(problem, 200)}", style="bold yellow"),
+        Text(
+            f"  {', '.join(waiting)} wait{'s' if len(waiting) == 1 else ''} for it (results kept): fix the file and "
+            "the sprint goes on within a second",
+            style="yellow",
+        ),
+    ]
+
+
 def _shorten(text: str, limit: int) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -614,6 +630,7 @@ def _progress(
         _StoriesTable(view),
         *_story_problems(view),
         *_awaiting_decisions(view),
+        *_status_file_waits(view),
         *_rejections(view, rejected_by_children or {}),
     ]
     if waiting is not None:

@@ -166,6 +166,8 @@ class StoryProgress(_Model):
     pending_debug_id: str | None = None  # the DEBUG_REQUEST the story waits on (bso.debugging)
     awaiting_decision: str | None = None  # the question a human must answer (bso.decisions)
     debug_attempts: int = 0  # DEBUG_REQUESTs sent for this story (bso.debugging)
+    # Why the story's next state waits: sprint-status.yaml does not parse (the agent's result is kept meanwhile)
+    status_file_problem: str | None = None
 
 
 class StoryResult(_Model):
@@ -227,6 +229,7 @@ class StoryView(_Model):
     awaiting_decision: str | None = None  # set while the story waits for a human `decide`
     debug_in_flight: str | None = None  # the debug id while the story waits on the debugger's analysis
     merging: bool = False  # command backend: done, its branch being merged back into the project
+    status_file_problem: str | None = None  # set while the story waits for sprint-status.yaml to parse again
 
     @property
     def in_flight(self) -> str:

@@ -27,7 +27,7 @@ from activities.git_ops import finish_story_git
 from activities.improvements import add_improvement_stories, propose_improvements
 from activities.po_gates import load_story_scope, record_gate
 from activities.researcher import research
-from activities.status_file import load_sprint_status, write_story_status
+from activities.status_file import load_sprint_status, wait_for_status_file, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
@@ -41,6 +41,7 @@ WORKFLOWS = [SprintMasterWorkflow, SprintSlaveWorkflow, ResidentWorkflow]
 SPRINT_ACTIVITIES = [
     load_sprint_status,
     write_story_status,
+    wait_for_status_file,
     write_execution_summary,
     propose_improvements,
     add_improvement_stories,

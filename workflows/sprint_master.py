@@ -1169,7 +1169,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             view = s.views[key]
             # Nothing of it waits for anyone either: a decision for it is refused (its batch is not running).
             update: dict[str, Any] = {
-                "agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None, "awaiting_decision": None
+                "agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None, "awaiting_decision": None,
+                "status_file_problem": None,
             }
             if view.merging:  # done: its merge finished by the Master, or (cancelled) maybe landed, told so
                 update |= {"merging": False, "error": view.error or merges.get(key, MERGE_CUT_SHORT)}

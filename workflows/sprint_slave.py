@@ -25,7 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.agents import run_agent
     from activities.git_ops import FINISH_GIT_HEARTBEAT, finish_story_git
     from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
-    from activities.status_file import load_sprint_status, write_story_status
+    from activities.status_file import UNREADABLE_ERROR_TYPE, load_sprint_status, wait_for_status_file, write_story_status
     from bso.constants import (
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
@@ -177,6 +177,23 @@ STATUS_FILE_RETRY = RetryPolicy(
     non_retryable_error_types=["StatusFileError"],
 )
 STATUS_WRITE_OPTIONS: dict[str, Any] = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STATUS_FILE_RETRY}
+# A file that still does not parse after a few quick tries (someone left it broken) is waited for: the story's
+# change (its agent's result) and the batch's first read are kept and land once it parses, where the story
+# gave up after ~25 s (its agent's work lost) and the batch ended with its stories unrun. The wait is one
+# heartbeating activity, so it costs no history however long it lasts, and (a human's wait) no working time.
+PATCH_WAITS_FOR_STATUS_FILE = "slave-waits-for-status-file"
+STATUS_FILE_QUICK_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_interval=timedelta(seconds=1),
+    maximum_attempts=4,
+    non_retryable_error_types=["StatusFileError"],
+)
+STATUS_FILE_WAIT_OPTIONS: dict[str, Any] = {
+    "start_to_close_timeout": timedelta(days=365),  # bounded by the human who fixes the file, or a cancel
+    "heartbeat_timeout": timedelta(seconds=30),  # a lost worker's wait is taken over by another
+    "retry_policy": RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=["StatusFileError"]),
+    "summary": "wait for sprint-status.yaml to parse again",
+}
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -208,6 +225,7 @@ def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) ->
         error=progress.error,
         awaiting_decision=progress.awaiting_decision,
         merging=merging,
+        status_file_problem=progress.status_file_problem,
     )
 
 
@@ -444,13 +462,22 @@ class SprintSlaveWorkflow:
         if workflow.patched(PATCH_WORKING_TIME_LIMIT):
             limit = timedelta(seconds=inp.config.slave_timeout_seconds)
             self._working_time_watch = asyncio.create_task(self._watch_working_time(limit))
-        try:
-            await self._refresh_states()
-        except ActivityError as err:
-            if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
-                raise  # cancelled while reading: the batch ends cancelled, not "unreadable"
-            errors.append(f"sprint-status.yaml unreadable: {_cause(err)}")
-            return self._result(errors, budget_exhausted)
+        while True:
+            try:
+                await self._refresh_states()
+                break
+            except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
+                if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
+                    raise  # cancelled while reading: the batch ends cancelled, not "unreadable"
+                if not isinstance(err, ActivityError) and not self._waits_for_status_file():
+                    raise  # as it did: the batch failed
+                if _unreadable(err) and self._waits_for_status_file():
+                    if (problem := await self._wait_for_status_file(list(self._progress), _cause(err))) is None:
+                        continue
+                    errors.append(f"sprint-status.yaml unreadable: {problem}")
+                else:
+                    errors.append(f"sprint-status.yaml unreadable: {_cause(err)}")
+                return self._result(errors, budget_exhausted)
 
         for meta in inp.stories:
             if self._shutdown:
@@ -539,7 +566,7 @@ class SprintSlaveWorkflow:
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
-            "retry_policy": STATUS_FILE_RETRY,
+            "retry_policy": STATUS_FILE_QUICK_RETRY if self._waits_for_status_file() else STATUS_FILE_RETRY,
             "summary": "read sprint-status.yaml",
         }
         if keys is not None or workflow.patched(PATCH_LOCAL_STATUS_LOAD):
@@ -1017,28 +1044,39 @@ class SprintSlaveWorkflow:
         if after.state != before.state:
             # A local activity: the write runs in this worker within the workflow task (one marker event,
             # no activity task round trip through the server); same timeout, retries and idempotency.
-            try:
-                written = await workflow.execute_local_activity(
-                    write_story_status,
-                    StatusWriteInput(
-                        project_root=self._input.project_root,
-                        status_file=self._input.status_file,
-                        story_key=before.key,
-                        expected=before.state,
-                        new=after.state,
-                        watch=self._not_started(besides=before.key),
-                    ),
-                    summary=f"U4 {before.key}: {before.state} -> {after.state}",
-                    **STATUS_WRITE_OPTIONS,
-                )
-            except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
-                if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
-                    raise
-                # The file cannot take the write (the story renamed or removed, a YAML error saved by hand,
-                # retries spent): this story stops here, the batch's other stories go on.
+            write = StatusWriteInput(
+                project_root=self._input.project_root,
+                status_file=self._input.status_file,
+                story_key=before.key,
+                expected=before.state,
+                new=after.state,
+                watch=self._not_started(besides=before.key),
+            )
+            options = STATUS_WRITE_OPTIONS
+            if self._waits_for_status_file():
+                options = {**STATUS_WRITE_OPTIONS, "retry_policy": STATUS_FILE_QUICK_RETRY}
+            while True:
+                try:
+                    written = await workflow.execute_local_activity(
+                        write_story_status,
+                        write,
+                        summary=f"U4 {before.key}: {before.state} -> {after.state}",
+                        **options,
+                    )
+                    break
+                except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
+                    if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
+                        raise
+                    problem: str | None = _cause(err)
+                    if _unreadable(err) and self._waits_for_status_file():
+                        problem = await self._wait_for_status_file([before.key], _cause(err))
+                        if problem is None:
+                            continue  # it parses again: the same write, once more
+                # The file cannot take the write (the story renamed or removed, the file moved out of the
+                # project): this story stops here, the batch's other stories go on.
                 after = intervention(
                     before,
-                    f"sprint-status.yaml could not be written ({_cause(err)}); "
+                    f"sprint-status.yaml could not be written ({problem}); "
                     f"{before.state} -> {after.state} not recorded",
                     after.tokens_used - before.tokens_used,
                 ).progress
@@ -1064,6 +1102,33 @@ class SprintSlaveWorkflow:
         workflow.logger.info("[Slave] %s: %s", before.key, transition.note)
         self._publish(before.key)
 
+    def _waits_for_status_file(self) -> bool:
+        return workflow.patched(PATCH_WAITS_FOR_STATUS_FILE)
+
+    async def _wait_for_status_file(self, keys: list[str], problem: str) -> str | None:
+        """sprint-status.yaml does not parse: `keys` wait, shown so, until it does (None), or until a problem no
+        wait mends comes up (returned)."""
+        workflow.logger.warning("[Slave] sprint-status.yaml does not parse; %s wait for it: %s", ", ".join(keys), problem)
+        for key in keys:
+            self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": problem})
+            self._publish(key)
+        try:
+            await workflow.execute_activity(
+                wait_for_status_file,
+                LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
+                **STATUS_FILE_WAIT_OPTIONS,
+            )
+            outcome = None
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            outcome = _cause(err)
+        for key in keys:
+            self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": None})
+            self._publish(key)
+        workflow.logger.info("[Slave] sprint-status.yaml %s", "parses again" if outcome is None else outcome)
+        return outcome
+
     def _not_started(self, besides: str) -> dict[str, str]:
         return {
             key: progress.state
@@ -1074,8 +1139,9 @@ class SprintSlaveWorkflow:
     # --- working time ----------------------------------------------------------------------------
 
     def _idle(self) -> bool:
-        """Time that does not count against the batch's working time: paused, or a story waits for a human."""
-        return self._paused or any(p.awaiting_decision for p in self._progress.values())
+        """Time that does not count against the batch's working time: paused, or a story waits for a human (a
+        decision, or a status file to mend)."""
+        return self._paused or any(p.awaiting_decision or p.status_file_problem for p in self._progress.values())
 
     async def _watch_working_time(self, limit: timedelta) -> None:
         """Sets `_out_of_time` once the batch has worked `limit` (slave_timeout_seconds), idle time not counted.
@@ -1168,7 +1234,8 @@ class SprintSlaveWorkflow:
         rows = [
             f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
             f"{describe_in_flight(p.pending_agent, p.pending_mode, p.pending_debug_id)}"
-            f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''} |"
+            f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''}"
+            f"{' waits for sprint-status.yaml to parse: ' + p.status_file_problem if p.status_file_problem else ''} |"
             for k, p in self._progress.items()
         ]
         workflow.set_current_details(
@@ -1243,6 +1310,13 @@ def _error_type(err: BaseException) -> str | None:
     while err.__cause__ is not None:
         err = err.__cause__
     return err.type if isinstance(err, ApplicationError) else None
+
+
+def _unreadable(err: BaseException) -> bool:
+    """The status file does not parse (or is missing) after the quick retries: waited for, not given up on."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return isinstance(err, ApplicationError) and err.type == UNREADABLE_ERROR_TYPE
 
 
 def _cause(err: BaseException) -> str:

@@ -12,18 +12,21 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
-from bso.cli import _refused_at_its_claim, _sprint_running_on
+from bso.cli import _refused_at_its_claim, _sprint_running_on, _status_file_waits
+from bso.config import resolve_config
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
-from bso.models import DEFAULT_STATUS_FILE
+from bso.models import DEFAULT_STATUS_FILE, SlaveInput, StoryMeta
 from bso.sprint_status import NOTHING_TO_RUN
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
 from tests.workflow.helpers import (
     ledger,
     make_project,
+    poll_until,
     run_sprint,
     sprint_input,
     sprint_result,
@@ -480,6 +483,73 @@ async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_noth
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert (status_values(tmp_path)[K1], status_values(tmp_path)[K2]) == ("done", "done")
     assert failures == 0
+
+
+async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kept(ts_env, tmp_path: Path):
+    """The file stays broken well past the write's quick retries: the story waits, shown so in the status, not
+    counted against the batch's working time; once the file is mended its change lands and the sprint goes on.
+    No agent runs twice and nothing is lost (it used to end the story needs-intervention after ~25 s)."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    simulation = {"stories": {"1-1": {"duration_ms": 800}}}
+    inp = sprint_input(tmp_path, session_id="left-broken", simulation=simulation)
+    broken, good = f"{K2}: [unclosed", f"{K2}: review"
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+    async with bso_worker(ts_env.client) as queue:
+        handle = await edited_while_in_flight(ts_env.client, queue, inp, K1, "dev-runner", good, broken)
+        waiting = await wait_status(
+            handle, lambda s: s.stories[K1].status_file_problem is not None, f"{K1} waiting for the status file"
+        )
+        await asyncio.sleep(3)  # longer than the quick retries: the story still waits
+        still = await handle.query(SprintMasterWorkflow.status)
+        lines = [line.plain for line in _status_file_waits(still)]
+        status_file.write_text(status_file.read_text(encoding="utf-8").replace(broken, good), encoding="utf-8")
+        report = await sprint_result(handle)
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("left-broken", 1))
+    assert "YAML error" in (waiting.stories[K1].status_file_problem or ""), waiting.stories[K1]
+    assert (still.stories[K1].state, still.stories[K1].error) == ("ready-for-dev", None)
+    assert still.stories[K1].status_file_problem is not None
+    assert lines[0].startswith("sprint-status.yaml does not parse: ") and K1 in lines[1], lines
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert status_values(tmp_path)[K1] == "done"
+    started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
+    assert len(started) == len(set(started)) and story_result(report, K1).agents_dispatched == len(
+        [d for d in started if "/1-1/" in d]
+    ), started
+    assert failures == 0
+
+
+async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_env, tmp_path: Path):
+    """A batch starting while the file does not parse waits for it (its stories shown waiting) and then runs
+    them, where it ended at once with its stories unrun."""
+    make_project(tmp_path, {K1: "review"})
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+    good = status_file.read_text(encoding="utf-8")
+    status_file.write_text(good.replace(f"{K1}: review", f"{K1}: [unclosed"), encoding="utf-8")
+    inp = SlaveInput(
+        batch_id=1, session_id="first-read", project_root=str(tmp_path), status_file=DEFAULT_STATUS_FILE,
+        stories=[StoryMeta(key=K1, epic="1", short_key="1-1", state="review",
+                           story_path=f"_bmad-output/implementation-artifacts/{K1}.md")],
+        config=resolve_config({}),
+    )
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintSlaveWorkflow.run, inp, id=slave_workflow_id("first-read", 1), task_queue=queue
+        )
+
+        async def waiting():
+            try:
+                status = await handle.query(SprintSlaveWorkflow.status)
+            except Exception:  # noqa: BLE001 - not started yet
+                return None
+            return status if status.stories[K1].status_file_problem else None
+
+        seen = await poll_until(waiting, f"{K1} waiting for the status file")
+        status_file.write_text(good, encoding="utf-8")
+        result = await handle.result()
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("first-read", 1))
+    assert "YAML error" in seen.stories[K1].status_file_problem
+    assert result.errors == [] and [r.final_state for r in result.results.story_results] == ["done"]
+    assert status_values(tmp_path)[K1] == "done" and failures == 0
 
 
 async def test_a_new_sprint_leaves_settled_stories_out(ts_env, tmp_path: Path):
