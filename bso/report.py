@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryWork
+from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryView, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
 
@@ -77,15 +77,23 @@ def build_slave_result(
     )
 
 
-def sprint_status(final_states: dict[str, str], stopped_early: bool) -> SprintStatus:
+def sprint_status(final_states: dict[str, str], stopped_early: bool, undelivered: int = 0) -> SprintStatus:
+    """`undelivered`: done stories whose work may not be in the project (not merged back): the sprint is not
+    complete while the user still has work to bring in."""
     done = sum(v == StoryState.DONE for v in final_states.values())
     if not final_states:
         return SprintStatus.COMPLETE  # nothing left to do
-    if done == len(final_states) and not stopped_early:
+    if done == len(final_states) and not stopped_early and not undelivered:
         return SprintStatus.COMPLETE
     if done == 0 and not stopped_early:
         return SprintStatus.FAILED
     return SprintStatus.PARTIAL
+
+
+def undelivered_stories(views: dict[str, StoryView]) -> list[str]:
+    """Done stories carrying an error: their branch did not merge back (or its merge was cut short), so their
+    work may not be in the project. (A done story otherwise carries no error.)"""
+    return [key for key, view in views.items() if view.state == StoryState.DONE and view.error]
 
 
 def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[int, list[str]]:

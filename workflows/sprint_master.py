@@ -104,7 +104,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.po_gates import gate_totals
     from bso.delivery import sprint_message_errors
-    from bso.report import batch_errors, build_slave_result, sprint_status
+    from bso.report import batch_errors, build_slave_result, sprint_status, undelivered_stories
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
         NOTHING_TO_RUN,
@@ -658,7 +658,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         await self._stop_residents()
         await self._roster_flushed()
         final = {key: view.state for key, view in s.views.items()}
-        report = self._ended_report = self._report(sprint_status(final, s.stopped_early or s.shutdown))
+        # A done story not merged back leaves the sprint partial (only the result differs: no patch needed).
+        undelivered = len(undelivered_stories(s.views))
+        report = self._ended_report = self._report(sprint_status(final, s.stopped_early or s.shutdown, undelivered))
         if workflow.patched("execution-summary"):
             await self._write_summary(inp, report)
         self._set_phase(SprintPhase.COMPLETED)

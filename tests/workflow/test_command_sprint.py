@@ -328,3 +328,20 @@ async def test_stories_touching_one_file_in_parallel_batches_all_merge(
     assert report.stories == {k: "done" for k in keys}, report
     notes = [r.error for b in report.batches for r in b.results.story_results if r.error]
     assert (root / "src" / "shared.py").read_text().splitlines() == [f"# {k}" for k in keys], notes
+
+
+async def test_a_done_story_whose_branch_did_not_merge_leaves_the_sprint_partial(ts_env, tmp_path: Path) -> None:
+    """The story's work is done, but an untracked file of the user's blocks its merge: the work is not in the
+    project, so the sprint is partial, not complete (it said sprint-complete), and the story says why."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_LEDGER=str(tmp_path / "ledger.jsonl"))
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "story_1_1_hello_world.py").write_text("# the user's own, untracked\n")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-unmerged", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done"}
+    [result] = [r for b in report.batches for r in b.results.story_results]
+    assert (result.error or "").startswith("not merged: "), result
+    assert report.status is SprintStatus.PARTIAL, report.status
+    assert (root / "src" / "story_1_1_hello_world.py").read_text() == "# the user's own, untracked\n"
