@@ -806,7 +806,9 @@ async def _checked(
             findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))
         if gate.refused:  # P21
             failure = f"secret-looking files refused by the Git Exit Gate: {', '.join(sorted(gate.refused))}"
-        elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed:
+        elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed and not (
+            wt.base and wt.base != before and await committed_paths(wt.path, wt.base)
+        ):  # a rearmed story's branch may hold its work already: a dev run that finds it done changes nothing
             failure = "dev dispatch produced no changes (empty diff)"
         elif agents.verification.commands and (
             complete.status is AgentStatus.SUCCESS or (passing_before is not None and changed)

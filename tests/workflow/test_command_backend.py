@@ -329,6 +329,20 @@ async def test_dev_without_changes_fails(tmp_path: Path) -> None:
     assert done.status is AgentStatus.FAILURE and "empty diff" in done.error
 
 
+async def test_a_rearmed_storys_dev_run_that_finds_the_work_on_its_branch_is_not_an_empty_diff(tmp_path: Path) -> None:
+    """A story rearmed after its work was committed (it failed later on) runs in the same worktree: a dev-runner
+    that finds the work done changes nothing, and the story goes on to its checks and review. It failed with
+    "empty diff" (the workaround was a rearm to review)."""
+    root = dev_project(tmp_path)
+    first = await ActivityEnvironment().run(command.run, assignment(root, n=1))
+    assert first.status is AgentStatus.SUCCESS, first.error
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("FAKE_AGENT_LEDGER", 'FAKE_AGENT_BEHAVIOR = "no-changes"\nFAKE_AGENT_LEDGER', 1))
+    again = await ActivityEnvironment().run(command.run, assignment(root, n=2))
+    assert [r["dispatch_id"] for r in runs(tmp_path)] == ["s1/batch-1/1-1/1", "s1/batch-1/1-1/2"]
+    assert again.status is AgentStatus.SUCCESS, again.error
+
+
 async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp_path: Path) -> None:
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="crash")
     done = await ActivityEnvironment().run(command.run, assignment(root))
