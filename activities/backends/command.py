@@ -82,7 +82,7 @@ from bso.git_rules import (
     parse_acceptance_criteria,
     parse_file_scope,
 )
-from bso.messages import MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
+from bso.messages import MAX_FINDINGS, MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
 from bso.states import AgentMode, AgentStatus, AgentType, Severity
@@ -847,8 +847,8 @@ async def _checked(
         findings = list(complete.findings)
     tokens = cli_tokens or complete.tokens_used
     if tokens > MAX_TOKENS_PER_ANSWER:  # a garbled count: the Slave would refuse the answer and wait out its time
-        findings.append(
-            Finding(severity=Severity.LOW, summary=f"the agent reported {tokens} tokens, more than any run uses: not counted")
+        findings.insert(  # first: the answer keeps its first MAX_FINDINGS findings only
+            0, Finding(severity=Severity.LOW, summary=f"the agent reported {tokens} tokens, more than any run uses: not counted")
         )
         tokens = 0
     digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
@@ -856,7 +856,7 @@ async def _checked(
     summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"
     update: dict[str, object] = {
         "summary": summary.strip()[:1900],
-        "findings": findings[:200],
+        "findings": findings[:MAX_FINDINGS],
         "tokens_used": tokens,
     }
     if failure is not None:

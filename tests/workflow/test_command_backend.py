@@ -125,6 +125,15 @@ async def test_a_cli_reporting_implausible_tokens_has_its_work_kept_and_the_coun
     assert re.fullmatch(r"the agent reported 1\d{30} tokens, more than any run uses: not counted", finding.summary)
 
 
+async def test_the_uncounted_tokens_finding_survives_an_answer_full_of_findings(tmp_path: Path) -> None:
+    """An answer keeps its first 200 findings: BSO's note that the tokens were not counted comes first, where it
+    came after the agent's 200 and was cut."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="garbled-usage,many-findings")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS and done.tokens_used == 0, done
+    assert len(done.findings) == 200 and done.findings[0].summary.endswith("not counted"), done.findings[:2]
+
+
 async def test_secrets_are_redacted_from_files_on_disk_and_the_answer(tmp_path: Path) -> None:
     # The agent prints the secret on stdout and stderr and puts it in its summary and a finding.
     root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123", FAKE_AGENT_BEHAVIOR="echo-secret")
