@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error
     from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView
-    from bso.states import StoryState
+    from bso.states import SprintPhase, StoryState
 
 _WRITE = {
     "start_to_close_timeout": timedelta(seconds=30),
@@ -86,6 +86,9 @@ class CourseCorrector:
             raise _cc_rejected(f"CC_REJECTED: {describe_validation_error(err)}") from None
         if (why := self._not_replannable()) is not None:
             raise _cc_rejected(f"CC_REJECTED: {why}")
+        if self._state.phase in (SprintPhase.STARTING, SprintPhase.PLANNING):
+            # Its re-plan would be a second plan request beside the first plan's, whose answer it would displace.
+            raise _cc_rejected("CC_REJECTED: the sprint is still planning its batches; send it again once it runs")
         if self._replanning:
             raise _cc_rejected("CC_REJECTED: another course correction is being applied")
         if self._rearm_in_flight():

@@ -75,6 +75,31 @@ async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_p
     assert report.status is SprintStatus.PARTIAL  # a story was dropped
 
 
+async def test_a_correction_while_the_sprint_plans_is_refused_and_the_plan_kept(ts_env, tmp_path: Path):
+    """The sprint has read its stories and still plans (its knowledge-researcher slow to start): a correction
+    accepted then asked a second plan beside the first, whose answer it displaced. It is refused, and the
+    sprint plans and runs as started. (No result is awaited meanwhile: the 60 s readiness wait is real time.)"""
+    make_project(tmp_path, {K1: "review", OTHER: "backlog"})
+    simulation = {"residents_slow_start": ["knowledge-researcher"]}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-planning", epic=1, simulation=simulation)
+        )
+        await wait_status(
+            handle,
+            lambda s: s.phase is SprintPhase.PLANNING and s.roster is not None and "scrum-master" in s.roster.residents,
+            "planning, the scrum-master running",
+        )
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-1"]}),
+            "still planning",
+        )
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done"} and status_values(tmp_path)[OTHER] == "backlog"
+    assert report.planner == "scrum-master"  # the first plan answered, not displaced
+    assert await workflow_task_failures(ts_env.client, "cc-planning") == 0
+
+
 async def test_repeated_failures_trigger_a_course_correction_and_a_pause(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "review"})
     overrides = {"batch_size": 1, "consecutive_failure_threshold": 2}
