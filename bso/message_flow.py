@@ -58,12 +58,14 @@ from bso.dispatch import (
 )
 from bso.messages import (
     MASTER_SIGNALS,
+    PATCH_PLAN_ANSWER_AWAITED,
     PATCH_STORY_UPDATE_FROM_ITS_BATCH,
     RejectedMessage,
     rejected_inputs,
     TerminateDirectivePayload,
     cut_text as _cut,  # a cut detail's whole text is in the message's payload
     describe_validation_error,
+    plan_answer_not_awaited,
     rejected_invalid,
     story_update_not_from_its_batch,
     unknown_signal_to_sprint,
@@ -306,6 +308,10 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     # scrum-master's accepted answer to the Master's plan request, the Master's fallback plan for that request.
     plans: dict[str, Any] = {}
     plan_request: dict[str, Any] | None = None  # the first plan request the Master sent (not a re-plan)
+    # The Master's _plan_awaited: the plan request in flight, whose answer only it takes (once it has the rule).
+    # (An answer after its request timed out is still shown taken: the timeout's timer is not told apart here.)
+    answers_awaited_only = PATCH_PLAN_ANSWER_AWAITED in _patches(events)
+    awaited: str | None = None
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
@@ -482,6 +488,11 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                     # The Master ignores (and logs) an answer its planner mixin cannot validate.
                     reason = _invalid("PLAN_RESULT", PlanAnswer, value)
                     fields["detail"] = _plan_result_detail(_dict(value))
+                    if reason is None and answers_awaited_only:
+                        if value.get("request_id") != awaited:
+                            reason = plan_answer_not_awaited(str(value.get("request_id")))
+                        else:
+                            awaited = None  # taken: the request is answered
                     if reason is None and isinstance(value.get("plan"), dict) and (
                         plan_request is None or value.get("request_id") == plan_request.get("request_id")
                     ):
@@ -489,9 +500,10 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 add(event, **(_rejected(fields, reason) if reason else fields))
         elif et == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
             attrs = event.signal_external_workflow_execution_initiated_event_attributes
-            if attrs.signal_name == SIGNAL_PLAN_REQUEST and plan_request is None:
+            if attrs.signal_name == SIGNAL_PLAN_REQUEST:
                 request = _dict(decode(attrs.input))
-                if request and not request.get("course_correction"):
+                awaited = str(request.get("request_id")) if request.get("request_id") else None
+                if plan_request is None and request and not request.get("course_correction"):
                     plan_request = request
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             reason = event.workflow_execution_cancel_requested_event_attributes.cause

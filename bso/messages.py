@@ -210,6 +210,14 @@ def rejected_inputs(kind: str, name: str, given: int, problem: str) -> str:
 # The Master takes a story update only from the running batch that holds the story (bso.message_flow reads the
 # rule off histories with this marker: one naming no running batch, sent by hand, set the story's view before).
 PATCH_STORY_UPDATE_FROM_ITS_BATCH = "master-story-update-from-its-batch"
+# A plan_result for no plan request in flight (late, or forged) is ignored: kept, such answers piled up for good,
+# and one sent before its request was taken for the answer. (Recorded where it first ignores one: bso.message_flow
+# reads the rule off histories with this marker.)
+PATCH_PLAN_ANSWER_AWAITED = "master-plan-answer-awaited"
+
+
+def plan_answer_not_awaited(request_id: str) -> str:
+    return f"no plan request {request_id!r} awaits an answer"
 
 
 def story_update_not_from_its_batch(story_key: str, batch_id: int) -> str:

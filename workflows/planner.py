@@ -18,7 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
-    from bso.messages import describe_validation_error
+    from bso.messages import PATCH_PLAN_ANSWER_AWAITED, describe_validation_error, plan_answer_not_awaited
     from bso.models import StoryMeta
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, ReplanContext, answer
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
@@ -28,9 +28,6 @@ PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
 
 PATCH_PLAN_CHECKED = "master-plan-holds-the-stories-asked"
-# A plan_result for no plan request in flight (late, or forged) is ignored: kept, such answers piled up for good,
-# and one sent before its request was taken for the answer.
-PATCH_PLAN_ANSWER_AWAITED = "master-plan-answer-awaited"
 # Plans asked before it were made in file order whatever max_concurrent_slaves (the Master's fallback plan is
 # made in its own history and must replay as it was).
 PATCH_PLAN_BY_LEVELS = "master-plan-by-levels"
@@ -52,7 +49,7 @@ class ScrumMasterPlanning:
             workflow.logger.warning("plan_result ignored: %s", describe_validation_error(err))
             return
         if parsed.request_id != self._plan_awaited and workflow.patched(PATCH_PLAN_ANSWER_AWAITED):
-            workflow.logger.warning("plan_result ignored: no plan request %r awaits an answer", parsed.request_id)
+            workflow.logger.warning("plan_result ignored: %s", plan_answer_not_awaited(parsed.request_id))
             return
         self._plan_answers[parsed.request_id] = parsed
 

@@ -11,6 +11,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
+from bso.message_flow import message_flow
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase
 from tests.conftest import bso_worker
@@ -113,9 +114,13 @@ async def test_a_plan_result_sent_before_its_request_is_not_taken_for_the_answer
         )
         report = await sprint_result(handle)
         errors = (await handle.query(SprintMasterWorkflow.status)).errors
+        flow = message_flow([await handle.fetch_history()])
     assert report.stories == {K1: "done"} and report.planner == "scrum-master"
     assert errors == []
     assert await workflow_task_failures(ts_env.client, "early-plan") == 0
+    # `bso messages` judges the answers by the Master's rule: the forged one ignored, the scrum-master's taken.
+    answers = [(m.sender, m.rejected) for m in flow if m.type == "PLAN_RESULT"]
+    assert answers == [("scrum-master", "no plan request 'plan-1' awaits an answer"), ("scrum-master", None)], answers
 
 
 async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path: Path, monkeypatch):
