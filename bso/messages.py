@@ -84,6 +84,16 @@ class FeedbackItem(_Message):
 # The longest dispatch id or story key an answer may carry: the sprint id is held to what fits
 # (bso.constants.MAX_SPRINT_ID_CHARS).
 MAX_ID_CHARS = 200
+
+
+def story_key_too_long(key: str) -> str | None:
+    """Why a sprint leaves this story out, or None: its agents' answers could not name it."""
+    if len(key) <= MAX_ID_CHARS:
+        return None
+    return (
+        f"{key[:60]}...: a story key of {len(key)} characters (at most {MAX_ID_CHARS}: an agent's answer names its "
+        "story) is left out of the sprint; rename it in sprint-status.yaml and its story file"
+    )
 # No agent run reads and writes a billion tokens (a long Claude Code session is tens of millions, its cache reads
 # included): an answer claiming more is refused (bso.dispatch.implausible_tokens).
 MAX_TOKENS_PER_ANSWER = 1_000_000_000

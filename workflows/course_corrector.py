@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
         start_value,
     )
     from bso.scrum_master import ReplanContext
-    from bso.messages import describe_validation_error
+    from bso.messages import describe_validation_error, story_key_too_long
     from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView
     from bso.states import SprintPhase, StoryState
 
@@ -98,6 +98,9 @@ class CourseCorrector:
             check_added_values(add, self._state.outside_stories)
         except CCRejected as err:
             raise _cc_rejected(str(err)) from None
+        for key in add:  # (the validator only: a correction accepted before replays as it ran)
+            if (why := story_key_too_long(key)) is not None:
+                raise _cc_rejected(f"CC_REJECTED: {why}")
 
     def _cc_check(self, request: CourseCorrectionRequest) -> tuple[list[str], list[str]]:
         s = self._state

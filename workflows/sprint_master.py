@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         describe_validation_error,
         keep_rejected,
         rejected_invalid,
+        story_key_too_long,
         story_update_not_from_its_batch,
         unknown_signal_to_sprint,
     )
@@ -153,6 +154,9 @@ PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 # A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
 # started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
 PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
+# A story whose key is too long for an agent's answer to name it is left out, saying so: its agents ran and
+# their answers were refused, until each step's deadline ended the story needs-intervention.
+PATCH_LONG_KEYS_LEFT_OUT = "master-long-story-keys-left-out"
 # A cancelled sprint stops its residents at once (SIGNAL_STOP_NOW): told to stop as at a sprint's end, a resident
 # first served what it held, and an analysis no worker picked up held the cancelled sprint for ever.
 PATCH_CANCEL_STOPS_RESIDENTS_NOW = "master-cancel-stops-residents-now"
@@ -895,6 +899,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             except ValueError as err:
                 raise _invalid_input(str(err)) from None
             stories = [s for s in stories if s.key in wanted]
+        too_long = [(s.key, why) for s in stories if (why := story_key_too_long(s.key)) is not None]
+        if too_long and workflow.patched(PATCH_LONG_KEYS_LEFT_OUT):  # patched only where it leaves one out
+            for _, why in too_long:
+                workflow.logger.error("left out: %s", why)
+                self._state.errors.append(why)
+            left_out = {key for key, _ in too_long}
+            stories = [s for s in stories if s.key not in left_out]
         # Patched only where it refuses: a sprint that ran empty before replays as it ran.
         if snapshot.stories and not stories and workflow.patched(PATCH_NOTHING_TO_RUN):
             raise _invalid_input(NOTHING_TO_RUN)

@@ -220,3 +220,30 @@ async def test_adding_a_story_of_an_unknown_value_is_rejected_and_the_value_kept
     # The first was refused by the validator (no trace in history), the second by the update itself.
     history = await handle.fetch_history()
     assert [e.event_type for e in history.events].count(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED) == 1
+
+
+async def test_a_story_key_too_long_for_an_answer_is_left_out_and_cannot_be_added(ts_env, tmp_path: Path):
+    """A key over 200 characters cannot be named by its agents' answers (each was refused until the step's
+    deadline ended the story): the sprint leaves such a story out, saying why, and a correction cannot add one."""
+    long_in, long_out = "1-9-" + "x" * 200, "2-9-" + "y" * 200
+    make_project(tmp_path, {K1: "review", K2: "review", long_in: "review", long_out: "backlog"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-long", epic=1, config_overrides=overrides)
+        )
+        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-9"]}),
+            "a story key of 204 characters (at most 200",
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert [e for e in status.errors if "204 characters" in e] == [
+        f"{long_in[:60]}...: a story key of 204 characters (at most 200: an agent's answer names its story) is left "
+        "out of the sprint; rename it in sprint-status.yaml and its story file"
+    ]
+    values = status_values(tmp_path)
+    assert (values[long_in], values[long_out]) == ("review", "backlog")
+    assert await workflow_task_failures(ts_env.client, "cc-long") == 0
