@@ -26,6 +26,7 @@ from bso.sprint_status import parse_story_file, resolve_inside
 from bso.git_rules import (
     FinishStoryInput,
     FinishStoryResult,
+    NOTHING_TO_MERGE,
     GitRuleError,
     commit_message,
     is_secret_path,
@@ -169,6 +170,12 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
 async def changed_paths(wt: str) -> list[str]:
     out = await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
     return parse_porcelain(out)
+
+
+async def unmerged_commits(wt: str, project_root: str) -> int:
+    """Commits of the worktree's branch that the project's checked-out branch does not hold yet (a squashed
+    and merged branch is an ancestor of it: none)."""
+    return int((await git(wt, "rev-list", "--count", f"{await head(project_root)}..HEAD")).strip() or 0)
 
 
 async def committed_paths(wt: str, since: str) -> list[str]:
@@ -427,7 +434,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     root = inp.project_root
     tip = await _commit_of(root, f"refs/heads/{branch}")
     if tip is None:
-        return FinishStoryResult(story_key=inp.story_key, merged=False, note="no branch: nothing to merge")
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note=NOTHING_TO_MERGE[0])
     base = await story_base(root, inp.session_id, inp.story_key)
     originals = await _commit_of(root, saved_originals)
     if tip == base and await _recover_reset_branch(root, path, branch, base, originals):
@@ -447,7 +454,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
                                  note="already merged")
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
     if count == 0:
-        return FinishStoryResult(story_key=inp.story_key, merged=False, note="no commits on the story branch")
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note=NOTHING_TO_MERGE[1])
     # An agent may have committed a secret itself (the Exit Gate refused the dispatch, a human may still have
     # let the story through): such a branch is never merged into the user's branch.
     # Every commit's files, not the net diff: a secret committed then deleted is still in the branch's history.

@@ -172,3 +172,27 @@ class FinishStoryResult(BaseModel):
     squashed: bool = False
     commit: str | None = None
     note: str = ""
+
+
+# --- a done story's merge back, as its error tells it ------------------------------------------------
+
+NOT_MERGED_PREFIX = "not merged: "
+# A done story with no work of its own on a branch (set done by hand before any commit): nothing is missing.
+NOTHING_TO_MERGE = ("no branch: nothing to merge", "no commits on the story branch")
+# The Master's word on a story whose batch ended while its merge ran (it finished the merge where it could).
+MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
+
+
+def not_merged(why: str) -> str:
+    """A done story's error when its branch did not merge back."""
+    return f"{NOT_MERGED_PREFIX}{why}"
+
+
+def work_left_out(error: str | None) -> bool:
+    """Whether a done story's error says its work may not be in the project (a merge that failed or was cut
+    short), as opposed to a note that there was nothing to merge, or an unrelated one."""
+    if not error:
+        return False
+    if error == MERGE_CUT_SHORT:
+        return True
+    return error.startswith(NOT_MERGED_PREFIX) and error.removeprefix(NOT_MERGED_PREFIX) not in NOTHING_TO_MERGE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bso.git_rules import work_left_out
 from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryView, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
@@ -91,9 +92,9 @@ def sprint_status(final_states: dict[str, str], stopped_early: bool, undelivered
 
 
 def undelivered_stories(views: dict[str, StoryView]) -> list[str]:
-    """Done stories carrying an error: their branch did not merge back (or its merge was cut short), so their
-    work may not be in the project. (A done story otherwise carries no error.)"""
-    return [key for key, view in views.items() if view.state == StoryState.DONE and view.error]
+    """Done stories whose branch did not merge back (or whose merge was cut short): their work may not be in
+    the project."""
+    return [key for key, view in views.items() if view.state == StoryState.DONE and work_left_out(view.error)]
 
 
 def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[int, list[str]]:

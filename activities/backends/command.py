@@ -53,6 +53,7 @@ from activities.git_ops import (
     git,
     head,
     identity_args,
+    unmerged_commits,
     verify,
 )
 from activities.process import group_alive, heartbeating, kill_group, kill_group_now, machine_id
@@ -807,8 +808,8 @@ async def _checked(
         if gate.refused:  # P21
             failure = f"secret-looking files refused by the Git Exit Gate: {', '.join(sorted(gate.refused))}"
         elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed and not (
-            wt.base and wt.base != before and await committed_paths(wt.path, wt.base)
-        ):  # a rearmed story's branch may hold its work already: a dev run that finds it done changes nothing
+            before != wt.base and await unmerged_commits(wt.path, root)
+        ):  # a rearmed story's branch may hold its work, not merged yet: a dev run that finds it done changes nothing
             failure = "dev dispatch produced no changes (empty diff)"
         elif agents.verification.commands and (
             complete.status is AgentStatus.SUCCESS or (passing_before is not None and changed)

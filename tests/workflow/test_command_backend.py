@@ -352,6 +352,20 @@ async def test_a_rearmed_storys_dev_run_that_finds_the_work_on_its_branch_is_not
     assert again.status is AgentStatus.SUCCESS, again.error
 
 
+async def test_a_story_set_back_after_its_merge_still_needs_new_work_from_its_dev_run(tmp_path: Path) -> None:
+    """Merged, then set back by hand: its branch holds nothing the project lacks, so a dev run that changes
+    nothing is still an empty diff (the story would be done again with no new work)."""
+    root = dev_project(tmp_path)
+    first = await ActivityEnvironment().run(command.run, assignment(root, n=1))
+    assert first.status is AgentStatus.SUCCESS, first.error
+    merged = await finish(root, clear_track=False)
+    assert merged.merged, merged
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("FAKE_AGENT_LEDGER", 'FAKE_AGENT_BEHAVIOR = "no-changes"\nFAKE_AGENT_LEDGER', 1))
+    again = await ActivityEnvironment().run(command.run, assignment(root, n=2))
+    assert again.status is AgentStatus.FAILURE and "empty diff" in again.error, again
+
+
 async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp_path: Path) -> None:
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="crash")
     done = await ActivityEnvironment().run(command.run, assignment(root))
