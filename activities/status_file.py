@@ -17,12 +17,13 @@ import os
 import posixpath
 import stat
 import tempfile
+from collections.abc import Iterator
 from functools import partial
 from datetime import UTC, datetime
 from pathlib import PurePath
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.session_files import ProjectBusyError, claim_project
 
@@ -59,6 +60,7 @@ ERROR_TYPE = "StatusFileError"
 # typed half-way). Retryable: the Slave's read or write lands once the file parses again; a sprint's first read
 # lists it as non-retryable, to refuse a broken file at once.
 UNREADABLE_ERROR_TYPE = "StatusFileUnreadable"
+NOT_EDITABLE_ERROR_TYPE = "StatusFileNotEditable"
 PROJECT_BUSY_ERROR = "ProjectBusy"
 
 
@@ -138,7 +140,10 @@ def _read_text(path: str, limit: int = MAX_STATUS_BYTES) -> str:
 
 
 def _unreadable(message: str) -> ApplicationError:
-    return ApplicationError(message, type=UNREADABLE_ERROR_TYPE, non_retryable=False)
+    # Benign: an expected condition the Slave reports in plain words, not a traceback per attempt in the log.
+    return ApplicationError(
+        message, type=UNREADABLE_ERROR_TYPE, non_retryable=False, category=ApplicationErrorCategory.BENIGN
+    )
 
 
 def _parse(text: str, source: str):
@@ -255,7 +260,8 @@ def _read_story_file(path: str, root_real: str):
 @activity.defn
 async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
-    snapshot = await asyncio.to_thread(_load_sync, inp)
+    with _unreadable_given_up(inp.wait_when_unreadable_after):
+        snapshot = await asyncio.to_thread(_load_sync, inp)
     if inp.claim_project:  # after the load: it has checked the project root is a real directory
         info = activity.info()
         try:
@@ -278,18 +284,21 @@ def _parse_sync(inp: LoadStatusInput) -> None:
 
 
 @activity.defn
-async def wait_for_status_file(inp: LoadStatusInput) -> None:
-    """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict).
-    Reads it every second, heartbeating the problem (the Web UI shows it on the pending activity); the wait
-    adds nothing to the workflow's history however long it lasts. A problem no wait mends (the file moved out
-    of the project, too large) fails it at once, as the load would."""
+async def wait_for_status_file(inp: LoadStatusInput) -> bool:
+    """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict):
+    whether it found it broken at all (False: it parsed at the first look). Reads it every second, heartbeating
+    the problem (the Web UI shows it on the pending activity); the wait adds nothing to the workflow's history
+    however long it lasts. A problem no wait mends (the file moved out of the project, too large) fails it at
+    once, as the load would."""
+    broken = False
     while True:
         try:
             await asyncio.to_thread(_parse_sync, inp)
-            return
+            return broken
         except ApplicationError as err:
             if err.type != UNREADABLE_ERROR_TYPE:
                 raise
+            broken = True
             activity.heartbeat(err.message)
         await asyncio.sleep(STATUS_FILE_POLL_SECONDS)
 
@@ -339,7 +348,10 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 text, inp.story_key, inp.expected, inp.new, datetime.now(UTC), target
             )
         except StatusFileError as exc:
-            raise _unreadable(str(exc)) from None
+            _parse(text, target)  # a file that does not parse is "unreadable": waited for (on the error path only)
+            # It parses, but the story's value cannot be edited in place (a folded or aliased value, say): no
+            # wait mends that; retried a little, as an editor's save in between would be, then given up.
+            raise ApplicationError(str(exc), type=NOT_EDITABLE_ERROR_TYPE, non_retryable=False) from None
         except StoryKeyError as exc:  # the story is not in the file (renamed or removed by hand)
             raise _fail(str(exc)) from None
         if result.outcome == "written":
@@ -386,4 +398,21 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
 @activity.defn
 async def write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
     """U4: compare-and-swap one story's value in sprint-status.yaml (atomic, verified, idempotent)."""
-    return await asyncio.to_thread(_write_sync, inp)
+    with _unreadable_given_up(inp.wait_when_unreadable_after):
+        return await asyncio.to_thread(_write_sync, inp)
+
+
+@contextlib.contextmanager
+def _unreadable_given_up(after_attempts: int | None) -> Iterator[None]:
+    """From the `after_attempts`th attempt on, a file that does not parse fails the activity for good: the
+    caller (a Slave) then waits for it with wait_for_status_file, which costs no history however long."""
+    try:
+        yield
+    except ApplicationError as err:
+        if err.type != UNREADABLE_ERROR_TYPE or after_attempts is None or not activity.in_activity():
+            raise
+        if activity.info().attempt < after_attempts:
+            raise
+        raise ApplicationError(
+            err.message, type=UNREADABLE_ERROR_TYPE, non_retryable=True, category=ApplicationErrorCategory.BENIGN
+        ) from None

@@ -74,6 +74,8 @@ class LoadStatusInput(_Model):
     only_stories: list[str] | None = None
     # The Master's first load: the calling sprint claims the project (refused while another one runs on it).
     claim_project: bool = False
+    # From this attempt on, a file that does not parse fails the load for good (the Slave waits for it then).
+    wait_when_unreadable_after: int | None = None
 
 
 class StatusSnapshot(_Model):
@@ -98,6 +100,8 @@ class StatusWriteInput(_Model):
     # Stories of the batch not started yet, with the state the Slave holds for each: the result says which of
     # them the file holds otherwise (set by hand since), so the Slave takes them before it dispatches for them.
     watch: dict[str, str] = Field(default_factory=dict)
+    # From this attempt on, a file that does not parse fails the write for good (the Slave waits for it then).
+    wait_when_unreadable_after: int | None = None
 
 
 class StatusWriteResult(_Model):

@@ -268,6 +268,11 @@ def _load(text: str, source: str) -> Any:
     except MarkedYAMLError as exc:
         line, col = _mark_of(exc)
         problem = exc.problem or exc.context or type(exc).__name__
+        start = exc.context_mark
+        if exc.problem and exc.context and start is not None and exc.problem_mark is not None and (
+            start.line != exc.problem_mark.line
+        ):  # an unclosed bracket is noticed on a later line: name the line that opened it too
+            problem += f" ({exc.context} started at line {start.line + 1}, column {start.column + 1})"
         raise _err(source, f"YAML error: {problem}", line, col) from None
     except YAMLError as exc:
         raise _err(source, f"YAML error: {exc}") from None

@@ -121,7 +121,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
     from workflows.residents import RosterKeeper
-    from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back, not_merged
+    from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back
+    from bso.git_rules import MERGE_CUT_SHORT, not_merged
 
 # A Slave still starting when the sprint was shut down is told once it has started.
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
@@ -186,7 +187,6 @@ PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
 # A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
 # sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
-MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
 
 def _invalid_input(message: str) -> ApplicationError:
@@ -906,6 +906,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._state.errors.append(why)
             left_out = {key for key, _ in too_long}
             stories = [s for s in stories if s.key not in left_out]
+            if not stories:  # said with the reasons, not as an empty sprint
+                raise _invalid_input("; ".join(why for _, why in too_long))
         # Patched only where it refuses: a sprint that ran empty before replays as it ran.
         if snapshot.stories and not stories and workflow.patched(PATCH_NOTHING_TO_RUN):
             raise _invalid_input(NOTHING_TO_RUN)
@@ -1185,6 +1187,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 "agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None, "awaiting_decision": None,
                 "status_file_problem": None,
             }
+            if view.status_file_problem:  # its last agent's answer waited for the file to parse: it is lost
+                update["error"] = view.error or (
+                    f"the batch ended while sprint-status.yaml did not parse ({view.status_file_problem}): the story "
+                    f"kept {view.state}, its last agent's result was not recorded"
+                )
             if view.merging:  # done: its merge finished by the Master, or (cancelled) maybe landed, told so
                 update |= {"merging": False, "error": view.error or merges.get(key, MERGE_CUT_SHORT)}
                 merge_cut[key] = view.state

@@ -124,7 +124,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.states import AgentStatus, AgentType
     from bso.report import build_slave_result
     from bso.config import SprintConfig
-    from bso.git_rules import FinishStoryInput, FinishStoryResult
+    from bso.git_rules import FinishStoryInput, FinishStoryResult, not_merged
     from bso.simulation import SimulationScript
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
@@ -182,12 +182,7 @@ STATUS_WRITE_OPTIONS: dict[str, Any] = {"start_to_close_timeout": timedelta(seco
 # gave up after ~25 s (its agent's work lost) and the batch ended with its stories unrun. The wait is one
 # heartbeating activity, so it costs no history however long it lasts, and (a human's wait) no working time.
 PATCH_WAITS_FOR_STATUS_FILE = "slave-waits-for-status-file"
-STATUS_FILE_QUICK_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=200),
-    maximum_interval=timedelta(seconds=1),
-    maximum_attempts=4,
-    non_retryable_error_types=["StatusFileError"],
-)
+STATUS_FILE_WAIT_AFTER_ATTEMPTS = 4  # ~1.4 s of STATUS_FILE_RETRY; other retryable failures keep all of it
 STATUS_FILE_WAIT_OPTIONS: dict[str, Any] = {
     "start_to_close_timeout": timedelta(days=365),  # bounded by the human who fixes the file, or a cancel
     "heartbeat_timeout": timedelta(seconds=30),  # a lost worker's wait is taken over by another
@@ -210,6 +205,7 @@ ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
 
 
 def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) -> StoryView:
+    waits = progress.status_file_problem is not None
     return StoryView(
         state=progress.state,
         batch_id=batch_id,
@@ -218,8 +214,9 @@ def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) ->
         story_review_rounds=progress.story_review_rounds,
         agents_dispatched=progress.agents_dispatched,
         tokens_used=progress.tokens_used,
-        agent_in_flight=progress.pending_agent.value if progress.pending_agent else None,
-        mode_in_flight=progress.pending_mode.value if progress.pending_mode else None,
+        # (A story whose state change waits for the status file has its agent's answer: none is in flight.)
+        agent_in_flight=progress.pending_agent.value if progress.pending_agent and not waits else None,
+        mode_in_flight=progress.pending_mode.value if progress.pending_mode and not waits else None,
         debug_in_flight=progress.pending_debug_id,
         dispatch_id=progress.pending_dispatch_id,
         error=progress.error,
@@ -472,7 +469,8 @@ class SprintSlaveWorkflow:
                 if not isinstance(err, ActivityError) and not self._waits_for_status_file():
                     raise  # as it did: the batch failed
                 if _unreadable(err) and self._waits_for_status_file():
-                    if (problem := await self._wait_for_status_file(list(self._progress), _cause(err))) is None:
+                    problem, _ = await self._wait_for_status_file(list(self._progress), _cause(err), on_shutdown=True)
+                    if problem is None:
                         continue
                     errors.append(f"sprint-status.yaml unreadable: {problem}")
                 else:
@@ -563,10 +561,15 @@ class SprintSlaveWorkflow:
             project_root=self._input.project_root,
             status_file=self._input.status_file,
             only_stories=keys if keys is not None else [s.key for s in self._input.stories],
+            # The batch's first read waits for a broken file; a later one (stories not started yet) goes on
+            # without it.
+            wait_when_unreadable_after=STATUS_FILE_WAIT_AFTER_ATTEMPTS
+            if keys is None and self._waits_for_status_file()
+            else None,
         )
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
-            "retry_policy": STATUS_FILE_QUICK_RETRY if self._waits_for_status_file() else STATUS_FILE_RETRY,
+            "retry_policy": STATUS_FILE_RETRY,
             "summary": "read sprint-status.yaml",
         }
         if keys is not None or workflow.patched(PATCH_LOCAL_STATUS_LOAD):
@@ -1051,25 +1054,29 @@ class SprintSlaveWorkflow:
                 expected=before.state,
                 new=after.state,
                 watch=self._not_started(besides=before.key),
+                wait_when_unreadable_after=STATUS_FILE_WAIT_AFTER_ATTEMPTS if self._waits_for_status_file() else None,
             )
-            options = STATUS_WRITE_OPTIONS
-            if self._waits_for_status_file():
-                options = {**STATUS_WRITE_OPTIONS, "retry_policy": STATUS_FILE_QUICK_RETRY}
+            found_parsing = 0  # waits that found the file parsing at once: the write fails for another reason
             while True:
                 try:
                     written = await workflow.execute_local_activity(
                         write_story_status,
                         write,
                         summary=f"U4 {before.key}: {before.state} -> {after.state}",
-                        **options,
+                        **STATUS_WRITE_OPTIONS,
                     )
                     break
                 except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
                     if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
                         raise
                     problem: str | None = _cause(err)
-                    if _unreadable(err) and self._waits_for_status_file():
-                        problem = await self._wait_for_status_file([before.key], _cause(err))
+                    if _unreadable(err) and self._waits_for_status_file() and found_parsing < 2:
+                        # Its agent's tokens count meanwhile (and if the batch is cancelled while it waits).
+                        self._progress[before.key] = self._progress[before.key].model_copy(
+                            update={"tokens_used": after.tokens_used}
+                        )
+                        problem, was_broken = await self._wait_for_status_file([before.key], _cause(err))
+                        found_parsing = 0 if was_broken else found_parsing + 1
                         if problem is None:
                             continue  # it parses again: the same write, once more
                 # The file cannot take the write (the story renamed or removed, the file moved out of the
@@ -1105,29 +1112,46 @@ class SprintSlaveWorkflow:
     def _waits_for_status_file(self) -> bool:
         return workflow.patched(PATCH_WAITS_FOR_STATUS_FILE)
 
-    async def _wait_for_status_file(self, keys: list[str], problem: str) -> str | None:
+    async def _wait_for_status_file(
+        self, keys: list[str], problem: str, on_shutdown: bool = False
+    ) -> tuple[str | None, bool]:
         """sprint-status.yaml does not parse: `keys` wait, shown so, until it does (None), or until a problem no
-        wait mends comes up (returned)."""
-        workflow.logger.warning("[Slave] sprint-status.yaml does not parse; %s wait for it: %s", ", ".join(keys), problem)
+        wait mends comes up, or (`on_shutdown`: nothing of theirs started yet) the batch is shut down (that
+        problem). Also whether the wait found the file broken at all."""
+        workflow.logger.warning(
+            "[Slave] sprint-status.yaml does not parse; %s wait%s for it: %s",
+            ", ".join(keys), "s" if len(keys) == 1 else "", problem,
+        )
         for key in keys:
             self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": problem})
             self._publish(key)
-        try:
-            await workflow.execute_activity(
-                wait_for_status_file,
-                LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
-                **STATUS_FILE_WAIT_OPTIONS,
-            )
-            outcome = None
-        except ActivityError as err:
-            if is_cancelled_exception(err):
+        wait = workflow.start_activity(
+            wait_for_status_file,
+            LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
+            **STATUS_FILE_WAIT_OPTIONS,
+        )
+        outcome: str | None = None
+        was_broken = True
+        if on_shutdown:
+            try:
+                await workflow.wait_condition(lambda: wait.done() or self._shutdown)
+            except asyncio.CancelledError:
+                wait.cancel()  # the batch is cancelled: so is its wait
                 raise
-            outcome = _cause(err)
+            if not wait.done():
+                wait.cancel()
+                outcome = f"{problem} (the batch was shut down while it waited)"
+        try:
+            was_broken = await wait
+        except ActivityError as err:
+            if is_cancelled_exception(err) and outcome is None:
+                raise
+            outcome = outcome or _cause(err)
         for key in keys:
             self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": None})
             self._publish(key)
         workflow.logger.info("[Slave] sprint-status.yaml %s", "parses again" if outcome is None else outcome)
-        return outcome
+        return outcome, was_broken
 
     def _not_started(self, besides: str) -> dict[str, str]:
         return {
@@ -1275,11 +1299,6 @@ async def merge_story_back(project_root: str, session_id: str, meta: StoryMeta, 
 def invalid_decision(message: str) -> ApplicationError:
     """A decision (decide update) refused: sent again as it is, it would be refused again."""
     return ApplicationError(message, type="InvalidDecision", non_retryable=True)
-
-
-def not_merged(why: str) -> str:
-    """A done story's error when its branch did not merge back."""
-    return f"not merged: {why}"
 
 
 def _with_spent(

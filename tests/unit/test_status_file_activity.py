@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import stat
@@ -13,7 +14,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.status_file import load_sprint_status, write_story_status
+from activities.status_file import load_sprint_status, wait_for_status_file, write_story_status
 from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusWriteInput
 from bso.sprint_status import parse_status_text, render_story_file
 
@@ -257,6 +258,49 @@ async def test_write_to_a_file_that_does_not_parse_is_retryable_and_changes_noth
         error_type="StatusFileUnreadable",
     )
     assert status.read_text() == broken
+
+
+async def test_a_broken_file_fails_the_write_for_good_from_the_attempt_the_slave_names(tmp_path: Path):
+    """A Slave waits for a file that stays broken (wait_for_status_file) once its write has tried a few times:
+    from that attempt on the failure is final, before it the write is retried as an editor's save needs."""
+    root, status = make_project(tmp_path)
+    status.write_text("development_status:\n  1-1-a: [unclosed\n")
+    inp = StatusWriteInput(project_root=str(root), status_file=str(status), story_key="1-1", expected="backlog",
+                           new="done", wait_when_unreadable_after=4)
+    env = ActivityEnvironment()
+    for attempt, final in ((3, False), (4, True)):
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        await expect_error(env.run(write_story_status, inp), "YAML error", non_retryable=final,
+                           error_type="StatusFileUnreadable")
+
+
+async def test_a_value_that_parses_but_cannot_be_edited_in_place_is_not_unreadable(tmp_path: Path):
+    """A folded value parses: waiting for the file to parse again would never end (the Slave wrote again and
+    waited again, for ever). It is its own retryable error, after which the story needs intervention."""
+    root, status = make_project(tmp_path, "development_status:\n  1-1-a: >-\n    ready-for-dev\n")
+    await expect_error(
+        write(root, status, "1-1", "ready-for-dev", "review"), "not a one-line scalar", non_retryable=False,
+        error_type="StatusFileNotEditable",
+    )
+    assert await ActivityEnvironment().run(
+        wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status))
+    ) is False  # it parses: nothing to wait for
+
+
+async def test_the_wait_returns_once_the_file_parses_and_says_it_was_broken(tmp_path: Path):
+    root, status = make_project(tmp_path)
+    good = status.read_text()
+    status.write_text("development_status:\n  1-1-a: [unclosed\n")
+    beats: list = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    waiting = asyncio.ensure_future(
+        env.run(wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status)))
+    )
+    await asyncio.sleep(1.5)
+    assert not waiting.done() and beats and "YAML error" in beats[0][0]
+    status.write_text(good)
+    assert await asyncio.wait_for(waiting, timeout=10) is True
 
 
 async def test_write_refuses_symlink_outside(tmp_path: Path) -> None:

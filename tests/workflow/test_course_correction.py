@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
@@ -247,3 +247,14 @@ async def test_a_story_key_too_long_for_an_answer_is_left_out_and_cannot_be_adde
     values = status_values(tmp_path)
     assert (values[long_in], values[long_out]) == ("review", "backlog")
     assert await workflow_task_failures(ts_env.client, "cc-long") == 0
+
+
+async def test_a_sprint_of_only_story_keys_too_long_fails_saying_why(ts_env, tmp_path: Path):
+    long_key = "1-9-" + "x" * 200
+    make_project(tmp_path, {long_key: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="only-long"))
+        with pytest.raises(WorkflowFailureError) as failed:
+            await sprint_result(handle)
+    assert "a story key of 204 characters" in str(failed.value.cause), failed.value.cause
+    assert status_values(tmp_path)[long_key] == "review"

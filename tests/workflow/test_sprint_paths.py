@@ -518,6 +518,30 @@ async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kep
     assert failures == 0
 
 
+async def test_a_sprint_cancelled_while_a_story_waits_for_the_status_file_says_what_was_lost(local_env, tmp_path: Path):
+    """While it waits, the story shows no agent in flight (its agent answered) and that agent's tokens count;
+    cancelled then, the story says its last agent's result was not recorded (nothing said so), and the tokens
+    still count. (On the dev server: its query of a closed sprint.)"""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    inp = sprint_input(tmp_path, session_id="cancel-broken", simulation={"stories": {"1-1": {"duration_ms": 800}}})
+    broken, good = f"{K2}: [unclosed", f"{K2}: review"
+    async with bso_worker(local_env.client) as queue:
+        handle = await edited_while_in_flight(local_env.client, queue, inp, K1, "dev-runner", good, broken)
+        waiting = await wait_status(
+            handle, lambda s: s.stories[K1].status_file_problem is not None, f"{K1} waiting for the status file"
+        )
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
+    assert waiting.stories[K1].agent_in_flight is None and waiting.stories[K1].tokens_used > 0, waiting.stories[K1]
+    story = status.stories[K1]
+    assert (story.state, story.status_file_problem) == ("ready-for-dev", None)
+    assert (story.error or "").startswith("the batch ended while sprint-status.yaml did not parse ("), story.error
+    assert "its last agent's result was not recorded" in story.error
+    assert story.tokens_used == waiting.stories[K1].tokens_used and status.tokens_used >= story.tokens_used
+
+
 async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_env, tmp_path: Path):
     """A batch starting while the file does not parse waits for it (its stories shown waiting) and then runs
     them, where it ended at once with its stories unrun."""
@@ -550,6 +574,38 @@ async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_en
     assert "YAML error" in seen.stories[K1].status_file_problem
     assert result.errors == [] and [r.final_state for r in result.results.story_results] == ["done"]
     assert status_values(tmp_path)[K1] == "done" and failures == 0
+
+
+async def test_a_batch_shut_down_while_its_first_read_waits_ends_with_its_stories_unstarted(ts_env, tmp_path: Path):
+    """Nothing of the batch has started: a shutdown (the sprint's, or fail_fast's) ends it at once, where its
+    wait would have held the shutdown until someone mended the file."""
+    make_project(tmp_path, {K1: "review"})
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+    status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K1}: review", f"{K1}: [unclosed"))
+    inp = SlaveInput(
+        batch_id=1, session_id="first-read-stop", project_root=str(tmp_path), status_file=DEFAULT_STATUS_FILE,
+        stories=[StoryMeta(key=K1, epic="1", short_key="1-1", state="review",
+                           story_path=f"_bmad-output/implementation-artifacts/{K1}.md")],
+        config=resolve_config({}),
+    )
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintSlaveWorkflow.run, inp, id=slave_workflow_id("first-read-stop", 1), task_queue=queue
+        )
+
+        async def waiting():
+            try:
+                status = await handle.query(SprintSlaveWorkflow.status)
+            except Exception:  # noqa: BLE001 - not started yet
+                return None
+            return status if status.stories[K1].status_file_problem else None
+
+        await poll_until(waiting, f"{K1} waiting for the status file")
+        await handle.signal(SprintSlaveWorkflow.shutdown_request)
+        result = await asyncio.wait_for(handle.result(), timeout=30)
+    [error] = result.errors
+    assert error.startswith("sprint-status.yaml unreadable: ") and "shut down while it waited" in error, error
+    assert [(r.final_state, r.agents_dispatched) for r in result.results.story_results] == [("review", 0)]
 
 
 async def test_a_new_sprint_leaves_settled_stories_out(ts_env, tmp_path: Path):
