@@ -66,6 +66,7 @@ from bso.messages import (
     cut_text as _cut,  # a cut detail's whole text is in the message's payload
     describe_validation_error,
     plan_answer_not_awaited,
+    plan_answer_timeout_summary,
     rejected_invalid,
     story_update_not_from_its_batch,
     unknown_signal_to_sprint,
@@ -309,9 +310,9 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     plans: dict[str, Any] = {}
     plan_request: dict[str, Any] | None = None  # the first plan request the Master sent (not a re-plan)
     # The Master's _plan_awaited: the plan request in flight, whose answer only it takes (once it has the rule).
-    # (An answer after its request timed out is still shown taken: the timeout's timer is not told apart here.)
     answers_awaited_only = PATCH_PLAN_ANSWER_AWAITED in _patches(events)
     awaited: str | None = None
+    plan_timers: dict[str, str] = {}  # timer id -> the plan request whose answer's timeout it is
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
@@ -505,6 +506,12 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
                 awaited = str(request.get("request_id")) if request.get("request_id") else None
                 if plan_request is None and request and not request.get("course_correction"):
                     plan_request = request
+        elif et == EventType.EVENT_TYPE_TIMER_STARTED and awaited is not None and event.user_metadata.HasField("summary"):
+            if decode(Payloads(payloads=[event.user_metadata.summary])) == plan_answer_timeout_summary(awaited):
+                plan_timers[event.timer_started_event_attributes.timer_id] = awaited
+        elif et == EventType.EVENT_TYPE_TIMER_FIRED:
+            if plan_timers.pop(event.timer_fired_event_attributes.timer_id, None) == awaited:
+                awaited = None  # timed out: the Master no longer awaits its answer
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             reason = event.workflow_execution_cancel_requested_event_attributes.cause
             add(event, type="CANCEL_REQUEST", sender=OPERATOR, recipient=MASTER, detail=reason)

@@ -230,6 +230,11 @@ def plan_answer_not_awaited(request_id: str) -> str:
     return f"no plan request {request_id!r} awaits an answer"
 
 
+def plan_answer_timeout_summary(request_id: str) -> str:
+    """The summary of the timer that ends the Master's wait for a plan answer (bso.message_flow reads it)."""
+    return f"plan answer {request_id}: timeout"
+
+
 def story_update_not_from_its_batch(story_key: str, batch_id: int) -> str:
     """Why the Master ignores a STORY_UPDATE: only the running batch that holds the story tells how it goes."""
     return f"{story_key} is not a story of a running batch {batch_id}: only its batch tells the sprint how it goes"

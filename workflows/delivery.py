@@ -48,11 +48,13 @@ async def deliver(
 
 
 async def await_answer(
-    answered: Callable[[], bool], timeout: timedelta, *, request: Any, recipient: str
+    answered: Callable[[], bool], timeout: timedelta, *, request: Any, recipient: str,
+    timeout_summary: str | None = None,
 ) -> ResponseTimeout | None:
-    """Wait until `answered()`; the response_timeout error when `timeout` passes first."""
+    """Wait until `answered()`; the response_timeout error when `timeout` passes first. (`timeout_summary`: the
+    timer's, so a history reader can tell this wait's timeout from other timers.)"""
     try:
-        await workflow.wait_condition(answered, timeout=timeout)
+        await workflow.wait_condition(answered, timeout=timeout, timeout_summary=timeout_summary)
     except asyncio.TimeoutError:
         return response_timeout(request, timeout, recipient)
     return None

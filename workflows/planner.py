@@ -18,7 +18,12 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from bso.constants import SIGNAL_PLAN_REQUEST, SIGNAL_PLAN_RESULT
-    from bso.messages import PATCH_PLAN_ANSWER_AWAITED, describe_validation_error, plan_answer_not_awaited
+    from bso.messages import (
+        PATCH_PLAN_ANSWER_AWAITED,
+        describe_validation_error,
+        plan_answer_not_awaited,
+        plan_answer_timeout_summary,
+    )
     from bso.models import StoryMeta
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, ReplanContext, answer
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
@@ -82,7 +87,8 @@ class ScrumMasterPlanning:
                 return self._planner_failed(request, f"request not delivered ({describe_delivery(failed)})")
             timeout = query_timeout(request.timeout_ms, PLAN_ANSWER_TIMEOUT)  # the query's timeout_ms, if any
             late = await await_answer(
-                lambda: request.request_id in self._plan_answers, timeout, request=sent, recipient=resident
+                lambda: request.request_id in self._plan_answers, timeout, request=sent, recipient=resident,
+                timeout_summary=plan_answer_timeout_summary(request.request_id),
             )
         finally:
             self._plan_awaited = None

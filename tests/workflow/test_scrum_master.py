@@ -123,6 +123,40 @@ async def test_a_plan_result_sent_before_its_request_is_not_taken_for_the_answer
     assert answers == [("scrum-master", "no plan request 'plan-1' awaits an answer"), ("scrum-master", None)], answers
 
 
+async def test_bso_messages_shows_a_plan_answer_after_its_timeout_as_ignored(ts_env, tmp_path: Path, monkeypatch):
+    """The scrum-master answers under another request id (ignored), the Master's wait times out (its fallback
+    plans), and the right answer comes late: `bso messages` shows both ignored, as the Master took neither (the
+    late one was shown taken, its plan as the plan used)."""
+    import bso.scrum_master
+
+    plan = bso.scrum_master.answer
+
+    def misaddressed(request, planner=bso.scrum_master.SCRUM_MASTER):
+        answered = plan(request, planner)
+        return answered if planner != bso.scrum_master.SCRUM_MASTER else answered.model_copy(update={"request_id": "plan-x"})
+
+    monkeypatch.setattr(bso.scrum_master, "answer", misaddressed)
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    overrides = {"resident_query_timeout_ms": 1000, "batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="late-plan", config_overrides=overrides))
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "the first-story checkpoint")
+        late = {"request_id": "plan-1", "planner": "scrum-master",
+                "plan": {"session_id": "late-plan", "total_stories": 2,
+                         "batches": [{"batch_id": 1, "stories": [K1, K2]}]}}
+        await handle.signal(SIGNAL_PLAN_RESULT, late)
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+        flow = message_flow([await handle.fetch_history()])
+    assert report.planner == "fallback" and report.stories == {K1: "done", K2: "done"}
+    answers = [(m.payload.get("request_id"), m.rejected) for m in flow if m.type == "PLAN_RESULT"]
+    assert answers == [
+        ("plan-x", "no plan request 'plan-x' awaits an answer"), ("plan-1", "no plan request 'plan-1' awaits an answer")
+    ], answers
+    (planned,) = [m for m in flow if m.type == "BATCH_PLAN_READY"]
+    assert [b["stories"] for b in planned.payload["batches"]] == [[K1], [K2]]  # the fallback's, as used
+
+
 async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path: Path, monkeypatch):
     """A scrum-master's plan that names an unknown story (a buggy or forged answer) failed the Master's workflow
     task on every retry. It is refused: the Master plans itself, says why, and the sprint runs."""
