@@ -61,7 +61,7 @@ async def test_simulated_heartbeats_are_progress_updates(tmp_path: Path) -> None
 
 
 async def test_command_heartbeats_are_progress_updates(tmp_path: Path) -> None:
-    root = dev_project(tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n",
+    root = dev_project(tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 4\n",  # (2 Python start-ups first)
                        FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(tmp_path / "pids.json"))
     env = ActivityEnvironment()
     beats: list[dict] = []

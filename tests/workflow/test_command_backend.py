@@ -379,8 +379,8 @@ async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp
 
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids.json"
-    root = dev_project(
-        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 2\n",
+    root = dev_project(  # 4 s: the launcher and the agent (two Python start-ups) speak first on a busy machine
+        tmp_path, agents_toml="\n[agents.dev-runner]\ntimeout_seconds = 4\n",
         FAKE_AGENT_BEHAVIOR="hang", FAKE_AGENT_PIDS=str(pids),
     )
     env = ActivityEnvironment()

@@ -38,7 +38,7 @@ from tests.workflow.helpers import (
     workflow_task_failures,
 )
 from workflows.sprint_master import MERGE_CUT_SHORT, SprintMasterWorkflow
-from tests.workflow.test_command_backend import alive
+from tests.workflow.test_command_backend import alive, gone
 
 pytestmark = pytest.mark.e2e
 
@@ -121,7 +121,7 @@ async def test_agent_hanging_past_its_timeout_is_killed_with_its_group(local_env
     assert "timed out after 3s; process group killed" in story_error(report)
     recorded = json.loads(pids.read_text())  # the agent and the child it started
     assert len(recorded) == 2
-    assert not any(alive(pid) for pid in recorded), recorded
+    assert await gone(*recorded), recorded  # killed: gone once the kernel has reaped them
     assert git(root, "rev-parse", "HEAD").strip() == base
 
 
@@ -147,7 +147,7 @@ async def test_a_cancelled_sprint_stops_its_agent_within_seconds(local_env, tmp_
         while any(alive(pid) for pid in recorded) and loop.time() - cancelled_at < 30:
             await asyncio.sleep(0.2)
         stopped_after = loop.time() - cancelled_at
-    assert not any(alive(pid) for pid in recorded), recorded
+    assert await gone(*recorded), recorded  # killed: gone once the kernel has reaped them
     assert stopped_after < 15, f"the agent ran {stopped_after:.0f}s after the cancel"
 
 

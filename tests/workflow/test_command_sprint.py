@@ -12,7 +12,14 @@ import pytest
 from bso.states import SprintStatus
 from tests.conftest import bso_worker
 from tests.fake_agent.project import STORY, git, make_git_project
-from tests.workflow.helpers import run_sprint, slow_down_merges, sprint_input, status_values, workflow_task_failures
+from tests.workflow.helpers import (
+    poll_until,
+    run_sprint,
+    slow_down_merges,
+    sprint_input,
+    status_values,
+    workflow_task_failures,
+)
 from activities.git_ops import worktree_path
 from bso.constants import slave_workflow_id
 
@@ -105,8 +112,9 @@ async def test_the_squash_and_merge_heartbeats_while_it_waits_its_turn(tmp_path:
         merging = asyncio.create_task(
             env.run(finish_story_git, FinishStoryInput(project_root=str(root), session_id="beat", story_key=STORY))
         )
-        await asyncio.sleep(1.0)
-        assert len(beats) >= 5 and beats[0] == (f"squash and merge {STORY}",), beats
+        await poll_until(lambda: asyncio.sleep(0, len(beats) >= 5), "5 beats while the merge waits its turn")
+        assert beats[0] == (f"squash and merge {STORY}",), beats
+        assert not merging.done()  # all the while it waited for the lock
     done = await merging
     assert not done.merged  # no branch of the story to merge: it says so
 

@@ -152,7 +152,7 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
 
 async def test_a_finished_story_of_a_running_batch_is_done_not_in_flight(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
-    simulation = {"stories": {"1-2": {"duration_ms": 1500}}}
+    simulation = {"stories": {"1-2": {"duration_ms": 5000}}}
     inp = sprint_input(tmp_path, session_id="cc-flight", simulation=simulation, config_overrides={"batch_size": 2})
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)

@@ -565,7 +565,7 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
     refused until the batch ended, and then the sprint had ended with it), and K1 runs in a new batch: after
     batch 1 with one Slave, beside it with two."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 4000}}}
     inp = sprint_input(
         tmp_path, session_id=f"rearm-running-{slaves}", simulation=simulation,
         config_overrides={"max_concurrent_slaves": slaves},
@@ -637,7 +637,7 @@ async def test_a_rearmed_storys_first_batch_ending_abnormally_leaves_its_new_run
 async def test_a_paused_sprint_at_its_end_takes_a_rearm_of_its_last_batchs_story(ts_env, tmp_path: Path):
     """A sprint paused while its last batch ends holds with nothing left to run, and a rearm then runs the story."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 1500}}}
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 4000}}}
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(
             ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-last", simulation=simulation)

@@ -4,17 +4,19 @@ other batches, is skipped when one fails, stories touching the same files are no
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
+from bso.constants import slave_workflow_id
 from bso.dependencies import critical_path
 from bso.models import DEFAULT_STATUS_FILE, StoryMeta
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow
 from tests.workflow.helpers import (
     ledger,
     make_project,
+    poll_until,
     run_sprint,
     sprint_input,
     sprint_result,
@@ -145,7 +147,7 @@ async def test_a_story_set_done_by_hand_while_it_waits_for_a_dependency_runs_no_
         {K2: story_doc("2", "Logout", depends_on="1-1")},
     )
     overrides = {"batch_size": 1, "max_concurrent_slaves": 2}
-    simulation = {"stories": {"1-1": {"duration_ms": 1500}}}
+    simulation = {"stories": {"1-1": {"duration_ms": 4000}}}  # the edit lands well before K1's own write
     inp = sprint_input(tmp_path, session_id="dep-wait", config_overrides=overrides, simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
@@ -155,7 +157,16 @@ async def test_a_story_set_done_by_hand_while_it_waits_for_a_dependency_runs_no_
             and s.current_batch == 1 and s.batches_total == 2,
             "K1's review in flight",
         )
-        await asyncio.sleep(0.3)  # batch 2's Slave has started and waits for K1
+        second = ts_env.client.get_workflow_handle(slave_workflow_id("dep-wait", 2))
+
+        async def second_waits() -> bool:
+            try:
+                status = await second.query(SprintSlaveWorkflow.status)
+            except Exception:  # noqa: BLE001 - not started yet
+                return False
+            return status.stories[K2].agent_in_flight is None and status.stories[K2].state == "ready-for-dev"
+
+        await poll_until(second_waits, "batch 2's Slave started, K2 waiting for K1")
         status_file = tmp_path / DEFAULT_STATUS_FILE
         text = status_file.read_text(encoding="utf-8")
         status_file.write_text(text.replace(f"{K2}: ready-for-dev", f"{K2}: done"), encoding="utf-8")

@@ -490,7 +490,7 @@ async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kep
     counted against the batch's working time; once the file is mended its change lands and the sprint goes on.
     No agent runs twice and nothing is lost (it used to end the story needs-intervention after ~25 s)."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    simulation = {"stories": {"1-1": {"duration_ms": 800}}}
+    simulation = {"stories": {"1-1": {"duration_ms": 2500}}}
     inp = sprint_input(tmp_path, session_id="left-broken", simulation=simulation)
     broken, good = f"{K2}: [unclosed", f"{K2}: review"
     status_file = tmp_path / DEFAULT_STATUS_FILE
@@ -523,7 +523,7 @@ async def test_a_sprint_cancelled_while_a_story_waits_for_the_status_file_says_w
     cancelled then, the story says its last agent's result was not recorded (nothing said so), and the tokens
     still count. (On the dev server: its query of a closed sprint.)"""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
-    inp = sprint_input(tmp_path, session_id="cancel-broken", simulation={"stories": {"1-1": {"duration_ms": 800}}})
+    inp = sprint_input(tmp_path, session_id="cancel-broken", simulation={"stories": {"1-1": {"duration_ms": 2500}}})
     broken, good = f"{K2}: [unclosed", f"{K2}: review"
     async with bso_worker(local_env.client) as queue:
         handle = await edited_while_in_flight(local_env.client, queue, inp, K1, "dev-runner", good, broken)
@@ -672,7 +672,7 @@ async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, t
     sprint's status, report and batch result say done (they said backlog and "not run", or both done and
     skipped)."""
     make_project(tmp_path, {K1: "review", K2: "backlog"})
-    simulation = {"stories": {"1-1": {"duration_ms": 1000}}}
+    simulation = {"stories": {"1-1": {"duration_ms": 2500}}}
     inp = sprint_input(tmp_path, session_id="by-hand", simulation=simulation, config_overrides={"batch_size": 1})
     async with bso_worker(ts_env.client) as queue:
         handle = await edited_while_in_flight(
@@ -691,7 +691,7 @@ async def test_a_story_set_done_by_hand_while_its_agent_works_is_taken_as_done(t
     """K2 is set to done in the file while its dev agent works: the Slave's write (ready-for-dev -> review) finds
     done and takes it, with no code review (it was needs-intervention, against the file)."""
     make_project(tmp_path, {K1: "review", K2: "ready-for-dev"})
-    simulation = {"stories": {"1-2": {"duration_ms": 1500}}}
+    simulation = {"stories": {"1-2": {"duration_ms": 4000}}}
     inp = sprint_input(tmp_path, session_id="done-by-hand", simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         handle = await edited_while_in_flight(
@@ -708,7 +708,7 @@ async def test_stories_set_by_hand_in_a_started_batch_run_no_agent(ts_env, tmp_p
     reads them back, so no agent ever runs for them (before, K2's create-story agent ran first and its answer
     was set aside)."""
     make_project(tmp_path, {K1: "review", K2: "backlog", K3: "ready-for-dev"})
-    simulation = {"stories": {"1-1": {"duration_ms": 1000}}}
+    simulation = {"stories": {"1-1": {"duration_ms": 2500}}}
     inp = sprint_input(tmp_path, session_id="in-batch", simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
