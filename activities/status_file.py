@@ -290,7 +290,7 @@ async def wait_for_status_file(inp: LoadStatusInput) -> bool:
     the problem (the Web UI shows it on the pending activity); the wait adds nothing to the workflow's history
     however long it lasts. A problem no wait mends (the file moved out of the project, too large) fails it at
     once, as the load would."""
-    broken = False
+    broken = bool(activity.info().heartbeat_details)  # an attempt before this one (its worker lost) saw it broken
     while True:
         try:
             await asyncio.to_thread(_parse_sync, inp)

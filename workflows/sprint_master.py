@@ -1130,6 +1130,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             for update in result.final_updates:
                 self._apply_story_update(update)
             result = result.model_copy(update={"final_updates": []})  # not kept in the sprint's state
+            self._no_longer_waiting_for_the_status_file(spec)
         except ChildWorkflowError as err:
             why = (
                 "cancelled with the sprint"
@@ -1147,6 +1148,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._batch_stories.pop(spec.batch_id, None)
         self._show()
         return result
+
+    def _no_longer_waiting_for_the_status_file(self, spec: BatchSpec) -> None:
+        """A batch that ended is not waiting for the status file: its last update saying so (a batch shut down
+        while its first read waited) may come after its result, which the Master no longer takes from it."""
+        s = self._state
+        for key in self._still_in(spec):
+            if s.views[key].status_file_problem:
+                s.views[key] = s.views[key].model_copy(update={"status_file_problem": None})
 
     def _still_in(self, spec: BatchSpec) -> list[str]:
         """The batch's stories that are still its own: a story rearmed while its batch ran belongs to the
@@ -1187,7 +1196,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 "agent_in_flight": None, "mode_in_flight": None, "debug_in_flight": None, "awaiting_decision": None,
                 "status_file_problem": None,
             }
-            if view.status_file_problem:  # its last agent's answer waited for the file to parse: it is lost
+            if view.status_file_problem and view.agents_dispatched:  # its agent's answer waited: it is lost
                 update["error"] = view.error or (
                     f"the batch ended while sprint-status.yaml did not parse ({view.status_file_problem}): the story "
                     f"kept {view.state}, its last agent's result was not recorded"

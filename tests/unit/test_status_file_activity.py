@@ -287,6 +287,16 @@ async def test_a_value_that_parses_but_cannot_be_edited_in_place_is_not_unreadab
     ) is False  # it parses: nothing to wait for
 
 
+async def test_a_wait_taken_over_from_a_lost_worker_still_says_the_file_was_broken(tmp_path: Path):
+    """The first attempt's worker died while the file was broken (its heartbeats say so); mended since, the retry
+    finds it parsing at once: the wait did see it broken (two waits that never did make the story give up)."""
+    root, status = make_project(tmp_path)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=["line 3: YAML error"])
+    inp = LoadStatusInput(project_root=str(root), status_file=str(status))
+    assert await env.run(wait_for_status_file, inp) is True
+
+
 async def test_the_wait_returns_once_the_file_parses_and_says_it_was_broken(tmp_path: Path):
     root, status = make_project(tmp_path)
     good = status.read_text()
