@@ -542,33 +542,44 @@ async def test_a_sprint_cancelled_while_a_story_waits_for_the_status_file_says_w
     assert story.tokens_used == waiting.stories[K1].tokens_used and status.tokens_used >= story.tokens_used
 
 
-async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_env, tmp_path: Path):
-    """A batch starting while the file does not parse waits for it (its stories shown waiting) and then runs
-    them, where it ended at once with its stories unrun."""
-    make_project(tmp_path, {K1: "review"})
-    status_file = tmp_path / DEFAULT_STATUS_FILE
+def slave_of_a_broken_file(root: Path, session: str) -> tuple[SlaveInput, str]:
+    """A one-story batch whose status file does not parse when it starts; the file's good text."""
+    make_project(root, {K1: "review"})
+    status_file = root / DEFAULT_STATUS_FILE
     good = status_file.read_text(encoding="utf-8")
     status_file.write_text(good.replace(f"{K1}: review", f"{K1}: [unclosed"), encoding="utf-8")
     inp = SlaveInput(
-        batch_id=1, session_id="first-read", project_root=str(tmp_path), status_file=DEFAULT_STATUS_FILE,
+        batch_id=1, session_id=session, project_root=str(root), status_file=DEFAULT_STATUS_FILE,
         stories=[StoryMeta(key=K1, epic="1", short_key="1-1", state="review",
                            story_path=f"_bmad-output/implementation-artifacts/{K1}.md")],
         config=resolve_config({}),
     )
+    return inp, good
+
+
+async def slave_waiting_for_the_file(handle: WorkflowHandle):
+    """The Slave's status once K1 is shown waiting for the status file."""
+
+    async def waiting():
+        try:
+            status = await handle.query(SprintSlaveWorkflow.status)
+        except Exception:  # noqa: BLE001 - not started yet
+            return None
+        return status if status.stories[K1].status_file_problem else None
+
+    return await poll_until(waiting, f"{K1} waiting for the status file")
+
+
+async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_env, tmp_path: Path):
+    """A batch starting while the file does not parse waits for it (its stories shown waiting) and then runs
+    them, where it ended at once with its stories unrun."""
+    inp, good = slave_of_a_broken_file(tmp_path, "first-read")
     async with bso_worker(ts_env.client) as queue:
         handle = await ts_env.client.start_workflow(
             SprintSlaveWorkflow.run, inp, id=slave_workflow_id("first-read", 1), task_queue=queue
         )
-
-        async def waiting():
-            try:
-                status = await handle.query(SprintSlaveWorkflow.status)
-            except Exception:  # noqa: BLE001 - not started yet
-                return None
-            return status if status.stories[K1].status_file_problem else None
-
-        seen = await poll_until(waiting, f"{K1} waiting for the status file")
-        status_file.write_text(good, encoding="utf-8")
+        seen = await slave_waiting_for_the_file(handle)
+        (tmp_path / DEFAULT_STATUS_FILE).write_text(good, encoding="utf-8")
         result = await handle.result()
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("first-read", 1))
     assert "YAML error" in seen.stories[K1].status_file_problem
@@ -579,28 +590,12 @@ async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_en
 async def test_a_batch_shut_down_while_its_first_read_waits_ends_with_its_stories_unstarted(ts_env, tmp_path: Path):
     """Nothing of the batch has started: a shutdown (the sprint's, or fail_fast's) ends it at once, where its
     wait would have held the shutdown until someone mended the file."""
-    make_project(tmp_path, {K1: "review"})
-    status_file = tmp_path / DEFAULT_STATUS_FILE
-    status_file.write_text(status_file.read_text(encoding="utf-8").replace(f"{K1}: review", f"{K1}: [unclosed"))
-    inp = SlaveInput(
-        batch_id=1, session_id="first-read-stop", project_root=str(tmp_path), status_file=DEFAULT_STATUS_FILE,
-        stories=[StoryMeta(key=K1, epic="1", short_key="1-1", state="review",
-                           story_path=f"_bmad-output/implementation-artifacts/{K1}.md")],
-        config=resolve_config({}),
-    )
+    inp, _ = slave_of_a_broken_file(tmp_path, "first-read-stop")
     async with bso_worker(ts_env.client) as queue:
         handle = await ts_env.client.start_workflow(
             SprintSlaveWorkflow.run, inp, id=slave_workflow_id("first-read-stop", 1), task_queue=queue
         )
-
-        async def waiting():
-            try:
-                status = await handle.query(SprintSlaveWorkflow.status)
-            except Exception:  # noqa: BLE001 - not started yet
-                return None
-            return status if status.stories[K1].status_file_problem else None
-
-        await poll_until(waiting, f"{K1} waiting for the status file")
+        await slave_waiting_for_the_file(handle)
         await handle.signal(SprintSlaveWorkflow.shutdown_request)
         result = await asyncio.wait_for(handle.result(), timeout=30)
     [error] = result.errors
