@@ -169,11 +169,15 @@ def cannot_write(status_real: str) -> str | None:
     return f"{why}: the sprint could not record any story's state (fix the permissions, then start it)"
 
 
-def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
+def _read_parsed(inp: LoadStatusInput):
+    """(root, real root, the status file's real path, its parse): the load's first steps, and the wait's."""
     root, root_real = _project_root(inp.project_root)
     status_real = _status_path(root, root_real, inp.status_file)
-    text = _read_text(status_real)
-    parsed = _parse(text, status_real)
+    return root, root_real, status_real, _parse(_read_text(status_real), status_real)
+
+
+def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
+    root, root_real, status_real, parsed = _read_parsed(inp)
     if inp.claim_project and (why := cannot_write(status_real)):  # the sprint's start
         raise _fail(why)
 
@@ -277,12 +281,6 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
 STATUS_FILE_POLL_SECONDS = 1.0
 
 
-def _parse_sync(inp: LoadStatusInput) -> None:
-    root, root_real = _project_root(inp.project_root)
-    status_real = _status_path(root, root_real, inp.status_file)
-    _parse(_read_text(status_real), status_real)
-
-
 @activity.defn
 async def wait_for_status_file(inp: LoadStatusInput) -> bool:
     """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict):
@@ -293,7 +291,7 @@ async def wait_for_status_file(inp: LoadStatusInput) -> bool:
     broken = bool(activity.info().heartbeat_details)  # an attempt before this one (its worker lost) saw it broken
     while True:
         try:
-            await asyncio.to_thread(_parse_sync, inp)
+            await asyncio.to_thread(_read_parsed, inp)
             return broken
         except ApplicationError as err:
             if err.type != UNREADABLE_ERROR_TYPE:

@@ -468,13 +468,12 @@ class SprintSlaveWorkflow:
                     raise  # cancelled while reading: the batch ends cancelled, not "unreadable"
                 if not isinstance(err, ActivityError) and not self._waits_for_status_file():
                     raise  # as it did: the batch failed
-                if _unreadable(err) and self._waits_for_status_file():
+                problem: str | None = _cause(err)
+                if _error_type(err) == UNREADABLE_ERROR_TYPE and self._waits_for_status_file():
                     problem, _ = await self._wait_for_status_file(list(self._progress), _cause(err), on_shutdown=True)
                     if problem is None:
-                        continue
-                    errors.append(f"sprint-status.yaml unreadable: {problem}")
-                else:
-                    errors.append(f"sprint-status.yaml unreadable: {_cause(err)}")
+                        continue  # it parses again: read it
+                errors.append(f"sprint-status.yaml unreadable: {problem}")
                 return self._result(errors, budget_exhausted)
 
         for meta in inp.stories:
@@ -1070,7 +1069,7 @@ class SprintSlaveWorkflow:
                     if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
                         raise
                     problem: str | None = _cause(err)
-                    if _unreadable(err) and self._waits_for_status_file() and found_parsing < 2:
+                    if _error_type(err) == UNREADABLE_ERROR_TYPE and self._waits_for_status_file() and found_parsing < 2:
                         # Its agent's tokens count meanwhile (and if the batch is cancelled while it waits).
                         self._progress[before.key] = self._progress[before.key].model_copy(
                             update={"tokens_used": after.tokens_used}
@@ -1122,9 +1121,7 @@ class SprintSlaveWorkflow:
             "[Slave] sprint-status.yaml does not parse; %s wait%s for it: %s",
             ", ".join(keys), "s" if len(keys) == 1 else "", problem,
         )
-        for key in keys:
-            self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": problem})
-            self._publish(key)
+        self._mark_status_file_problem(keys, problem)
         wait = workflow.start_activity(
             wait_for_status_file,
             LoadStatusInput(project_root=self._input.project_root, status_file=self._input.status_file),
@@ -1147,11 +1144,15 @@ class SprintSlaveWorkflow:
             if is_cancelled_exception(err) and outcome is None:
                 raise
             outcome = outcome or _cause(err)
-        for key in keys:
-            self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": None})
-            self._publish(key)
+        self._mark_status_file_problem(keys, None)
         workflow.logger.info("[Slave] sprint-status.yaml %s", "parses again" if outcome is None else outcome)
         return outcome, was_broken
+
+    def _mark_status_file_problem(self, keys: list[str], problem: str | None) -> None:
+        """`keys` wait for the status file (shown so), or no longer do (None)."""
+        for key in keys:
+            self._progress[key] = self._progress[key].model_copy(update={"status_file_problem": problem})
+            self._publish(key)
 
     def _not_started(self, besides: str) -> dict[str, str]:
         return {
@@ -1329,13 +1330,6 @@ def _error_type(err: BaseException) -> str | None:
     while err.__cause__ is not None:
         err = err.__cause__
     return err.type if isinstance(err, ApplicationError) else None
-
-
-def _unreadable(err: BaseException) -> bool:
-    """The status file does not parse (or is missing) after the quick retries: waited for, not given up on."""
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return isinstance(err, ApplicationError) and err.type == UNREADABLE_ERROR_TYPE
 
 
 def _cause(err: BaseException) -> str:
