@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,18 +16,25 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, settings
-from temporalio.client import Client, OutboundInterceptor, StartWorkflowInput, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    OutboundInterceptor,
+    StartWorkflowInput,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowHistory,
+)
 from temporalio.client import Interceptor as ClientInterceptor
 from bso.data_converter import data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from bso.constants import SEARCH_ATTRIBUTES, SPRINT_TASK_QUEUE
 from bso.dev_server import dynamic_config_args
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import ensure_search_attributes
-from workers.main import build_workers
+from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS, build_workers
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PROJECT = REPO / "examples" / "demo-project"
@@ -68,6 +76,7 @@ class _RecordStarts(OutboundInterceptor):
 
 
 _started_on_shared_ts = _StartedWorkflows()
+_started_on_local = _StartedWorkflows()
 
 
 @asynccontextmanager
@@ -109,6 +118,79 @@ async def terminate_left_running(client: Client, started: list[str]) -> list[str
     return terminated
 
 
+_OUR_WORKFLOW_TYPES = {cls.__name__ for cls in WORKFLOWS}  # @workflow.defn names them after their classes
+REPLAY_FAILURES = Path(tempfile.gettempdir()) / "bso-replay-failures"
+
+
+async def histories_of(client: Client, started: list[str]) -> list[WorkflowHistory]:
+    """Every run of the workflows in `started`, of their residents and, transitively, of the children any of them
+    started, that is one of BSO's workflow types (tests also run workflows of their own)."""
+    histories: list[WorkflowHistory] = []
+    seen: set[tuple[str, str]] = set()
+    queue = [(workflow_id, "") for workflow_id in started]
+    queue += [(resident_workflow_id(workflow_id, role), "") for workflow_id in started for role in RESIDENT_ROLES]
+    while queue:
+        workflow_id, run_id = queue.pop()
+        try:
+            history = await client.get_workflow_handle(workflow_id, run_id=run_id or None).fetch_history()
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                continue
+            raise
+        if not history.events:
+            continue
+        first = history.events[0].workflow_execution_started_event_attributes
+        run = (workflow_id, history.run_id)
+        if run in seen or first.workflow_type.name not in _OUR_WORKFLOW_TYPES:
+            continue
+        seen.add(run)
+        histories.append(history)
+        if first.continued_execution_run_id:
+            queue.append((workflow_id, first.continued_execution_run_id))
+        queue += [
+            (event.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id, "")
+            for event in history.events
+            if event.HasField("child_workflow_execution_started_event_attributes")
+        ]
+    return histories
+
+
+async def assert_replays(client: Client, started: list[str]) -> None:
+    """Replay, with today's workflow code and a cold cache, every history the test made: a workflow whose code
+    took a different path on replay than when it ran (a nondeterminism bug) fails the test that showed it, even
+    when no query or worker restart happened to replay it during the test. A failing history is kept in
+    REPLAY_FAILURES for a look."""
+    histories = await histories_of(client, started)
+    if not histories:
+        return
+    # Without the sandbox: it changes no command the code sends, and re-importing the workflow modules for each
+    # history took two thirds of the replay's time (~1 minute over the suite).
+    replayer = Replayer(
+        workflows=WORKFLOWS,
+        data_converter=data_converter,
+        interceptors=WORKFLOW_INTERCEPTORS,
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+    failures = []
+    async with replayer.workflow_replay_iterator(_iterate(histories)) as results:
+        async for result in results:
+            if result.replay_failure is not None:
+                failures.append(result)
+    if failures:
+        REPLAY_FAILURES.mkdir(exist_ok=True)
+        lines = []
+        for result in failures:
+            kept = REPLAY_FAILURES / f"{result.history.workflow_id.replace('/', '--')}--{result.history.run_id}.json"
+            kept.write_text(result.history.to_json())
+            lines.append(f"{result.history.workflow_id} ({kept}): {result.replay_failure}")
+        raise AssertionError("histories that do not replay:\n" + "\n".join(lines))
+
+
+async def _iterate(histories: list[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
+    for history in histories:
+        yield history
+
+
 @pytest_asyncio.fixture(autouse=True)
 async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """After each test on the shared time-skipping server, terminate what it left running: the workflows it
@@ -117,14 +199,21 @@ async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureReq
     gets one as soon as a timer of its fires (time skipped for a later test), and then holds the clock for
     every later test: a test waiting for a timer then waits in real time, or for an hour
     (tests/workflow/test_test_server_clock.py). What termination cannot release (a task or an activity
-    already waiting on a stopped worker) needs a server of its own (`own_ts_env`)."""
-    if "ts_env" not in request.fixturenames:
-        yield
-        return
-    env: WorkflowEnvironment = request.getfixturevalue("ts_env")
-    first = len(_started_on_shared_ts.ids)
+    already waiting on a stopped worker) needs a server of its own (`own_ts_env`).
+
+    Then, on either shared server, replay what the test ran (`assert_replays`)."""
+    shared = [
+        (request.getfixturevalue(name), started)
+        for name, started in (("ts_env", _started_on_shared_ts), ("local_env", _started_on_local))
+        if name in request.fixturenames
+    ]
+    firsts = [len(started.ids) for _, started in shared]
     yield
-    await terminate_left_running(env.client, _started_on_shared_ts.ids[first:])
+    for (env, started), first in zip(shared, firsts):
+        ids = started.ids[first:]
+        if started is _started_on_shared_ts:
+            await terminate_left_running(env.client, ids)
+        await assert_replays(env.client, ids)
 
 
 @pytest_asyncio.fixture
@@ -132,8 +221,10 @@ async def own_ts_env() -> AsyncIterator[WorkflowEnvironment]:
     """A time-skipping server for one test: one that needs time skipped (a timer of an hour) and must not depend
     on what earlier tests left on the shared server, or one that itself leaves what holds the clock (a worker
     stopped mid-activity: the activity stays started until its heartbeat timeout passes in real time)."""
-    async with _time_skipping_env() as env:
+    started = _StartedWorkflows()
+    async with _time_skipping_env([started]) as env:
         yield env
+        await assert_replays(env.client, started.ids)
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -143,6 +234,7 @@ async def local_env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_extra_args=dynamic_config_args(),
+        interceptors=[_started_on_local],
     )
     try:
         yield env

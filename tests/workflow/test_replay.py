@@ -4,6 +4,8 @@ for an intentional, versioned change)."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,10 @@ from temporalio.client import WorkflowHistory
 from bso.data_converter import data_converter
 from temporalio.worker import Replayer
 
+from tests.conftest import histories_of, assert_replays, bso_worker
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
+from workflows import sprint_slave
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
@@ -29,3 +34,21 @@ async def test_replay(path: Path):
     history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
+
+
+async def test_every_history_a_test_makes_is_replayed_with_todays_code(ts_env, tmp_path: Path, monkeypatch):
+    """The suite-wide check (tests/conftest.py: assert_replays, run after every test on the shared servers)
+    replays the Master, its Slaves and residents, and fails on a history the code would now take another path
+    through: here, a Slave whose story-updates hold changed unversioned, which turns the timer it started in
+    the run into a signal sent at once on replay."""
+    make_project(tmp_path, {"1-1-login-form": "backlog", "1-2-logout": "backlog"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id=f"replayed-{uuid.uuid4().hex[:6]}"))
+        await sprint_result(handle)
+    histories = await histories_of(ts_env.client, [handle.id])
+    assert {h.workflow_id for h in histories} >= {handle.id, f"{handle.id}/batch-1", f"{handle.id}/resident-debugger"}
+    await assert_replays(ts_env.client, [handle.id])
+
+    monkeypatch.setattr(sprint_slave, "STORY_UPDATES_HOLD", timedelta(0))
+    with pytest.raises(AssertionError, match=rf"{handle.id}/batch-1 .*Nondeterminism"):
+        await assert_replays(ts_env.client, [handle.id])
