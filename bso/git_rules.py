@@ -174,7 +174,7 @@ class FinishStoryResult(BaseModel):
     note: str = ""
 
 
-# --- a done story's merge back, as its error tells it ------------------------------------------------
+# --- a done story's merge back ------------------------------------------------------------------------
 
 NOT_MERGED_PREFIX = "not merged: "
 # A done story with no work of its own on a branch (set done by hand before any commit): nothing is missing.
@@ -188,11 +188,26 @@ def not_merged(why: str) -> str:
     return f"{NOT_MERGED_PREFIX}{why}"
 
 
-def work_left_out(error: str | None) -> bool:
-    """Whether a done story's error says its work may not be in the project (a merge that failed or was cut
-    short), as opposed to a note that there was nothing to merge, or an unrelated one."""
-    if not error:
-        return False
-    if error == MERGE_CUT_SHORT:
-        return True
-    return error.startswith(NOT_MERGED_PREFIX) and error.removeprefix(NOT_MERGED_PREFIX) not in NOTHING_TO_MERGE
+class MergeOutcome(BaseModel):
+    """How a done story's merge back ended, as its story shows it: `note` for its error (None: merged), and
+    whether its work may be missing from the project (a merge that failed or was cut short; not a story with
+    nothing to merge), which leaves the sprint partial (bso.report.undelivered_stories)."""
+
+    note: str | None = None
+    work_left_out: bool = False
+
+    @classmethod
+    def of(cls, result: FinishStoryResult) -> MergeOutcome:
+        if result.merged:
+            return cls()
+        return cls(note=not_merged(result.note), work_left_out=result.note not in NOTHING_TO_MERGE)
+
+    @classmethod
+    def failed(cls, cause: str) -> MergeOutcome:
+        """The merge activity failed (a conflict, git missing): the work stays on the story's branch."""
+        return cls(note=not_merged(cause), work_left_out=True)
+
+    @classmethod
+    def cut_short(cls) -> MergeOutcome:
+        """The batch ended while the merge ran and nobody finished it (the sprint was cancelled)."""
+        return cls(note=MERGE_CUT_SHORT, work_left_out=True)

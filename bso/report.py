@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from bso.git_rules import work_left_out
 from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryView, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
@@ -94,7 +93,7 @@ def sprint_status(final_states: dict[str, str], stopped_early: bool, undelivered
 def undelivered_stories(views: dict[str, StoryView]) -> list[str]:
     """Done stories whose branch did not merge back (or whose merge was cut short): their work may not be in
     the project."""
-    return [key for key, view in views.items() if view.state == StoryState.DONE and work_left_out(view.error)]
+    return [key for key, view in views.items() if view.state == StoryState.DONE and view.work_left_out]
 
 
 def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[int, list[str]]:

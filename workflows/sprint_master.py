@@ -122,7 +122,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.planner import ScrumMasterPlanning
     from workflows.residents import RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back
-    from bso.git_rules import MERGE_CUT_SHORT, not_merged
+    from bso.git_rules import MergeOutcome
 
 # A Slave still starting when the sprint was shut down is told once it has started.
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
@@ -1162,29 +1162,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         rearm's batch from then on."""
         return [key for key in spec.stories if self._state.views[key].batch_id == spec.batch_id]
 
-    async def _finish_cut_merges(self, spec: BatchSpec) -> dict[str, str | None]:
+    async def _finish_cut_merges(self, spec: BatchSpec) -> dict[str, MergeOutcome]:
         """The merges a batch that ended abnormally left under way, finished by the Master (not when the sprint
-        is being cancelled): story key -> None once merged, else why not. Until then the batch still shows as
+        is being cancelled): story key -> how each ended. Until then the batch still shows as
         running and the story as merging, so nothing that waits for the merge goes on."""
         s = self._state
         cut = [key for key in self._still_in(spec) if s.views[key].merging]
         # Patched only where it acts: a batch cut short mid-merge before replays as it ran.
         if not cut or self._cancelling or not workflow.patched(PATCH_FINISH_CUT_MERGES):
             return {}
-        outcomes: dict[str, str | None] = {}
+        outcomes: dict[str, MergeOutcome] = {}
         for key in cut:
             try:
                 merged = await merge_story_back(self._project_root, s.session_id, s.stories[key], s.config)
-                outcomes[key] = None if merged.merged else not_merged(merged.note)
+                outcomes[key] = MergeOutcome.of(merged)
             except ActivityError as err:
-                outcomes[key] = not_merged(str(err.cause or err))
+                outcomes[key] = MergeOutcome.failed(str(err.cause or err))
             workflow.logger.info("batch %d ended during the merge of %s; the Master finished it: %s",
-                                 spec.batch_id, key, outcomes[key] or "merged")
+                                 spec.batch_id, key, outcomes[key].note or "merged")
         return outcomes
 
-    def _abnormal_result(self, spec: BatchSpec, reason: str, merges: dict[str, str | None]) -> SlaveResult:
+    def _abnormal_result(self, spec: BatchSpec, reason: str, merges: dict[str, MergeOutcome]) -> SlaveResult:
         """The batch's result as the Master last saw it, when its Slave failed or timed out. `merges`: the
-        outcome of each merge it left under way that the Master finished (None: merged)."""
+        outcome of each merge it left under way that the Master finished."""
         s = self._state
         s.errors.append(reason)
         (workflow.logger.warning if self._cancelling else workflow.logger.error)(reason)
@@ -1202,7 +1202,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     f"kept {view.state}, its last agent's result was not recorded"
                 )
             if view.merging:  # done: its merge finished by the Master, or (cancelled) maybe landed, told so
-                update |= {"merging": False, "error": view.error or merges.get(key, MERGE_CUT_SHORT)}
+                outcome = merges.get(key) or MergeOutcome.cut_short()
+                update |= {
+                    "merging": False,
+                    "error": view.error or outcome.note,
+                    "work_left_out": view.work_left_out or outcome.work_left_out,
+                }
                 merge_cut[key] = view.state
             s.views[key] = view.model_copy(update=update)
         if merge_cut:

@@ -124,7 +124,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.states import AgentStatus, AgentType
     from bso.report import build_slave_result
     from bso.config import SprintConfig
-    from bso.git_rules import FinishStoryInput, FinishStoryResult, not_merged
+    from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome
     from bso.simulation import SimulationScript
 
 PATCH_LOCAL_STATUS_LOAD = "slave-status-load-local"
@@ -223,6 +223,7 @@ def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) ->
         awaiting_decision=progress.awaiting_decision,
         merging=merging,
         status_file_problem=progress.status_file_problem,
+        work_left_out=progress.work_left_out,
     )
 
 
@@ -1027,17 +1028,19 @@ class SprintSlaveWorkflow:
         """command backend only: squash the done story's branch (P28) and merge it back locally."""
         try:
             result = await merge_story_back(self._input.project_root, self._input.session_id, meta, self._input.config)
-            note = None if result.merged else not_merged(result.note)
+            outcome = MergeOutcome.of(result)
         except ActivityError as err:
             # The batch is cancelled (its sprint too): not a merge failure after which the next story starts.
             if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
                 raise
-            note = not_merged(_cause(err))
+            outcome = MergeOutcome.failed(_cause(err))
         self._merged.append(meta.key)
-        if note is not None:
-            workflow.logger.warning("[Slave] %s %s", meta.key, note)
-            self._progress[meta.key] = self._progress[meta.key].model_copy(update={"error": note})
-        if note is not None or self._reports_merges:
+        if outcome.note is not None:
+            workflow.logger.warning("[Slave] %s %s", meta.key, outcome.note)
+            self._progress[meta.key] = self._progress[meta.key].model_copy(
+                update={"error": outcome.note, "work_left_out": outcome.work_left_out}
+            )
+        if outcome.note is not None or self._reports_merges:
             self._publish(meta.key)  # the Master holds a batch touching its files until it hears this
 
     async def _commit(self, before: StoryProgress, transition: Transition) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bso.git_rules import MERGE_CUT_SHORT, not_merged
+from bso.git_rules import MERGE_CUT_SHORT, NOTHING_TO_MERGE, FinishStoryResult, MergeOutcome, not_merged
 from bso.models import StoryView
 from bso.report import sprint_status, undelivered_stories
 from bso.states import SprintStatus
@@ -21,21 +21,35 @@ def test_all_done_is_complete_and_none_done_is_failed() -> None:
 def test_a_done_story_not_merged_back_leaves_the_sprint_partial() -> None:
     views = {
         K1: StoryView(state="done"),
-        K2: StoryView(state="done", error="not merged: merge of bso/s/1-2-logout failed; worktree kept"),
+        K2: StoryView(state="done", error="not merged: merge of bso/s/1-2-logout failed", work_left_out=True),
     }
     assert undelivered_stories(views) == [K2]
     final = {key: view.state for key, view in views.items()}
     assert sprint_status(final, stopped_early=False, undelivered=1) is SprintStatus.PARTIAL
 
 
-def test_only_done_stories_whose_merge_failed_or_was_cut_short_are_undelivered() -> None:
+def _merge(merged: bool, note: str = "") -> FinishStoryResult:
+    return FinishStoryResult(story_key=K1, merged=merged, note=note)
+
+
+def test_only_a_merge_that_failed_or_was_cut_short_leaves_work_out() -> None:
+    assert MergeOutcome.of(_merge(True)) == MergeOutcome(note=None, work_left_out=False)
+    for nothing in NOTHING_TO_MERGE:  # set done by hand before any commit: nothing is missing
+        assert MergeOutcome.of(_merge(False, nothing)) == MergeOutcome(note=not_merged(nothing), work_left_out=False)
+    conflict = "merge of bso/s/1-1-login-form failed; worktree kept"
+    assert MergeOutcome.of(_merge(False, conflict)) == MergeOutcome(note=not_merged(conflict), work_left_out=True)
+    assert MergeOutcome.failed("git: not found") == MergeOutcome(note=not_merged("git: not found"), work_left_out=True)
+    assert MergeOutcome.cut_short() == MergeOutcome(note=MERGE_CUT_SHORT, work_left_out=True)
+
+
+def test_only_done_stories_whose_work_was_left_out_are_undelivered() -> None:
     views = {
-        K1: StoryView(state="needs-intervention", error="agent activity failed"),
+        K1: StoryView(state="needs-intervention", error="agent activity failed", work_left_out=True),  # not done
         K2: StoryView(state="done"),
         "1-3-a": StoryView(state="done", error=not_merged("no branch: nothing to merge")),  # set done by hand
-        "1-4-b": StoryView(state="done", error=not_merged("no commits on the story branch")),
-        "1-5-c": StoryView(state="done", error="dropped by course correction (user_request)"),  # done by hand
-        "1-6-d": StoryView(state="done", error=MERGE_CUT_SHORT),
-        "1-7-e": StoryView(state="done", error=not_merged("activity failed: merge conflict in src/x.py")),
+        # An error that reads like a failed merge is not what decides: the merge's outcome is.
+        "1-5-c": StoryView(state="done", error="not merged: dropped by course correction (user_request)"),
+        "1-6-d": StoryView(state="done", error=MERGE_CUT_SHORT, work_left_out=True),
+        "1-7-e": StoryView(state="done", error="agent activity failed", work_left_out=True),  # its own error shown
     }
     assert undelivered_stories(views) == ["1-6-d", "1-7-e"]
