@@ -14,18 +14,30 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bso.states import AgentType, Strictness
 
 
+# Upper bounds of the knobs the workflows turn into durations, dates or Temporal's 32-bit counts: a value past
+# them (1e20 seconds) passed validation and then failed the Slave's workflow task on every retry (Python's
+# timedelta and datetime overflow), leaving the sprint stuck. A year is beyond any sprint.
+MAX_SECONDS = 366 * 24 * 3600
+MAX_DAYS = 10 * 366
+MAX_ATTEMPTS = 1000
+
+
+def _seconds(default: int | None) -> Any:
+    return Field(default, gt=0, le=MAX_SECONDS)
+
+
 class _Knobs(BaseModel):
     # strict: JSON `true` must not pass as the number 1, nor "3" as 3.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class AgentTimeouts(_Knobs):
-    story_creation: int = Field(900, gt=0)
-    story_review: int = Field(900, gt=0)
-    dev_execution: int = Field(1800, gt=0)
-    code_review: int = Field(900, gt=0)
-    e2e_inspection: int = Field(900, gt=0)
-    knowledge_research: int = Field(600, gt=0)
+    story_creation: int = _seconds(900)
+    story_review: int = _seconds(900)
+    dev_execution: int = _seconds(1800)
+    code_review: int = _seconds(900)
+    e2e_inspection: int = _seconds(900)
+    knowledge_research: int = _seconds(600)
 
     def for_agent(self, agent_type: AgentType) -> int:
         return {
@@ -58,9 +70,9 @@ class TokenBudget(_Knobs):
 class AgentRetry(_Knobs):
     """Retries of an agent activity after an infrastructure fault (lost worker, crash)."""
 
-    maximum_attempts: int = Field(5, ge=1)
-    initial_interval_seconds: float = Field(1.0, gt=0)
-    heartbeat_timeout_seconds: int = Field(60, gt=0)
+    maximum_attempts: int = Field(5, ge=1, le=MAX_ATTEMPTS)
+    initial_interval_seconds: float = Field(1.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    heartbeat_timeout_seconds: int = _seconds(60)
 
 
 class ResidentSlots(_Knobs):
@@ -71,9 +83,9 @@ class ResidentSlots(_Knobs):
 
 
 class KnowledgeResearch(_Knobs):
-    cache_ttl_days: int = Field(30, gt=0)
+    cache_ttl_days: int = Field(30, gt=0, le=MAX_DAYS)
     max_calls_per_story: int = Field(3, ge=0)
-    call_timeout_seconds: int = Field(600, gt=0)
+    call_timeout_seconds: int = _seconds(600)
     max_cache_entries: int = Field(200, gt=0)
 
 
@@ -85,7 +97,7 @@ class SprintConfig(_Knobs):
     story_review_fallback: Literal["ask_user", "force_pass", "skip_story"] = "ask_user"
     story_review_enabled: bool = True
     # ask_user: how long a story waits for a human decision before needs-intervention (None: for ever).
-    decision_timeout_seconds: int | None = Field(None, gt=0)
+    decision_timeout_seconds: int | None = _seconds(None)
     # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
     max_debug_attempts: int = Field(1, ge=0)
     # message-schemas: the `timeout_ms` of the Master's and Slaves' queries to residents (PLAN_REQUEST to the
@@ -125,7 +137,7 @@ class SprintConfig(_Knobs):
     first_story_checkpoint: Literal["pause", "report", "skip"] = "report"
     git_squash_strategy: Literal["per_story", "per_phase", "none"] = "per_story"
     auto_clear_git_track: bool = True
-    slave_timeout_seconds: int = Field(5400, gt=0)
+    slave_timeout_seconds: int = _seconds(5400)
     # The Master continues as new between batches when Temporal suggests it, or after this many
     # history events (a lower bound for tests and very long sprints; None: only when suggested).
     continue_as_new_after_events: int | None = Field(None, ge=100)

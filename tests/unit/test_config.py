@@ -315,6 +315,33 @@ def test_wrong_value_is_an_error_naming_the_knob(overrides, knob):
 @pytest.mark.parametrize(
     ("overrides", "knob"),
     [
+        ({"slave_timeout_seconds": 10**20}, "slave_timeout_seconds"),
+        ({"agent_timeout_seconds.dev_execution": 10**20}, "agent_timeout_seconds.dev_execution"),
+        ({"agent_timeout_seconds.story_creation": 300_000_000_000}, "agent_timeout_seconds.story_creation"),
+        ({"agent_retry.heartbeat_timeout_seconds": 10**20}, "agent_retry.heartbeat_timeout_seconds"),
+        ({"agent_retry.maximum_attempts": 2**31}, "agent_retry.maximum_attempts"),
+        ({"agent_retry.initial_interval_seconds": 1e300}, "agent_retry.initial_interval_seconds"),
+        ({"agent_retry.initial_interval_seconds": float("inf")}, "agent_retry.initial_interval_seconds"),
+        ({"agent_retry.initial_interval_seconds": float("nan")}, "agent_retry.initial_interval_seconds"),
+        ({"decision_timeout_seconds": 10**20}, "decision_timeout_seconds"),
+        ({"knowledge_research.call_timeout_seconds": 10**20}, "knowledge_research.call_timeout_seconds"),
+        ({"knowledge_research.cache_ttl_days": 10**9}, "knowledge_research.cache_ttl_days"),
+    ],
+)
+def test_a_duration_or_count_past_what_a_workflow_can_hold_is_refused_naming_the_knob(overrides, knob):
+    """Past these bounds the Slave's timedelta or datetime overflowed (or Temporal's 32-bit attempt count):
+    its workflow task failed on every retry and the sprint hung."""
+    message = _error(overrides)
+    assert knob in message and ("less than or equal" in message or "finite number" in message), message
+
+
+def test_a_year_is_the_longest_duration() -> None:
+    assert resolve_config({"slave_timeout_seconds": 366 * 24 * 3600}).slave_timeout_seconds == 366 * 24 * 3600
+
+
+@pytest.mark.parametrize(
+    ("overrides", "knob"),
+    [
         ({"batch_size": True}, "batch_size"),
         ({"max_review_rounds": False}, "max_review_rounds"),
         ({"token_budget.limit": True}, "token_budget.limit"),

@@ -139,6 +139,17 @@ async def test_relative_project_root(ts_env, tmp_path: Path, monkeypatch):
     assert status_values(tmp_path) == before
 
 
+async def test_a_timeout_too_long_for_a_workflow_is_refused_at_the_start(ts_env, tmp_path: Path):
+    """It passed validation, and the Slave's workflow task then failed on every retry (its timedelta
+    overflowed): the sprint hung, its status still 'running'."""
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    inp = sprint_input(tmp_path, config_overrides={"slave_timeout_seconds": 10**20})
+    async with bso_worker(ts_env.client) as queue:
+        await _fails_with(ts_env.client, queue, inp, "slave_timeout_seconds: Input should be less than or equal to")
+    assert status_values(tmp_path) == before
+
+
 @pytest.mark.parametrize("keys", [["../1-1"], ["/etc/passwd"], ["9-9"]])
 async def test_bad_story_key_selection(ts_env, tmp_path: Path, keys):
     make_project(tmp_path, {K1: "review"})
