@@ -189,6 +189,10 @@ STATUS_FILE_WAIT_OPTIONS: dict[str, Any] = {
     "retry_policy": RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=["StatusFileError"]),
     "summary": "wait for sprint-status.yaml to parse again",
 }
+# A later re-read of the status file (stories not started yet) that fails for good (the file replaced by a
+# directory, made unreadable) goes on with the states the batch has, as one that does not parse does: the local
+# activity's non-retryable failure (an ApplicationError, not wrapped) failed the whole Slave.
+PATCH_REREAD_SURVIVES_ANY_FAILURE = "slave-reread-survives-any-failure"
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -661,9 +665,11 @@ class SprintSlaveWorkflow:
         next write's compare-and-swap still guards the story)."""
         try:
             await self._refresh_states(list(self._not_started(besides="")))
-        except ActivityError as err:
+        except (ActivityError, ApplicationError) as err:
             if is_cancelled_exception(err):
                 raise
+            if not isinstance(err, ActivityError) and not workflow.patched(PATCH_REREAD_SURVIVES_ANY_FAILURE):
+                raise  # as it did: the Slave failed
             self._states_read_at = workflow.now()  # not again for every story of the batch
             workflow.logger.warning("[Slave] sprint-status.yaml not read again: %s", _cause(err))
 

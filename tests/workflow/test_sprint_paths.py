@@ -721,3 +721,27 @@ async def test_stories_set_by_hand_in_a_started_batch_run_no_agent(ts_env, tmp_p
     assert (status_values(tmp_path)[K2], status_values(tmp_path)[K3]) == ("done", "skipped")
     batch = report.batches[0].results
     assert (batch.stories_completed, batch.stories_skipped) == (2, 1)
+
+
+async def test_a_status_file_replaced_by_a_directory_mid_batch_ends_its_stories_not_the_batch(ts_env, tmp_path: Path):
+    """Someone replaces sprint-status.yaml by a directory while K1's agent works: K1's write cannot be made, and
+    the re-read before K2's first agent cannot either. That re-read goes on with the states the batch has (as
+    for a file that does not parse) instead of failing the whole Slave, which it did ("Slave ended abnormally:
+    StatusFileError"); K2's own write then fails and says why."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"duration_ms": 2500}}}
+    inp = sprint_input(tmp_path, session_id="made-a-dir", simulation=simulation)
+    status_file = tmp_path / DEFAULT_STATUS_FILE
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", f"{K1}'s dev-runner in flight")
+        status_file.unlink()
+        status_file.mkdir()
+        report = await sprint_result(handle)
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("made-a-dir", 1))
+    assert report.stories == {K1: "needs-intervention", K2: "needs-intervention"}, report
+    [batch] = report.batches  # its stories' verdicts, not "Slave ended abnormally: StatusFileError"
+    assert not any("abnormally" in e for e in batch.errors) and report.error is None, (batch.errors, report.error)
+    for key in (K1, K2):
+        assert "sprint-status.yaml" in (story_result(report, key).error or ""), story_result(report, key)
+    assert failures == 0
