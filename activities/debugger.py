@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
 from activities.session_files import session_path
-from bso.debugging import JOURNAL, DebugRequest, DebugResult, known_result, render_entry, simulated_analysis
+from bso.debugging import (
+    JOURNAL,
+    DebugRequest,
+    DebugResult,
+    journal_entry_id,
+    known_result,
+    render_entry,
+    simulated_analysis,
+)
 
 JOURNAL_HEADER = "# Debug journal\n\nEvery analysis of the debugger resident, newest last (P49).\n\n"
 
@@ -31,10 +39,12 @@ class AnalyzeInput(BaseModel):
 @activity.defn
 async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
     path = session_path(inp.project_root, JOURNAL)
-    entry_id = f"{inp.request.debug_id}-{inp.request.session_id or 'sprint'}"
+    entry_id = journal_entry_id(inp.request)
     with open(path.with_name(f".{JOURNAL}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        # A byte that is not UTF-8 (the file edited by hand) must not disable the debugger for good: it reads as
+        # U+FFFD, matches no signature, and the journal goes on.
+        text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
         if f"## {entry_id}\n" in text:  # a retry: this analysis is journaled already
             return _entry_result(text, entry_id, inp.request)
         result = known_result(text, inp.request)

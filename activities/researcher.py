@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 from io import StringIO
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 from temporalio import activity
 
 from activities.session_files import session_path
@@ -54,12 +57,33 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+T = TypeVar("T")
+
+
+def _read_or_set_aside(path: Path, parse: Callable[[dict], T], empty: T) -> T:
+    """A file the resident owns, parsed; one that does not parse (edited by hand, cut short) is moved aside to
+    `<name>.unreadable` with a warning naming it, and the resident starts it afresh (a cache, a budget): before,
+    every research call failed on it, in this sprint and every later one on the project."""
+    try:
+        return parse(_read(path))
+    except (YAMLError, ValidationError, UnicodeDecodeError, TypeError, ValueError) as err:
+        aside = path.with_name(f"{path.name}.unreadable")
+        os.replace(path, aside)
+        activity.logger.warning("knowledge cache: %s is unreadable (%s); set aside as %s, starting afresh",
+                                path, " ".join(str(err).split())[:300], aside.name)
+        return empty
+
+
 def _write(path: Path, data: dict) -> None:
     buffer = StringIO()
     _yaml().dump(data, buffer)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(buffer.getvalue(), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _budget_calls(data: dict) -> dict[str, int]:
+    return {str(k): int(v) for k, v in (data.get("calls") or {}).items()}
 
 
 async def _call(inp: ResearchInput) -> str:
@@ -87,8 +111,8 @@ async def research(inp: ResearchInput) -> ResearchResult:
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         now = datetime.now(timezone.utc)
-        index = CacheIndex.model_validate(_read(index_path) or {})
-        budget = {str(k): int(v) for k, v in (_read(budget_path).get("calls") or {}).items()}
+        index = _read_or_set_aside(index_path, CacheIndex.model_validate, CacheIndex())
+        budget = _read_or_set_aside(budget_path, _budget_calls, {})
         used = budget.get(counted_as, 0)
         left = max(limits.max_calls_per_story - used, 0)
         hit = lookup(index, req.query, now, limits.cache_ttl_days)
@@ -113,7 +137,7 @@ async def research(inp: ResearchInput) -> ResearchResult:
         return ResearchResult(**base, status="unavailable", calls_used=used + 1, calls_left=left - 1, error=str(err))
     with open(directory / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        index = CacheIndex.model_validate(_read(index_path) or {})
+        index = _read_or_set_aside(index_path, CacheIndex.model_validate, CacheIndex())
         index, evicted = insert(index, req.query, answer, datetime.now(timezone.utc), limits.max_cache_entries)
         _write(index_path, index.model_dump(mode="json"))
     if evicted:

@@ -30,10 +30,13 @@ from bso.dispatch import (
 )
 from bso.messages import AgentComplete, Finding
 from bso.models import StoryProgress
+from bso.sprint_status import SHORT_KEY_RE, STORY_KEY_RE
 from bso.states import AgentStatus, Severity, StoryState
 
 JOURNAL = "debug-journal.md"  # in .sprint-session/ (P49)
 MAX_TEXT = 4000
+MAX_STORY_KEY = 200  # as the Master's (bso.messages.story_key_too_long)
+STORY_OR_SHORT_KEY = rf"{STORY_KEY_RE.pattern}|{SHORT_KEY_RE.pattern}"
 
 
 class _Message(BaseModel):
@@ -43,7 +46,8 @@ class _Message(BaseModel):
 class DebugRequest(_Message):
     msg_type: Literal["DEBUG_REQUEST"] = "DEBUG_REQUEST"
     debug_id: str = Field(min_length=1, max_length=200)
-    story_key: str = Field(min_length=1)
+    # A story key (`N-M-slug`) or its short form: the journal (and the next analyses it feeds) records it.
+    story_key: str = Field(min_length=1, max_length=MAX_STORY_KEY, pattern=STORY_OR_SHORT_KEY)
     agent_type: str = "dev-runner"
     error_summary: str = Field("", max_length=MAX_TEXT)
     stack_trace: str = Field("", max_length=MAX_TEXT)
@@ -207,23 +211,32 @@ _ENTRY_RE = re.compile(
 _FIELD_RE = re.compile(r"^- (?P<key>[a-z_]+): (?P<value>.*)$", re.MULTILINE)
 
 
+def _one_line(text: str) -> str:
+    """A journal field's value on its one line: a line break in a request's text cannot start a forged entry."""
+    return " ".join(text.split())
+
+
+def journal_entry_id(request: DebugRequest) -> str:
+    """The request's entry in the journal: its debug id and sprint, one word (the entry's heading)."""
+    return "-".join(f"{request.debug_id}-{request.session_id or 'sprint'}".split())
+
+
 def render_entry(entry_id: str, request: DebugRequest, result: DebugResult, when: str) -> str:
-    lines = [
-        f"## {entry_id}",
-        f"- debug_id: {result.debug_id}",
-        f"- when: {when}",
-        f"- session: {request.session_id}",
-        f"- story: {request.story_key}",
-        f"- agent: {request.agent_type}",
-        f"- signature: {error_signature(request.error_summary)}",
-        f"- error: {' '.join(request.error_summary.split())[:500]}",
-        f"- root_cause: {' '.join(result.root_cause.split())}",
-        f"- fix_suggestion: {' '.join(result.fix_suggestion.split())}",
-        f"- severity: {result.severity.value}",
-        f"- confidence: {result.confidence}",
-        f"- known_pattern: {'yes' if result.known_pattern else 'no'}",
-        "",
-    ]
+    fields = {
+        "debug_id": result.debug_id,
+        "when": when,
+        "session": request.session_id,
+        "story": request.story_key,
+        "agent": request.agent_type,
+        "signature": error_signature(request.error_summary),
+        "error": _one_line(request.error_summary)[:500],
+        "root_cause": result.root_cause,
+        "fix_suggestion": result.fix_suggestion,
+        "severity": result.severity.value,
+        "confidence": result.confidence,
+        "known_pattern": "yes" if result.known_pattern else "no",
+    }
+    lines = [f"## {entry_id}", *(f"- {key}: {_one_line(value)}" for key, value in fields.items()), ""]
     return "\n".join(lines) + "\n"
 
 
