@@ -99,6 +99,7 @@ from bso.planning import PlanningError, dependency_order
 from bso.report import batch_errors, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
+    NO_STORIES,
     NOTHING_TO_RUN,
     StatusFileError,
     StoryKeyError,
@@ -873,6 +874,8 @@ def _check_selection(
         entries = parse_status_text(text, str(status_path)).stories()
     except StatusFileError as err:
         raise BsoError(f"{err} (fix the file, then start the sprint)") from None
+    if not entries:
+        raise BsoError(NO_STORIES)
     try:
         to_run = stories_to_run([(e.key, e.value) for e in entries], epic, stories)
     except StoryKeyError as err:
@@ -883,7 +886,7 @@ def _check_selection(
             resolve_story_keys(keys, [e.key for e in entries])
         except StoryKeyError as err:
             raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
-    if entries and not to_run:
+    if not to_run:
         raise BsoError(NOTHING_TO_RUN)
     # A value no agent starts from: the sprint would give the story up (needs-intervention), losing the value.
     if unknown := unknown_values({e.key: e.value for e in entries}, to_run):

@@ -212,6 +212,10 @@ NOTHING_TO_RUN = (
     "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
     "needs-intervention story again, set its state in the status file back, e.g. to ready-for-dev)"
 )
+NO_STORIES = (
+    "nothing to run: the status file's development_status lists no story (only epics and retrospectives, or "
+    "nothing): add the sprint's stories, e.g. `1-1-login-form: backlog` under `epic-1`"
+)
 
 
 def stories_to_run(stories: list[tuple[str, str]], epic: int | str | None, story_keys: list[str]) -> list[str]:

@@ -108,6 +108,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.report import batch_errors, build_slave_result, sprint_status, undelivered_stories
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
+        NO_STORIES,
         NOTHING_TO_RUN,
         SETTLED_AT_START,
         UnknownEpicError,
@@ -155,6 +156,8 @@ PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 # A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
 # started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
 PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
+# The same for a status file that lists no story at all (it ended sprint-complete with 0 batches).
+PATCH_NO_STORIES = "master-no-stories"
 # A story whose key is too long for an agent's answer to name it is left out, saying so: its agents ran and
 # their answers were refused, until each step's deadline ended the story needs-intervention.
 PATCH_LONG_KEYS_LEFT_OUT = "master-long-story-keys-left-out"
@@ -909,6 +912,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if not stories:  # said with the reasons, not as an empty sprint
                 raise _invalid_input("; ".join(why for _, why in too_long))
         # Patched only where it refuses: a sprint that ran empty before replays as it ran.
+        if not snapshot.stories and workflow.patched(PATCH_NO_STORIES):
+            raise _invalid_input(NO_STORIES)
         if snapshot.stories and not stories and workflow.patched(PATCH_NOTHING_TO_RUN):
             raise _invalid_input(NOTHING_TO_RUN)
         return stories

@@ -12,13 +12,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
-from bso.cli import _refused_at_its_claim, _sprint_running_on, _status_file_waits
+from bso.cli import BsoError, _check_selection, _refused_at_its_claim, _sprint_running_on, _status_file_waits
 from bso.config import resolve_config
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, StoryMeta
-from bso.sprint_status import NOTHING_TO_RUN
+from bso.sprint_status import NO_STORIES, NOTHING_TO_RUN
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
@@ -745,3 +745,23 @@ async def test_a_status_file_replaced_by_a_directory_mid_batch_ends_its_stories_
     for key in (K1, K2):
         assert "sprint-status.yaml" in (story_result(report, key).error or ""), story_result(report, key)
     assert failures == 0
+
+
+async def test_a_status_file_that_lists_no_story_has_nothing_to_run(ts_env, tmp_path: Path):
+    """Only epics (a file just generated, or stories all moved to another file): the sprint fails at its start
+    saying so, as `bso sprint start` refuses it; it ended sprint-complete with 0 batches, which told nothing."""
+    status = tmp_path / DEFAULT_STATUS_FILE
+    make_project(tmp_path, {K1: "review"})
+    status.write_text(status.read_text(encoding="utf-8").replace(f"  {K1}: review  # story {K1}\n", ""), encoding="utf-8")
+    before = status.read_text(encoding="utf-8")
+    assert "epic-1: backlog" in before and K1 not in before
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="no-stories"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and (cause.type, cause.message) == ("InvalidSprintInput", NO_STORIES)
+    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert status.read_text(encoding="utf-8") == before
+    with pytest.raises(BsoError, match="lists no story"):
+        _check_selection(status, None, [])
