@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from temporalio.exceptions import ApplicationError
+
 # One atomic JSON write, defined in the launcher: it runs standalone (stdlib only, isolated mode).
 from activities.agent_launcher import write_json_atomic
 from bso.dispatch import written_by_this_run
@@ -30,8 +32,27 @@ def safe_name(identifier: str) -> str:
 
 def session_path(project_root: str, *parts: str) -> Path:
     path = Path(project_root, SESSION_DIR, *parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder must be: no retry mends that
+        raise ApplicationError(
+            session_dir_problem(project_root) or f"cannot make {path.parent}: a file is in the way",
+            type="SessionDirError",
+            non_retryable=True,
+        ) from None
     return path
+
+
+def session_dir_problem(project_root: str | Path) -> str | None:
+    """What in the project stands where BSO keeps a sprint's scratch files, if anything (checked by `bso sprint
+    start` before a sprint starts; a sprint started otherwise fails on it at once, naming it)."""
+    directory = Path(project_root, SESSION_DIR)
+    if directory.exists() and not directory.is_dir():
+        return f"{directory} is not a directory: BSO keeps a sprint's scratch files there (move it away)"
+    claim = directory / RUNNING_SPRINT_FILE
+    if claim.exists() and not claim.is_file():
+        return f"{claim} is not a file: BSO records the sprint running on the project there (remove it)"
+    return None
 
 
 LOCK_POLL_SECONDS = 0.05

@@ -50,7 +50,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
-from activities.session_files import recorded_running_sprint
+from activities.session_files import recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
@@ -1009,6 +1009,8 @@ def sprint_start(
             raise BsoError(problem)
         if not status_path.is_file():
             raise BsoError(f"no sprint status file at {status_path} (use --status-file)")
+        if (in_the_way := session_dir_problem(root)) is not None:
+            raise BsoError(in_the_way)
         if backend not in {b.value for b in AgentBackend}:
             raise BsoError(f"--backend {backend!r}: use one of {', '.join(b.value for b in AgentBackend)}")
         overrides = parse_set(set_ or [])

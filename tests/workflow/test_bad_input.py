@@ -31,6 +31,7 @@ from tests.workflow.helpers import (
     workflow_task_failures,
 )
 from tests.workflow.test_external_agents import _complete, _pending
+from activities.session_files import session_dir_problem
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
@@ -260,3 +261,24 @@ async def test_agent_output_over_2mb_is_rejected_and_the_sprint_completes(local_
     assert report.stories == {K1: "done"}
     for workflow_id in (handle.id, slave_id):
         assert await workflow_task_failures(client, workflow_id) == 0
+
+
+@pytest.mark.parametrize("in_the_way", ["file", "claim-dir"])
+async def test_something_in_the_way_of_the_session_folder_is_named_at_the_start(ts_env, tmp_path: Path, in_the_way):
+    """A file named .sprint-session (or a folder where the running sprint is recorded): `bso sprint start` said
+    'started', and the sprint then failed on `[Errno 17] File exists`. Now the start refuses it naming it, and a
+    sprint started otherwise fails at once the same way."""
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    if in_the_way == "file":
+        (tmp_path / ".sprint-session").write_text("notes\n")
+        expected = ".sprint-session is not a directory"
+    else:
+        (tmp_path / ".sprint-session" / "running-sprint.json").mkdir(parents=True)
+        expected = "running-sprint.json is not a file"
+    problem = session_dir_problem(tmp_path)
+    assert problem is not None and expected in problem  # what `bso sprint start` refuses with
+    if in_the_way == "file":
+        async with bso_worker(ts_env.client) as queue:
+            await _fails_with(ts_env.client, queue, sprint_input(tmp_path), expected)
+    assert status_values(tmp_path) == before
