@@ -1036,6 +1036,9 @@ def sprint_start(
         sid = sprint_id or new_sprint_id()
         if (id_error := sprint_id_error(sid)) is not None:
             raise BsoError(id_error)
+        if not sid.strip() or any(c.isspace() or not c.isprintable() for c in sid):
+            raise BsoError(f"sprint id {sid!r}: use no spaces, line breaks or other control characters (it is typed "
+                           "in commands and shown in the Web UI)")
         inp = SprintInput(
             project_root=str(root),
             status_file=status_file,
@@ -1082,7 +1085,7 @@ def sprint_start(
 @sprint_app.command("watch")
 def sprint_watch(
     sprint_id: Annotated[str, typer.Argument(help="the sprint (workflow) id")],
-    interval: Annotated[float, typer.Option(help="seconds between polls", min=0.2)] = 1.0,
+    interval: Annotated[float, typer.Option(help="seconds between polls", min=0.2, max=3600)] = 1.0,
 ) -> None:
     """Live progress until the sprint ends, then its report. Survives worker and server restarts."""
 
@@ -1495,6 +1498,8 @@ def messages(
         # Before anything is printed: a folder that cannot be made fails the command at once, not after the table.
         if jsonl is not None:
             _make_folder(jsonl.parent, f"--jsonl {jsonl}")
+            if jsonl.is_dir():
+                raise BsoError(f"--jsonl {jsonl} is a folder: name the file to write, e.g. {jsonl / 'messages.jsonl'}")
         if target_dir is not None:
             _make_folder(target_dir, f"--export-dir {target_dir}" if export_dir is not None else f"--export ({target_dir})")
         count = f"{len(flow)} message{'' if len(flow) == 1 else 's'}"

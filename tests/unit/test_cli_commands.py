@@ -58,6 +58,25 @@ def test_messages_with_jsonl_prints_one_line_not_the_table(recorded_sprint, tmp_
     assert result.stdout.splitlines() == [f"wrote {len(written)} messages to {target}"], result.stdout
 
 
+def test_messages_with_jsonl_naming_a_folder_says_so_before_anything_is_printed(recorded_sprint, tmp_path: Path):
+    result = runner.invoke(app, ["messages", SPRINT, "--jsonl", str(tmp_path)])
+    assert result.exit_code == 1, result.output  # it printed IsADirectoryError's traceback
+    assert f"--jsonl {tmp_path} is a folder: name the file to write" in result.output, result.output
+
+
+@pytest.mark.parametrize("sprint_id", ["  ", "a\nb", "tab\there", "bell\a"])
+def test_a_sprint_id_with_spaces_or_control_characters_is_refused_before_the_start(tmp_path: Path, sprint_id):
+    project = Path(__file__).resolve().parents[2] / "examples" / "demo-project"
+    result = runner.invoke(app, ["sprint", "start", str(project), "--id", sprint_id])
+    assert result.exit_code == 1, result.output
+    assert "use no spaces, line breaks or other control characters" in result.output, result.output
+
+
+def test_watch_refuses_an_interval_that_would_never_poll_again():
+    result = runner.invoke(app, ["sprint", "watch", "any", "--interval", "inf"])
+    assert result.exit_code == 2 and "--interval" in result.output, result.output
+
+
 @pytest.mark.parametrize(
     ("option", "value", "known"),
     [
