@@ -9,7 +9,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,38 +80,74 @@ RUNNING_SPRINT_FILE = "running-sprint.json"
 
 
 class ProjectBusyError(Exception):
-    def __init__(self, holder: str, project_root: str) -> None:
+    def __init__(self, holder: str, project_root: str, status_file: str | None = None) -> None:
         self.holder = holder
+        where = f"{project_root}, on {status_file}" if status_file else project_root
         super().__init__(
-            f"sprint {holder} is already running on {project_root}: two sprints would drive the same stories and "
+            f"sprint {holder} is already running on {where}: two sprints would drive the same stories and "
             f"status file (wait for it, or `bso sprint shutdown {holder}` first)"
         )
 
 
-def recorded_running_sprint(project_root: str) -> str | None:
-    """The sprint that last claimed the project (it may have ended since: ask the server)."""
+def _recorded_claim(project_root: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(project_root, SESSION_DIR, RUNNING_SPRINT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    holder = data.get("sprint_id") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded_running_sprint(project_root: str) -> str | None:
+    """The sprint that last claimed the project (it may have ended since: ask the server)."""
+    holder = _recorded_claim(project_root).get("sprint_id")
     return holder if isinstance(holder, str) and holder else None
 
 
+def claims_on_status_file(status_real: str, besides: str | Path) -> list[tuple[str, Path]]:
+    """(sprint, project root) of the claims recorded on this status file under any other root than `besides`:
+    a project root holds its status file, so only the file's folders can be one. Two sprints started on one file
+    through different roots (the project, and a folder of it with --status-file) would each claim their own root
+    and both run every story. Claims recorded before they named their status file are not seen."""
+    found = []
+    for folder in Path(status_real).parents:
+        if folder == Path(besides):
+            continue
+        claim = _recorded_claim(folder)
+        holder = claim.get("sprint_id")
+        if isinstance(holder, str) and holder and claim.get("status_file") == status_real:
+            found.append((holder, folder))
+    return found
+
+
 async def claim_project(
-    project_root: str, sprint_id: str, run_id: str, is_running: Callable[[str], Awaitable[bool]]
+    project_root: str,
+    sprint_id: str,
+    run_id: str,
+    is_running: Callable[[str], Awaitable[bool]],
+    status_real: str | None = None,
 ) -> None:
     """Record `sprint_id` as the project's sprint, unless another sprint that claimed it is still running
-    (ProjectBusyError). Under a lock, so that of two sprints started at once exactly one gets the project;
-    unlike a search of the server's visibility store, which lags, this sees a sprint started a moment ago.
-    Idempotent: the same sprint (a retry, or its id used again after it failed) claims it again."""
+    (ProjectBusyError), or one that claimed its status file (`status_real`) through another root. Under a lock
+    (the project's, then the status file's), so that of two sprints started at once exactly one gets the
+    project; unlike a search of the server's visibility store, which lags, this sees a sprint started a moment
+    ago. Idempotent: the same sprint (a retry, or its id used again after it failed) claims it again."""
     path = session_path(project_root, RUNNING_SPRINT_FILE)
-    async with polled_lock(path.with_suffix(".lock")):
+    async with AsyncExitStack() as locks:
+        await locks.enter_async_context(polled_lock(path.with_suffix(".lock")))
+        if status_real is not None:  # U4's lock on the file: sprints through other roots take it too
+            await locks.enter_async_context(polled_lock(Path(status_real + ".lock")))
         holder = recorded_running_sprint(project_root)
         if holder is not None and holder != sprint_id and await is_running(holder):
             raise ProjectBusyError(holder, project_root)
+        if status_real is not None:
+            real_root = Path(project_root).resolve()
+            for other, root in claims_on_status_file(status_real, besides=real_root):
+                if other != sprint_id and await is_running(other):
+                    raise ProjectBusyError(other, str(root), status_real)
         write_json_atomic(
-            path, {"sprint_id": sprint_id, "run_id": run_id, "claimed_at": datetime.now(UTC).isoformat()}
+            path,
+            {"sprint_id": sprint_id, "run_id": run_id, "claimed_at": datetime.now(UTC).isoformat()}
+            | ({"status_file": status_real} if status_real is not None else {}),
         )
 
 

@@ -270,10 +270,18 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
         info = activity.info()
         try:
             await claim_project(
-                inp.project_root, info.workflow_id, info.workflow_run_id, partial(is_running, activity.client())
+                inp.project_root, info.workflow_id, info.workflow_run_id, partial(is_running, activity.client()),
+                status_real=snapshot.status_file,
             )
         except ProjectBusyError as err:
             raise ApplicationError(str(err), type=PROJECT_BUSY_ERROR, non_retryable=True) from None
+        except OSError as err:  # e.g. a folder where the status file's lock must be: it would fail every story later
+            raise ApplicationError(
+                f"{err.filename or inp.project_root}: {err.strerror or err} (needed to claim the project at the "
+                "sprint's start)",
+                type=ERROR_TYPE,
+                non_retryable=True,
+            ) from None
     return snapshot
 
 

@@ -50,7 +50,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
-from activities.session_files import recorded_running_sprint, session_dir_problem
+from activities.session_files import claims_on_status_file, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, resolve_config
 from bso.course_correction import CourseCorrectionRequest
@@ -939,15 +939,20 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
 RUNNING_SPRINTS_CHECKED = 1000  # a first history page each: cheap, and more sprints than a team runs at once
 
 
-async def _sprint_running_on(client: Client, root: Path) -> str | None:
+async def _sprint_running_on(client: Client, root: Path, status_path: Path | None = None) -> str | None:
     """A running sprint on this project, whoever started it. First the sprint that claimed the project (its
-    Master's first step records it in the project; asked of the server directly, so it is current), then
-    each running Master's input (its first history event), so that a sprint whose worker has not run yet
-    counts too. That search reads the visibility store, which lags by a second or two; a sprint it misses
-    is refused by the project's claim when its Master starts."""
+    Master's first step records it in the project; asked of the server directly, so it is current), or its
+    status file through another root (a folder of the project); then each running Master's input (its first
+    history event), so that a sprint whose worker has not run yet counts too. That search reads the visibility
+    store, which lags by a second or two; a sprint it misses is refused by the project's claim when its Master
+    starts."""
     holder = recorded_running_sprint(str(root))
     if holder is not None and await is_running(client, holder):
         return holder
+    if status_path is not None:
+        for other, _ in claims_on_status_file(str(status_path.resolve()), besides=root.resolve()):
+            if await is_running(client, other):
+                return other
     query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
     async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
@@ -1051,7 +1056,7 @@ def sprint_start(
         )
         _, target, namespace = _target()
         client = await _client()
-        if (other := await _sprint_running_on(client, root)) is not None:
+        if (other := await _sprint_running_on(client, root, status_path)) is not None:
             raise BsoError(
                 f"sprint {other} is already running on {root}: two sprints would drive the same stories and "
                 f"status file (wait for it, or `bso sprint shutdown {other}` first)"

@@ -282,3 +282,15 @@ async def test_something_in_the_way_of_the_session_folder_is_named_at_the_start(
         async with bso_worker(ts_env.client) as queue:
             await _fails_with(ts_env.client, queue, sprint_input(tmp_path), expected)
     assert status_values(tmp_path) == before
+
+
+async def test_a_folder_where_the_status_files_lock_goes_is_refused_at_the_start(ts_env, tmp_path: Path):
+    """The sprint started, ran each story's first agent, and then every story ended needs-intervention on
+    'cannot open lock file' (and the sprint paused for repeated failures). Its start now fails, naming it."""
+    status = make_project(tmp_path, {K1: "review"})
+    Path(f"{status}.lock").mkdir()
+    before = status_values(tmp_path)
+    async with bso_worker(ts_env.client) as queue:
+        message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path), "sprint-status.yaml.lock: Is a directory")
+    assert "needed to claim the project at the sprint's start" in message
+    assert status_values(tmp_path) == before

@@ -662,6 +662,33 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
     assert await workflow_task_failures(ts_env.client, third.id) == 0
 
 
+async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_refused(ts_env, tmp_path: Path):
+    """The second sprint names a folder of the project as its root and the same status file below it: each
+    claimed its own root, and both ran every story. Now its claim finds the first sprint's on the file."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    inner = tmp_path / "_bmad-output"
+    inner_status = "implementation-artifacts/sprint-status.yaml"
+    assert (inner / inner_status).resolve() == (tmp_path / DEFAULT_STATUS_FILE).resolve()
+    slow = {"stories": {"1-1": {"duration_ms": 1500}}}
+    async with bso_worker(ts_env.client) as queue:
+        first = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="outer", simulation=slow))
+        await wait_status(first, lambda s: s.phase == "running", "the first sprint running")
+        # `bso sprint start` sees it by its claim on the file.
+        assert await _sprint_running_on(_BlindVisibility(ts_env.client), inner, inner / inner_status) == "outer"
+        second = await start_sprint(
+            ts_env.client, queue, sprint_input(inner, session_id="inner", status_file=inner_status)
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await second.result()
+        assert status_values(tmp_path)[K2] == "review"  # the refused sprint ran nothing
+        assert (await first.result()).status is SprintStatus.COMPLETE
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy", cause
+    assert f"sprint outer is already running on {tmp_path}, on " in cause.message, cause.message
+    assert await workflow_task_failures(ts_env.client, second.id) == 0
+    assert not (inner / ".sprint-session" / "running-sprint.json").exists()
+
+
 async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, tmp_path: Path):
     """K2 is set to done in the file while batch 1 runs: batch 2 finds it done, runs nothing for it, and the
     sprint's status, report and batch result say done (they said backlog and "not run", or both done and
