@@ -52,7 +52,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.agent_config import load_agents_file
 from activities.session_files import claims_on_status_file, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
-from bso.config import ConfigError, resolve_config
+from bso.config import ConfigError, limits_error, resolve_config
 from bso.course_correction import CourseCorrectionRequest
 from bso.constants import (
     AGENTS_TASK_QUEUE,
@@ -853,9 +853,11 @@ def parse_set(values: list[str]) -> dict[str, Any]:
             value = raw
         overrides[key.strip()] = value
     try:
-        resolve_config(overrides)
+        config = resolve_config(overrides)
     except ConfigError as e:
         raise BsoError(str(e)) from None
+    if (error := limits_error(config)) is not None:
+        raise BsoError(error)
     return overrides
 
 

@@ -16,14 +16,11 @@ from bso.states import AgentType, Strictness
 
 # Upper bounds of the knobs the workflows turn into durations, dates or Temporal's 32-bit counts: a value past
 # them (1e20 seconds) passed validation and then failed the Slave's workflow task on every retry (Python's
-# timedelta and datetime overflow), leaving the sprint stuck. A year is beyond any sprint.
+# timedelta and datetime overflow), leaving the sprint stuck. A year is beyond any sprint. Checked apart from the
+# model (limits_error), which also decodes the config of sprints started before the bounds.
 MAX_SECONDS = 366 * 24 * 3600
 MAX_DAYS = 10 * 366
 MAX_ATTEMPTS = 1000
-
-
-def _seconds(default: int | None) -> Any:
-    return Field(default, gt=0, le=MAX_SECONDS)
 
 
 class _Knobs(BaseModel):
@@ -32,12 +29,12 @@ class _Knobs(BaseModel):
 
 
 class AgentTimeouts(_Knobs):
-    story_creation: int = _seconds(900)
-    story_review: int = _seconds(900)
-    dev_execution: int = _seconds(1800)
-    code_review: int = _seconds(900)
-    e2e_inspection: int = _seconds(900)
-    knowledge_research: int = _seconds(600)
+    story_creation: int = Field(900, gt=0)
+    story_review: int = Field(900, gt=0)
+    dev_execution: int = Field(1800, gt=0)
+    code_review: int = Field(900, gt=0)
+    e2e_inspection: int = Field(900, gt=0)
+    knowledge_research: int = Field(600, gt=0)
 
     def for_agent(self, agent_type: AgentType) -> int:
         return {
@@ -70,9 +67,9 @@ class TokenBudget(_Knobs):
 class AgentRetry(_Knobs):
     """Retries of an agent activity after an infrastructure fault (lost worker, crash)."""
 
-    maximum_attempts: int = Field(5, ge=1, le=MAX_ATTEMPTS)
-    initial_interval_seconds: float = Field(1.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
-    heartbeat_timeout_seconds: int = _seconds(60)
+    maximum_attempts: int = Field(5, ge=1)
+    initial_interval_seconds: float = Field(1.0, gt=0)
+    heartbeat_timeout_seconds: int = Field(60, gt=0)
 
 
 class ResidentSlots(_Knobs):
@@ -83,9 +80,9 @@ class ResidentSlots(_Knobs):
 
 
 class KnowledgeResearch(_Knobs):
-    cache_ttl_days: int = Field(30, gt=0, le=MAX_DAYS)
+    cache_ttl_days: int = Field(30, gt=0)
     max_calls_per_story: int = Field(3, ge=0)
-    call_timeout_seconds: int = _seconds(600)
+    call_timeout_seconds: int = Field(600, gt=0)
     max_cache_entries: int = Field(200, gt=0)
 
 
@@ -97,7 +94,7 @@ class SprintConfig(_Knobs):
     story_review_fallback: Literal["ask_user", "force_pass", "skip_story"] = "ask_user"
     story_review_enabled: bool = True
     # ask_user: how long a story waits for a human decision before needs-intervention (None: for ever).
-    decision_timeout_seconds: int | None = _seconds(None)
+    decision_timeout_seconds: int | None = Field(None, gt=0)
     # Debug rounds (DEBUG_REQUEST to the debugger resident) per story after a dev-runner failure.
     max_debug_attempts: int = Field(1, ge=0)
     # message-schemas: the `timeout_ms` of the Master's and Slaves' queries to residents (PLAN_REQUEST to the
@@ -137,7 +134,7 @@ class SprintConfig(_Knobs):
     first_story_checkpoint: Literal["pause", "report", "skip"] = "report"
     git_squash_strategy: Literal["per_story", "per_phase", "none"] = "per_story"
     auto_clear_git_track: bool = True
-    slave_timeout_seconds: int = _seconds(5400)
+    slave_timeout_seconds: int = Field(5400, gt=0)
     # The Master continues as new between batches when Temporal suggests it, or after this many
     # history events (a lower bound for tests and very long sprints; None: only when suggested).
     continue_as_new_after_events: int | None = Field(None, ge=100)
@@ -166,6 +163,30 @@ class SprintConfig(_Knobs):
         the module's `agent_timeout_seconds.knowledge_research` (set either, the call keeps to it)."""
         timeout = min(self.knowledge_research.call_timeout_seconds, self.agent_timeout_seconds.knowledge_research)
         return self.knowledge_research.model_copy(update={"call_timeout_seconds": timeout})
+
+
+def limits_error(config: SprintConfig) -> str | None:
+    """The knobs past what a workflow can hold (MAX_SECONDS, MAX_DAYS, MAX_ATTEMPTS), named, or None: refused at
+    a sprint's start by `bso sprint start` and by the Master."""
+    timeouts = config.agent_timeout_seconds
+    seconds = {
+        "slave_timeout_seconds": config.slave_timeout_seconds,
+        "decision_timeout_seconds": config.decision_timeout_seconds,
+        "agent_retry.heartbeat_timeout_seconds": config.agent_retry.heartbeat_timeout_seconds,
+        "agent_retry.initial_interval_seconds": config.agent_retry.initial_interval_seconds,
+        "knowledge_research.call_timeout_seconds": config.knowledge_research.call_timeout_seconds,
+        **{f"agent_timeout_seconds.{name}": value for name, value in timeouts.model_dump().items()},
+    }
+    problems = [
+        f"{knob}: at most {MAX_SECONDS} seconds (a year), got {value}"
+        for knob, value in seconds.items()
+        if value is not None and not value <= MAX_SECONDS  # (NaN is not either)
+    ]
+    if not config.knowledge_research.cache_ttl_days <= MAX_DAYS:
+        problems.append(f"knowledge_research.cache_ttl_days: at most {MAX_DAYS}, got {config.knowledge_research.cache_ttl_days}")
+    if config.agent_retry.maximum_attempts > MAX_ATTEMPTS:
+        problems.append(f"agent_retry.maximum_attempts: at most {MAX_ATTEMPTS}, got {config.agent_retry.maximum_attempts}")
+    return f"invalid config_overrides: {'; '.join(problems)}" if problems else None
 
 
 class ConfigError(ValueError):

@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.backends.command import stop_sprint_agents
     from activities.summary import SummaryInput, write_execution_summary
-    from bso.config import ConfigError, SprintConfig, resolve_config
+    from bso.config import ConfigError, SprintConfig, limits_error, resolve_config
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
         QUERY_REPORT,
@@ -156,6 +156,10 @@ PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 # A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
 # started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
 PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
+# A knob past what a workflow can hold (bso.config.limits_error: 1e20 seconds) is refused at the start; it failed
+# the Slave's workflow task on every retry. Patched only where it refuses: a sprint started before with a large
+# but workable value (400 days) replays as it ran.
+PATCH_CONFIG_LIMITS = "master-config-limits"
 # The same for a status file that lists no story at all (it ended sprint-complete with 0 batches).
 PATCH_NO_STORIES = "master-no-stories"
 # A story whose key is too long for an agent's answer to name it is left out, saying so: its agents ran and
@@ -848,6 +852,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             config = resolve_config(inp.config_overrides)
         except ConfigError as err:
             raise _invalid_input(str(err)) from None
+        if (error := limits_error(config)) is not None and workflow.patched(PATCH_CONFIG_LIMITS):
+            raise _invalid_input(error)
         try:
             script = SimulationScript.model_validate(inp.simulation)
         except ValidationError as err:
