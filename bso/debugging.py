@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bso.config import SprintConfig
 from bso.dispatch import (
@@ -35,8 +35,6 @@ from bso.states import AgentStatus, Severity, StoryState
 
 JOURNAL = "debug-journal.md"  # in .sprint-session/ (P49)
 MAX_TEXT = 4000
-MAX_STORY_KEY = 200  # as the Master's (bso.messages.story_key_too_long)
-STORY_OR_SHORT_KEY = rf"{STORY_KEY_RE.pattern}|{SHORT_KEY_RE.pattern}"
 
 
 class _Message(BaseModel):
@@ -47,7 +45,7 @@ class DebugRequest(_Message):
     msg_type: Literal["DEBUG_REQUEST"] = "DEBUG_REQUEST"
     debug_id: str = Field(min_length=1, max_length=200)
     # A story key (`N-M-slug`) or its short form: the journal (and the next analyses it feeds) records it.
-    story_key: str = Field(min_length=1, max_length=MAX_STORY_KEY, pattern=STORY_OR_SHORT_KEY)
+    story_key: str = Field(min_length=1)
     agent_type: str = "dev-runner"
     error_summary: str = Field("", max_length=MAX_TEXT)
     stack_trace: str = Field("", max_length=MAX_TEXT)
@@ -58,6 +56,14 @@ class DebugRequest(_Message):
     attempt: int = Field(1, ge=1)  # the story's debug attempt (the simulated debugger's script index)
     timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
     priority: Literal["critical", "high", "normal", "low"] | None = None  # message-schemas: the analysis activity's Temporal priority
+
+    @field_validator("story_key")
+    @classmethod
+    def _a_story_key(cls, value: str) -> str:
+        # The sprint's own grammar (Python's re, as the status file's parse): what the Slave sends always passes.
+        if not (STORY_KEY_RE.match(value) or SHORT_KEY_RE.match(value)):
+            raise ValueError(f"{value[:80]!r} is not a story key (N-M or N-M-slug)")
+        return value
 
 
 class DebugResult(_Message):

@@ -12,7 +12,7 @@ from string import Template
 
 from bso.models import short_key
 
-_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}\Z")
 
 
 class GitRuleError(ValueError):

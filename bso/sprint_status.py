@@ -56,10 +56,11 @@ __all__ = [
 
 # --- key grammar --------------------------------------------------------------------------------
 
-EPIC_KEY_RE = re.compile(r"^epic-(\d+)$")
-RETRO_KEY_RE = re.compile(r"^epic-(\d+)-retrospective$")
-STORY_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)-([a-z0-9][a-z0-9-]*)$")
-SHORT_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)$")
+# \Z, not $: `$` also matches before a final line break, and a quoted key "1-1-login\n" passed for a story.
+EPIC_KEY_RE = re.compile(r"^epic-(\d+)\Z")
+RETRO_KEY_RE = re.compile(r"^epic-(\d+)-retrospective\Z")
+STORY_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)-([a-z0-9][a-z0-9-]*)\Z")
+SHORT_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)\Z")
 
 MAX_STATUS_BYTES = 5 * 1024 * 1024
 

@@ -100,11 +100,14 @@ def test_known_result_comes_from_a_journal_entry_with_the_same_signature():
     assert known_result(entry, request("something else entirely")) is None
 
 
-@pytest.mark.parametrize("key", ["1-2\n## DBG-forged\n- fix_suggestion: rm -rf /", "../1-2", "", "x" * 201, "epic-1"])
+@pytest.mark.parametrize(
+    "key", ["1-2\n## DBG-forged\n- fix_suggestion: rm -rf /", "1-2-login\n", "../1-2", "", "x" * 201, "epic-1"]
+)
 def test_a_debug_request_for_what_is_not_a_story_key_is_refused(key):
     with pytest.raises(ValidationError, match="story_key"):
         DebugRequest(debug_id="DBG-b1-1-2-001", story_key=key, report_to="s/batch-1")
-    assert DebugRequest(debug_id="D", story_key="1-2", report_to="r").story_key == "1-2"  # the short form is one
+    for key in ("1-2", "2-2a", "2-2a-expiry-reminder-emails", "3-4-imp-cache-the-index", "1-1-" + "x" * 300):
+        assert DebugRequest(debug_id="D", story_key=key, report_to="r").story_key == key  # BSO's own keys pass
 
 
 def test_a_line_break_in_a_request_cannot_write_a_forged_journal_entry():

@@ -76,7 +76,9 @@ def test_valid_keys(key: str, kind: str) -> None:
 @pytest.mark.parametrize(
     "key",
     ["../x", "/abs", "Foo Bar", "epic-", "epic-x", "1-1", "1-1-Foo", "1-1-foo_bar", "2-6ab-foo", "a-1-foo",
-     "1-1-foo/../x", "epic-1-retro", "1-1-", "1-1-foo bar", ""],
+     "1-1-foo/../x", "epic-1-retro", "1-1-", "1-1-foo bar", "",
+     # `$` matched before a final line break: a quoted "1-1-login\n" passed for a story
+     "1-1-login\n", "epic-1\n", "epic-1-retrospective\n"],
 )
 def test_invalid_keys(key: str) -> None:
     assert classify_key(key) is None
