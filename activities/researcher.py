@@ -66,7 +66,7 @@ def _read_or_set_aside(path: Path, parse: Callable[[dict], T], empty: T) -> T:
     every research call failed on it, in this sprint and every later one on the project."""
     try:
         return parse(_read(path))
-    except (YAMLError, ValidationError, UnicodeDecodeError, TypeError, ValueError) as err:
+    except (YAMLError, ValidationError, UnicodeDecodeError, TypeError, ValueError, AttributeError, OverflowError) as err:
         aside = path.with_name(f"{path.name}.unreadable")
         os.replace(path, aside)
         activity.logger.warning("knowledge cache: %s is unreadable (%s); set aside as %s, starting afresh",
@@ -83,7 +83,10 @@ def _write(path: Path, data: dict) -> None:
 
 
 def _budget_calls(data: dict) -> dict[str, int]:
-    return {str(k): int(v) for k, v in (data.get("calls") or {}).items()}
+    calls = data.get("calls") or {}
+    if not isinstance(calls, dict):
+        raise TypeError(f"calls must be a mapping of story: count, got {type(calls).__name__}")
+    return {str(k): int(v) for k, v in calls.items()}
 
 
 async def _call(inp: ResearchInput) -> str:

@@ -132,6 +132,8 @@ async def claim_project(
     project; unlike a search of the server's visibility store, which lags, this sees a sprint started a moment
     ago. Idempotent: the same sprint (a retry, or its id used again after it failed) claims it again."""
     path = session_path(project_root, RUNNING_SPRINT_FILE)
+    if (in_the_way := session_dir_problem(project_root)) is not None:  # a folder where the claim goes
+        raise ApplicationError(in_the_way, type="SessionDirError", non_retryable=True)
     async with AsyncExitStack() as locks:
         await locks.enter_async_context(polled_lock(path.with_suffix(".lock")))
         if status_real is not None:  # U4's lock on the file: sprints through other roots take it too

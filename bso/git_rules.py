@@ -188,6 +188,16 @@ def not_merged(why: str) -> str:
     return f"{NOT_MERGED_PREFIX}{why}"
 
 
+def error_says_work_left_out(error: str | None) -> bool:
+    """For a story recorded before its merge's outcome was a flag (a sprint running across the upgrade): whether
+    its error says its work may not be in the project (a merge that failed or was cut short)."""
+    if not error:
+        return False
+    if error == MERGE_CUT_SHORT:
+        return True
+    return error.startswith(NOT_MERGED_PREFIX) and error.removeprefix(NOT_MERGED_PREFIX) not in NOTHING_TO_MERGE
+
+
 class MergeOutcome(BaseModel):
     """How a done story's merge back ended, as its story shows it: `note` for its error (None: merged), and
     whether its work may be missing from the project (a merge that failed or was cut short; not a story with

@@ -172,7 +172,9 @@ class StoryProgress(_Model):
     debug_attempts: int = 0  # DEBUG_REQUESTs sent for this story (bso.debugging)
     # Why the story's next state waits: sprint-status.yaml does not parse (the agent's result is kept meanwhile)
     status_file_problem: str | None = None
-    work_left_out: bool = False  # command backend: done, but its branch did not merge back (bso.git_rules)
+    # command backend: done, but its branch did not merge back (bso.git_rules.MergeOutcome); None: not said (no
+    # merge, or recorded before the flag: bso.report reads the story's error then)
+    work_left_out: bool | None = None
 
 
 class StoryResult(_Model):
@@ -235,7 +237,9 @@ class StoryView(_Model):
     debug_in_flight: str | None = None  # the debug id while the story waits on the debugger's analysis
     merging: bool = False  # command backend: done, its branch being merged back into the project
     status_file_problem: str | None = None  # set while the story waits for sprint-status.yaml to parse again
-    work_left_out: bool = False  # command backend: done, but its branch did not merge back (bso.git_rules)
+    # command backend: done, but its branch did not merge back (bso.git_rules.MergeOutcome); None: not said (no
+    # merge, or recorded before the flag: bso.report reads the story's error then)
+    work_left_out: bool | None = None
 
     @property
     def in_flight(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bso.git_rules import error_says_work_left_out
 from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryView, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
@@ -93,7 +94,11 @@ def sprint_status(final_states: dict[str, str], stopped_early: bool, undelivered
 def undelivered_stories(views: dict[str, StoryView]) -> list[str]:
     """Done stories whose branch did not merge back (or whose merge was cut short): their work may not be in
     the project."""
-    return [key for key, view in views.items() if view.state == StoryState.DONE and view.work_left_out]
+    return [key for key, view in views.items() if view.state == StoryState.DONE and _work_left_out(view)]
+
+
+def _work_left_out(view: StoryView) -> bool:
+    return view.work_left_out if view.work_left_out is not None else error_says_work_left_out(view.error)
 
 
 def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[int, list[str]]:

@@ -1217,7 +1217,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 update |= {
                     "merging": False,
                     "error": view.error or outcome.note,
-                    "work_left_out": view.work_left_out or outcome.work_left_out,
+                    "work_left_out": bool(view.work_left_out) or outcome.work_left_out,
                 }
                 merge_cut[key] = view.state
             s.views[key] = view.model_copy(update=update)

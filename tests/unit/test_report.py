@@ -48,8 +48,20 @@ def test_only_done_stories_whose_work_was_left_out_are_undelivered() -> None:
         K2: StoryView(state="done"),
         "1-3-a": StoryView(state="done", error=not_merged("no branch: nothing to merge")),  # set done by hand
         # An error that reads like a failed merge is not what decides: the merge's outcome is.
-        "1-5-c": StoryView(state="done", error="not merged: dropped by course correction (user_request)"),
+        "1-5-c": StoryView(state="done", error="not merged: conflict", work_left_out=False),
         "1-6-d": StoryView(state="done", error=MERGE_CUT_SHORT, work_left_out=True),
         "1-7-e": StoryView(state="done", error="agent activity failed", work_left_out=True),  # its own error shown
     }
     assert undelivered_stories(views) == ["1-6-d", "1-7-e"]
+
+
+def test_a_story_recorded_before_the_flag_is_judged_by_its_error() -> None:
+    """A sprint running across the upgrade: its views made by the code before have no flag."""
+    views = {
+        K1: StoryView(state="done", error=not_merged("merge of bso/s/1-1 failed; worktree kept")),
+        K2: StoryView(state="done", error=MERGE_CUT_SHORT),
+        "1-3-a": StoryView(state="done", error=not_merged("no branch: nothing to merge")),
+        "1-4-b": StoryView(state="done"),
+    }
+    assert [v.work_left_out for v in views.values()] == [None] * 4
+    assert undelivered_stories(views) == [K1, K2]

@@ -30,6 +30,9 @@ def _ask(root: Path, query: str = "How do I hash passwords?"):
         ("index.yaml", "entries: {a: [unclosed\n"),  # broken YAML
         ("index.yaml", b"\xff\xfe entries"),  # not UTF-8
         ("budget.yaml", "calls: {1-1: lots}\n"),  # not a count
+        ("budget.yaml", "calls: [1, 2]\n"),  # not a mapping
+        ("budget.yaml", "calls: abc\n"),
+        ("budget.yaml", "calls: {1-1: .inf}\n"),  # no count either
     ],
 )
 async def test_an_unreadable_cache_file_is_set_aside_and_research_goes_on(tmp_path: Path, name: str, text):
