@@ -17,6 +17,7 @@ from datetime import date, datetime
 from typing import Any, Literal
 
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from bso.models import TERMINAL_VALUES, short_key
@@ -318,6 +319,9 @@ def _type_name(value: Any) -> str:
         return "a number"
     if isinstance(value, datetime | date):
         return "a date"
+    if isinstance(value, TaggedScalar):  # `!!str backlog`: BSO writes values back plain, so it takes them plain
+        tag = str(getattr(value.tag, "value", value.tag)).replace("tag:yaml.org,2002:", "!!")
+        return f"a value tagged {tag} (write it without the tag: {value.value})"
     return type(value).__name__
 
 

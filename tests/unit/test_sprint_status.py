@@ -171,6 +171,9 @@ def test_duplicate_key_is_an_error_with_position() -> None:
         ("development_status:\n  1-1-a:\n", "value of '1-1-a' must be a string"),
         ("development_status:\n  1-1-a: [done]\n", "value of '1-1-a' must be a string"),
         ("development_status:\n  1-1-a: true\n", "must be a string"),
+        # It said "got TaggedScalar".
+        ("development_status:\n  1-1-a: !!str backlog\n", "got a value tagged !!str (write it without the tag: backlog)"),
+        ("development_status:\n  1-1-a: !mine done\n", "got a value tagged !mine (write it without the tag: done)"),
         ("development_status:\n  1-1-a: done\n  ../x: done\n", "line 3, column 3: invalid key '../x'"),
         ("development_status:\n  /abs: done\n", "invalid key '/abs'"),
         ("development_status:\n  Foo Bar: done\n", "invalid key 'Foo Bar'"),
