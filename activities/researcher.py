@@ -66,7 +66,7 @@ def _read_or_set_aside(path: Path, parse: Callable[[dict], T], empty: T) -> T:
     every research call failed on it, in this sprint and every later one on the project."""
     try:
         return parse(_read(path))
-    except (YAMLError, ValidationError, UnicodeDecodeError, TypeError, ValueError, AttributeError, OverflowError) as err:
+    except (YAMLError, ValidationError, UnicodeDecodeError, TypeError, ValueError, OverflowError) as err:
         aside = path.with_name(f"{path.name}.unreadable")
         os.replace(path, aside)
         activity.logger.warning("knowledge cache: %s is unreadable (%s); set aside as %s, starting afresh",

@@ -9,7 +9,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,25 +97,38 @@ def _recorded_claim(project_root: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def recorded_claim(project_root: str | Path) -> tuple[str, str | None] | None:
+    """(sprint id, its first run's id) of the sprint that last claimed the project (it may have ended since, or
+    its id been used again: ask the server with both)."""
+    claim = _recorded_claim(project_root)
+    holder = _text(claim.get("sprint_id"))
+    return (holder, _text(claim.get("run_id"))) if holder else None
+
+
 def recorded_running_sprint(project_root: str) -> str | None:
     """The sprint that last claimed the project (it may have ended since: ask the server)."""
-    holder = _recorded_claim(project_root).get("sprint_id")
-    return holder if isinstance(holder, str) and holder else None
+    claim = recorded_claim(project_root)
+    return claim[0] if claim else None
 
 
-def claims_on_status_file(status_real: str, besides: str | Path) -> list[tuple[str, Path]]:
-    """(sprint, project root) of the claims recorded on this status file under any other root than `besides`:
-    a project root holds its status file, so only the file's folders can be one. Two sprints started on one file
-    through different roots (the project, and a folder of it with --status-file) would each claim their own root
-    and both run every story. Claims recorded before they named their status file are not seen."""
+def claims_on_status_file(status_real: str, besides: str | Path) -> list[tuple[str, str | None, Path]]:
+    """(sprint, its first run's id, project root) of the claims recorded on this status file under any other root
+    than `besides`: a project root holds its status file, so only the file's folders can be one. Two sprints
+    started on one file through different roots (the project, and a folder of it with --status-file) would each
+    claim their own root and both run every story. Claims recorded before they named their status file are not
+    seen."""
     found = []
     for folder in Path(status_real).parents:
         if folder == Path(besides):
             continue
         claim = _recorded_claim(folder)
-        holder = claim.get("sprint_id")
-        if isinstance(holder, str) and holder and claim.get("status_file") == status_real:
-            found.append((holder, folder))
+        holder = _text(claim.get("sprint_id"))
+        if holder and claim.get("status_file") == status_real:
+            found.append((holder, _text(claim.get("run_id")), folder))
     return found
 
 
@@ -123,28 +136,29 @@ async def claim_project(
     project_root: str,
     sprint_id: str,
     run_id: str,
-    is_running: Callable[[str], Awaitable[bool]],
+    is_running: Callable[[str, str | None], Awaitable[bool]],
     status_real: str | None = None,
 ) -> None:
     """Record `sprint_id` as the project's sprint, unless another sprint that claimed it is still running
-    (ProjectBusyError), or one that claimed its status file (`status_real`) through another root. Under a lock
-    (the project's, then the status file's), so that of two sprints started at once exactly one gets the
-    project; unlike a search of the server's visibility store, which lags, this sees a sprint started a moment
-    ago. Idempotent: the same sprint (a retry, or its id used again after it failed) claims it again."""
+    (ProjectBusyError), or one that claimed its status file (`status_real`) through another root. Under the
+    project's lock, so that of two sprints started at once on it exactly one gets it; unlike a search of the
+    server's visibility store, which lags, this sees a sprint started a moment ago. (Two started in the same
+    instant through two roots may both pass: no lock is held across the server's answers on the status file's
+    side, where the running sprint's writes take their turns.) Idempotent: the same sprint (a retry, or its id
+    used again after it failed) claims it again."""
     path = session_path(project_root, RUNNING_SPRINT_FILE)
     if (in_the_way := session_dir_problem(project_root)) is not None:  # a folder where the claim goes
         raise ApplicationError(in_the_way, type="SessionDirError", non_retryable=True)
-    async with AsyncExitStack() as locks:
-        await locks.enter_async_context(polled_lock(path.with_suffix(".lock")))
-        if status_real is not None:  # U4's lock on the file: sprints through other roots take it too
-            await locks.enter_async_context(polled_lock(Path(status_real + ".lock")))
-        holder = recorded_running_sprint(project_root)
-        if holder is not None and holder != sprint_id and await is_running(holder):
-            raise ProjectBusyError(holder, project_root)
+    if status_real is not None:  # U4 takes this lock for every write: a folder in its place fails them all
+        os.close(os.open(status_real + ".lock", os.O_RDWR | os.O_CREAT, 0o644))
+    async with polled_lock(path.with_suffix(".lock")):
+        claim = recorded_claim(project_root)
+        if claim is not None and claim[0] != sprint_id and await is_running(*claim):
+            raise ProjectBusyError(claim[0], project_root)
         if status_real is not None:
             real_root = Path(project_root).resolve()
-            for other, root in claims_on_status_file(status_real, besides=real_root):
-                if other != sprint_id and await is_running(other):
+            for other, other_run, root in claims_on_status_file(status_real, besides=real_root):
+                if other != sprint_id and await is_running(other, other_run):
                     raise ProjectBusyError(other, str(root), status_real)
         write_json_atomic(
             path,

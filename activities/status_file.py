@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import posixpath
@@ -275,7 +276,10 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
             )
         except ProjectBusyError as err:
             raise ApplicationError(str(err), type=PROJECT_BUSY_ERROR, non_retryable=True) from None
-        except OSError as err:  # e.g. a folder where the status file's lock must be: it would fail every story later
+        except OSError as err:
+            if err.errno not in LASTING_ERRNOS:
+                raise  # a full disk, too many open files: retried
+            # e.g. a folder where the status file's lock must be: it would fail every story later
             raise ApplicationError(
                 f"{err.filename or inp.project_root}: {err.strerror or err} (needed to claim the project at the "
                 "sprint's start)",
@@ -284,6 +288,9 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
             ) from None
     return snapshot
 
+
+# What no retry of a claim mends: a folder where a file must be (or the reverse), no permission, a read-only disk.
+LASTING_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
 
 # How often a status file that does not parse is read again while a batch waits for it.
 STATUS_FILE_POLL_SECONDS = 1.0

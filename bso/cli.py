@@ -50,7 +50,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
-from activities.session_files import claims_on_status_file, recorded_running_sprint, session_dir_problem
+from activities.session_files import claims_on_status_file, recorded_claim, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, limits_error, resolve_config
 from bso.course_correction import CourseCorrectionRequest
@@ -948,12 +948,11 @@ async def _sprint_running_on(client: Client, root: Path, status_path: Path | Non
     history event), so that a sprint whose worker has not run yet counts too. That search reads the visibility
     store, which lags by a second or two; a sprint it misses is refused by the project's claim when its Master
     starts."""
-    holder = recorded_running_sprint(str(root))
-    if holder is not None and await is_running(client, holder):
-        return holder
+    if (claim := recorded_claim(root)) is not None and await is_running(client, *claim):
+        return claim[0]
     if status_path is not None:
-        for other, _ in claims_on_status_file(str(status_path.resolve()), besides=root.resolve()):
-            if await is_running(client, other):
+        for other, other_run, _ in claims_on_status_file(str(status_path.resolve()), besides=root.resolve()):
+            if await is_running(client, other, other_run):
                 return other
     query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
     async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
@@ -1060,8 +1059,8 @@ def sprint_start(
         client = await _client()
         if (other := await _sprint_running_on(client, root, status_path)) is not None:
             raise BsoError(
-                f"sprint {other} is already running on {root}: two sprints would drive the same stories and "
-                f"status file (wait for it, or `bso sprint shutdown {other}` first)"
+                f"sprint {other} is already running on {root} or on its status file {status_path}: two sprints "
+                f"would drive the same stories and status file (wait for it, or `bso sprint shutdown {other}` first)"
             )
         try:
             await client.start_workflow(

@@ -76,16 +76,20 @@ async def ensure_search_attributes(client: Client) -> list[str]:
     return sorted(missing)
 
 
-async def is_running(client: Client, workflow_id: str) -> bool:
+async def is_running(client: Client, workflow_id: str, first_run_id: str | None = None) -> bool:
     """Whether the workflow's latest run is running (asked of the server: current, unlike a visibility search);
-    False for an id the server does not know."""
+    False for an id the server does not know. With `first_run_id` (the run that made a claim), only while that
+    run's chain of continue-as-new runs goes on: the id used again since by another sprint is not it."""
     try:
         described = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=timedelta(seconds=10))
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return False
         raise
-    return described.status == WorkflowExecutionStatus.RUNNING
+    if described.status != WorkflowExecutionStatus.RUNNING:
+        return False
+    chain = described.raw_description.workflow_execution_info.first_run_id
+    return not (first_run_id and chain and chain != first_run_id)  # (a server that does not say: by the id)
 
 
 async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:

@@ -12,7 +12,7 @@ from activities.session_files import ProjectBusyError, claim_project, recorded_r
 
 
 def running(*sprint_ids: str):
-    async def is_running(sprint_id: str) -> bool:
+    async def is_running(sprint_id: str, first_run_id: str | None = None) -> bool:
         await asyncio.sleep(0.01)  # a server round trip: the other claim gets its chance to interleave
         return sprint_id in sprint_ids
 
@@ -47,7 +47,7 @@ async def test_of_claims_at_once_exactly_one_wins(tmp_path: Path):
     await claim_project(str(tmp_path), "sprint-ended", "run-0", running())
     claimed: list[str] = []
 
-    async def is_running(sprint_id: str) -> bool:
+    async def is_running(sprint_id: str, first_run_id: str | None = None) -> bool:
         await asyncio.sleep(0.01)
         return sprint_id in claimed
 

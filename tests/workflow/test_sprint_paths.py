@@ -12,6 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
+from activities.session_files import recorded_running_sprint
 from bso.cli import BsoError, _check_selection, _refused_at_its_claim, _sprint_running_on, _status_file_waits
 from bso.config import resolve_config
 from bso.message_flow import message_flow
@@ -680,13 +681,35 @@ async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_r
         )
         with pytest.raises(WorkflowFailureError) as failure:
             await second.result()
-        assert status_values(tmp_path)[K2] == "review"  # the refused sprint ran nothing
         assert (await first.result()).status is SprintStatus.COMPLETE
+    started = [e for e in (await second.fetch_history()).events if e.HasField("start_child_workflow_execution_initiated_event_attributes")]
+    assert started == []  # the refused sprint ran nothing
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy", cause
     assert f"sprint outer is already running on {tmp_path}, on " in cause.message, cause.message
     assert await workflow_task_failures(ts_env.client, second.id) == 0
     assert not (inner / ".sprint-session" / "running-sprint.json").exists()
+
+
+async def test_a_claim_left_by_a_sprint_whose_id_runs_again_elsewhere_does_not_hold_the_project(ts_env, tmp_path: Path):
+    """Sprint `reused` claimed project A and failed there; its id, free again, now runs a sprint on project B. A
+    sprint on A is not refused for it: the claim names the run that made it, and that run's sprint is over."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_project(a, {K1: "done"})  # nothing to run: it fails after its claim
+    make_project(b, {K1: "review"})
+    slow = {"stories": {"1-1": {"duration_ms": 3000}}}
+    async with bso_worker(ts_env.client) as queue:
+        failed = await start_sprint(ts_env.client, queue, sprint_input(a, session_id="reused"))
+        with pytest.raises(WorkflowFailureError):
+            await failed.result()
+        assert recorded_running_sprint(str(a)) == "reused"
+        again = await start_sprint(ts_env.client, queue, sprint_input(b, session_id="reused", simulation=slow))
+        await wait_status(again, lambda s: s.phase == "running", "the id running again, on project B")
+        assert await _sprint_running_on(_BlindVisibility(ts_env.client), a) is None
+        (a / DEFAULT_STATUS_FILE).write_text((a / DEFAULT_STATUS_FILE).read_text().replace(f"{K1}: done", f"{K1}: review"))
+        report = await run_sprint(ts_env.client, queue, sprint_input(a, session_id="on-a"))
+        assert report.status is SprintStatus.COMPLETE, report
+        await again.result()
 
 
 async def test_a_story_set_done_by_hand_before_its_batch_shows_as_done(ts_env, tmp_path: Path):
