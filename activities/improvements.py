@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.session_files import SESSION_DIR
-from activities.status_file import _atomic_replace, _read_text
+from activities.status_file import _atomic_replace, _read_text, status_lock_path
 from bso.improvements import AddStoriesInput, Proposals, ProposeInput, insert_after
 from bso.messages import ImprovementRequestedPayload, parse_message, validation_failed
 from bso.models import StoryMeta, short_key
@@ -83,7 +83,7 @@ async def propose_improvements(inp: ProposeInput) -> Proposals:
 
 def _add_sync(inp: AddStoriesInput) -> list[StoryMeta]:
     target = inp.status_file
-    lock_fd = os.open(target + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    lock_fd = os.open(status_lock_path(target), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         text = _read_text(target)

@@ -35,12 +35,14 @@ def session_path(project_root: str, *parts: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a file where a folder must be: no retry mends that
-        raise ApplicationError(
-            session_dir_problem(project_root) or f"cannot make {path.parent}: a file is in the way",
-            type="SessionDirError",
-            non_retryable=True,
+        raise _session_dir_error(
+            session_dir_problem(project_root) or f"cannot make {path.parent}: a file is in the way"
         ) from None
     return path
+
+
+def _session_dir_error(message: str) -> ApplicationError:
+    return ApplicationError(message, type="SessionDirError", non_retryable=True)
 
 
 def session_dir_problem(project_root: str | Path) -> str | None:
@@ -148,9 +150,7 @@ async def claim_project(
     used again after it failed) claims it again."""
     path = session_path(project_root, RUNNING_SPRINT_FILE)
     if (in_the_way := session_dir_problem(project_root)) is not None:  # a folder where the claim goes
-        raise ApplicationError(in_the_way, type="SessionDirError", non_retryable=True)
-    if status_real is not None:  # U4 takes this lock for every write: a folder in its place fails them all
-        os.close(os.open(status_real + ".lock", os.O_RDWR | os.O_CREAT, 0o644))
+        raise _session_dir_error(in_the_way)
     async with polled_lock(path.with_suffix(".lock")):
         claim = recorded_claim(project_root)
         if claim is not None and claim[0] != sprint_id and await is_running(*claim):

@@ -270,6 +270,8 @@ async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     if inp.claim_project:  # after the load: it has checked the project root is a real directory
         info = activity.info()
         try:
+            # U4 takes this lock for every write: a folder in its place would fail them all, so it fails the start.
+            os.close(os.open(status_lock_path(snapshot.status_file), os.O_RDWR | os.O_CREAT, 0o644))
             await claim_project(
                 inp.project_root, info.workflow_id, info.workflow_run_id, partial(is_running, activity.client()),
                 status_real=snapshot.status_file,
@@ -344,10 +346,15 @@ def _atomic_replace(target: str, data: bytes, mode: int) -> None:
     _fsync_dir(directory)
 
 
+def status_lock_path(status_real: str) -> str:
+    """The lock every U4 write of this status file takes (beside it, so that sprints through any root share it)."""
+    return status_real + ".lock"
+
+
 def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
     root, root_real = _project_root(inp.project_root)
     target = _status_path(root, root_real, inp.status_file)
-    lock_path = target + ".lock"
+    lock_path = status_lock_path(target)
     try:
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:

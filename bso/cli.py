@@ -70,6 +70,7 @@ from bso.constants import (
     UPDATE_COURSE_CORRECT,
     UPDATE_DECIDE,
     agents_task_queue_for,
+    sprint_id_characters_error,
     sprint_id_error,
 )
 from bso.message_flow import (
@@ -1040,11 +1041,8 @@ def sprint_start(
         if backend == AgentBackend.COMMAND:
             _check_agent_profiles(root)
         sid = sprint_id or new_sprint_id()
-        if (id_error := sprint_id_error(sid)) is not None:
+        if (id_error := sprint_id_error(sid) or sprint_id_characters_error(sid)) is not None:
             raise BsoError(id_error)
-        if not sid.strip() or any(c.isspace() or not c.isprintable() for c in sid):
-            raise BsoError(f"sprint id {sid!r}: use no spaces, line breaks or other control characters (it is typed "
-                           "in commands and shown in the Web UI)")
         inp = SprintInput(
             project_root=str(root),
             status_file=status_file,

@@ -182,7 +182,7 @@ def limits_error(config: SprintConfig) -> str | None:
         for knob, value in seconds.items()
         if value is not None and not value <= MAX_SECONDS  # (NaN is not either)
     ]
-    if not config.knowledge_research.cache_ttl_days <= MAX_DAYS:
+    if config.knowledge_research.cache_ttl_days > MAX_DAYS:
         problems.append(f"knowledge_research.cache_ttl_days: at most {MAX_DAYS}, got {config.knowledge_research.cache_ttl_days}")
     if config.agent_retry.maximum_attempts > MAX_ATTEMPTS:
         problems.append(f"agent_retry.maximum_attempts: at most {MAX_ATTEMPTS}, got {config.agent_retry.maximum_attempts}")

@@ -89,6 +89,15 @@ def sprint_id_collision(sprint_id: str) -> str | None:
 MAX_SPRINT_ID_CHARS = 100
 
 
+def sprint_id_characters_error(sprint_id: str) -> str | None:
+    """An id `bso sprint start` refuses: blank, or with spaces, line breaks or control characters (it is typed in
+    commands and shown in the Web UI)."""
+    if sprint_id.strip() and not any(c.isspace() or not c.isprintable() for c in sprint_id):
+        return None
+    return (f"sprint id {sprint_id!r}: use no spaces, line breaks or other control characters (it is typed in "
+            "commands and shown in the Web UI)")
+
+
 def sprint_id_length_error(sprint_id: str) -> str | None:
     if len(sprint_id) <= MAX_SPRINT_ID_CHARS:
         return None

@@ -179,7 +179,8 @@ class FinishStoryResult(BaseModel):
 NOT_MERGED_PREFIX = "not merged: "
 # A done story with no work of its own on a branch (set done by hand before any commit): nothing is missing.
 NOTHING_TO_MERGE = ("no branch: nothing to merge", "no commits on the story branch")
-# The Master's word on a story whose batch ended while its merge ran (it finished the merge where it could).
+# The Master's word on a story whose batch ended while its merge ran, with no merge finished after it (the sprint
+# cancelled, or a Master from before it finished such merges itself).
 MERGE_CUT_SHORT = "its batch ended during the merge of its branch: check that it was merged"
 
 

@@ -192,9 +192,6 @@ PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
 # A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
 # start: each such story waited out its agent's time.
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
-# A batch that ended abnormally while its done story was being merged back, with no merge finished after it (the
-# sprint cancelled, or a Master from before PATCH_FINISH_CUT_MERGES).
-
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
