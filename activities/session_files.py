@@ -49,6 +49,12 @@ def session_dir_problem(project_root: str | Path) -> str | None:
     """What in the project stands where BSO keeps a sprint's scratch files, if anything (checked by `bso sprint
     start` before a sprint starts; a sprint started otherwise fails on it at once, naming it)."""
     directory = Path(project_root, SESSION_DIR)
+    if directory.is_symlink() and not directory.resolve().is_relative_to(Path(project_root).resolve()):
+        # Agents' prompts and outputs, the claim and the journal would be written wherever the link points.
+        return (
+            f"{directory} is a link out of the project (to {directory.resolve()}): BSO writes a sprint's scratch "
+            "files there and keeps them in the project (remove the link)"
+        )
     if directory.exists() and not directory.is_dir():
         return f"{directory} is not a directory: BSO keeps a sprint's scratch files there (move it away)"
     claim = directory / RUNNING_SPRINT_FILE

@@ -263,25 +263,33 @@ async def test_agent_output_over_2mb_is_rejected_and_the_sprint_completes(local_
         assert await workflow_task_failures(client, workflow_id) == 0
 
 
-@pytest.mark.parametrize("in_the_way", ["file", "claim-dir"])
-async def test_something_in_the_way_of_the_session_folder_is_named_at_the_start(ts_env, tmp_path: Path, in_the_way):
+@pytest.mark.parametrize("in_the_way", ["file", "claim-dir", "link-out"])
+async def test_something_in_the_way_of_the_session_folder_is_named_at_the_start(
+    ts_env, tmp_path: Path, tmp_path_factory, in_the_way
+):
     """A file named .sprint-session (or a folder where the running sprint is recorded): `bso sprint start` said
-    'started', and the sprint then failed on `[Errno 17] File exists`. Now the start refuses it naming it, and a
-    sprint started otherwise fails at once the same way."""
+    'started', and the sprint then failed on `[Errno 17] File exists`. A .sprint-session linked out of the
+    project: agents' prompts and outputs were written wherever it pointed. Now the start refuses each, naming it,
+    and a sprint started otherwise fails at once the same way."""
     make_project(tmp_path, {K1: "review"})
     before = status_values(tmp_path)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
     if in_the_way == "file":
         (tmp_path / ".sprint-session").write_text("notes\n")
         expected = ".sprint-session is not a directory"
-    else:
+    elif in_the_way == "claim-dir":
         (tmp_path / ".sprint-session" / "running-sprint.json").mkdir(parents=True)
         expected = "running-sprint.json is not a file"
+    else:
+        (tmp_path / ".sprint-session").symlink_to(elsewhere, target_is_directory=True)
+        expected = ".sprint-session is a link out of the project"
     problem = session_dir_problem(tmp_path)
     assert problem is not None and expected in problem  # what `bso sprint start` refuses with
     async with bso_worker(ts_env.client) as queue:
         message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path), expected)
     assert "SessionDirError" in message or "Errno" not in message, message
     assert status_values(tmp_path) == before
+    assert list(elsewhere.iterdir()) == []
 
 
 async def test_a_folder_where_the_status_files_lock_goes_is_refused_at_the_start(ts_env, tmp_path: Path):
