@@ -421,6 +421,30 @@ async def _recover_reset_branch(root: str, worktree: Path, branch: str, base: st
     return True
 
 
+# A git operation of the user's under way in the project's checkout: a merge into it would mix with theirs, and
+# BSO's `merge --abort` after a failed merge would throw away their resolution.
+_OPERATIONS_UNDER_WAY = (
+    ("MERGE_HEAD", "a merge"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick"),
+    ("REVERT_HEAD", "a revert"),
+    ("rebase-merge", "a rebase"),
+    ("rebase-apply", "a rebase (or git am)"),
+)
+
+
+async def _checkout_unfit_for_merge(root: str) -> str | None:
+    """Why the project's checkout cannot take a story's work now, if it cannot: a detached HEAD (the merge
+    would land on no branch, and the story's branch then be cleared) or an operation of the user's under way.
+    The story's branch and worktree stay; the user merges it once the checkout is back on a branch."""
+    if not (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip():
+        return "the project's HEAD is detached (check out the branch the story's work should go to)"
+    git_dir = Path(root, (await git(root, "rev-parse", "--git-dir")).strip())
+    for marker, operation in _OPERATIONS_UNDER_WAY:
+        if (git_dir / marker).exists():
+            return f"the project's checkout is in the middle of {operation} (finish or abort it first)"
+    return None
+
+
 async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     """Safe to retry after a failure at any step: the squash commit is built aside (commit-tree) and the
     branch moves to it in one ref update, so the branch always holds the story's whole work."""
@@ -467,6 +491,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             note=f"not merged: the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
                  "worktree kept",
         )
+    if (unfit := await _checkout_unfit_for_merge(root)) is not None:
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"not merged: {unfit}; worktree kept")
     squashed = squashed_before
     restore_on_conflict = originals if squashed_before else tip
     identity = await identity_args(root)
@@ -488,7 +514,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         merged_ff = ff.returncode == 0
     if not merged_ff:  # `merge`, or histories diverged (another story merged first): a merge commit
         merge = await run_command(
-            ["git", "-C", root, *identity, "merge", "--no-ff", "-q", "-m", f"Merge {message}", branch],
+            ["git", "-C", root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch],
             cwd=root,
         )
         if merge.returncode != 0:

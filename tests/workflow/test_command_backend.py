@@ -223,6 +223,56 @@ async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_
     assert worktree_path(str(root), "s1", STORY).exists()
 
 
+async def test_a_merge_of_the_users_under_way_is_left_alone(tmp_path: Path) -> None:
+    """The user was resolving a conflicted merge of their own when the story finished: BSO's merge failed on it,
+    and its `merge --abort` then threw away the user's merge and their resolution."""
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    (root / "notes.txt").write_text("base\n")
+    git(root, "add", "notes.txt")
+    git(root, "commit", "-q", "-m", "notes")
+    git(root, "checkout", "-q", "-b", "feature")
+    (root / "notes.txt").write_text("feature\n")
+    git(root, "commit", "-q", "-am", "feature notes")
+    git(root, "checkout", "-q", "main")
+    (root / "notes.txt").write_text("mainline\n")
+    git(root, "commit", "-q", "-am", "main notes")
+    assert subprocess.run(["git", "-C", str(root), "merge", "-q", "feature"], capture_output=True).returncode != 0
+    (root / "notes.txt").write_text("my careful resolution\n")
+    tip = git(root, "rev-parse", f"bso/s1/{STORY}").strip()
+    result = await finish(root)
+    assert not result.merged and "in the middle of a merge" in result.note
+    assert (root / ".git" / "MERGE_HEAD").exists()
+    assert (root / "notes.txt").read_text() == "my careful resolution\n"
+    assert git(root, "rev-parse", f"bso/s1/{STORY}").strip() == tip and worktree_path(str(root), "s1", STORY).exists()
+
+
+async def test_a_detached_head_takes_no_story_work(tmp_path: Path) -> None:
+    """On a detached HEAD the story's work was merged onto no branch and its branch then cleared: the sprint said
+    complete, and the work was left only in the reflog."""
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    git(root, "checkout", "-q", "--detach", "HEAD")
+    head_before, tip = git(root, "rev-parse", "HEAD").strip(), git(root, "rev-parse", f"bso/s1/{STORY}").strip()
+    result = await finish(root, squash=False)
+    assert not result.merged and "HEAD is detached" in result.note
+    assert git(root, "rev-parse", "HEAD").strip() == head_before
+    assert git(root, "rev-parse", f"bso/s1/{STORY}").strip() == tip
+
+
+async def test_the_projects_merge_hooks_do_not_run_on_the_storys_merge(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, agents_toml='\n[git]\nmerge = "merge"\n')
+    hook = root / ".git" / "hooks" / "pre-merge-commit"
+    hook.write_text("#!/bin/sh\necho refusing >&2\nexit 1\n")
+    hook.chmod(0o755)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    result = await finish(root)
+    assert result.merged, result.note
+
+
 async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
     """A project whose story's dev dispatch succeeded: (root, the files its branch changes)."""
     root = dev_project(tmp_path)
@@ -233,7 +283,7 @@ async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
     return root, changed
 
 
-@pytest.mark.parametrize("crash_after", range(15))  # a clean finish runs 15 git commands
+@pytest.mark.parametrize("crash_after", range(17))  # a clean finish runs 17 git commands
 async def test_a_finish_retried_after_a_crash_at_any_step_merges_the_story(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_after: int
 ) -> None:
