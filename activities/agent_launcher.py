@@ -46,16 +46,34 @@ def write_json_atomic(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
+MIN_SECRET_CHARS = 4  # shorter values would redact ordinary words
+MIN_SECRET_LINE_CHARS = 12  # a line of a value of several lines (a private key's body) redacted on its own
+
+
+def secret_forms(values) -> list[str]:
+    """Every way a secret value may appear in an agent's output: as it is; JSON-escaped, as CLIs printing JSON
+    lines write it (with and without `\\u` escapes of non-ASCII); and for a value of several lines, which output
+    read line by line never holds whole, each line long enough to be its own. Longest first: a form inside
+    another does not leave the rest of it visible."""
+    forms: set[str] = set()
+    for value in values:
+        if len(value) < MIN_SECRET_CHARS:
+            continue
+        forms.update((value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]))
+        forms.update(line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_SECRET_LINE_CHARS)
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact_forms(text: str, forms: list[str]) -> str:
+    for form in forms:
+        text = text.replace(form, "***")
+    return text
+
+
 def redactor(secret_keys: list[str]):
     """bso.agent_profiles.redact_text over the values of `secret_keys` in this process's environment."""
-    secrets = sorted({v for k in secret_keys if len(v := os.environ.get(k, "")) >= 4}, key=len, reverse=True)
-
-    def redact(text: str) -> str:
-        for value in secrets:
-            text = text.replace(value, "***")
-        return text
-
-    return redact
+    forms = secret_forms(os.environ.get(key, "") for key in secret_keys)
+    return lambda text: redact_forms(text, forms)
 
 
 def pump(stream, path: Path, redact, last: list[str]) -> None:

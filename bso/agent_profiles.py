@@ -36,6 +36,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# The launcher redacts the agent's transcript standalone (stdlib only, isolated mode): the forms a secret takes
+# are defined there, once, for it and for BSO's texts.
+from activities.agent_launcher import redact_forms, secret_forms
 from bso.messages import map_strings
 from bso.states import AgentMode, AgentType
 
@@ -305,8 +308,5 @@ def redact_values(value: Any, env: dict[str, str]) -> Any:
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:
-    """Replace every secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
-    secrets = sorted({v for k, v in env.items() if is_secret_env_key(k) and v and len(v) >= 4}, key=len, reverse=True)
-    for value in secrets:  # longest first: a secret inside another does not leave the rest of it visible
-        text = text.replace(value, "***")
-    return text
+    """Replace every form of each secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
+    return redact_forms(text, secret_forms(v for k, v in env.items() if is_secret_env_key(k)))

@@ -709,7 +709,9 @@ async def run(a: TaskAssignment) -> AgentComplete:
     )
     template, common = load_templates(root, a.agent_type)
     po_section = po_command.prompt_section(root, a, str(result_file))  # Agent-PO phase, if any
-    prompt = redact_text(render_prompt(template, common, ctx) + po_section, env)
+    # Not redacted: the agent has the env anyway, and a secret's value that is also an everyday word (a
+    # password "postgres") would garble the story's paths and text the agent is given.
+    prompt = render_prompt(template, common, ctx) + po_section
     prompt_file = run_dir / "prompt.md"
     if exited is None:
         prompt_file.write_text(prompt, encoding="utf-8")

@@ -203,6 +203,7 @@ def main():
     if "echo-secret" in behavior:  # a careless agent repeats a secret of its environment everywhere
         secret = os.environ.get("MY_API_TOKEN", "")
         print(f"using token {secret}", flush=True)
+        print(json.dumps({"type": "item.completed", "item": {"aggregated_output": secret}}), flush=True)  # a JSONL CLI
         print(f"debug: token={secret}", file=sys.stderr, flush=True)
         result["summary"] = f"done with token {secret}"
         result["findings"] = [{"severity": "LOW", "summary": f"token {secret} is hard-coded"}]

@@ -121,6 +121,11 @@ def test_argv_rendering_and_redaction() -> None:
     env = {"MY_SECRET": "hunter2hunter2", "HOME": "/root"}
     assert redact_env(env) == {"MY_SECRET": "***", "HOME": "/root"}
     assert redact_text("pw=hunter2hunter2 home=/root", env) == "pw=*** home=/root"
+    key = {"DEPLOY_KEY": "-----BEGIN KEY-----\nbody-line-one-AAAA\nbody-line-twó-BBBB\n-----END KEY-----"}
+    assert redact_text(json.dumps({"out": key["DEPLOY_KEY"]}), key) == '{"out": "***"}'  # JSON-escaped
+    assert redact_text(json.dumps({"out": key["DEPLOY_KEY"]}, ensure_ascii=False), key) == '{"out": "***"}'
+    assert redact_text("body-line-twó-BBBB\n", key) == "***\n"  # one line of it (output read line by line)
+    assert redact_text("pw=abc", {"SHORT_SECRET": "abc"}) == "pw=abc"  # too short to tell from a word
 
 
 def test_token_use_of_each_cli() -> None:

@@ -134,19 +134,38 @@ async def test_the_uncounted_tokens_finding_survives_an_answer_full_of_findings(
     assert len(done.findings) == 200 and done.findings[0].summary.endswith("not counted"), done.findings[:2]
 
 
-async def test_secrets_are_redacted_from_files_on_disk_and_the_answer(tmp_path: Path) -> None:
-    # The agent prints the secret on stdout and stderr and puts it in its summary and a finding.
-    root = dev_project(tmp_path, MY_API_TOKEN="tok-very-secret-123", FAKE_AGENT_BEHAVIOR="echo-secret")
+PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nkey-body-with-é-and-more-secret\n-----END PRIVATE KEY-----"
+
+
+@pytest.mark.parametrize("secret", ["tok-very-secret-123", PRIVATE_KEY], ids=["one-line", "several-lines"])
+async def test_secrets_are_redacted_from_files_on_disk_and_the_answer(tmp_path: Path, secret: str) -> None:
+    """The agent prints the secret on stdout (as it is, and JSON-escaped as a CLI printing JSON lines writes
+    it) and stderr, and puts it in its summary and a finding. A value of several lines, or written
+    JSON-escaped, was redacted nowhere: it reached the transcripts, the answer in history and the heartbeats."""
+    root = dev_project(tmp_path, MY_API_TOKEN=secret, FAKE_AGENT_BEHAVIOR="echo-secret")
     a = assignment(root)
     done = await ActivityEnvironment().run(command.run, a)
     run_dir = command.run_dir_for(str(root), a.dispatch_id)
     assert "using token ***" in (run_dir / "stdout.log").read_text()
-    for path in run_dir.iterdir():
-        assert "tok-very-secret-123" not in path.read_text(), path
+    secret_parts = [secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], *secret.splitlines()[1:3]]
     answer = done.model_dump_json()  # what goes into workflow history
-    assert "tok-very-secret-123" not in answer and "done with token ***" in done.summary
+    for text, where in [*((p.read_text(), p) for p in run_dir.iterdir()), (answer, "the answer")]:
+        for part in secret_parts:
+            assert part not in text, where
+    assert "done with token ***" in done.summary
     assert any("token *** is hard-coded" in f.summary for f in done.findings)
     assert json.loads((run_dir / "command.json").read_text())["env"]["MY_API_TOKEN"] == "***"
+
+
+async def test_a_secret_that_is_an_everyday_word_leaves_the_agents_prompt_whole(tmp_path: Path) -> None:
+    """A password "hello" (or POSTGRES_PASSWORD=postgres) turned the story's paths and text in the prompt into
+    `1-1-***-world`: the agent was sent to folders that do not exist."""
+    root = dev_project(tmp_path, APP_PASSWORD="hello")
+    a = assignment(root)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    prompt = (command.run_dir_for(str(root), a.dispatch_id) / "prompt.md").read_text()
+    assert "1-1-hello-world" in prompt and "***" not in prompt
 
 
 async def test_leaked_env_file_is_refused(tmp_path: Path) -> None:
