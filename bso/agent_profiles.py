@@ -32,9 +32,9 @@ import hashlib
 import re
 import tomllib
 from io import StringIO
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The launcher redacts the agent's transcript standalone (stdlib only, isolated mode): the forms a secret takes
 # are defined there, once, for it and for BSO's texts.
@@ -45,8 +45,29 @@ from bso.states import AgentMode, AgentType
 PROFILES_FILES = (".bso/agents.toml", ".bso/agents.yaml", ".bso/agents.yml")
 PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{session_id}", "{workdir}", "{result_file}")
 
-# Flags by which CLIs continue an earlier conversation: forbidden for reviewing agents (P30).
+# Flags by which CLIs continue an earlier conversation: forbidden for reviewing agents (P30). Short flags that
+# mean something else to other CLIs (codex's `-c` sets a config value) count only for the CLIs that use them.
 RESUME_FLAGS = frozenset({"--resume", "-r", "--continue", "--session", "--session-id", "resume"})
+RESUME_FLAGS_OF_CLI: dict[str, frozenset[str]] = {
+    "claude": frozenset({"-c"}),  # --continue
+    "opencode": frozenset({"-c", "-s"}),  # --continue, --session
+}
+
+
+def resume_flags(argv: list[str]) -> list[str]:
+    """The arguments of `argv` that would continue an earlier session (`--resume=abc` too)."""
+    of_cli = RESUME_FLAGS_OF_CLI.get(argv[0].rsplit("/", 1)[-1], frozenset()) if argv else frozenset()
+    return [a for a in argv if a.split("=", 1)[0] in RESUME_FLAGS or a.split("=", 1)[0] in of_cli]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("holds a NUL character, which no command line or environment variable can carry")
+    return value
+
+
+# A string given to a process: its argv or its environment.
+ProcessText = Annotated[str, AfterValidator(_no_nul)]
 REVIEWING_AGENTS = frozenset({AgentType.STORY_REVIEWER, AgentType.REVIEW_RUNNER, AgentType.E2E_INSPECTOR})
 
 # Agents that write the story document work in the project; the others in the story's git worktree.
@@ -70,9 +91,9 @@ class _Strict(BaseModel):
 class AgentProfile(_Strict):
     """How to run one coding-agent CLI. `argv` is never given to a shell."""
 
-    argv: list[str] = Field(default_factory=list)
+    argv: list[ProcessText] = Field(default_factory=list)
     prompt_via: Literal["arg", "stdin", "file"] = "arg"
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None  # None: the agent type's default
     timeout_seconds: int | None = Field(default=None, gt=0)
     output: Literal["json", "jsonl", "text"] = "json"
@@ -91,9 +112,9 @@ class ProfilePatch(_Strict):
     """A user profile: `extends` a built-in or another user profile and overrides its fields."""
 
     extends: str | None = None
-    argv: list[str] | None = None
+    argv: list[ProcessText] | None = None
     prompt_via: Literal["arg", "stdin", "file"] | None = None
-    env: dict[str, str] | None = None
+    env: dict[str, ProcessText] | None = None
     workdir: Literal["worktree", "project"] | None = None
     timeout_seconds: int | None = Field(default=None, gt=0)
     output: Literal["json", "jsonl", "text"] | None = None
@@ -103,7 +124,7 @@ class AgentChoice(_Strict):
     """Which profile an agent type (or one of its modes) uses, with optional overrides."""
 
     profile: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None
     timeout_seconds: int | None = Field(default=None, gt=0)
 
@@ -115,7 +136,7 @@ class AgentSettings(AgentChoice):
 class Verification(_Strict):
     """Trust nothing: BSO itself runs these (argv lists, no shell) in the worktree after dev and fix."""
 
-    commands: list[list[str]] = Field(default_factory=list)
+    commands: list[list[ProcessText]] = Field(default_factory=list)
     # For all the commands together, at most 900: the Slave's deadline for a command agent's activity leaves
     # 2 x 900 s for BSO's checks (the fix snapshot, then the verification).
     timeout_seconds: int = Field(900, gt=0, le=900)
@@ -124,12 +145,23 @@ class Verification(_Strict):
     passed_pattern: str = r"(\d+) passed"
     fix_snapshot: bool = True
 
+    @field_validator("passed_pattern")
+    @classmethod
+    def _one_count(cls, pattern: str) -> str:
+        try:
+            groups = re.compile(pattern).groups
+        except re.error as err:
+            raise ValueError(f"is not a regular expression ({err})") from None
+        if groups != 1:
+            raise ValueError(f"needs exactly one group, the count (as in '(\\d+) passed'); {pattern!r} has {groups}")
+        return pattern
+
 
 class GitSettings(_Strict):
     enabled: bool = True
-    commit_message: str = "bso($agent_type): $story_key: $path"
+    commit_message: str = Field("bso($agent_type): $story_key: $path", pattern=r"\S")  # git refuses an empty one
     merge: Literal["ff", "merge"] = "ff"
-    squash_message: str = "feat: Story $story_number: $title"
+    squash_message: str = Field("feat: Story $story_number: $title", pattern=r"\S")
     secret_patterns: list[str] = Field(
         default_factory=lambda: [
             ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.p12", "*.pfx",
@@ -150,8 +182,9 @@ class AgentsFile(_Strict):
     verification: Verification = Verification()
     git: GitSettings = GitSettings()
     tokens: TokenSettings = TokenSettings()
-    kill_grace_seconds: float = Field(5.0, gt=0)
-    heartbeat_seconds: float = Field(5.0, gt=0)
+    # Finite and bounded: an infinite grace never sends the SIGKILL.
+    kill_grace_seconds: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
+    heartbeat_seconds: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
 
 
 BUILTIN_PROFILES: dict[str, AgentProfile] = {
@@ -242,8 +275,7 @@ def resolve_profile(agents: AgentsFile, agent_type: AgentType, mode: AgentMode) 
     workdir = mode_choice.workdir or settings.workdir or base.workdir or DEFAULT_WORKDIR[agent_type]
     timeout = mode_choice.timeout_seconds or settings.timeout_seconds or base.timeout_seconds
     if agent_type in REVIEWING_AGENTS:
-        resumes = [a for a in base.argv if a in RESUME_FLAGS]
-        if resumes:
+        if resumes := resume_flags(base.argv):
             raise AgentProfileError(
                 f"profile {name!r} for {agent_type.value}: {resumes[0]!r} would resume an earlier session; "
                 "a reviewer must never be the implementer's session (P30)"

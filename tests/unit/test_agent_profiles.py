@@ -12,6 +12,7 @@ from bso.agent_profiles import (
     AgentsFile,
     dispatch_session_id,
     is_secret_env_key,
+    ProfilePatch,
     parse_agents_file,
     redact_env,
     redact_text,
@@ -87,6 +88,15 @@ def test_yaml_file_is_accepted() -> None:
         ("not toml [", "not valid TOML"),
         ("[profiles.x]\nextends='nope'", "unknown agent profile"),
         ("[verification]\ntimeout_seconds = 3600", "verification.timeout_seconds"),
+        # Each of these was taken at the start and failed only after three agents had run (a hunt, 2026-11-26):
+        ('[verification]\npassed_pattern = "(\\\\d+ passed"', "verification.passed_pattern"),
+        ('[verification]\npassed_pattern = "passed"', "needs exactly one group"),
+        ('[git]\ncommit_message = ""', "git.commit_message"),
+        ('[git]\nsquash_message = "  "', "git.squash_message"),
+        ('[profiles.x]\nextends="claude"\nenv = { A = "a\\u0000b" }', "NUL"),
+        ('[verification]\ncommands = [["pytest", "\\u0000"]]', "NUL"),
+        ("kill_grace_seconds = inf", "kill_grace_seconds"),
+        ("heartbeat_seconds = 1e9", "heartbeat_seconds"),
     ],
 )
 def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
@@ -106,6 +116,15 @@ def test_generic_needs_argv_and_reviewer_may_not_resume_a_session() -> None:
     assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.DEV).name == "resumer"
     with pytest.raises(AgentProfileError, match="P30"):
         resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    for argv in (["claude", "-c", "-p", "{prompt}"], ["claude", "-p", "{prompt}", "--resume=abc"],
+                 ["/usr/bin/opencode", "run", "-s", "abc", "{prompt}"]):
+        reviewer = AgentsFile(profiles={"r": ProfilePatch(extends="claude", argv=argv)}, default_profile="r")
+        with pytest.raises(AgentProfileError, match="P30"):
+            resolve_profile(reviewer, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    # codex's -c sets a config value: not a resume
+    codex = AgentsFile(profiles={"r": ProfilePatch(extends="codex", argv=["codex", "exec", "-c", "x=1", "{prompt}"])},
+                       default_profile="r")
+    assert resolve_profile(codex, AgentType.REVIEW_RUNNER, AgentMode.REVIEW).name == "r"
     assert dispatch_session_id("s/1/1-1/3") != dispatch_session_id("s/1/1-1/4")
 
 
