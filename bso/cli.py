@@ -993,6 +993,16 @@ async def _refused_at_its_claim(client: Client, sprint_id: str, root: Path) -> s
     return None
 
 
+# What `bso sprint start` says of the agents it chose: simulated is the default, and it writes the project's
+# status file like real agents would, so a user trying BSO on a real project is told so.
+AGENTS_SAID = {
+    AgentBackend.SIMULATED: "simulated (the default: scripted answers, no real work; the status file is updated "
+    "as if it were done. --backend command runs real coding agents)",
+    AgentBackend.EXTERNAL: "external (each assignment waits for its AGENT_COMPLETE signal)",
+    AgentBackend.COMMAND: "command (the coding-agent CLIs of .bso/agents.toml, in git worktrees)",
+}
+
+
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
@@ -1079,6 +1089,7 @@ def sprint_start(
         if (refused := await _refused_at_its_claim(client, sid, root)) is not None:
             raise BsoError(f"sprint {sid} was refused: {refused}")
         out.print(f"started sprint {sid}", markup=False)
+        out.print(f"  agents:   {AGENTS_SAID[AgentBackend(backend)]}", markup=False)
         out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)
         out.print(f"  temporal: {temporal_start_command(inp, sid, task_queue, target, namespace)}", markup=False)

@@ -91,6 +91,7 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
     started = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
     assert started.returncode == 0, started.stderr
     assert f"started sprint {sprint_id}" in started.stdout
+    assert "agents:   simulated (the default: scripted answers, no real work" in started.stdout
     assert f"/namespaces/default/workflows/{sprint_id}" in started.stdout
     assert "temporal workflow start" in started.stdout and "--type SprintMasterWorkflow" in started.stdout
 
