@@ -569,8 +569,13 @@ def _status_file_waits(view: SprintStatusView) -> list[Text]:
     if not waiting:
         return []
     problem = next(iter(waiting.values())) or ""
+    # The file's absolute path leads the problem: the line names the file already, and the path would take the
+    # room of the parser's words on which line opened what it did not close.
+    where, _, said = problem.partition(": ")
+    if where.startswith("/") and said:
+        problem = said
     return [
-        Text(f"sprint-status.yaml does not parse: {_shorten(problem, 200)}", style="bold yellow"),
+        Text(f"sprint-status.yaml does not parse: {_shorten(problem, 400)}", style="bold yellow"),
         Text(
             f"  {', '.join(waiting)} wait{'s' if len(waiting) == 1 else ''} for it (results kept): fix the file and "
             "the sprint goes on within a second",

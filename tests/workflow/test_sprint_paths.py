@@ -510,6 +510,8 @@ async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kep
     assert (still.stories[K1].state, still.stories[K1].error) == ("ready-for-dev", None)
     assert still.stories[K1].status_file_problem is not None
     assert lines[0].startswith("sprint-status.yaml does not parse: ") and K1 in lines[1], lines
+    # Whole, with the line that opened the bracket (the file's path took its room, and the line was cut)
+    assert "started at line" in lines[0] and str(tmp_path) not in lines[0] and not lines[0].endswith("..."), lines
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert status_values(tmp_path)[K1] == "done"
     started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
