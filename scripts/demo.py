@@ -497,6 +497,11 @@ def print_report(report: dict[str, Any], project_root: Path, session_id: str) ->
         console.print(f"execution summary: {summary}")
 
 
+def worker_command() -> str:
+    """The worker that serves this demo's server (its port may not be the default one)."""
+    return "make worker" if PORT == 7233 else f"BSO_DEMO_PORT={PORT} make worker"
+
+
 def print_epilogue(session_id: str, server_started: bool) -> None:
     url = f"http://localhost:{UI_PORT}/namespaces/{NAMESPACE}/workflows" + (f"/{session_id}" if session_id else "")
     console.print(f"\n[bold]Web UI[/]: {url}")
@@ -507,8 +512,7 @@ def print_epilogue(session_id: str, server_started: bool) -> None:
     if session_id:
         console.print(f"query it again: .venv/bin/temporal workflow query --address {ADDRESS} "
                       f"--workflow-id {session_id} --name status", markup=False)
-    worker = "make worker" if PORT == 7233 else f"BSO_DEMO_PORT={PORT} make worker"
-    console.print(f"the demo's worker is stopped: run `{worker}` to start sprints of your own "
+    console.print(f"the demo's worker is stopped: run `{worker_command()}` to start sprints of your own "
                   "(README, \"Starting a sprint with the temporal CLI\")", markup=False)
 
 
@@ -546,7 +550,7 @@ def main() -> int:
         code = asyncio.run(run(state))
     except KeyboardInterrupt:
         console.print("\n[yellow]interrupted[/]: the sprint's state is safe on the server; "
-                      "`make worker` resumes it where it was")
+                      f"`{worker_command()}` resumes it where it was", markup=False)
         code = 130
     except DemoError as err:
         console.print(f"\n[bold red]demo failed:[/] {escape(str(err))}")
@@ -565,8 +569,9 @@ def main() -> int:
             (RUN_DIR / "worker.pid").unlink(missing_ok=True)
     if code != 0 and state.get("sprint_started"):
         sid = state["session_id"]
-        console.print(f"\nthe sprint {sid} stays open on the server: `make worker` resumes it; to drop it: "
-                      f".venv/bin/temporal workflow terminate --address {ADDRESS} --workflow-id {sid}",
+        console.print(f"\nthe sprint {sid} stays open on the server: `{worker_command()}` resumes it; to drop it "
+                      f"(with the worker running, so that it writes its summary): .venv/bin/bso --address {ADDRESS} "
+                      f"sprint cancel {sid}",
                       markup=False, soft_wrap=True)
     if "session_id" in state or state.get("server_started"):
         print_epilogue(state.get("session_id", ""), bool(state.get("server_started")))

@@ -78,3 +78,26 @@ def test_the_demo_offers_make_stop_only_for_a_server_it_started(tmp_path: Path, 
     with demo.console.capture() as captured:
         demo.print_epilogue("s-1", server_started=True)
     assert "stop it with: make stop" in captured.get()
+
+
+def test_an_interrupted_demo_says_how_to_resume_it_on_its_own_port(tmp_path: Path, monkeypatch):
+    """Interrupted on BSO_DEMO_PORT=7555, it said `make worker` resumes the sprint: that worker serves 7233."""
+    demo = _demo_module()
+    monkeypatch.setattr(demo, "RUN_DIR", tmp_path)
+    monkeypatch.setattr(demo, "PORT", 7555)
+    monkeypatch.setattr(demo, "ADDRESS", "localhost:7555")
+
+    async def interrupted(state):
+        state.update(session_id="demo-1", sprint_started=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run", interrupted)
+    monkeypatch.chdir(REPO)  # main() moves there; put back after
+    monkeypatch.setattr(demo.signal, "signal", lambda *_: None)  # main()'s SIGTERM handler is not the test's
+    with demo.console.capture() as captured:
+        assert demo.main() == 130
+    said = " ".join(captured.get().split())
+    assert "`BSO_DEMO_PORT=7555 make worker` resumes it where it was" in said
+    assert "stays open on the server: `BSO_DEMO_PORT=7555 make worker` resumes it" in said
+    assert ".venv/bin/bso --address localhost:7555 sprint cancel demo-1" in said
+    assert "`make worker`" not in said
