@@ -34,6 +34,7 @@ from bso.constants import SEARCH_ATTRIBUTES, SPRINT_TASK_QUEUE
 from bso.dev_server import dynamic_config_args
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.temporal_client import ensure_search_attributes
+from tests.collapsed_history import collapsed
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS, build_workers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,6 +164,8 @@ async def assert_replays(client: Client, started: list[str]) -> None:
     histories = await histories_of(client, started)
     if not histories:
         return
+    # Each also in the shape whose workflow tasks sdk-core joins on replay (tests/collapsed_history.py).
+    histories += [variant for variant, moved in map(collapsed, histories) if moved]
     # Without the sandbox: it changes no command the code sends, and re-importing the workflow modules for each
     # history took two thirds of the replay's time (~1 minute over the suite).
     replayer = Replayer(
@@ -180,7 +183,7 @@ async def assert_replays(client: Client, started: list[str]) -> None:
         REPLAY_FAILURES.mkdir(exist_ok=True)
         lines = []
         for result in failures:
-            kept = REPLAY_FAILURES / f"{result.history.workflow_id.replace('/', '--')}--{result.history.run_id}.json"
+            kept = REPLAY_FAILURES / f"{result.history.workflow_id.replace('/', '--')}--{result.history.run_id}-{id(result)}.json"
             kept.write_text(result.history.to_json())
             lines.append(f"{result.history.workflow_id} ({kept}): {result.replay_failure}")
         raise AssertionError("histories that do not replay:\n" + "\n".join(lines))
@@ -213,7 +216,8 @@ async def _leave_nothing_running_on_the_shared_ts_env(request: pytest.FixtureReq
         ids = started.ids[first:]
         if started is _started_on_shared_ts:
             await terminate_left_running(env.client, ids)
-        await assert_replays(env.client, ids)
+        if request.node.get_closest_marker("unreplayable_on_purpose") is None:
+            await assert_replays(env.client, ids)
 
 
 @pytest_asyncio.fixture

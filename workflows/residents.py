@@ -101,6 +101,12 @@ RESIDENT_SLOW_START_SECONDS = 2 * int(RESIDENT_READY_TIMEOUT.total_seconds())  #
 # its residents, ABANDON keeps them past a termination) is cancelled, and the start tried again this often, this
 # far apart, while it ends.
 PATCH_REPLACES_LINGERING_RESIDENT = "master-replaces-lingering-resident"
+# Every roster broadcast is followed by its hold. Before, the hold came only when changes had come while the
+# broadcast was on its way, and a sender that found none ended, the next change going out at once: a task
+# whose only events were the broadcast's acknowledgements, joined on replay with the next task (sdk-core joins
+# a task that completed with no command with the one after it), saw that next task's change first and held
+# it, where it had gone out at once live (a nondeterminism error, the sprint's task failing on every retry).
+PATCH_ROSTER_ALWAYS_HELD = "master-roster-always-held"
 LINGERING_RESIDENT_TRIES = 10
 LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 
@@ -487,6 +493,9 @@ class RosterKeeper:
         self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._roster_changes: list[str] = []  # changes not yet broadcast
         self._roster_sender: asyncio.Task[None] | None = None
+        self._roster_always_held = False  # PATCH_ROSTER_ALWAYS_HELD, decided once at the run's start
+        self._roster_holds_over = False  # the run ends (its residents stop): changes go out without a hold
+        self._roster_hold_timers: list[asyncio.Task[None]] = []  # left to fire, as the Slave's holds
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
 
@@ -647,10 +656,20 @@ class RosterKeeper:
             await asyncio.gather(
                 *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
             )
-            if self._roster_changes:  # changes keep coming: gather them a little longer
+            if self._roster_always_held:
+                # Whatever came meanwhile: whether a change came before the acknowledgements or after them is
+                # not the same on replay. After the hold, what came goes out at once, as from a new sender.
+                if not self._roster_holds_over:
+                    timer = asyncio.create_task(workflow.sleep(ROSTER_BROADCAST_HOLD))
+                    self._roster_hold_timers = [*(t for t in self._roster_hold_timers if not t.done()), timer]
+                    await workflow.wait_condition(lambda: self._roster_holds_over or timer.done())
+            elif self._roster_changes:  # changes keep coming: gather them a little longer
                 await workflow.sleep(ROSTER_BROADCAST_HOLD)
 
     async def _roster_flushed(self) -> None:
+        """Every change broadcast, none on its way (a resident stopped next must not get one while it ends). Only
+        as the run ends (its residents stop): from then on changes go out without a hold."""
+        self._roster_holds_over = True
         while self._roster_sender is not None and not self._roster_sender.done():
             await self._roster_sender
 

@@ -121,7 +121,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
-    from workflows.residents import RosterKeeper
+    from workflows.residents import PATCH_ROSTER_ALWAYS_HELD, RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back
     from bso.git_rules import MergeOutcome
 
@@ -550,6 +550,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # The sprint runs as a task of its own and run() only waits for it: a cancel request reaches run() at
         # this condition whatever the sprint awaits at that moment. (Awaiting an activity, a signal or a child,
         # the sprint itself would see it as an ActivityError some code handles, or not at all.)
+        self._roster_always_held = workflow.patched(PATCH_ROSTER_ALWAYS_HELD)  # at the start: the same on replay
         sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:
             await workflow.wait_condition(sprint.done)

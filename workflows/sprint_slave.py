@@ -193,6 +193,11 @@ STATUS_FILE_WAIT_OPTIONS: dict[str, Any] = {
 # directory, made unreadable) goes on with the states the batch has, as one that does not parse does: the local
 # activity's non-retryable failure (an ApplicationError, not wrapped) failed the whole Slave.
 PATCH_REREAD_SURVIVES_ANY_FAILURE = "slave-reread-survives-any-failure"
+# Every story_updates signal is followed by its hold, on a timer, with no clock read. Before, whether an update
+# was held depended on workflow.now(): a task that completed with no command (the acknowledgement of the last
+# signal), joined on replay with the task after it (sdk-core does so), lent that task its clock, up to the hold
+# earlier than it ran live: the update went out at once live and was held on replay (a nondeterminism error).
+PATCH_UPDATES_HELD_WITHOUT_CLOCK = "slave-updates-held-without-clock"
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -259,6 +264,7 @@ class SprintSlaveWorkflow:
         self._sender: asyncio.Task[None] | None = None
         self._hold_timers: list[asyncio.Task[None]] = []  # left to fire (PATCH_HOLD_TIMER_NOT_CANCELLED)
         self._updates_sent_at: datetime | None = None
+        self._updates_held_without_clock = False  # PATCH_UPDATES_HELD_WITHOUT_CLOCK, decided at the run's start
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         self._out_of_time: str | None = None  # slave_timeout_seconds of work are up: why no new dispatch
@@ -433,6 +439,7 @@ class SprintSlaveWorkflow:
 
     @workflow.run
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
+        self._updates_held_without_clock = workflow.patched(PATCH_UPDATES_HELD_WITHOUT_CLOCK)  # the same on replay
         try:
             return await self._run_batch()
         except BaseException as err:
@@ -1233,6 +1240,8 @@ class SprintSlaveWorkflow:
         """One story_updates signal at a time, with every update made since the previous one, in order: the
         first goes out with the workflow task that made it; later ones at most once per STORY_UPDATES_HOLD."""
         handle = workflow.get_external_workflow_handle(master_id)
+        if self._updates_held_without_clock:
+            return await self._send_updates_held(handle)
         while self._outbox:
             sent_at = self._updates_sent_at
             since = workflow.now() - sent_at if sent_at is not None else STORY_UPDATES_HOLD
@@ -1248,6 +1257,24 @@ class SprintSlaveWorkflow:
                 await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
             except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
                 workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+
+    async def _send_updates_held(self, handle: workflow.ExternalWorkflowHandle[Any]) -> None:
+        """Each signal is followed by a hold of STORY_UPDATES_HOLD on a timer (cut short when the Slave closes);
+        what came meanwhile goes out when it ends, at once, as from a new sender: the same whichever order a
+        task's events are taken in on replay, with no clock read."""
+        while self._outbox:
+            if self._closing and self._updates_in_result:
+                return  # what is left goes with the Slave's result (run)
+            updates, self._outbox = self._outbox, []
+            try:
+                await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
+            except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+                workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+            if self._closing:
+                continue
+            timer = asyncio.create_task(workflow.sleep(STORY_UPDATES_HOLD, summary=STORY_UPDATES_HOLD_SUMMARY))
+            self._hold_timers = [*(t for t in self._hold_timers if not t.done()), timer]  # left to fire
+            await workflow.wait_condition(lambda: self._closing or timer.done())
 
     async def _hold(self, sent_at: datetime, remaining: timedelta) -> None:
         def hold_over() -> bool:

@@ -58,8 +58,10 @@ async def test_roster_broadcasts_follow_every_change_and_reach_residents_only(ts
     seqs = [b.seq for b in status.broadcasts]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     changes = [c for b in status.broadcasts for c in b.change.split("; ")]
-    # The debugger (third resident) hears from its own start on; every change after it, in order.
-    assert changes == [
+    # The debugger (third resident) hears from its own start on (with the second one's, when it was held with
+    # it); every change after it, in order.
+    assert changes[: changes.index("resident debugger started")] in ([], ["resident knowledge-researcher started"])
+    assert changes[changes.index("resident debugger started") :] == [
         "resident debugger started",
         "slave-batch-1 started",
         "review-runner-1-1-1 dispatched",
@@ -71,7 +73,7 @@ async def test_roster_broadcasts_follow_every_change_and_reach_residents_only(ts
         "slave-batch-2 finished",
     ]
     rosters = {b.change.split("; ")[-1]: b.roster for b in status.broadcasts}  # the roster after each last change
-    assert rosters["resident debugger started"].residents == ["scrum-master", "knowledge-researcher", "debugger"]
+    assert status.broadcasts[0].roster.residents == ["scrum-master", "knowledge-researcher", "debugger"]
     if "review-runner-1-1-1 dispatched" in rosters:  # unless it went out together with the agent's end
         assert rosters["review-runner-1-1-1 dispatched"].model_dump() == {
             "residents": ["scrum-master", "knowledge-researcher", "debugger"],
