@@ -62,16 +62,29 @@ async def head(cwd: str) -> str:
     return (await git(cwd, "rev-parse", "HEAD")).strip()
 
 
-async def require_repo(project_root: str) -> None:
+async def repo_problem(project_root: str) -> str | None:
+    """Why the command backend cannot work in this project's repository, if it cannot (checked by `bso sprint
+    start` and before a story's first worktree): each of these failed only after a story's first agents ran."""
     if shutil.which("git") is None:
-        raise ApplicationError("git is not installed", type="AgentConfigError", non_retryable=True)
-    out = await git(project_root, "rev-parse", "--is-inside-work-tree", check=False)
-    if out.strip() != "true":
-        raise ApplicationError(
-            f"{project_root} is not a git repository: the command backend works in git worktrees",
-            type="AgentConfigError",
-            non_retryable=True,
+        return "git is not installed"
+    if (await git(project_root, "rev-parse", "--is-inside-work-tree", check=False)).strip() != "true":
+        return f"{project_root} is not a git repository: the command backend works in git worktrees"
+    top = (await git(project_root, "rev-parse", "--show-toplevel", check=False)).strip()
+    if top and Path(top).resolve() != Path(project_root).resolve():
+        return (
+            f"{project_root} is a folder of the git repository {top}, not its top level: agents and verification "
+            "would run at the repository's root (start the sprint on the repository, or make the project one)"
         )
+    if not (await git(project_root, "rev-parse", "--verify", "-q", "HEAD", check=False)).strip():
+        return f"{project_root} has no commit yet: story branches start from HEAD (commit the project first)"
+    if (await git(project_root, "rev-parse", "--verify", "-q", "refs/heads/bso", check=False)).strip():
+        return "a branch named `bso` exists: git cannot make BSO's story branches bso/<sprint>/<story> beside it (rename it)"
+    return None
+
+
+async def require_repo(project_root: str) -> None:
+    if (problem := await repo_problem(project_root)) is not None:
+        raise ApplicationError(problem, type="AgentConfigError", non_retryable=True)
 
 
 @dataclass

@@ -50,6 +50,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent_config import load_agents_file
+from activities.git_ops import repo_problem
 from activities.session_files import claims_on_status_file, recorded_claim, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, limits_error, resolve_config
@@ -1055,6 +1056,8 @@ def sprint_start(
             _check_dependencies(root, status_file, to_run)
         if backend == AgentBackend.COMMAND:
             _check_agent_profiles(root)
+            if (repo := await repo_problem(str(root))) is not None:
+                raise BsoError(f"{repo} (the command backend needs it before any agent runs)")
         sid = sprint_id or new_sprint_id()
         if (id_error := sprint_id_error(sid) or sprint_id_characters_error(sid)) is not None:
             raise BsoError(id_error)

@@ -334,6 +334,9 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "command", "--story", "1-2"))
     assert "agents.toml" in line and "fix it, then start the sprint" in line, line
     agents.unlink()
+    # ... and a project that is no repository the command backend can work in (its story's first agents ran)
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "command", "--story", "1-2"))
+    assert "is not a git repository" in line and "before any agent runs" in line, line
     broken_status = project / DEFAULT_STATUS_FILE  # refused before anything starts, with the file's line
     broken_status.write_text(broken_status.read_text(encoding="utf-8") + "  9-9-half-typed: [unclosed\n", encoding="utf-8")
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "1-2"))

@@ -242,6 +242,30 @@ async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_
     assert worktree_path(str(root), "s1", STORY).exists()
 
 
+@pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch"])
+async def test_a_repository_the_backend_cannot_work_in_is_named_before_its_first_worktree(tmp_path: Path, repo: str) -> None:
+    """A project in a folder of a repository (a monorepo) ran agents and verification at the repository's root
+    and spent every fix round; no commit yet, or a branch named `bso`, failed with git's words after retries."""
+    if repo == "folder-of-a-repo":
+        outer = make_git_project(tmp_path / "mono")
+        root = outer / "apps" / "web"
+        root.mkdir(parents=True)
+        expected = "is a folder of the git repository"
+    elif repo == "no-commit":
+        root = tmp_path / "fresh"
+        root.mkdir()
+        git(root, "init", "-q")
+        expected = "has no commit yet"
+    else:
+        root = dev_project(tmp_path)
+        git(root, "branch", "bso")
+        expected = "a branch named `bso` exists"
+    with pytest.raises(ApplicationError) as refused:
+        await ensure_worktree(str(root), "s1", STORY)
+    assert expected in refused.value.message and refused.value.non_retryable
+    assert refused.value.type == "AgentConfigError"
+
+
 async def test_a_merge_of_the_users_under_way_is_left_alone(tmp_path: Path) -> None:
     """The user was resolving a conflicted merge of their own when the story finished: BSO's merge failed on it,
     and its `merge --abort` then threw away the user's merge and their resolution."""
