@@ -212,7 +212,8 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         if is_secret_path(path, settings.secret_patterns):
             result.refused.append(path)
             continue
-        await git(wt, "add", "-A", "--", path)
+        # Literal: a file the agent named `:(top)` or `*` must not stage everything, secrets included.
+        await git(wt, "--literal-pathspecs", "add", "-A", "--", path)
         staged = await git(wt, "diff", "--cached", "--name-only")
         if not staged.strip():
             continue

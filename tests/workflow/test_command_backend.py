@@ -22,6 +22,7 @@ from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from activities.process import machine_id
 from bso.dispatch import VERIFICATION_FAILED
+from bso.agent_profiles import GitSettings
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
@@ -175,6 +176,19 @@ async def test_leaked_env_file_is_refused(tmp_path: Path) -> None:
     assert ".env" in done.error and "secret" in done.error
     wt = worktree_path(str(root), "s1", STORY)
     assert ".env" not in git(wt, "log", "--name-only", "--format=", "main..HEAD")
+
+
+async def test_a_file_named_like_a_pathspec_stages_only_itself(tmp_path: Path) -> None:
+    """A file the agent left named `:(top)` made the Exit Gate's `git add -A -- :(top)` stage the whole tree,
+    the .env it refused included, on the story branch."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
+    (Path(wt.path) / ":(top)").write_text("odd name\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.refused == [".env"] and gate.committed == [":(top)"]
+    assert ".env" not in git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split()
 
 
 async def finish(root: Path, **kw) -> FinishStoryResult:
