@@ -16,13 +16,27 @@ def config_error(message: str) -> ApplicationError:
     return ApplicationError(message, type="AgentConfigError", non_retryable=True)
 
 
+def _read_config_text(path: Path) -> str | None:
+    """The text of a project's config file; None when there is none. One that is there but cannot be used (a
+    folder, a link to nothing, unreadable, not UTF-8) is an error naming it: skipped, the user's settings and
+    secret patterns would be silently replaced by the defaults."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise config_error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise config_error(f"{path}: cannot be read ({err.strerror or err})") from None
+
+
 def load_agents_file(project_root: str) -> AgentsFile:
     """The project's agents file, or the defaults (built-in profiles, `claude` for every agent)."""
     for rel in PROFILES_FILES:
         path = Path(project_root, rel)
-        if path.is_file():
+        if (text := _read_config_text(path)) is not None:
             try:
-                return parse_agents_file(path.read_text(encoding="utf-8"), str(path))
+                return parse_agents_file(text, str(path))
             except AgentProfileError as err:
                 raise config_error(str(err)) from None
     return AgentsFile()
@@ -30,10 +44,8 @@ def load_agents_file(project_root: str) -> AgentsFile:
 
 def load_template(project_root: str, name: str) -> str:
     """`<project>/.bso/prompts/<name>.md` if present, else BSO's own `bso/prompts/<name>.md`."""
-    override = Path(project_root, ".bso", "prompts", f"{name}.md")
-    if override.is_file():
-        return override.read_text(encoding="utf-8")
-    return (BUILTIN_PROMPTS_DIR / f"{name}.md").read_text(encoding="utf-8")
+    override = _read_config_text(Path(project_root, ".bso", "prompts", f"{name}.md"))
+    return override if override is not None else (BUILTIN_PROMPTS_DIR / f"{name}.md").read_text(encoding="utf-8")
 
 
 def load_templates(project_root: str, agent_type: AgentType) -> tuple[str, str]:

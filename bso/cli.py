@@ -49,7 +49,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.agent_config import load_agents_file
+from activities.agent_config import load_agents_file, load_templates
 from activities.git_ops import repo_problem
 from activities.session_files import claims_on_status_file, recorded_claim, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
@@ -109,7 +109,7 @@ from bso.sprint_status import (
     resolve_story_keys,
     stories_to_run,
 )
-from bso.states import ENDED_PHASES, AgentBackend, SprintPhase, SprintStatus, StoryState
+from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
 from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
 from bso.terminal_text import printable, printable_model
@@ -922,6 +922,8 @@ def _check_agent_profiles(root: Path) -> None:
     worker reads the same file at each dispatch)."""
     try:
         agents = load_agents_file(str(root))
+        for agent_type in AgentType:  # the prompt templates the project overrides, read as each dispatch reads them
+            load_templates(str(root), agent_type)
     except (ApplicationError, OSError, UnicodeDecodeError) as err:
         raise BsoError(f"{getattr(err, 'message', None) or err} (fix it, then start the sprint)") from None
     if errors := profile_errors(agents, list(SCRIPT_KEYS)):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.agent_config import load_agents_file, load_templates
 
 from bso.agent_output import TokenUse, complete_from_output, token_use
 from bso.agent_profiles import (
@@ -232,3 +236,24 @@ def test_the_readme_example_is_a_valid_agents_file() -> None:
     agents = parse_agents_file(block, "agents.toml")
     assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.FIX).name == "claude-opus"
     assert resolve_profile(agents, AgentType.REVIEW_RUNNER, AgentMode.REVIEW).name == "codex"
+
+
+@pytest.mark.parametrize("bad", ["not-utf8", "dangling-link", "folder"])
+def test_an_agents_file_or_template_there_but_unusable_is_named_not_skipped(tmp_path: Path, bad: str) -> None:
+    """A non-UTF-8 agents.toml failed without naming the file; a folder or a link to nothing there was skipped,
+    the built-in profile used and the user's [verification] and secret patterns dropped without a word. A prompt
+    template that is not UTF-8 failed a story after its first agents, naming nothing."""
+    for relative in (".bso/agents.toml", ".bso/prompts/dev-runner.md"):
+        root = tmp_path / f"{bad}-{relative.count('/')}-{len(relative)}"
+        target = root / relative
+        target.parent.mkdir(parents=True)
+        if bad == "not-utf8":
+            target.write_bytes(b"default_profile = \"caf\xe9\"\n")
+        elif bad == "dangling-link":
+            target.symlink_to(root / "gone")
+        else:
+            target.mkdir()
+        with pytest.raises(ApplicationError) as refused:
+            load_agents_file(str(root))
+            load_templates(str(root), AgentType.DEV_RUNNER)
+        assert str(target) in refused.value.message and refused.value.non_retryable
