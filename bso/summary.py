@@ -133,6 +133,8 @@ def render_summary(
             not_run.append(f"`{key}` ({state})")  # a shutdown, a stop or a cancel came first: nothing failed
             continue
         why = errors.get(key, "")
+        if not why and state not in TERMINAL_STATES:  # its step finished, or was stopped, as the sprint ended
+            why = "the sprint ended with the story at this state (a shutdown, a cancel or a stop); it keeps it for the next sprint"
         failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
     for batch in report.batches:
         failures += [f"- batch {batch.batch_id}: {_cell(e)}" for e in batch.errors]

@@ -89,3 +89,13 @@ def test_stories_a_shutdown_left_unstarted_are_not_failures():
     assert f"`{untouched}`" not in failures.split("Not run")[0]
     assert f"Not run (the sprint ended before them; they keep their state for the next sprint): `{untouched}` (review)." in failures
     assert "`2-2-expiry-reminder-emails`: needs-intervention" in failures  # a real failure stays one
+
+
+def test_a_story_the_sprint_ended_in_the_middle_of_says_so():
+    """A story whose agents ran and that a shutdown or a cancel left between states was listed bare
+    (`story-doc-review`), as if it had failed for no reason."""
+    report = _report(_histories())
+    (worked,) = [key for key, state in report.stories.items() if state == "done"][:1]
+    stopped = report.model_copy(update={"stories": {**report.stories, worked: "story-doc-review"}})
+    failures = _section(render_summary(stopped), "Failures")
+    assert f"- `{worked}`: story-doc-review: the sprint ended with the story at this state" in failures
