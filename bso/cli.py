@@ -655,6 +655,15 @@ def _progress(
                     style="yellow",
                 )
             )
+        else:
+            parts.append(
+                Text(
+                    f"  bso sprint resume {view.session_id}"
+                    + (" [--token-limit N]" if "token" in view.pause_reason else "")
+                    + " goes on",
+                    style="yellow",
+                )
+            )
     errors = [
         *(e if e.startswith(f"batch {b} ") else f"batch {b}: {e}" for b, found in view.batch_errors.items() for e in found),
         *view.errors,
