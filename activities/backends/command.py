@@ -537,6 +537,10 @@ def _earlier_start(run_dir: Path, dispatch_id: str) -> tuple[str, int | None] | 
     return data["before"], passing if isinstance(passing, int) else None
 
 
+# Linux's bound on one argument of a command (MAX_ARG_STRLEN, 32 pages): a longer prompt given as an argument
+# failed the agent's start with "Argument list too long", retried five times.
+MAX_ARGUMENT_BYTES = 128 * 1024
+
 PO_ANSWER_FILES = ("validation_failed.json", "po-error.json")  # activities/po_command.py copies of the answer
 
 
@@ -739,6 +743,12 @@ async def run(a: TaskAssignment) -> AgentComplete:
             "result_file": str(result_file),
         },
     )
+    if (longest := max((len(arg.encode()) for arg in argv), default=0)) >= MAX_ARGUMENT_BYTES:
+        raise config_error(
+            f"profile {profile.name!r}: one argument of the command is {longest} bytes (the prompt, with "
+            f"prompt_via = \"arg\"), over the {MAX_ARGUMENT_BYTES} one command-line argument can carry: set "
+            'prompt_via = "file" (with {prompt_file} in argv) or "stdin" in the profile'
+        )
     write_json_atomic(
         run_dir / "command.json",
         {

@@ -191,6 +191,22 @@ async def test_a_file_named_like_a_pathspec_stages_only_itself(tmp_path: Path) -
     assert ".env" not in git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split()
 
 
+async def test_a_prompt_too_long_for_an_argument_is_a_setup_error_saying_what_to_change(tmp_path: Path) -> None:
+    """A story long enough (or fix findings long enough) made the prompt, given as an argument, over what one
+    argument can carry: the agent's start failed with "Argument list too long", retried five times."""
+    root = dev_project(tmp_path, agents_toml="")
+    criteria = "".join(f"{n}. the form accepts input number {n} and shows it back to the user\n" for n in range(1, 2500))
+    (root / STORY_PATH).write_text(STORY_TEXT + criteria)
+    agents = root / ".bso" / "agents.toml"
+    as_argument = agents.read_text().replace('"--prompt-file", "{prompt_file}"', '"--prompt", "{prompt}"')
+    agents.write_text(as_argument.replace('prompt_via = "file"', 'prompt_via = "arg"'))
+    with pytest.raises(ApplicationError) as refused:
+        await ActivityEnvironment().run(command.run, assignment(root))
+    assert refused.value.type == "AgentConfigError" and refused.value.non_retryable
+    assert 'prompt_via = "file"' in refused.value.message
+    assert runs(tmp_path) == []  # no agent started
+
+
 async def finish(root: Path, **kw) -> FinishStoryResult:
     return await ActivityEnvironment().run(
         finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY, **kw)
