@@ -273,6 +273,12 @@ def resolve_profile(agents: AgentsFile, agent_type: AgentType, mode: AgentMode) 
         raise AgentProfileError(f"profile {name!r} has no argv: give the command to run in the agents file")
     env = {**base.env, **settings.env, **mode_choice.env}
     workdir = mode_choice.workdir or settings.workdir or base.workdir or DEFAULT_WORKDIR[agent_type]
+    if agent_type is AgentType.DEV_RUNNER and workdir == "project" and agents.git.enabled:
+        raise AgentProfileError(
+            f"profile {name!r} for dev-runner: workdir 'project' would skip BSO's Exit Gate, secret refusal, scope "
+            "guard and verification, which work in the story's git worktree (leave workdir out, or set "
+            "[git] enabled = false)"
+        )
     timeout = mode_choice.timeout_seconds or settings.timeout_seconds or base.timeout_seconds
     if agent_type in REVIEWING_AGENTS:
         if resumes := resume_flags(base.argv):

@@ -125,6 +125,11 @@ def test_generic_needs_argv_and_reviewer_may_not_resume_a_session() -> None:
         reviewer = AgentsFile(profiles={"r": ProfilePatch(extends="claude", argv=argv)}, default_profile="r")
         with pytest.raises(AgentProfileError, match="P30"):
             resolve_profile(reviewer, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    in_project = AgentsFile(agents={AgentType.DEV_RUNNER: {"workdir": "project"}})
+    with pytest.raises(AgentProfileError, match="would skip BSO's Exit Gate"):
+        resolve_profile(in_project, AgentType.DEV_RUNNER, AgentMode.FIX)
+    no_git = AgentsFile(agents={AgentType.DEV_RUNNER: {"workdir": "project"}}, git={"enabled": False})
+    assert resolve_profile(no_git, AgentType.DEV_RUNNER, AgentMode.FIX).workdir == "project"
     # codex's -c sets a config value: not a resume
     codex = AgentsFile(profiles={"r": ProfilePatch(extends="codex", argv=["codex", "exec", "-c", "x=1", "{prompt}"])},
                        default_profile="r")
