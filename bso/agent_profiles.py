@@ -164,8 +164,9 @@ class GitSettings(_Strict):
     squash_message: str = Field("feat: Story $story_number: $title", pattern=r"\S")
     secret_patterns: list[str] = Field(
         default_factory=lambda: [
-            ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.p12", "*.pfx",
-            "credentials", "credentials.json", ".netrc", ".npmrc", ".pypirc", "*.keystore", "secrets.*",
+            ".env", ".env.*", ".envrc", "*.pem", "*.key", "id_rsa*", "id_dsa*", "id_ed25519*", "id_ecdsa*", "*.p12",
+            "*.pfx", "credentials", "credentials.json", ".git-credentials", ".netrc", ".npmrc", ".pypirc",
+            "*.keystore", "*.tfvars", "secrets.*",
         ]
     )
 
@@ -326,14 +327,18 @@ def render_argv(argv: list[str], values: dict[str, str]) -> list[str]:
 
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# Names whose values carry a password or a key without saying so (a database URL, a GitHub PAT, a Sentry DSN);
+# as suffixes, so that PWD (the current folder) or AUTHOR_NAME are not taken for secrets.
+SECRET_SUFFIXES = ("_PAT", "_PWD", "_DSN", "_AUTH", "DATABASE_URL")
 
 
 def is_secret_env_key(key: str) -> bool:
-    """*KEY*, *TOKEN*, *SECRET*, *PASSWORD*... (BSO's own BSO_* variables, e.g. BSO_STORY_KEY, are not secrets)."""
+    """*KEY*, *TOKEN*, *SECRET*, *PASSWORD*..., *_PAT, *DATABASE_URL... (BSO's own BSO_* variables, e.g.
+    BSO_STORY_KEY, are not secrets)."""
     upper = key.upper()
     if upper.startswith("BSO_"):
         return False
-    return any(marker in upper for marker in SECRET_MARKERS)
+    return any(marker in upper for marker in SECRET_MARKERS) or upper.endswith(SECRET_SUFFIXES)
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:

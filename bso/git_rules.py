@@ -38,8 +38,10 @@ def originals_ref(session_id: str, story_key: str) -> str:
 
 def is_secret_path(path: str, patterns: list[str]) -> bool:
     """Does a changed file look like a secret (`.env*`, private keys, credential files)?"""
+    # Case does not make a file less secret (KEY.PEM, .ENV): both sides lower-cased.
+    path = path.lower()
     name = posixpath.basename(path)
-    for pattern in patterns:
+    for pattern in (p.lower() for p in patterns):
         if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(path, pattern):
             # `.env.example` / `.env.sample` are templates, not secrets.
             if name.startswith(".env") and name.endswith((".example", ".sample", ".template", ".dist")):

@@ -146,6 +146,8 @@ def test_argv_rendering_and_redaction() -> None:
     ]
     assert is_secret_env_key("OPENAI_API_KEY") and is_secret_env_key("GH_TOKEN") and is_secret_env_key("DB_PASSWORD")
     assert not is_secret_env_key("PATH") and not is_secret_env_key("BSO_STORY_KEY")
+    assert all(map(is_secret_env_key, ("DATABASE_URL", "GITHUB_PAT", "DB_PWD", "SENTRY_DSN", "NPM_AUTH")))
+    assert not any(map(is_secret_env_key, ("PWD", "OLDPWD", "AUTHOR_NAME", "HOMEPATH")))
     env = {"MY_SECRET": "hunter2hunter2", "HOME": "/root"}
     assert redact_env(env) == {"MY_SECRET": "***", "HOME": "/root"}
     assert redact_text("pw=hunter2hunter2 home=/root", env) == "pw=*** home=/root"
@@ -187,7 +189,8 @@ def test_git_rules() -> None:
         with pytest.raises(GitRuleError):
             story_branch("s", bad)
     patterns = AgentsFile().git.secret_patterns
-    for secret in (".env", "config/.env.production", "id_rsa", "certs/server.key", "a/credentials.json"):
+    for secret in (".env", "config/.env.production", "id_rsa", "certs/server.key", "a/credentials.json",
+                   "certs/SERVER.PEM", ".ENV", ".envrc", ".git-credentials", "infra/prod.tfvars", "id_dsa"):
         assert is_secret_path(secret, patterns), secret
     for fine in (".env.example", "src/env.py", "keys.md", "src/app.py"):
         assert not is_secret_path(fine, patterns), fine
