@@ -1236,7 +1236,9 @@ def sprint_list(
                 raise BsoError(f"--status {status!r}: use one of {', '.join(statuses)}")
             query += f' AND ExecutionStatus = "{names[statuses[status.lower()]]}"'
         if session:
-            query += f' AND {SA_SESSION_ID.name} = "{session.replace(chr(34), "")}"'
+            if any(c in session for c in '"\\\'') or sprint_id_characters_error(session) is not None:
+                raise BsoError(f"--session {session!r}: not a sprint id (no quotes, backslashes, spaces or control characters)")
+            query += f' AND {SA_SESSION_ID.name} = "{session}"'
         client = await _client()
         table = Table(box=None, pad_edge=False)
         for column in ("sprint", "status", "phase", "outcome", "started", "closed"):

@@ -152,6 +152,11 @@ def test_sprint_list_takes_cancelled_as_canceled(monkeypatch):
         assert result.exit_code == 0, result.output
         assert queries.pop().endswith('AND ExecutionStatus = "Canceled"')
     assert runner.invoke(app, ["sprint", "list", "--status", "cancel"]).exit_code == 1
+    # A session that is no sprint id made the server answer "malformed SQL query"
+    refused = runner.invoke(app, ["sprint", "list", "--session", "abc\\"])
+    assert refused.exit_code == 1 and "not a sprint id" in refused.output and not queries
+    assert runner.invoke(app, ["sprint", "list", "--session", "sprint-1"]).exit_code == 0
+    assert queries.pop().endswith('AND BsoSessionId = "sprint-1"')
 
 
 def _not_found(message: str) -> RPCError:
