@@ -165,7 +165,10 @@ async def assert_replays(client: Client, started: list[str]) -> None:
     if not histories:
         return
     # Each also in the shape whose workflow tasks sdk-core joins on replay (tests/collapsed_history.py).
-    histories += [variant for variant, moved in map(collapsed, histories) if moved]
+    shapes = ["as recorded"] * len(histories)
+    joined = [variant for variant, moved in map(collapsed, histories) if moved]
+    histories += joined
+    shapes += ["joined"] * len(joined)
     # Without the sandbox: it changes no command the code sends, and re-importing the workflow modules for each
     # history took two thirds of the replay's time (~1 minute over the suite).
     replayer = Replayer(
@@ -176,16 +179,19 @@ async def assert_replays(client: Client, started: list[str]) -> None:
     )
     failures = []
     async with replayer.workflow_replay_iterator(_iterate(histories)) as results:
+        shape = iter(shapes)  # the results come in the order of the histories
         async for result in results:
+            as_shaped = next(shape)
             if result.replay_failure is not None:
-                failures.append(result)
+                failures.append((result, as_shaped))
     if failures:
         REPLAY_FAILURES.mkdir(exist_ok=True)
         lines = []
-        for result in failures:
-            kept = REPLAY_FAILURES / f"{result.history.workflow_id.replace('/', '--')}--{result.history.run_id}-{id(result)}.json"
+        for result, as_shaped in failures:
+            name = f"{result.history.workflow_id.replace('/', '--')}--{result.history.run_id}--{as_shaped.replace(' ', '-')}"
+            kept = REPLAY_FAILURES / f"{name}.json"
             kept.write_text(result.history.to_json())
-            lines.append(f"{result.history.workflow_id} ({kept}): {result.replay_failure}")
+            lines.append(f"{result.history.workflow_id} ({as_shaped}; {kept}): {result.replay_failure}")
         raise AssertionError("histories that do not replay:\n" + "\n".join(lines))
 
 

@@ -493,7 +493,8 @@ class RosterKeeper:
         self._resident_handles: dict[str, workflow.ChildWorkflowHandle[Any, Any]] = {}
         self._roster_changes: list[str] = []  # changes not yet broadcast
         self._roster_sender: asyncio.Task[None] | None = None
-        self._roster_always_held = False  # PATCH_ROSTER_ALWAYS_HELD, decided once at the run's start
+        self._roster_loop: asyncio.Task[None] | None = None  # the run's sender (PATCH_ROSTER_ALWAYS_HELD)
+        self._roster_sending = False  # a broadcast on its way (the run's sender)
         self._roster_holds_over = False  # the run ends (its residents stop): changes go out without a hold
         self._roster_hold_timers: list[asyncio.Task[None]] = []  # left to fire, as the Slave's holds
         self._stopped_residents: set[str] = set()
@@ -635,41 +636,74 @@ class RosterKeeper:
     def _roster_changed(self, roster: Roster, change: str) -> None:
         """AGENT_ROSTER_BROADCAST with the full roster, to each resident and only to residents (P54).
 
-        One broadcast at a time: the first change goes out with the workflow task that made it; changes
-        made while it is on its way are held ROSTER_BROADCAST_HOLD more, then go out together (the latest
-        full roster, `change` naming each change in order). A broadcast per change cost every resident a
-        workflow task and the Master two events per resident for each agent dispatched and finished."""
+        One broadcast at a time, each followed by a hold of ROSTER_BROADCAST_HOLD; the changes made meanwhile
+        go out together at its end (the latest full roster, `change` naming each change in order). A broadcast
+        per change cost every resident a workflow task and the Master two events per resident for each agent
+        dispatched and finished."""
         self._state.roster = roster
         self._roster_changes.append(change)
+        if self._roster_loop is not None:
+            return  # the run's sender takes it (_roster_sender_loop)
         if self._roster_sender is None or self._roster_sender.done():
             self._roster_sender = asyncio.create_task(self._send_roster())
 
-    async def _send_roster(self) -> None:
+    def _start_roster_sender(self) -> None:
+        """PATCH_ROSTER_ALWAYS_HELD: one sender for the whole run, woken by a condition, never a task started by a
+        change. A task started by a change sent before what the change's handler did next; a sender woken out of
+        its hold sent after it: on replay, where sdk-core joins an empty task (the hold's timer firing) with the
+        next one, the broadcast and, say, a signal forwarded to a Slave swapped places, and the failure of one
+        (a Slave just ended) was taken for the other's."""
+        self._roster_loop = asyncio.create_task(self._roster_sender_loop())
+
+    async def _broadcast(self, changes: list[str]) -> None:
         s = self._state
+        s.roster_seq += 1
+        message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change="; ".join(changes), roster=s.roster)
+        payload = message.model_dump(mode="json")
+        await asyncio.gather(
+            *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
+        )
+
+    async def _send_roster(self) -> None:
+        """Sprints started before PATCH_ROSTER_ALWAYS_HELD: a sender per burst of changes, held only when
+        changes came while a broadcast was on its way."""
         while self._roster_changes:
             changes, self._roster_changes = self._roster_changes, []
-            if not s.residents:
+            if not self._state.residents:
                 continue
-            s.roster_seq += 1
-            message = RosterBroadcast(session_id=s.session_id, seq=s.roster_seq, change="; ".join(changes), roster=s.roster)
-            payload = message.model_dump(mode="json")
-            await asyncio.gather(
-                *(_signal_quietly(workflow_id, SIGNAL_ROSTER_BROADCAST, payload) for workflow_id in s.residents.values())
-            )
-            if self._roster_always_held:
-                # Whatever came meanwhile: whether a change came before the acknowledgements or after them is
-                # not the same on replay. After the hold, what came goes out at once, as from a new sender.
-                if not self._roster_holds_over:
-                    timer = asyncio.create_task(workflow.sleep(ROSTER_BROADCAST_HOLD))
-                    self._roster_hold_timers = [*(t for t in self._roster_hold_timers if not t.done()), timer]
-                    await workflow.wait_condition(lambda: self._roster_holds_over or timer.done())
-            elif self._roster_changes:  # changes keep coming: gather them a little longer
+            await self._broadcast(changes)
+            if self._roster_changes:  # changes keep coming: gather them a little longer
                 await workflow.sleep(ROSTER_BROADCAST_HOLD)
+
+    async def _roster_sender_loop(self) -> None:
+        while True:
+            await workflow.wait_condition(
+                lambda: bool(self._roster_changes) and (self._roster_sender is None or self._roster_sender.done())
+            )
+            changes, self._roster_changes = self._roster_changes, []
+            if not self._state.residents:
+                continue
+            self._roster_sending = True
+            await self._broadcast(changes)
+            self._roster_sending = False
+            # Whatever came meanwhile waits for the hold's end: whether a change came before the acknowledgements
+            # or after them is not the same on replay.
+            if not self._roster_holds_over:
+                timer = asyncio.create_task(workflow.sleep(ROSTER_BROADCAST_HOLD))
+                self._roster_hold_timers = [*(t for t in self._roster_hold_timers if not t.done()), timer]
+                await workflow.wait_condition(lambda: self._roster_holds_over or timer.done())
 
     async def _roster_flushed(self) -> None:
         """Every change broadcast, none on its way (a resident stopped next must not get one while it ends). Only
         as the run ends (its residents stop): from then on changes go out without a hold."""
         self._roster_holds_over = True
+        if self._roster_loop is not None:
+            await workflow.wait_condition(
+                lambda: not self._roster_changes
+                and not self._roster_sending
+                and (self._roster_sender is None or self._roster_sender.done())
+            )
+            return
         while self._roster_sender is not None and not self._roster_sender.done():
             await self._roster_sender
 

@@ -550,7 +550,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # The sprint runs as a task of its own and run() only waits for it: a cancel request reaches run() at
         # this condition whatever the sprint awaits at that moment. (Awaiting an activity, a signal or a child,
         # the sprint itself would see it as an ActivityError some code handles, or not at all.)
-        self._roster_always_held = workflow.patched(PATCH_ROSTER_ALWAYS_HELD)  # at the start: the same on replay
+        if workflow.patched(PATCH_ROSTER_ALWAYS_HELD):  # decided at the run's start: the same on replay
+            self._start_roster_sender()
         sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:
             await workflow.wait_condition(sprint.done)
