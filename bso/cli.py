@@ -1272,9 +1272,12 @@ def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
 
 async def _outcome(client: Client, wf: WorkflowExecution) -> str:
     """The outcome column of `bso sprint list`: a completed sprint's report status (sprint-complete, -partial,
-    -failed: all complete as workflows), read from its close event; a cancelled one's is sprint-cancelled."""
+    -failed: all complete as workflows), read from its close event; a cancelled one's is sprint-cancelled; one
+    that failed as a workflow (a bad input at its start) sprint-failed too, and `bso sprint status` says why."""
     if wf.status is WorkflowExecutionStatus.CANCELED:
         return SprintStatus.CANCELLED.value
+    if wf.status is WorkflowExecutionStatus.FAILED:
+        return SprintStatus.FAILED.value
     if wf.status is not WorkflowExecutionStatus.COMPLETED:
         return ""
     try:

@@ -364,6 +364,12 @@ def test_status_of_a_sprint_that_failed_at_its_start(cli_env, tmp_path: Path):
         assert f"sprint {sprint_id} is failed: " in line and expected in line, (what, line)
         watched = _one_line_error(bso(cli_env, "sprint", "watch", sprint_id))
         assert "did not complete" in watched and expected in watched, (what, watched)
+    listed = _wait_for(  # its outcome column (it was blank, though the README promised -failed)
+        lambda: (r := bso(cli_env, "sprint", "list", "--status", "failed")).returncode == 0 and sprint_id in r.stdout and r,
+        "the failed sprint in the visibility store",
+    )
+    row = next(line for line in listed.stdout.splitlines() if sprint_id in line)
+    assert "sprint-failed" in row, listed.stdout
     # The worker's log stays JSON lines: the SDK's never-awaited run coroutine of a refused start left a
     # Python warning in it, and the SDK core's own warnings were coloured text.
     for line in cli_env["log"].read_text().splitlines():
