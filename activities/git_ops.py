@@ -167,6 +167,12 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
         path = worktree_path(project_root, session_id, story_key)
         if (path / ".git").exists():
             return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
+        if path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir())):  # git would refuse it
+            raise ApplicationError(
+                f"{path} is in the way of the story's worktree (not a worktree): move it away, then rearm the story",
+                type="AgentConfigError",
+                non_retryable=True,
+            )
         await git(project_root, "worktree", "prune", check=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)

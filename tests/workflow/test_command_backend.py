@@ -272,6 +272,24 @@ async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_
     assert worktree_path(str(root), "s1", STORY).exists()
 
 
+@pytest.mark.parametrize("in_the_way", ["file", "folder"])
+async def test_something_in_the_way_of_a_worktree_is_named_at_once_and_kept(tmp_path: Path, in_the_way: str) -> None:
+    """A file, or a folder with files, where the story's worktree goes failed with git's words, retried five
+    times; nothing of it was clobbered, and nothing is now."""
+    root = dev_project(tmp_path)
+    path = worktree_path(str(root), "s1", STORY)
+    path.parent.mkdir(parents=True)
+    if in_the_way == "file":
+        path.write_text("mine\n")
+    else:
+        path.mkdir()
+        (path / "notes.txt").write_text("mine\n")
+    with pytest.raises(ApplicationError) as refused:
+        await ensure_worktree(str(root), "s1", STORY)
+    assert "is in the way of the story's worktree" in refused.value.message and refused.value.non_retryable
+    assert (path if in_the_way == "file" else path / "notes.txt").read_text() == "mine\n"
+
+
 @pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch"])
 async def test_a_repository_the_backend_cannot_work_in_is_named_before_its_first_worktree(tmp_path: Path, repo: str) -> None:
     """A project in a folder of a repository (a monorepo) ran agents and verification at the repository's root
