@@ -58,3 +58,14 @@ async def await_answer(
     except asyncio.TimeoutError:
         return response_timeout(request, timeout, recipient)
     return None
+
+
+async def hold(
+    duration: timedelta, timers: list[asyncio.Task[None]], over: Callable[[], bool], summary: str | None = None
+) -> None:
+    """Wait `duration` on a timer, or until `over()`. The timer is left to fire, never cancelled (kept in
+    `timers`, which drops those that have fired): a hold cut short adds no command, so no order of events on
+    replay can make it differ."""
+    timer = asyncio.create_task(workflow.sleep(duration, summary=summary))
+    timers[:] = [*(t for t in timers if not t.done()), timer]
+    await workflow.wait_condition(lambda: over() or timer.done())

@@ -87,7 +87,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer
     from bso.simulation import SimulationScript
-    from workflows.delivery import deliver
+    from workflows.delivery import deliver, hold
 
 T = TypeVar("T")
 
@@ -689,9 +689,7 @@ class RosterKeeper:
             # Whatever came meanwhile waits for the hold's end: whether a change came before the acknowledgements
             # or after them is not the same on replay.
             if not self._roster_holds_over:
-                timer = asyncio.create_task(workflow.sleep(ROSTER_BROADCAST_HOLD))
-                self._roster_hold_timers = [*(t for t in self._roster_hold_timers if not t.done()), timer]
-                await workflow.wait_condition(lambda: self._roster_holds_over or timer.done())
+                await hold(ROSTER_BROADCAST_HOLD, self._roster_hold_timers, lambda: self._roster_holds_over)
 
     async def _roster_flushed(self) -> None:
         """Every change broadcast, none on its way (a resident stopped next must not get one while it ends). Only

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
     from bso.messages import DeliveryFailed, ResponseTimeout
-    from workflows.delivery import await_answer, deliver
+    from workflows.delivery import await_answer, deliver, hold
     from bso.dependencies import check_dependencies, skipped_for_dependency
     from bso.decisions import (
         DecisionError,
@@ -454,13 +454,7 @@ class SprintSlaveWorkflow:
             # now, or its status would show the stories as they were up to a second before.
             parent = workflow.info().parent
             if self._outbox and parent is not None and workflow.patched(PATCH_UPDATES_ON_CANCEL):
-                updates, self._outbox = self._outbox, []
-                try:
-                    await workflow.get_external_workflow_handle(parent.workflow_id).signal(
-                        SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates)
-                    )
-                except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
-                    workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+                await self._send_outbox(workflow.get_external_workflow_handle(parent.workflow_id))
             raise
 
     async def _run_batch(self) -> SlaveResult:
@@ -1251,12 +1245,16 @@ class SprintSlaveWorkflow:
                 await self._hold(sent_at, STORY_UPDATES_HOLD - since)
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
-            updates, self._outbox = self._outbox, []
             self._updates_sent_at = workflow.now()
-            try:
-                await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
-            except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
-                workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+            await self._send_outbox(handle)
+
+    async def _send_outbox(self, handle: workflow.ExternalWorkflowHandle[Any]) -> None:
+        """One story_updates signal with every update in the outbox, in order."""
+        updates, self._outbox = self._outbox, []
+        try:
+            await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
+        except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
+            workflow.logger.warning("[Slave] story updates not delivered: %s", err)
 
     async def _send_updates_held(self, handle: workflow.ExternalWorkflowHandle[Any]) -> None:
         """Each signal is followed by a hold of STORY_UPDATES_HOLD on a timer (cut short when the Slave closes);
@@ -1265,16 +1263,10 @@ class SprintSlaveWorkflow:
         while self._outbox:
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
-            updates, self._outbox = self._outbox, []
-            try:
-                await handle.signal(SIGNAL_STORY_UPDATES, StoryUpdates(updates=updates))
-            except Exception as err:  # noqa: BLE001 - the Master is gone: nobody to tell
-                workflow.logger.warning("[Slave] story updates not delivered: %s", err)
+            await self._send_outbox(handle)
             if self._closing:
                 continue
-            timer = asyncio.create_task(workflow.sleep(STORY_UPDATES_HOLD, summary=STORY_UPDATES_HOLD_SUMMARY))
-            self._hold_timers = [*(t for t in self._hold_timers if not t.done()), timer]  # left to fire
-            await workflow.wait_condition(lambda: self._closing or timer.done())
+            await hold(STORY_UPDATES_HOLD, self._hold_timers, lambda: self._closing, STORY_UPDATES_HOLD_SUMMARY)
 
     async def _hold(self, sent_at: datetime, remaining: timedelta) -> None:
         def hold_over() -> bool:
@@ -1286,10 +1278,7 @@ class SprintSlaveWorkflow:
             except asyncio.TimeoutError:
                 pass
             return
-        self._hold_timers = [t for t in self._hold_timers if not t.done()]
-        timer = asyncio.create_task(workflow.sleep(remaining, summary=STORY_UPDATES_HOLD_SUMMARY))
-        self._hold_timers.append(timer)
-        await workflow.wait_condition(lambda: hold_over() or timer.done())
+        await hold(remaining, self._hold_timers, hold_over, STORY_UPDATES_HOLD_SUMMARY)
 
     def _show(self) -> None:
         rows = [
