@@ -508,11 +508,11 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     if secrets:
         return FinishStoryResult(
             story_key=inp.story_key, merged=False,
-            note=f"not merged: the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
+            note=f"the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
                  "worktree kept",
         )
     if (unfit := await _checkout_unfit_for_merge(root)) is not None:
-        return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"not merged: {unfit}; worktree kept")
+        return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"{unfit}; worktree kept")
     squashed = squashed_before
     restore_on_conflict = originals if squashed_before else tip
     identity = await identity_args(root)

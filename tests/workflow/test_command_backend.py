@@ -23,7 +23,7 @@ from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from activities.process import machine_id
 from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
-from bso.git_rules import FinishStoryInput, FinishStoryResult
+from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.fake_agent.project import STORY, git, make_git_project
@@ -349,6 +349,8 @@ async def test_a_detached_head_takes_no_story_work(tmp_path: Path) -> None:
     head_before, tip = git(root, "rev-parse", "HEAD").strip(), git(root, "rev-parse", f"bso/s1/{STORY}").strip()
     result = await finish(root, squash=False)
     assert not result.merged and "HEAD is detached" in result.note
+    assert MergeOutcome.of(result).note == f"not merged: {result.note}"  # the story's error says it once
+    assert MergeOutcome.of(result).note.count("not merged") == 1
     assert git(root, "rev-parse", "HEAD").strip() == head_before
     assert git(root, "rev-parse", f"bso/s1/{STORY}").strip() == tip
 
