@@ -347,9 +347,14 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 def redact_values(value: Any, env: dict[str, str]) -> Any:
     """`value` (a model dump: dicts, lists, strings...) with every string redacted (redact_text)."""
-    return map_strings(value, lambda text: redact_text(text, env))
+    forms = _env_secret_forms(env)  # once, not per string
+    return map_strings(value, lambda text: redact_forms(text, forms))
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:
     """Replace every form of each secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
-    return redact_forms(text, secret_forms(v for k, v in env.items() if is_secret_env_key(k)))
+    return redact_forms(text, _env_secret_forms(env))
+
+
+def _env_secret_forms(env: dict[str, str]) -> list[str]:
+    return secret_forms(v for k, v in env.items() if is_secret_env_key(k))
