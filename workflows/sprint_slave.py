@@ -160,6 +160,12 @@ PATCH_REPORTS_MERGES = "slave-reports-merges"
 # killed the batch with its agent in flight.)
 PATCH_WORKING_TIME_LIMIT = "slave-working-time-limit"
 WORKING_TIME_SUMMARY = "batch working-time limit (slave_timeout_seconds)"
+# The time is up when the working-time timer fires, not when the clock says so: a workflow task that sdk-core
+# joins on replay with the one before it (tests/collapsed_history.py) reads that one's earlier clock, and the sum
+# of clock readings fell short of the limit on replay where it had reached it live (a second timer: a
+# nondeterminism error). The clock now only sets the next timer's length after an idle stretch, and a timer
+# that an idle stretch interrupts is cancelled, so a timer that fires always means the whole limit was worked.
+PATCH_WORKING_TIME_BY_TIMER = "slave-working-time-by-timer"
 # A dev-runner that could not start at all (agent_config_error: a missing CLI, a broken profile) is not sent to
 # the debugger: the story goes to needs-intervention with "agent setup: ..." at once, as for the other agents.
 PATCH_NO_DEBUG_FOR_SETUP = "slave-no-debug-for-agent-setup"
@@ -464,7 +470,12 @@ class SprintSlaveWorkflow:
         self._reports_merges = inp.agent_backend == "command" and workflow.patched(PATCH_REPORTS_MERGES)
         if workflow.patched(PATCH_WORKING_TIME_LIMIT):
             limit = timedelta(seconds=inp.config.slave_timeout_seconds)
-            self._working_time_watch = asyncio.create_task(self._watch_working_time(limit))
+            watch = (
+                self._watch_working_time_by_timer
+                if workflow.patched(PATCH_WORKING_TIME_BY_TIMER)
+                else self._watch_working_time
+            )
+            self._working_time_watch = asyncio.create_task(watch(limit))
         while True:
             try:
                 await self._refresh_states()
@@ -1178,10 +1189,33 @@ class SprintSlaveWorkflow:
         decision, or a status file to mend)."""
         return self._paused or any(p.awaiting_decision or p.status_file_problem for p in self._progress.values())
 
+    async def _watch_working_time_by_timer(self, limit: timedelta) -> None:
+        """Sets `_out_of_time` once the batch has worked `limit` (slave_timeout_seconds), idle time not counted
+        (PATCH_WORKING_TIME_BY_TIMER). Each working stretch runs a timer for the time left: it fires only when
+        the limit is worked; an idle stretch cancels it, and the clock says how much of it was worked. A batch
+        that ends within its limit leaves its timer to fire after it (no cancel command)."""
+        worked = timedelta(0)
+        while not self._closing:
+            if self._idle():
+                await workflow.wait_condition(lambda: not self._idle() or self._closing)
+                continue
+            since = workflow.now()
+            # At least a second: the clock may put `worked` at the limit a moment before the timer would fire.
+            timer = asyncio.create_task(
+                workflow.sleep(max(limit - worked, timedelta(seconds=1)), summary=WORKING_TIME_SUMMARY)
+            )
+            await workflow.wait_condition(lambda: timer.done() or self._idle() or self._closing)
+            if timer.done():
+                self._run_out_of_time(limit)
+                return
+            if self._closing:
+                return
+            timer.cancel()
+            worked += workflow.now() - since  # the clock sets only the next timer's length, never a decision
+
     async def _watch_working_time(self, limit: timedelta) -> None:
-        """Sets `_out_of_time` once the batch has worked `limit` (slave_timeout_seconds), idle time not counted.
-        One timer at a time, left to fire (never cancelled, as the story updates' hold): a batch that ends
-        within its limit costs one timer."""
+        """Before PATCH_WORKING_TIME_BY_TIMER: sets `_out_of_time` once the batch has worked `limit`, idle time
+        not counted, by the sum of the clock's readings. One timer at a time, left to fire."""
         worked = timedelta(0)
         timer: asyncio.Task[None] | None = None
         while not self._closing:
@@ -1195,14 +1229,17 @@ class SprintSlaveWorkflow:
             await workflow.wait_condition(lambda: pending.done() or self._idle() or self._closing)
             worked += workflow.now() - since
             if worked >= limit and not self._closing:
-                self._out_of_time = (
-                    f"batch {self._input.batch_id} out of time: it worked {int(limit.total_seconds())} s "
-                    "(slave_timeout_seconds; time paused or waiting for a decision not counted); the step in "
-                    "flight finished, no step was started after it, and the stories not finished keep their state"
-                )
-                workflow.logger.warning("[Slave] %s", self._out_of_time)
-                self._show()
+                self._run_out_of_time(limit)
                 return
+
+    def _run_out_of_time(self, limit: timedelta) -> None:
+        self._out_of_time = (
+            f"batch {self._input.batch_id} out of time: it worked {int(limit.total_seconds())} s "
+            "(slave_timeout_seconds; time paused or waiting for a decision not counted); the step in "
+            "flight finished, no step was started after it, and the stories not finished keep their state"
+        )
+        workflow.logger.warning("[Slave] %s", self._out_of_time)
+        self._show()
 
     # --- visibility ----------------------------------------------------------------------------
 
