@@ -44,7 +44,9 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.enums.v1 import PendingActivityState, TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -943,12 +945,18 @@ def new_sprint_id() -> str:
     return f"sprint-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, target: str, namespace: str) -> str:
-    command = ["temporal", "workflow", "start"]
+def _temporal_workflow(verb: str, target: str, namespace: str) -> list[str]:
+    """`temporal workflow VERB`, with the server and namespace when they are not the CLI's defaults."""
+    command = ["temporal", "workflow", verb]
     if target != "localhost:7233":
         command += ["--address", target]
     if namespace != "default":
         command += ["--namespace", namespace]
+    return command
+
+
+def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, target: str, namespace: str) -> str:
+    command = _temporal_workflow("start", target, namespace)
     command += ["--type", MASTER_TYPE, "--task-queue", task_queue, "--workflow-id", sprint_id]
     command += ["--id-reuse-policy", "AllowDuplicateFailedOnly"]
     payload = inp.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
@@ -1010,6 +1018,59 @@ async def _refused_at_its_claim(client: Client, sprint_id: str, root: Path) -> s
     return None
 
 
+# The server lists a task queue's pollers for minutes after their last poll; a worker renews its long poll
+# about every minute. A poller seen within this is a worker there (and a clock a minute off is no matter).
+POLLED_LATELY = timedelta(minutes=2)
+# The one DescribeTaskQueue of `bso sprint start`: a server slower than this to answer leaves it unsaid.
+POLLERS_TIMEOUT = timedelta(seconds=3)
+
+
+def sprint_worker_command(task_queue: str) -> str | None:
+    """The `bso worker` that polls this sprint task queue: `bso worker` for bso-sprint, with `--queue-prefix P`
+    for P + bso-sprint; None for a queue of another name, which no `bso worker` serves."""
+    if task_queue == SPRINT_TASK_QUEUE:
+        return "bso worker"
+    if task_queue.endswith(SPRINT_TASK_QUEUE):
+        return f"bso worker --queue-prefix {shlex.quote(task_queue.removesuffix(SPRINT_TASK_QUEUE))}"
+    return None
+
+
+def no_worker_warning(task_queue: str, sprint_id: str, target: str, namespace: str) -> str:
+    """What `bso sprint start` says when no worker polls the sprint's task queue: the sprint waits for one."""
+    said = f"bso: warning: no worker polls task queue {task_queue}: sprint {sprint_id} waits until one does"
+    if (command := sprint_worker_command(task_queue)) is not None:
+        return f"{said}; start one with `{command}`"
+    terminate = shlex.join([*_temporal_workflow("terminate", target, namespace), "--workflow-id", sprint_id])
+    return (
+        f"{said}, and no `bso worker` serves that name (`bso worker` serves {SPRINT_TASK_QUEUE}, "
+        f"`bso worker --queue-prefix P` serves P{SPRINT_TASK_QUEUE}): a mistyped --task-queue? "
+        f"End the sprint with `{terminate}` and start it again"
+    )
+
+
+async def _worker_polls(client: Client, task_queue: str) -> bool:
+    """Whether a worker has polled the sprint task queue for workflow tasks lately (DescribeTaskQueue), as far
+    as one quick call tells: a server that does not answer it in time, or refuses it, counts as yes (nothing
+    is said then)."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    try:
+        answer = await asyncio.wait_for(
+            client.workflow_service.describe_task_queue(request, timeout=POLLERS_TIMEOUT),
+            POLLERS_TIMEOUT.total_seconds() + 1,
+        )
+    except (RPCError, TimeoutError):
+        return True
+    now = datetime.now(UTC)
+    return any(
+        not poller.HasField("last_access_time") or now - poller.last_access_time.ToDatetime(tzinfo=UTC) < POLLED_LATELY
+        for poller in answer.pollers
+    )
+
+
 # What `bso sprint start` says of the agents it chose: simulated is the default, and it writes the project's
 # status file like real agents would, so a user trying BSO on a real project is told so.
 AGENTS_SAID = {
@@ -1032,7 +1093,8 @@ def sprint_start(
     sprint_id: Annotated[str | None, typer.Option("--id", help="sprint (workflow) id; default: sprint-<time>-<hex>")] = None,
     task_queue: Annotated[str, typer.Option(help="the workers' sprint task queue")] = SPRINT_TASK_QUEUE,
 ) -> None:
-    """Start a sprint; prints its id, its Web UI link and the equivalent `temporal workflow start`."""
+    """Start a sprint; prints its id, its Web UI link and the equivalent `temporal workflow start`, and warns
+    when no worker polls its task queue."""
 
     async def go() -> None:
         root = project.expanduser().resolve()
@@ -1112,6 +1174,9 @@ def sprint_start(
         out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)
         out.print(f"  temporal: {temporal_start_command(inp, sid, task_queue, target, namespace)}", markup=False)
+        # Started all the same: a worker may come later. Without one, or on a mistyped queue, it would wait unsaid.
+        if not await _worker_polls(client, task_queue):
+            err_console.print(no_worker_warning(task_queue, sid, target, namespace), markup=False)
 
     _run(go())
 

@@ -514,3 +514,65 @@ def test_an_update_without_a_worker_says_what_it_waits_for(cli_env, tmp_path: Pa
                 proc.terminate()
                 proc.wait(timeout=30)
 
+
+
+def _terminate(cli_env, sprint_id: str) -> None:
+    """A sprint no worker will ever take (its queue mistyped) ends only by termination."""
+    from tests.conftest import _binary
+
+    env = cli_env["env"]
+    subprocess.run(
+        [_binary("temporal"), "workflow", "terminate", "--address", env["TEMPORAL_ADDRESS"],
+         "--namespace", env["TEMPORAL_NAMESPACE"], "--workflow-id", sprint_id],
+        capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mistyped", [True, False], ids=["mistyped-queue", "no-worker-yet"])
+def test_start_on_a_queue_no_worker_polls_says_so(cli_env, tmp_path: Path, mistyped: bool):
+    """`bso sprint start --task-queue` with a typo (or before any worker of the queue runs) said `started` and
+    nothing else: the sprint waited for a worker that never came, unseen until `bso sprint status`. It still
+    starts (a worker may come later), and one line on stderr names the queue and the worker it waits for."""
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    queue = f"{prefix}bso-sprnt" if mistyped else f"{prefix}bso-sprint"
+    project, sim = _project(tmp_path, duration_ms=20)
+    sprint_id = f"lonely-{uuid.uuid4().hex[:6]}"
+    started = bso(
+        cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id, "--task-queue", queue,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        assert f"started sprint {sprint_id}" in started.stdout
+        said = f"bso: warning: no worker polls task queue {queue}: sprint {sprint_id} waits until one does"
+        assert started.stderr.startswith(said) and started.stderr.count("\n") == 1, started.stderr
+        if mistyped:
+            assert "no `bso worker` serves that name" in started.stderr and "a mistyped --task-queue?" in started.stderr
+            assert f"temporal workflow terminate --address {cli_env['address']}" in started.stderr, started.stderr
+            assert f"--workflow-id {sprint_id}` and start it again" in started.stderr, started.stderr
+        else:
+            assert started.stderr == f"{said}; start one with `bso worker --queue-prefix {prefix}`\n"
+    finally:
+        _terminate(cli_env, sprint_id)
+
+
+def test_start_on_a_queue_a_worker_polls_says_nothing_more(cli_env, tmp_path: Path):
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    project, sim = _project(tmp_path, duration_ms=20)
+    sprint_id = f"served-{uuid.uuid4().hex[:6]}"
+    with (tmp_path / "worker.log").open("w") as fh:
+        worker = subprocess.Popen(
+            [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_for(lambda: "worker polling" in (tmp_path / "worker.log").read_text(), "the worker to start")
+        started = bso(
+            cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id,
+            "--task-queue", f"{prefix}bso-sprint",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert f"started sprint {sprint_id}" in started.stdout
+        assert started.stderr == ""
+        assert bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3").returncode == 0
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)

@@ -7,7 +7,10 @@ import asyncio
 import io
 import json
 import shlex
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -26,8 +29,11 @@ from bso.cli import (
     _progress,
     _query_status,
     _view_from_report,
+    _worker_polls,
+    no_worker_warning,
     parse_set,
     server_command,
+    sprint_worker_command,
     temporal_start_command,
     ui_link,
     watch_console,
@@ -370,3 +376,63 @@ def test_the_summary_printed_shows_control_characters_as_escapes(monkeypatch):
     monkeypatch.setattr(bso.cli, "out", Console(file=terminal, width=400, color_system=None))
     _print_markdown(f"# Summary\n\n{HOSTILE_TEXT}\n")
     _no_terminal_codes(terminal.getvalue())
+
+
+def test_the_worker_a_sprint_queue_waits_for_is_named():
+    assert sprint_worker_command("bso-sprint") == "bso worker"
+    assert sprint_worker_command("team-a-bso-sprint") == "bso worker --queue-prefix team-a-"
+    assert sprint_worker_command("bso-sprnt") is None  # no `bso worker` serves it
+    said = "bso: warning: no worker polls task queue bso-sprint: sprint s-1 waits until one does"
+    assert no_worker_warning("bso-sprint", "s-1", "localhost:7233", "default") == f"{said}; start one with `bso worker`"
+    typo = no_worker_warning("bso-sprnt", "s-1", "tq.example:7233", "team")
+    assert typo.startswith("bso: warning: no worker polls task queue bso-sprnt: sprint s-1 waits until one does, and ")
+    assert "a mistyped --task-queue?" in typo and "\n" not in typo
+    assert typo.endswith(
+        "End the sprint with `temporal workflow terminate --address tq.example:7233 --namespace team "
+        "--workflow-id s-1` and start it again"
+    )
+
+
+class _Pollers:
+    """A server's DescribeTaskQueue: these pollers, an error, or no answer at all."""
+
+    def __init__(self, *ages_seconds: float, error: RPCError | None = None, hang: bool = False) -> None:
+        self.requests: list = []
+        self.ages, self.error, self.hang = ages_seconds, error, hang
+
+    async def describe_task_queue(self, request, timeout=None):
+        from temporalio.api.workflowservice.v1 import DescribeTaskQueueResponse
+
+        self.requests.append((request, timeout))
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.error is not None:
+            raise self.error
+        answer = DescribeTaskQueueResponse()
+        for age in self.ages:  # as long ago as the server saw each poll
+            answer.pollers.add(identity="w@host").last_access_time.FromDatetime(datetime.now(UTC) - timedelta(seconds=age))
+        return answer
+
+
+@pytest.mark.parametrize(
+    ("pollers", "polls"),
+    [
+        (_Pollers(), False),  # never polled: a mistyped queue, or no worker started yet
+        (_Pollers(600), False),  # a worker stopped minutes ago, still listed by the server
+        (_Pollers(600, 5), True),
+        (_Pollers(error=RPCError("denied", RPCStatusCode.PERMISSION_DENIED, b"")), True),  # unsaid when unknown
+        (_Pollers(hang=True), True),
+    ],
+    ids=["none", "stale", "lately", "refused", "no-answer"],
+)
+def test_whether_a_worker_polls_the_sprint_queue_is_one_quick_call(monkeypatch, pollers, polls):
+    from temporalio.api.enums.v1 import TaskQueueType
+
+    monkeypatch.setattr(bso.cli, "POLLERS_TIMEOUT", timedelta(seconds=0.1))
+    client = SimpleNamespace(namespace="ns", workflow_service=pollers)
+    started = time.monotonic()
+    assert asyncio.run(_worker_polls(client, "bso-sprnt")) is polls
+    assert time.monotonic() - started < 5  # a server that does not answer never holds the CLI
+    (request, timeout), = pollers.requests
+    assert (request.namespace, request.task_queue.name) == ("ns", "bso-sprnt")
+    assert request.task_queue_type == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW and timeout == timedelta(seconds=0.1)
