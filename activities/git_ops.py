@@ -40,15 +40,28 @@ WORKTREES_DIR = "worktrees"
 _IDENTITY = ["-c", "user.name=BSO", "-c", "user.email=bso@localhost"]
 
 
+# The project's git hooks never run on BSO's own git: `--no-verify` leaves some running (a worktree's checkout
+# runs post-checkout, a commit prepare-commit-msg and post-commit, a merge post-merge, a ref update
+# reference-transaction), and a slow or failing hook of the user's would slow or fail BSO's work. A hooks path
+# with no hooks in it (set on the command line, it overrides the project's core.hooksPath) turns them all off.
+_NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
+
+
+def git_argv(cwd: str, *args: str) -> list[str]:
+    return ["git", "-C", cwd, *_NO_HOOKS, *args]
+
+
 class GitError(RuntimeError):
-    pass
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output  # what git said
 
 
 async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120) -> str:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
-    done = await run_command(["git", "-C", cwd, *args], cwd=cwd, env=env, timeout=timeout)
+    done = await run_command(git_argv(cwd, *args), cwd=cwd, env=env, timeout=timeout)
     if check and done.returncode != 0:
-        raise GitError(f"git {' '.join(args)} failed ({done.returncode}): {done.output.strip()[-800:]}")
+        raise GitError(f"git {' '.join(args)} failed ({done.returncode}): {done.output.strip()[-800:]}", done.output)
     return done.output if done.returncode == 0 else ""
 
 
@@ -155,6 +168,35 @@ async def story_base(project_root: str, session_id: str, story_key: str) -> str:
     return await sprint_base(project_root, session_id)
 
 
+# git's refusals at `worktree add` that no retry changes (the user has to act): what git says, what it means.
+# Anything else stays retryable: a lock another git process holds (`index.lock`, a ref's `.lock`), a full disk.
+_WORKTREE_REFUSALS = (
+    ("exists; cannot create", "a ref is in the way of the story's branch"),  # a branch bso/<session>, say
+    ("is not a valid branch name", "git refuses the story's branch name"),
+    ("is already checked out at", "the story's branch is checked out elsewhere"),
+    ("is already used by worktree at", "the story's branch is checked out elsewhere"),  # git 2.42's words
+    ("already registered worktree", "the path is registered as another worktree"),
+    ("missing but locked worktree", "the path is registered as another, locked, worktree"),
+)
+
+
+async def _add_worktree(project_root: str, *args: str) -> None:
+    """`git worktree add`; a refusal no retry changes is a non-retryable error naming it in git's words."""
+    try:
+        await git(project_root, "worktree", "add", *args)
+    except GitError as err:
+        refusal = next((what for words, what in _WORKTREE_REFUSALS if words in err.output), None)
+        if refusal is None:
+            raise
+        said = " ".join(line.strip() for line in err.output.splitlines()
+                        if line.strip() and not line.startswith("Preparing worktree"))
+        raise ApplicationError(
+            f"git cannot make the story's worktree: {refusal} ({said[-600:]}); fix it, then rearm the story",
+            type="AgentConfigError",
+            non_retryable=True,
+        ) from None
+
+
 async def ensure_worktree(project_root: str, session_id: str, story_key: str) -> Worktree:
     """The story's worktree on `bso/<session>/<story key>`, created once from the project's HEAD of that moment."""
     try:
@@ -177,12 +219,12 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         exists = await git(project_root, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
         if exists.strip():
-            await git(project_root, "worktree", "add", str(path), branch)
+            await _add_worktree(project_root, str(path), branch)
             return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
         # Recorded before the branch is made: a retry after a crash in between records the HEAD it then uses.
         base = await head(project_root)
         write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
-        await git(project_root, "worktree", "add", "-b", branch, str(path), base)
+        await _add_worktree(project_root, "-b", branch, str(path), base)
         return Worktree(str(path), branch, base)
 
 
@@ -285,7 +327,7 @@ async def cleanup_stale_worktrees(project_root: str, current_session: str) -> li
                 continue
             branch = (await git(str(wt), "rev-parse", "--abbrev-ref", "HEAD", check=False)).strip()
             merged = await run_command(
-                ["git", "-C", project_root, "merge-base", "--is-ancestor", branch, "HEAD"], cwd=project_root
+                git_argv(project_root, "merge-base", "--is-ancestor", branch, "HEAD"), cwd=project_root
             )
             dirty = (await git(str(wt), "status", "--porcelain", check=False)).strip()
             if branch and merged.returncode == 0 and not dirty:
@@ -416,7 +458,7 @@ async def _commit_of(cwd: str, rev: str) -> str | None:
 
 
 async def _is_ancestor(root: str, commit: str, of: str) -> bool:
-    done = await run_command(["git", "-C", root, "merge-base", "--is-ancestor", commit, of], cwd=root)
+    done = await run_command(git_argv(root, "merge-base", "--is-ancestor", commit, of), cwd=root)
     return done.returncode == 0
 
 
@@ -433,7 +475,7 @@ async def _recover_reset_branch(root: str, worktree: Path, branch: str, base: st
     if originals is None or not (worktree / ".git").exists():
         return False
     staged_is_originals = await run_command(
-        ["git", "-C", str(worktree), "diff", "--cached", "--quiet", originals], cwd=str(worktree)
+        git_argv(str(worktree), "diff", "--cached", "--quiet", originals), cwd=str(worktree)
     )
     if staged_is_originals.returncode != 0:
         return False
@@ -530,11 +572,11 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     new_tip = (await git(root, "rev-parse", branch)).strip()
     merged_ff = False
     if settings.merge == "ff":
-        ff = await run_command(["git", "-C", root, "merge", "--ff-only", "-q", branch], cwd=root)
+        ff = await run_command(git_argv(root, "merge", "--ff-only", "-q", branch), cwd=root)
         merged_ff = ff.returncode == 0
     if not merged_ff:  # `merge`, or histories diverged (another story merged first): a merge commit
         merge = await run_command(
-            ["git", "-C", root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch],
+            git_argv(root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch),
             cwd=root,
         )
         if merge.returncode != 0:

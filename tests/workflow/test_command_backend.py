@@ -290,6 +290,50 @@ async def test_something_in_the_way_of_a_worktree_is_named_at_once_and_kept(tmp_
     assert (path if in_the_way == "file" else path / "notes.txt").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("refusal", ["ref-in-the-way", "checked-out-elsewhere", "locked-worktree", "invalid-name"])
+async def test_a_worktree_git_refuses_for_good_is_named_at_once_in_gits_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """A branch `bso/<session>` in the way of the story's branch, the story's branch checked out elsewhere, the
+    worktree's path registered as another (locked) worktree: `git worktree add` failed the same way five times
+    (the activity's retries) before the story ended."""
+    root = dev_project(tmp_path)
+    branch, path = f"bso/s1/{STORY}", worktree_path(str(root), "s1", STORY)
+    if refusal == "ref-in-the-way":
+        git(root, "branch", "bso/s1")  # refs/heads/bso/s1 is a file: bso/s1/<story> cannot be made beside it
+        expected, words = "a ref is in the way of the story's branch", "'refs/heads/bso/s1' exists; cannot create"
+    elif refusal == "checked-out-elsewhere":
+        git(root, "branch", branch)
+        git(root, "worktree", "add", "-q", str(tmp_path / "elsewhere"), branch)
+        expected, words = "the story's branch is checked out elsewhere", str(tmp_path / "elsewhere")
+    elif refusal == "locked-worktree":
+        git(root, "worktree", "add", "-q", "-b", "mine", str(path))
+        git(root, "worktree", "lock", str(path))
+        subprocess.run(["rm", "-rf", str(path)], check=True)  # gone, still registered (locked: never pruned)
+        expected, words = "the path is registered as another, locked, worktree", "is a missing but locked worktree"
+    else:  # the branch name rules (bso.git_rules) let through a name git refuses
+        monkeypatch.setattr(git_ops, "story_branch", lambda session, key: f"bso/{session}/bad..{key}")
+        expected, words = "git refuses the story's branch name", "is not a valid branch name"
+    with pytest.raises(ApplicationError) as refused:
+        await ensure_worktree(str(root), "s1", STORY)
+    assert refused.value.non_retryable and refused.value.type == "AgentConfigError"
+    assert expected in refused.value.message and words in refused.value.message, refused.value.message
+    assert "Preparing worktree" not in refused.value.message  # git's refusal, not its progress
+
+
+async def test_a_lock_another_git_process_holds_at_the_worktrees_creation_is_retried(tmp_path: Path) -> None:
+    """`cannot lock ref` is also git's word for a ref's lock held by another git process: that one passes."""
+    root = dev_project(tmp_path)
+    lock = root / ".git" / "refs" / "heads" / "bso" / "s1" / f"{STORY}.lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    with pytest.raises(git_ops.GitError, match="File exists"):  # not an ApplicationError: retried
+        await ensure_worktree(str(root), "s1", STORY)
+    lock.unlink()  # the other process is done
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == f"bso/s1/{STORY}"
+
+
 @pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch"])
 async def test_a_repository_the_backend_cannot_work_in_is_named_before_its_first_worktree(tmp_path: Path, repo: str) -> None:
     """A project in a folder of a repository (a monorepo) ran agents and verification at the repository's root
@@ -364,6 +408,54 @@ async def test_the_projects_merge_hooks_do_not_run_on_the_storys_merge(tmp_path:
     assert done.status is AgentStatus.SUCCESS, done.error
     result = await finish(root)
     assert result.merged, result.note
+
+
+# Every hook BSO's own git could run: its commits (--no-verify leaves prepare-commit-msg and post-commit), the
+# worktree's checkout, the merge, ref updates, index writes (the fix rollback's reset, the reviewer's stash).
+USER_HOOKS = (
+    "pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "pre-merge-commit", "post-merge",
+    "post-checkout", "reference-transaction", "post-index-change", "pre-auto-gc", "post-rewrite",
+)
+
+
+def failing_hooks(root: Path, log: Path) -> None:
+    """The user's hooks, each logging its name and failing; an agent's own git (it has BSO_STORY_KEY) runs them
+    as usual, and they let it through."""
+    for name in USER_HOOKS:
+        hook = root / ".git" / "hooks" / name
+        hook.write_text(f'#!/bin/sh\n[ -n "$BSO_STORY_KEY" ] && exit 0\necho {name} >> {log}\nexit 1\n')
+        hook.chmod(0o755)
+
+
+async def test_a_failing_post_checkout_hook_does_not_stop_the_storys_worktree(tmp_path: Path) -> None:
+    """`git worktree add` ran the project's post-checkout hook: a failing one failed the worktree, five times."""
+    root, log = dev_project(tmp_path), tmp_path / "hooks.log"
+    failing_hooks(root, log)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert (Path(wt.path) / ".git").exists() and not log.exists(), log.read_text() if log.exists() else ""
+
+
+@pytest.mark.parametrize("merge", ["ff", "merge"])
+async def test_the_projects_hooks_run_on_none_of_bsos_own_git(tmp_path: Path, merge: str) -> None:
+    """A dev dispatch (the worktree, the Exit Gate's commits), a fix rolled back (P20), a review whose edit is
+    stashed, the squash, the merge and the track's clean-up run none of the user's hooks."""
+    root, log = dev_project(tmp_path, agents_toml=f'\n[git]\nmerge = "{merge}"\n'), tmp_path / "hooks.log"
+    failing_hooks(root, log)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "break-tests"\n'))
+    fix = await ActivityEnvironment().run(command.run, assignment(root, 2, mode=AgentMode.FIX))
+    assert fix.status is AgentStatus.FAILURE and "rolled back" in fix.error, fix.error
+    wt = worktree_path(str(root), "s1", STORY)
+    (wt / "src" / "sneaky.py").write_text("x = 1\n")  # as if the reviewer had written it
+    review = await ActivityEnvironment().run(
+        command.run, assignment(root, 3, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
+    )
+    assert any("stashed" in f.summary for f in review.findings), review
+    result = await finish(root, story_title="Hello")
+    assert result.merged and result.squashed, result.note
+    assert not log.exists(), f"the user's hooks ran: {log.read_text().split()}"
 
 
 async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
