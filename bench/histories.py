@@ -35,12 +35,12 @@ def row_name(workflow_type: str, workflow_id: str) -> str:
 
 
 async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, Any]]:
-    """Per workflow type: runs, the largest history (events, bytes, which run), the largest event, the
-    WorkflowTaskFailed events (signal races that refused a hand-over apart)."""
+    """Per workflow type: runs, the largest history (events, bytes, which run), the largest event, the events of
+    all its runs, the WorkflowTaskFailed events (signal races that refused a hand-over apart)."""
     out: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "runs": 0, "max_events": 0, "max_bytes": 0, "max_event_bytes": 0, "largest": None,
-            "task_failures": 0, "task_failure_causes": [], "signal_races": 0,
+            "task_failures": 0, "task_failure_causes": [], "signal_races": 0, "total_events": 0,
         }
     )
     async for wf in client.list_workflows(query):
@@ -48,6 +48,7 @@ async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, 
         sizes = [e.ByteSize() for e in history.events]
         row = out[row_name(wf.workflow_type, wf.id)]
         row["runs"] += 1
+        row["total_events"] += len(sizes)
         failures = task_failures(history)
         row["task_failures"] += len(failures)
         row["task_failure_causes"] += [f"{wf.id} {failure}" for failure in failures]

@@ -4,6 +4,7 @@ the status query polled throughout.
 
     .venv/bin/python -m bench.long_sprint --stories 1000        # the 1,000-story proof (a few minutes)
     .venv/bin/python -m bench.long_sprint --stories 200 --continue-after 500
+    .venv/bin/python -m bench.long_sprint --stories 40 --agent-ms 2000 --no-operator   # events with slow agents
 
 Prints the largest history (events, bytes) of each workflow type; they must stay under Temporal's
 warning line (10,240 events, 10 MB), and every single payload well under 2 MB.
@@ -89,6 +90,7 @@ async def _watch(client: Client, session: str, done: asyncio.Event, log: dict[st
 async def run_long_sprint(
     stories: int, workdir: Path, batch_size: int = 10, slaves: int = 4, continue_after: int | None = None,
     operator: bool = True, pause_every: float = 0.7, resident_continue_after: int | None = None,
+    agent_ms: int = 0,
 ) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
@@ -108,7 +110,10 @@ async def run_long_sprint(
         began = time.monotonic()
         handle = await client.start_workflow(
             SprintMasterWorkflow.run,
-            SprintInput(project_root=str(root), session_id=session, config_overrides=overrides),
+            SprintInput(
+                project_root=str(root), session_id=session, config_overrides=overrides,
+                simulation={"default": {"duration_ms": agent_ms}} if agent_ms else {},
+            ),
             id=session,
             task_queue=SPRINT_TASK_QUEUE,
         )
@@ -147,6 +152,7 @@ async def run_long_sprint(
         "all_done": report.stories == {k: "done" for k in keys} and all(values[k] == "done" for k in keys),
         "query_stories_done": sum(v.state == "done" and v.agents_dispatched == 1 for v in final.stories.values()),
         "runs": final.runs,
+        "agent_ms": agent_ms,
         "report_bytes": len(report.model_dump_json()),
         "histories": sizes,
         **log,
@@ -178,11 +184,13 @@ def describe(result: dict[str, Any]) -> str:
         f"Master runs {result['runs']} (seen by the query: {result['runs_seen']}), {result['queries']} queries, "
         f"{result['pause_resume_cycles']} pause/resume cycles ({result['cycles_across_handover']} across a hand-over), "
         f"report {result['report_bytes']} bytes, largest query answer {result['max_query_bytes']} bytes",
-        "| workflow type | runs | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | UnhandledCommand (a signal raced a hand-over or the end; retried) |",
-        "|---|---|---|---|---|---|---|",
+        f"agents take {result['agent_ms']} ms each",
+        "| workflow type | runs | events per story (all runs) | largest history (events) | largest history (bytes) | largest event (bytes) | WorkflowTaskFailed | UnhandledCommand (a signal raced a hand-over or the end; retried) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for wf_type, row in sorted(result["histories"].items()):
-        lines.append(f"| {wf_type} | {row['runs']} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('signal_races', 0)} |")
+        per_story = row.get("total_events", 0) / result["stories"]
+        lines.append(f"| {wf_type} | {row['runs']} | {per_story:.1f} | {row['max_events']} | {row['max_bytes']} | {row['max_event_bytes']} | {row['task_failures']} | {row.get('signal_races', 0)} |")
     return "\n".join(lines)
 
 
@@ -195,11 +203,13 @@ def main() -> None:
                         help="continue_as_new_after_events (default: when Temporal suggests it)")
     parser.add_argument("--resident-continue-after", type=int, default=None,
                         help="resident_continue_as_new_after_events (default: --continue-after, else when suggested)")
+    parser.add_argument("--agent-ms", type=int, default=0, help="how long each simulated agent takes (default: instant)")
+    parser.add_argument("--no-operator", action="store_true", help="no pause/resume signals during the sprint")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bso-long-") as tmp:
         result = asyncio.run(run_long_sprint(
             args.stories, Path(tmp), args.batch_size, args.slaves, args.continue_after,
-            resident_continue_after=args.resident_continue_after,
+            resident_continue_after=args.resident_continue_after, agent_ms=args.agent_ms, operator=not args.no_operator,
         ))
     print(describe(result))
     problems = check(result)
