@@ -56,7 +56,7 @@ from activities.git_ops import repo_problem
 from activities.session_files import claims_on_status_file, recorded_claim, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
 from bso.config import ConfigError, limits_error, resolve_config
-from bso.course_correction import CourseCorrectionRequest
+from bso.course_correction import CourseCorrectionRequest, dropped_stories
 from bso.constants import (
     AGENTS_TASK_QUEUE,
     FAILURE_INVALID_INPUT,
@@ -100,7 +100,7 @@ from bso.models import (
     short_key,
 )
 from bso.planning import PlanningError, dependency_order
-from bso.report import batch_errors, work_per_story
+from bso.report import batch_errors, batches_total, planned_batches, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
     NO_STORIES,
@@ -386,12 +386,12 @@ def _rejections(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> l
 
 
 def _view_from_report(report: SprintReport) -> SprintStatusView:
-    batch_of = {}
-    if report.batch_plan:
-        for spec in report.batch_plan.batches:
-            for key in spec.stories:
-                batch_of[key] = spec.batch_id
-    stories = {key: StoryView(state=state, batch_id=batch_of.get(key)) for key, state in report.stories.items()}
+    batch_of = planned_batches(report)
+    dropped = dropped_stories(report.course_corrections)
+    stories = {
+        key: StoryView(state=state, batch_id=batch_of.get(key), error=dropped.get(key))
+        for key, state in report.stories.items()
+    }
     work = work_per_story(report.batches)
     for batch in report.batches:  # by batch id: a rearmed story's last batch is the one shown
         for r in batch.results.story_results:
@@ -408,10 +408,11 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
         batch_errors=batch_errors(report.batches, [report.error] if report.error else []),
         errors=[report.error] if report.error else [],
         phase=SprintPhase.CANCELED if report.status is SprintStatus.CANCELLED else SprintPhase.COMPLETED,
-        batches_total=len(report.batch_plan.batches) if report.batch_plan else len(report.batches),
+        batches_total=batches_total(report),
         batches_done=len(report.batches),
         stories=stories,
         tokens_used=report.tokens_used,
+        course_corrections=[cc.impact for cc in report.course_corrections],
     )
 
 

@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.dispatch import normalize_state, unknown_values, unknown_values_message
-from bso.messages import BatchSpec
-from bso.models import StoryMeta
+from bso.messages import BatchSpec, cut_text
+from bso.models import CorrectionRecord, StoryMeta
 from bso.planning import plan_batches
 from bso.sprint_status import resolve_story_keys
 from bso.states import StoryState
@@ -130,3 +130,34 @@ def impact_text(cc: CourseCorrection, old_batches: list[BatchSpec]) -> str:
         f"{len(cc.untouched_done)} done untouched, {len(cc.in_flight)} in flight finish as planned, "
         f"{len(cc.replanned)} pending re-planned. Pending batches before: {before}. After: {after}."
     )
+
+
+# The note shown with a dropped story (its error): the correction's whole note is in the report's record of it.
+DROPPED_NOTE_CHARS = 300
+
+
+def dropped_note(reason: CCReason | str, text: str) -> str:
+    """Why a story a course correction dropped is skipped: the correction's reason and the note given with it."""
+    reason = reason.value if isinstance(reason, CCReason) else reason
+    note = " ".join(text.split())
+    return f"dropped by course correction ({reason})" + (f": {cut_text(note, DROPPED_NOTE_CHARS)}" if note else "")
+
+
+def correction_record(cc: CourseCorrection) -> CorrectionRecord:
+    """A course correction as the sprint's report keeps it."""
+    return CorrectionRecord(
+        reason=cc.reason.value, text=cc.text, added=list(cc.added), dropped=list(cc.dropped),
+        batches=list(cc.batches), impact=cc.impact, planner=cc.planner,
+    )
+
+
+def dropped_stories(corrections: list[CorrectionRecord]) -> dict[str, str]:
+    """The stories the sprint's course corrections left dropped, and why (`dropped_note`): a story a later
+    correction added again is not."""
+    dropped: dict[str, str] = {}
+    for cc in corrections:
+        for key in cc.added:
+            dropped.pop(key, None)
+        for key in cc.dropped:
+            dropped[key] = dropped_note(cc.reason, cc.text)
+    return dropped

@@ -43,6 +43,7 @@ from bso.constants import (
     SIGNAL_STORY_UPDATE,
     SIGNAL_STORY_UPDATES,
     UPDATE_BROWSE,
+    UPDATE_COURSE_CORRECT,
     UPDATE_RESEARCH,
 )
 from bso.debugging import DebugRequest, DebugResult
@@ -114,6 +115,10 @@ MESSAGE_TYPES = (
     "DEPENDENCY_UPDATE",
     "PLAN_REQUEST",
     "PLAN_RESULT",
+    # the `course_correct` update (CC_TRIGGER) and its answer: COURSE_CORRECTION, or CC_REJECTED
+    "CC_TRIGGER",
+    "COURSE_CORRECTION",
+    "CC_REJECTED",
     # Agent-PO: a cancelled agent dispatch (its time is up, or the sprint was cancelled)
     "TERMINATE_DIRECTIVE",
 )
@@ -299,6 +304,18 @@ def _plan_result_detail(value: dict[str, Any]) -> str:
     return f"{head}: no plan"
 
 
+def _cc_trigger_detail(value: dict[str, Any]) -> str:
+    """CC_TRIGGER on one line: the reason, the stories added and dropped (short keys), the note given with it."""
+    changes = [
+        f"{verb} {', '.join(short_key(str(k)) for k in value[field])}"
+        for verb, field in (("add", "add_stories"), ("drop", "drop_stories"))
+        if isinstance(value.get(field), list) and value[field]
+    ]
+    head = str(value.get("reason", "?")) + (f" ({'; '.join(changes)})" if changes else "")
+    note = " ".join(str(value.get("text") or "").split())
+    return _cut(f"{head}: {note}" if note else head, 200)
+
+
 def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[FlowMessage]:
     out: list[FlowMessage] = []
     children: dict[str, dict[str, Any]] = {}  # child workflow id -> its SlaveInput
@@ -313,6 +330,7 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
     answers_awaited_only = PATCH_PLAN_ANSWER_AWAITED in _patches(events)
     awaited: str | None = None
     plan_timers: dict[str, str] = {}  # timer id -> the plan request whose answer's timeout it is
+    corrections: set[str] = set()  # the update ids of course_correct updates accepted and not answered yet
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(FlowMessage(time=_time(event), workflow_id=workflow_id, event_id=event.event_id, **fields))
@@ -512,6 +530,25 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
         elif et == EventType.EVENT_TYPE_TIMER_FIRED:
             if plan_timers.pop(event.timer_fired_event_attributes.timer_id, None) == awaited:
                 awaited = None  # timed out: the Master no longer awaits its answer
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == UPDATE_COURSE_CORRECT:  # its validator let it in (a refused one is in no history)
+                value = _dict(decode(request.input.args))
+                corrections.add(request.meta.update_id)
+                add(event, type="CC_TRIGGER", sender=OPERATOR, recipient=MASTER, detail=_cc_trigger_detail(value),
+                    payload=value)
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            attrs = event.workflow_execution_update_completed_event_attributes
+            if attrs.meta.update_id in corrections:  # (the test server leaves accepted_event_id unset)
+                corrections.discard(attrs.meta.update_id)
+                if attrs.outcome.HasField("failure"):
+                    message = " ".join(attrs.outcome.failure.message.split())
+                    add(event, type="CC_REJECTED", sender=MASTER, recipient=OPERATOR, detail=_cut(message, 200),
+                        payload={"error": message})
+                else:
+                    value = _dict(decode(attrs.outcome.success))
+                    add(event, type="COURSE_CORRECTION", sender=MASTER, recipient=OPERATOR,
+                        detail=_cut(str(value.get("impact") or _batches_text(value.get("batches"))), 200), payload=value)
         elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED:
             reason = event.workflow_execution_cancel_requested_event_attributes.cause
             add(event, type="CANCEL_REQUEST", sender=OPERATOR, recipient=MASTER, detail=reason)

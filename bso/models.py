@@ -321,6 +321,19 @@ class GateCounts(_Model):
     blocked: int = 0
 
 
+class CorrectionRecord(_Model):
+    """A course correction the sprint applied (its COURSE_CORRECTION), as the report keeps it: the `course_correct`
+    update's, with the note given with it (`text`), or the Master's own `repeated_failures` one."""
+
+    reason: str
+    text: str = ""  # the note given with the correction (the Master's own: how many stories failed in a row)
+    added: list[str] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    batches: list[BatchSpec] = Field(default_factory=list)  # the pending stories' new batches
+    impact: str = ""
+    planner: str = ""
+
+
 class SprintReport(_Model):
     session_id: str
     status: SprintStatus
@@ -339,6 +352,11 @@ class SprintReport(_Model):
     po_gates: GateCounts = GateCounts()  # Agent-PO gate decisions, summed over the batches
     # message-schemas' delivery_failed / response_timeout errors: the Master's own, then each batch's
     message_errors: list[dict[str, Any]] = Field(default_factory=list)
+    course_corrections: list[CorrectionRecord] = Field(default_factory=list)  # in the order they were applied
+    # The batches planned and never started (a shutdown or a stop came first: the sprint's queue at its end); None in
+    # reports made before it was kept (`batch_plan` is the first plan only: a course correction, a rearm, the
+    # improvement cycle plan other batches since)
+    unstarted_batches: list[BatchSpec] | None = None
 
 
 class MasterState(_Model):
@@ -379,6 +397,7 @@ class MasterState(_Model):
     outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
     consecutive_failures: int = 0
     course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
+    corrections: list[CorrectionRecord] = Field(default_factory=list)  # each one in full, for the report
     # Planning by the scrum-master resident (bso/scrum_master.py).
     planner: str | None = None  # who planned the sprint's batches: "scrum-master" or "fallback"
     plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)

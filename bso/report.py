@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bso.git_rules import error_says_work_left_out
-from bso.models import SlaveResult, SlaveResults, StoryProgress, StoryResult, StoryView, StoryWork
+from bso.models import SlaveResult, SlaveResults, SprintReport, StoryProgress, StoryResult, StoryView, StoryWork
 from bso.states import BatchStatus, SprintStatus, StoryState
 
 
@@ -107,3 +107,22 @@ def batch_errors(results: list[SlaveResult], sprint_errors: list[str]) -> dict[i
     known = set(sprint_errors)
     found = {r.batch_id: [e for e in r.errors if e not in known] for r in sorted(results, key=lambda r: r.batch_id)}
     return {batch_id: errors for batch_id, errors in found.items() if errors}
+
+
+def planned_batches(report: SprintReport) -> dict[str, int]:
+    """The batch each story that never ran was planned in last (its result names the batch of one that ran): the
+    batches left unstarted, or in a report made before they were kept, the first plan's. A story a course
+    correction dropped is in none."""
+    if report.unstarted_batches is not None:
+        specs = report.unstarted_batches
+    else:
+        specs = report.batch_plan.batches if report.batch_plan else []
+    return {key: spec.batch_id for spec in specs for key in spec.stories}
+
+
+def batches_total(report: SprintReport) -> int:
+    """The sprint's batches: those that ran and those left unstarted (in a report made before these were kept, the
+    first plan's count, which a course correction, a rearm or the improvement cycle changed since)."""
+    if report.unstarted_batches is not None:
+        return len(report.batches) + len(report.unstarted_batches)
+    return len(report.batch_plan.batches) if report.batch_plan else len(report.batches)

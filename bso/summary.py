@@ -14,9 +14,10 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowHistory
 
 from bso.config import ConfigError, SprintConfig, resolve_config
+from bso.course_correction import dropped_stories
 from bso.message_flow import AgentStats, agent_performance, decode, file_safe_unique, message_flow
 from bso.models import SprintInput, SprintReport
-from bso.report import work_per_story
+from bso.report import planned_batches, work_per_story
 from bso.states import TERMINAL_STATES, StoryState
 
 SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
@@ -63,10 +64,12 @@ def render_summary(
             batch_of[r.story_key] = batch.batch_id
             if r.error:
                 errors[r.story_key] = r.error
-    if report.batch_plan:
-        for spec in report.batch_plan.batches:
-            for key in spec.stories:
-                batch_of.setdefault(key, spec.batch_id)
+    for key, batch_id in planned_batches(report).items():  # stories that never ran: where they wait(ed)
+        batch_of.setdefault(key, batch_id)
+    # A story a course correction dropped is skipped for that correction's reason and note (it ran in no batch).
+    for key, why in dropped_stories(report.course_corrections).items():
+        if stories.get(key) == StoryState.SKIPPED:
+            errors.setdefault(key, why)
 
     lines = [f"# Execution summary: sprint `{report.session_id}`", ""]
     lines += ["## Results Overview", ""]
@@ -120,6 +123,15 @@ def render_summary(
         lines += [
             f"| {i.improvement_id} | {i.story_key} | {i.priority_score:g} | {_cell(i.description)} |"
             for i in report.improvements
+        ]
+        lines.append("")
+
+    if report.course_corrections:
+        lines += ["## Course Corrections", "", "| # | reason: note | added | dropped | impact |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {n} | {_cell(cc.reason + (f': {cc.text}' if cc.text.strip() else ''))} | {_cell(', '.join(cc.added))} "
+            f"| {_cell(', '.join(cc.dropped))} | {_cell(cc.impact)} |"
+            for n, cc in enumerate(report.course_corrections, 1)
         ]
         lines.append("")
 

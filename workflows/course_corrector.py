@@ -26,6 +26,8 @@ with workflow.unsafe.imports_passed_through():
         CourseCorrectionRequest,
         check_added_values,
         check_request,
+        correction_record,
+        dropped_note,
         start_value,
     )
     from bso.scrum_master import ReplanContext
@@ -131,7 +133,7 @@ class CourseCorrector:
             except CCRejected as err:
                 if workflow.patched(PATCH_CC_KNOWN_VALUES):  # recorded only where it refuses
                     raise _cc_rejected(str(err)) from None
-        note = f"dropped by course correction ({request.reason.value})"
+        note = dropped_note(request.reason, request.text)  # the story's error (state only: no command changes)
         if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
             for key in drop:
                 current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
@@ -226,6 +228,7 @@ class CourseCorrector:
             for key in spec.stories:
                 s.views[key] = s.views[key].model_copy(update={"batch_id": spec.batch_id})
         s.course_corrections.append(cc.impact)
+        s.corrections.append(correction_record(cc))  # for the report: the note given with it, what it dropped
         workflow.logger.info("COURSE_CORRECTION by %s: %s", answer.planner, cc.impact)
         self._show()
         return cc

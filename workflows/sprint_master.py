@@ -696,6 +696,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             planner=s.planner,
             po_gates=gate_totals(s.results),
             message_errors=sprint_message_errors(s.message_errors, [r.message_errors for r in batches]),
+            course_corrections=list(s.corrections),
+            unstarted_batches=list(s.queue),
         )
 
     @workflow.query(name=QUERY_REPORT)

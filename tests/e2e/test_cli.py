@@ -472,6 +472,18 @@ def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):
     final = _status(cli_env, sprint_id)["stories"]
     assert final["1-2-pantry-item-model-and-storage"]["state"] == "done"
     assert final["2-2-expiry-reminder-emails"]["state"] == "skipped"
+    # Why 2-2 was skipped, with the note given with the correction: in the status, the report and the messages.
+    why = "dropped by course correction (user_request): reminders move to next sprint"
+    assert final["2-2-expiry-reminder-emails"]["error"] == why
+    assert f"- `2-2-expiry-reminder-emails`: skipped: {why}" in bso(cli_env, "sprint", "report", sprint_id).stdout
+    jsonl = tmp_path / "cc.jsonl"
+    listed = bso(cli_env, "messages", sprint_id, "--type", "CC_TRIGGER", "--type", "COURSE_CORRECTION", "--jsonl", str(jsonl))
+    assert listed.returncode == 0, listed.stderr
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [(r["type"], r["from"], r["to"]) for r in records] == [
+        ("CC_TRIGGER", "operator", "sprint-master"), ("COURSE_CORRECTION", "sprint-master", "operator")
+    ]
+    assert records[0]["detail"] == "user_request (drop 2-2): reminders move to next sprint"
 
 
 def test_an_update_without_a_worker_says_what_it_waits_for(cli_env, tmp_path: Path):

@@ -436,3 +436,42 @@ def test_whether_a_worker_polls_the_sprint_queue_is_one_quick_call(monkeypatch, 
     (request, timeout), = pollers.requests
     assert (request.namespace, request.task_queue.name) == ("ns", "bso-sprnt")
     assert request.task_queue_type == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW and timeout == timedelta(seconds=0.1)
+
+
+def test_a_finished_sprints_batches_from_its_report_count_those_a_correction_planned():
+    """No worker answers for the ended sprint: its view comes from its report, whose `batch_plan` is the first plan.
+    A course correction that renumbered the pending batches made it `batches 2/3` (`0/2` with every pending story
+    dropped), with the dropped story in a batch that never ran."""
+    from bso.messages import BatchPlanReady, BatchSpec
+    from bso.models import CorrectionRecord, StoryResult
+
+    def ran(batch_id: int, key: str) -> SlaveResult:
+        return SlaveResult(batch_id=batch_id, session_id="s", status=BatchStatus.COMPLETE, results=SlaveResults(
+            stories_total=1, stories_completed=1, stories_failed=0, stories_skipped=0,
+            story_results=[StoryResult(story_key=key, final_state="done", agents_dispatched=1)],
+            total_agents_created=1, total_agents_destroyed=1, review_fix_rounds={key: 0},
+        ))
+
+    plan = BatchPlanReady(session_id="s", total_stories=3, batches=[
+        BatchSpec(batch_id=1, stories=["1-1-a"]), BatchSpec(batch_id=2, stories=["1-2-b"]), BatchSpec(batch_id=3, stories=["1-3-c"])
+    ])
+    cc = CorrectionRecord(reason="user_request", text="later", dropped=["1-2-b"], impact="user_request: 1 dropped")
+    report = SprintReport(
+        session_id="s", status=SprintStatus.PARTIAL, batch_plan=plan, batches=[ran(4, "1-1-a"), ran(5, "1-3-c")],
+        stories={"1-1-a": "done", "1-2-b": "skipped", "1-3-c": "done"}, course_corrections=[cc], unstarted_batches=[],
+    )
+    view = _view_from_report(report)
+    assert (view.batches_done, view.batches_total) == (2, 2)
+    assert {k: v.batch_id for k, v in view.stories.items()} == {"1-1-a": 4, "1-2-b": None, "1-3-c": 5}
+    assert view.stories["1-2-b"].error == "dropped by course correction (user_request): later"
+    assert view.course_corrections == ["user_request: 1 dropped"]
+    everything_dropped = report.model_copy(update={"batches": [], "stories": dict.fromkeys(report.stories, "skipped")})
+    assert (_view_from_report(everything_dropped).batches_done, _view_from_report(everything_dropped).batches_total) == (0, 0)
+    # A shutdown left batch 5 unstarted: it counts, and its story shows in it.
+    stopped = report.model_copy(update={"batches": report.batches[:1], "unstarted_batches": [BatchSpec(batch_id=5, stories=["1-3-c"])],
+                                        "stories": {**report.stories, "1-3-c": "review"}})
+    view = _view_from_report(stopped)
+    assert (view.batches_done, view.batches_total, view.stories["1-3-c"].batch_id) == (1, 2, 5)
+    # A report made before the unstarted batches were kept: the first plan's, as before.
+    old = report.model_copy(update={"unstarted_batches": None, "course_corrections": []})
+    assert _view_from_report(old).batches_total == 3

@@ -9,10 +9,12 @@ from bso.course_correction import (
     CourseCorrectionRequest,
     check_added_values,
     check_request,
+    dropped_note,
+    dropped_stories,
     replan,
     start_value,
 )
-from bso.models import StoryMeta
+from bso.models import CorrectionRecord, StoryMeta
 
 SPRINT = {"1-1-a": "done", "1-2-b": "review", "1-3-c": "backlog"}
 PENDING = ["1-3-c"]
@@ -58,3 +60,23 @@ def test_an_added_story_of_a_value_bso_does_not_know_is_refused():
 def test_replan_numbers_batches_after_the_last_one():
     metas = [StoryMeta(key=k, epic="epic-1", short_key=k[:3], state="backlog", story_path="") for k in ("1-3-c", "2-1-d")]
     assert [(b.batch_id, b.stories) for b in replan("s", metas, 1, 7)] == [(7, ["1-3-c"]), (8, ["2-1-d"])]
+
+
+def test_a_dropped_story_says_which_correction_dropped_it_and_its_note():
+    assert dropped_note("user_request", "") == "dropped by course correction (user_request)"
+    assert dropped_note("new_requirements", " search\n first ") == "dropped by course correction (new_requirements): search first"
+    long = dropped_note("user_request", "x" * 4000)  # the whole note is in the report's record of the correction
+    assert len(long) == len("dropped by course correction (user_request): ") + 300 and long.endswith("...")
+
+
+def test_the_stories_left_dropped_by_the_corrections_in_order():
+    first = CorrectionRecord(reason="user_request", text="later", dropped=["1-3-c", "1-4-d"])
+    again = CorrectionRecord(reason="new_requirements", text="back in", added=["1-3-c"])
+    third = CorrectionRecord(reason="user_request", text="no, out", dropped=["1-3-c"])
+    assert dropped_stories([first]) == {
+        "1-3-c": "dropped by course correction (user_request): later",
+        "1-4-d": "dropped by course correction (user_request): later",
+    }
+    assert dropped_stories([first, again]) == {"1-4-d": "dropped by course correction (user_request): later"}
+    assert dropped_stories([first, again, third])["1-3-c"] == "dropped by course correction (user_request): no, out"
+    assert dropped_stories([]) == {}

@@ -8,7 +8,8 @@ from pathlib import Path
 from temporalio.client import WorkflowHistory
 
 from bso.message_flow import decode
-from bso.models import SprintReport
+from bso.messages import BatchPlanReady, BatchSpec
+from bso.models import CorrectionRecord, SlaveResult, SlaveResults, SprintReport, StoryResult
 from bso.summary import SECTIONS, render_from_histories, render_summary, summary_filename
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
@@ -99,3 +100,42 @@ def test_a_story_the_sprint_ended_in_the_middle_of_says_so():
     stopped = report.model_copy(update={"stories": {**report.stories, worked: "story-doc-review"}})
     failures = _section(render_summary(stopped), "Failures")
     assert f"- `{worked}`: story-doc-review: the sprint ended with the story at this state" in failures
+
+
+def _ran(batch_id: int, key: str, state: str) -> SlaveResult:
+    return SlaveResult(
+        status="batch-complete" if state == "done" else "batch-failed", batch_id=batch_id, session_id="s",
+        results=SlaveResults(
+            stories_total=1, stories_completed=state == "done", stories_failed=0, stories_skipped=0,
+            story_results=[StoryResult(story_key=key, final_state=state, agents_dispatched=1)],
+            total_agents_created=1, total_agents_destroyed=1, review_fix_rounds={key: 0},
+        ),
+    )
+
+
+def test_a_dropped_story_says_why_and_the_corrections_are_listed_with_their_notes():
+    """A story a course correction dropped was a bare `skipped`, shown in the batch it was first planned in (which
+    never ran), and the note given with the correction was nowhere in the summary."""
+    plan = BatchPlanReady(session_id="s", batches=[BatchSpec(batch_id=i, stories=[k]) for i, k in
+                                                   ((1, "1-1-a"), (2, "1-2-b"), (3, "1-3-c"))], total_stories=3)
+    cc = CorrectionRecord(reason="user_request", text="digest | settings\nnext sprint", dropped=["1-3-c"],
+                          batches=[BatchSpec(batch_id=4, stories=["1-2-b"])], impact="user_request: 1 dropped (skipped)")
+    report = SprintReport(
+        session_id="s", status="sprint-partial", batch_plan=plan, batches=[_ran(1, "1-1-a", "done"), _ran(4, "1-2-b", "done")],
+        stories={"1-1-a": "done", "1-2-b": "done", "1-3-c": "skipped"}, course_corrections=[cc], unstarted_batches=[],
+    )
+    text = render_summary(report)
+    assert "| 1-3-c |  | skipped | 0 | 0 |" in _section(text, "Story Details")
+    assert "| 1-2-b | 4 | done |" in _section(text, "Story Details")
+    assert _section(text, "Failures").splitlines()[1] == (
+        "- `1-3-c`: skipped: dropped by course correction (user_request): digest \\| settings next sprint"
+    )
+    assert _section(text, "Course Corrections").splitlines()[3] == (
+        "| 1 | user_request: digest \\| settings next sprint |  | 1-3-c | user_request: 1 dropped (skipped) |"
+    )
+    # Left unstarted by a shutdown: the story keeps the batch it waited in.
+    stopped = report.model_copy(update={"unstarted_batches": [BatchSpec(batch_id=4, stories=["1-2-b"])],
+                                        "batches": report.batches[:1], "stories": {**report.stories, "1-2-b": "review"}})
+    assert "| 1-2-b | 4 | review | 0 | 0 |" in _section(render_summary(stopped), "Story Details")
+    # No correction: no section.
+    assert "## Course Corrections" not in render_summary(SprintReport(session_id="s", status="sprint-complete"))

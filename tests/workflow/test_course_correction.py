@@ -3,13 +3,19 @@ rejected corrections (CC_REJECTED), and the Master's own repeated_failures corre
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
+from bso.cli import _progress, _view_from_report
+from bso.message_flow import message_flow
 from bso.states import SprintPhase, SprintStatus
+from bso.summary import render_summary
+from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from bso.models import DEFAULT_STATUS_FILE
 from tests.workflow.helpers import (
@@ -147,7 +153,14 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
         assert OTHER not in status.stories and status.stories[K3].state == "review"
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
+        flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
     assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    # `bso messages`: the correction asked, and the refusal that answered it.
+    assert [(m.type, m.detail) for m in flow if m.type.startswith("C")] == [
+        ("CC_TRIGGER", "new_requirements (add 2-1, 2-2; drop 1-3)"),
+        ("CC_REJECTED", "CC_REJECTED: the pending stories cannot be re-planned"),
+    ]
+    assert report.course_corrections == []  # the correction refused is not one the sprint applied
 
 
 async def test_a_finished_story_of_a_running_batch_is_done_not_in_flight(ts_env, tmp_path: Path):
@@ -258,3 +271,85 @@ async def test_a_sprint_of_only_story_keys_too_long_fails_saying_why(ts_env, tmp
             await sprint_result(handle)
     assert "a story key of 204 characters" in str(failed.value.cause), failed.value.cause
     assert status_values(tmp_path)[long_key] == "review"
+
+
+NOTE = "digest settings next sprint"
+
+
+async def test_a_dropped_story_says_why_with_the_corrections_note(ts_env, tmp_path: Path):
+    """A story a course correction dropped showed in the report and the execution summary as a bare `skipped`, and the
+    note given with the correction was nowhere: not in the status, the summary nor `bso messages`."""
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-why", config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"], "text": NOTE}
+        )
+        why = f"dropped by course correction (user_request): {NOTE}"
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.stories[K3].error == why  # `bso sprint status` shows it under the story table
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+        histories = await fetch_sprint_histories(ts_env.client, handle.id)
+    summary = render_summary(report)
+    failures = summary.split("## Failures\n", 1)[1].split("\n## ", 1)[0]
+    assert f"- `{K3}`: skipped: {why}" in failures, failures
+    assert f"| {K3} |  | skipped | 0 | 0 |" in summary  # in no batch: its planned batch 3 never ran
+    corrections = summary.split("## Course Corrections\n", 1)[1].split("\n## ", 1)[0]
+    assert f"user_request: {NOTE}" in corrections and cc.impact in corrections, corrections
+    # The summary file the sprint wrote says the same.
+    written = (tmp_path / ".sprint-session" / "execution-summary-cc-why.md").read_text(encoding="utf-8")
+    assert f"- `{K3}`: skipped: {why}" in written
+    (record,) = report.course_corrections
+    assert (record.reason, record.text, record.dropped, record.impact) == ("user_request", NOTE, [K3], cc.impact)
+    from_report = _view_from_report(report)  # `bso sprint status` once no worker answers
+    assert from_report.stories[K3].error == why and from_report.stories[K3].batch_id is None
+    assert from_report.course_corrections == [cc.impact]
+    flow = message_flow(histories)
+    (trigger,) = [m for m in flow if m.type == "CC_TRIGGER"]
+    assert (trigger.sender, trigger.recipient) == ("operator", "sprint-master")
+    assert trigger.detail == f"user_request (drop 1-3): {NOTE}", trigger.detail
+    assert trigger.payload["text"] == NOTE
+    (answered,) = [m for m in flow if m.type == "COURSE_CORRECTION"]
+    assert (answered.sender, answered.recipient) == ("sprint-master", "operator")
+    assert answered.payload["text"] == NOTE and answered.payload["impact"] == cc.impact
+
+
+async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_env, tmp_path: Path):
+    """A correction renumbers the pending batches (ids after the last one): `bso sprint status` of the ended sprint
+    (read from its report when no worker answers) counted the first plan's batches (`batches 2/3`, or `0/2` when
+    every pending story was dropped), and put a dropped story in a batch that never ran."""
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run,
+            sprint_input(tmp_path, session_id="cc-count", config_overrides={"batch_size": 1}),
+            id="cc-count",
+            task_queue=queue,
+            start_signal="pause",
+            start_signal_args=["before the first batch"],
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_total == 3, "paused, planned")
+        cc = await handle.execute_update(
+            SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-2"]}
+        )
+        assert [(b.batch_id, b.stories) for b in cc.batches] == [(4, [K1]), (5, [K3])]
+        live = await handle.query(SprintMasterWorkflow.status)
+        assert (live.batches_done, live.batches_total) == (0, 2)
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+        ended = await handle.query(SprintMasterWorkflow.status)
+    assert [b.batch_id for b in report.batches] == [4, 5]
+    assert (ended.batches_done, ended.batches_total) == (2, 2)
+    view = _view_from_report(report)
+    assert (view.batches_done, view.batches_total) == (2, 2)
+    assert {k: v.batch_id for k, v in view.stories.items()} == {K1: 4, K2: None, K3: 5}
+    shown = io.StringIO()
+    Console(file=shown, width=120, color_system=None).print(_progress(view, None, report.status.value))
+    assert "batches 2/2" in shown.getvalue() and "batch 2 " not in shown.getvalue(), shown.getvalue()
+    details = render_summary(report).split("## Story Details", 1)[1]
+    assert f"| {K2} |  | skipped |" in details and f"| {K1} | 4 | done |" in details, details
