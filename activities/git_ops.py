@@ -44,11 +44,13 @@ _IDENTITY = ["-c", "user.name=BSO", "-c", "user.email=bso@localhost"]
 # runs post-checkout, a commit prepare-commit-msg and post-commit, a merge post-merge, a ref update
 # reference-transaction), and a slow or failing hook of the user's would slow or fail BSO's work. A hooks path
 # with no hooks in it (set on the command line, it overrides the project's core.hooksPath) turns them all off.
-_NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
+# Nor does BSO sign its commits: a project's commit.gpgsign made every Exit Gate commit ask gpg, which on a worker
+# with no key or no terminal fails (five retries, then the story) or waits for a passphrase.
+_OWN_GIT_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false")
 
 
 def git_argv(cwd: str, *args: str) -> list[str]:
-    return ["git", "-C", cwd, *_NO_HOOKS, *args]
+    return ["git", "-C", cwd, *_OWN_GIT_CONFIG, *args]
 
 
 class GitError(RuntimeError):

@@ -1026,25 +1026,31 @@ POLLED_LATELY = timedelta(minutes=2)
 POLLERS_TIMEOUT = timedelta(seconds=3)
 
 
-def sprint_worker_command(task_queue: str) -> str | None:
-    """The `bso worker` that polls this sprint task queue: `bso worker` for bso-sprint, with `--queue-prefix P`
-    for P + bso-sprint; None for a queue of another name, which no `bso worker` serves."""
-    if task_queue == SPRINT_TASK_QUEUE:
-        return "bso worker"
-    if task_queue.endswith(SPRINT_TASK_QUEUE):
-        return f"bso worker --queue-prefix {shlex.quote(task_queue.removesuffix(SPRINT_TASK_QUEUE))}"
-    return None
+def sprint_worker_command(task_queue: str, target: str = "localhost:7233", namespace: str = "default") -> str | None:
+    """The `bso worker` that polls this sprint task queue on this server: `bso worker` for bso-sprint, with
+    `--queue-prefix P` for P + bso-sprint; None for a queue of another name, which no `bso worker` serves."""
+    if not task_queue.endswith(SPRINT_TASK_QUEUE):
+        return None
+    command = ["bso"]
+    if target != "localhost:7233":
+        command += ["--address", target]
+    if namespace != "default":
+        command += ["--namespace", namespace]
+    command.append("worker")
+    if prefix := task_queue.removesuffix(SPRINT_TASK_QUEUE):
+        command += ["--queue-prefix", prefix]
+    return shlex.join(command)
 
 
 def no_worker_warning(task_queue: str, sprint_id: str, target: str, namespace: str) -> str:
     """What `bso sprint start` says when no worker polls the sprint's task queue: the sprint waits for one."""
     said = f"bso: warning: no worker polls task queue {task_queue}: sprint {sprint_id} waits until one does"
-    if (command := sprint_worker_command(task_queue)) is not None:
+    if (command := sprint_worker_command(task_queue, target, namespace)) is not None:
         return f"{said}; start one with `{command}`"
     terminate = shlex.join([*_temporal_workflow("terminate", target, namespace), "--workflow-id", sprint_id])
     return (
-        f"{said}, and no `bso worker` serves that name (`bso worker` serves {SPRINT_TASK_QUEUE}, "
-        f"`bso worker --queue-prefix P` serves P{SPRINT_TASK_QUEUE}): a mistyped --task-queue? "
+        f"{said}: it is not a sprint queue of any `bso worker` (`bso worker` runs sprints on {SPRINT_TASK_QUEUE}, "
+        f"`bso worker --queue-prefix P` on P{SPRINT_TASK_QUEUE}): a mistyped --task-queue? "
         f"End the sprint with `{terminate}` and start it again"
     )
 

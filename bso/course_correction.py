@@ -20,6 +20,7 @@ from bso.models import CorrectionRecord, StoryMeta
 from bso.planning import plan_batches
 from bso.sprint_status import resolve_story_keys
 from bso.states import StoryState
+from bso.terminal_text import printable
 
 
 class CCReason(StrEnum):
@@ -139,7 +140,7 @@ DROPPED_NOTE_CHARS = 300
 def dropped_note(reason: CCReason | str, text: str) -> str:
     """Why a story a course correction dropped is skipped: the correction's reason and the note given with it."""
     reason = reason.value if isinstance(reason, CCReason) else reason
-    note = " ".join(text.split())
+    note = printable(" ".join(text.split()))  # on one line, a NUL or an ESC shown as its escape
     return f"dropped by course correction ({reason})" + (f": {cut_text(note, DROPPED_NOTE_CHARS)}" if note else "")
 
 

@@ -19,6 +19,7 @@ from bso.message_flow import AgentStats, agent_performance, decode, file_safe_un
 from bso.models import SprintInput, SprintReport
 from bso.report import planned_batches, work_per_story
 from bso.states import TERMINAL_STATES, StoryState
+from bso.terminal_text import printable
 
 SECTIONS = ("Results Overview", "Story Details", "Failures", "Agent Performance", "Configuration Used")
 
@@ -36,7 +37,11 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
 
 
 def _cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    """Text others wrote (an agent's error, an operator's note) on one line of the summary, and in one table cell:
+    line breaks as spaces (a carriage return split a table row too), other control characters escaped
+    (`printable`: a NUL made the file binary to grep and git), `|` escaped."""
+    one_line = " ".join(str(value).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    return printable(one_line).replace("|", "\\|")
 
 
 def render_summary(

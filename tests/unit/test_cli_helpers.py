@@ -382,10 +382,15 @@ def test_the_worker_a_sprint_queue_waits_for_is_named():
     assert sprint_worker_command("bso-sprint") == "bso worker"
     assert sprint_worker_command("team-a-bso-sprint") == "bso worker --queue-prefix team-a-"
     assert sprint_worker_command("bso-sprnt") is None  # no `bso worker` serves it
+    assert sprint_worker_command("bso-agents") is None  # a worker's activities queue, not its sprints'
+    # On another server: the worker that polls that one (it polled localhost:7233).
+    assert sprint_worker_command("team-a-bso-sprint", "localhost:7591", "team") == (
+        "bso --address localhost:7591 --namespace team worker --queue-prefix team-a-"
+    )
     said = "bso: warning: no worker polls task queue bso-sprint: sprint s-1 waits until one does"
     assert no_worker_warning("bso-sprint", "s-1", "localhost:7233", "default") == f"{said}; start one with `bso worker`"
     typo = no_worker_warning("bso-sprnt", "s-1", "tq.example:7233", "team")
-    assert typo.startswith("bso: warning: no worker polls task queue bso-sprnt: sprint s-1 waits until one does, and ")
+    assert typo.startswith("bso: warning: no worker polls task queue bso-sprnt: sprint s-1 waits until one does: it is not ")
     assert "a mistyped --task-queue?" in typo and "\n" not in typo
     assert typo.endswith(
         "End the sprint with `temporal workflow terminate --address tq.example:7233 --namespace team "

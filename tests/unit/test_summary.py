@@ -139,3 +139,19 @@ def test_a_dropped_story_says_why_and_the_corrections_are_listed_with_their_note
     assert "| 1-2-b | 4 | review | 0 | 0 |" in _section(render_summary(stopped), "Story Details")
     # No correction: no section.
     assert "## Course Corrections" not in render_summary(SprintReport(session_id="s", status="sprint-complete"))
+
+
+def test_a_note_with_carriage_returns_and_control_characters_stays_on_its_row():
+    """A correction's note `a\\r\\nb | c`, `x\\ry` and a NUL and an ESC (a `course_correct` update sent by hand): a
+    carriage return split the table's row in three, and the NUL made the file binary to grep and git."""
+    cc = CorrectionRecord(reason="user_request", text="a\r\nb | c x\ry nul\x00byte \x1b[31mred", dropped=["1-3-c"])
+    report = SprintReport(session_id="s", status="sprint-partial", stories={"1-3-c": "skipped"},
+                          course_corrections=[cc], unstarted_batches=[])
+    text = render_summary(report)
+    assert "\r" not in text and "\x00" not in text and "\x1b" not in text
+    rows = _section(text, "Course Corrections").splitlines()
+    assert rows[3] == "| 1 | user_request: a b \\| c x y nul\\x00byte \\x1b[31mred |  | 1-3-c |  |", rows
+    assert len(rows) == 4, rows
+    assert _section(text, "Failures").splitlines()[1] == (
+        "- `1-3-c`: skipped: dropped by course correction (user_request): a b \\| c x y nul\\x00byte \\x1b[31mred"
+    )

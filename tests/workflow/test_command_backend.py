@@ -458,6 +458,20 @@ async def test_the_projects_hooks_run_on_none_of_bsos_own_git(tmp_path: Path, me
     assert not log.exists(), f"the user's hooks ran: {log.read_text().split()}"
 
 
+async def test_a_project_that_signs_its_commits_does_not_make_bso_sign_its_own(tmp_path: Path) -> None:
+    """commit.gpgsign with a gpg that fails (no key on the worker): the Exit Gate's commit failed, retried five
+    times, and the story ended needs-intervention. BSO's own commits, squash and merge are not signed."""
+    root = dev_project(tmp_path)
+    git(root, "config", "commit.gpgsign", "true")
+    git(root, "config", "gpg.program", "/bin/false")
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\nFAKE_AGENT_BEHAVIOR = "no-commit"\n'))
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    result = await finish(root, story_title="Hello")
+    assert result.merged and result.squashed, result.note
+
+
 async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
     """A project whose story's dev dispatch succeeded: (root, the files its branch changes)."""
     root = dev_project(tmp_path)
