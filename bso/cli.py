@@ -44,7 +44,7 @@ from temporalio.client import (
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.api.enums.v1 import PendingActivityState, TaskQueueKind, TaskQueueType
+from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.common import WorkflowIDReusePolicy
@@ -55,6 +55,7 @@ from activities.agent_config import load_agents_file, load_templates
 from activities.git_ops import repo_problem
 from activities.session_files import claims_on_status_file, recorded_claim, recorded_running_sprint, session_dir_problem
 from activities.status_file import read_snapshot, status_path_problem
+from activities.summary import SummaryInput, write_execution_summary
 from bso.config import ConfigError, limits_error, resolve_config
 from bso.course_correction import CourseCorrectionRequest, dropped_stories
 from bso.constants import (
@@ -79,6 +80,7 @@ from bso.constants import (
 from bso.message_flow import (
     MESSAGE_TYPES,
     FlowMessage,
+    decode,
     export_paths,
     file_safe_unique,
     filter_messages,
@@ -412,6 +414,7 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
         batches_done=len(report.batches),
         stories=stories,
         tokens_used=report.tokens_used,
+        token_limit=report.token_limit or 0,  # an older report has none: the bar shows no budget then
         course_corrections=[cc.impact for cc in report.course_corrections],
     )
 
@@ -433,13 +436,34 @@ async def _result(handle: WorkflowHandle[Any, Any]) -> SprintReport:
 
 
 async def _cancelled_report(handle: WorkflowHandle[Any, Any]) -> SprintReport | None:
-    """The report a cancelled sprint wrote its summary from; None for one cancelled before BSO kept it, or when no
-    worker answers the query."""
+    """The report a cancelled sprint wrote its summary from: read from its history (the summary activity's input),
+    so no worker is needed, else from the Master's `report` query; None for one cancelled before BSO kept it, or
+    when neither has it."""
+    if (report := await _summarised_report(handle)) is not None:
+        return report
     try:
         raw = await handle.query(QUERY_REPORT, rpc_timeout=QUERY_TIMEOUT)
     except (WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError):
         return None
     return SprintReport.model_validate(raw) if raw else None
+
+
+async def _summarised_report(handle: WorkflowHandle[Any, Any]) -> SprintReport | None:
+    """The report of the Master's last `write_execution_summary` in its (last run's) history; None without one."""
+    try:
+        history = await handle.fetch_history()
+    except RPCError:
+        return None
+    for event in reversed(history.events):
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        attrs = event.activity_task_scheduled_event_attributes
+        if attrs.activity_type.name == write_execution_summary.__name__:
+            try:
+                return SummaryInput.model_validate(decode(attrs.input)).report
+            except ValidationError:
+                return None  # another version's input: the query may still have it
+    return None
 
 
 async def _closed_reason(
@@ -1253,6 +1277,8 @@ def sprint_status(
             # Failed at its start (no input, a wrong one, no status file): the failure is all there is to say.
             view = None
         report = await _result(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else None
+        if view is None and desc.status is WorkflowExecutionStatus.CANCELED:  # no worker: the report it ended with
+            report = await _cancelled_report(handle)
         if view is None and report is not None:
             view, note = _view_from_report(report), None
         if view is None:

@@ -311,6 +311,9 @@ def test_batch_errors_leave_out_what_the_sprint_says_already():
     report = SprintReport(session_id="s", status=SprintStatus.PARTIAL, batches=[ran, cut], error="batch 1 timed out")
     view = _view_from_report(report)  # a finished sprint no worker answers for: from its result
     assert (view.batch_errors, view.errors) == ({2: ["batch 2 out of time: it worked 60 s"]}, ["batch 1 timed out"])
+    # Its tokens against the budget in force at its end (it showed `2000/0`); an older report has no budget.
+    budgeted = _view_from_report(report.model_copy(update={"tokens_used": 2000, "token_limit": 500_000}))
+    assert (budgeted.tokens_used, budgeted.token_limit, view.token_limit) == (2000, 500_000, 0)
 
 
 def test_what_waits_for_a_worker_names_the_worker_to_start():

@@ -26,7 +26,7 @@ from activities.agents import run_agent
 from activities.improvements import add_improvement_stories
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
-from bso.cli import _view_from_report
+from bso.cli import QUERY_TIMEOUT, _cancelled_report, _view_from_report
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.improvements import AddStoriesInput
@@ -473,6 +473,11 @@ async def test_cancel_cancels_the_batches_and_stops_the_residents(local_env, tmp
     # A worker that has not run the sprint (an empty cache: it replays the history) answers the same report.
     async with bso_worker(local_env.client, queue_prefix=queue.removesuffix(SPRINT_TASK_QUEUE)):
         assert await handle.query(SprintMasterWorkflow.report) == report
+    # With no worker at all, `bso sprint status`, `report` and `watch` read it from the history: the summary
+    # activity's input (they said `did not complete: Workflow cancelled`, a summary file on disk all the same).
+    began = time.monotonic()
+    assert await _cancelled_report(handle) == report
+    assert time.monotonic() - began < QUERY_TIMEOUT.total_seconds()  # not a query that no worker answers
     assert status_values(tmp_path)[K2] == "ready-for-dev"  # nothing started after the cancel
     assert (report.status, report.error) == (SprintStatus.CANCELLED, "sprint cancelled: wrong branch"), report
     assert report.stories == {K1: "ready-for-dev", K2: "ready-for-dev"} and len(report.batches) == 1, report
