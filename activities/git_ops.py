@@ -77,9 +77,10 @@ async def head(cwd: str) -> str:
     return (await git(cwd, "rev-parse", "HEAD")).strip()
 
 
-async def repo_problem(project_root: str) -> str | None:
-    """Why the command backend cannot work in this project's repository, if it cannot (checked by `bso sprint
-    start` and before a story's first worktree): each of these failed only after a story's first agents ran."""
+async def repo_problem(project_root: str, session_id: str | None = None) -> str | None:
+    """Why the command backend cannot work in this project's repository (for this sprint, given its id), if it
+    cannot (checked by `bso sprint start` and before a story's first worktree): each of these failed only after a
+    story's first agents ran."""
     if shutil.which("git") is None:
         return "git is not installed"
     if (await git(project_root, "rev-parse", "--is-inside-work-tree", check=False)).strip() != "true":
@@ -94,11 +95,17 @@ async def repo_problem(project_root: str) -> str | None:
         return f"{project_root} has no commit yet: story branches start from HEAD (commit the project first)"
     if (await git(project_root, "rev-parse", "--verify", "-q", "refs/heads/bso", check=False)).strip():
         return "a branch named `bso` exists: git cannot make BSO's story branches bso/<sprint>/<story> beside it (rename it)"
+    sprint_branch = f"bso/{session_id}"
+    if session_id and (await git(project_root, "rev-parse", "--verify", "-q", f"refs/heads/{sprint_branch}", check=False)).strip():
+        return (
+            f"a branch named `{sprint_branch}` exists: git cannot make this sprint's story branches "
+            f"{sprint_branch}/<story> beside it (rename it, or give the sprint another id)"
+        )
     return None
 
 
-async def require_repo(project_root: str) -> None:
-    if (problem := await repo_problem(project_root)) is not None:
+async def require_repo(project_root: str, session_id: str | None = None) -> None:
+    if (problem := await repo_problem(project_root, session_id)) is not None:
         raise ApplicationError(problem, type="AgentConfigError", non_retryable=True)
 
 
@@ -205,7 +212,7 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
         branch = story_branch(session_id, story_key)
     except GitRuleError as err:
         raise ApplicationError(str(err), type="AgentConfigError", non_retryable=True) from None
-    await require_repo(project_root)
+    await require_repo(project_root, session_id)
     async with repo_lock(project_root):
         await sprint_base(project_root, session_id)  # recorded once per sprint (and stale worktrees cleared)
         path = worktree_path(project_root, session_id, story_key)

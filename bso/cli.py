@@ -1158,13 +1158,13 @@ def sprint_start(
         to_run = _check_selection(status_path, epic, story or [], named)
         if to_run is not None:
             _check_dependencies(root, status_file, to_run)
-        if backend == AgentBackend.COMMAND:
-            _check_agent_profiles(root)
-            if (repo := await repo_problem(str(root))) is not None:
-                raise BsoError(f"{repo} (the command backend needs it before any agent runs)")
         sid = sprint_id or new_sprint_id()
         if (id_error := sprint_id_error(sid) or sprint_id_characters_error(sid)) is not None:
             raise BsoError(id_error)
+        if backend == AgentBackend.COMMAND:
+            _check_agent_profiles(root)
+            if (repo := await repo_problem(str(root), sid)) is not None:
+                raise BsoError(f"{repo} (the command backend needs it before any agent runs)")
         inp = SprintInput(
             project_root=str(root),
             status_file=status_file,

@@ -294,14 +294,17 @@ async def test_something_in_the_way_of_a_worktree_is_named_at_once_and_kept(tmp_
 async def test_a_worktree_git_refuses_for_good_is_named_at_once_in_gits_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
-    """A branch `bso/<session>` in the way of the story's branch, the story's branch checked out elsewhere, the
+    """A branch below the story's branch in the way of it, the story's branch checked out elsewhere, the
     worktree's path registered as another (locked) worktree: `git worktree add` failed the same way five times
     (the activity's retries) before the story ended."""
     root = dev_project(tmp_path)
     branch, path = f"bso/s1/{STORY}", worktree_path(str(root), "s1", STORY)
     if refusal == "ref-in-the-way":
-        git(root, "branch", "bso/s1")  # refs/heads/bso/s1 is a file: bso/s1/<story> cannot be made beside it
-        expected, words = "a ref is in the way of the story's branch", "'refs/heads/bso/s1' exists; cannot create"
+        # A packed ref below the story's branch: bso/s1/<story> cannot be made beside bso/s1/<story>/old. (A branch
+        # bso/s1 itself is named earlier, by repo_problem.)
+        git(root, "branch", f"{branch}/old")
+        git(root, "pack-refs", "--all")
+        expected, words = "a ref is in the way of the story's branch", f"'refs/heads/{branch}/old' exists; cannot create"
     elif refusal == "checked-out-elsewhere":
         git(root, "branch", branch)
         git(root, "worktree", "add", "-q", str(tmp_path / "elsewhere"), branch)
@@ -334,7 +337,7 @@ async def test_a_lock_another_git_process_holds_at_the_worktrees_creation_is_ret
     assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == f"bso/s1/{STORY}"
 
 
-@pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch"])
+@pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch", "sprint-branch"])
 async def test_a_repository_the_backend_cannot_work_in_is_named_before_its_first_worktree(tmp_path: Path, repo: str) -> None:
     """A project in a folder of a repository (a monorepo) ran agents and verification at the repository's root
     and spent every fix round; no commit yet, or a branch named `bso`, failed with git's words after retries."""
@@ -348,10 +351,16 @@ async def test_a_repository_the_backend_cannot_work_in_is_named_before_its_first
         root.mkdir()
         git(root, "init", "-q")
         expected = "has no commit yet"
-    else:
+    elif repo == "bso-branch":
         root = dev_project(tmp_path)
         git(root, "branch", "bso")
         expected = "a branch named `bso` exists"
+    else:  # in the way of this sprint's branches only: found by `bso sprint start`, before the story-creator ran
+        root = dev_project(tmp_path)
+        git(root, "branch", "bso/s1")
+        expected = "a branch named `bso/s1` exists: git cannot make this sprint's story branches bso/s1/<story>"
+        assert await git_ops.repo_problem(str(root)) is None and await git_ops.repo_problem(str(root), "s2") is None
+        assert expected in (await git_ops.repo_problem(str(root), "s1") or "")
     with pytest.raises(ApplicationError) as refused:
         await ensure_worktree(str(root), "s1", STORY)
     assert expected in refused.value.message and refused.value.non_retryable
