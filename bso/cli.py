@@ -1128,6 +1128,8 @@ def sprint_start(
     when no worker polls its task queue."""
 
     async def go() -> None:
+        if not task_queue.strip() or task_queue != task_queue.strip():
+            raise BsoError(f"--task-queue {task_queue!r}: a task queue name, with no space around it (default {SPRINT_TASK_QUEUE})")
         root = project.expanduser().resolve()
         if not root.is_dir():
             raise BsoError(f"project directory not found: {project}")

@@ -269,6 +269,8 @@ def test_error_paths(cli_env, tmp_path: Path):
     line = _one_line_error(bso(cli_env, "sprint", "start", str(tmp_path)))  # a directory without BMAD files
     assert "no sprint status file" in line
     _one_line_error(bso(cli_env, "sprint", "start", str(project), "--backend", "carrier-pigeon"))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--task-queue", ""))  # was the server's words
+    assert "--task-queue '': a task queue name" in line, line
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--epic", "7"))
     assert "unknown epic '7'" in line and "epic-1, epic-2" in line
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--story", "9-9"))
