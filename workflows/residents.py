@@ -107,6 +107,11 @@ PATCH_REPLACES_LINGERING_RESIDENT = "master-replaces-lingering-resident"
 # a task that completed with no command with the one after it), saw that next task's change first and held
 # it, where it had gone out at once live (a nondeterminism error, the sprint's task failing on every retry).
 PATCH_ROSTER_ALWAYS_HELD = "master-roster-always-held"
+# A cancel that comes while the resident awaits a signal it sent (its ready signal, an answer) or a request's
+# activity is taken by that call (the SDK lets a signal already sent decide its outcome; the activity fails
+# with it) and then never raised again: the resident served on for ever, as nothing else stops a resident its
+# Master cancelled as not ready in time. It now ends cancelled at its next wait.
+PATCH_RESIDENT_ENDS_ON_ANY_CANCEL = "resident-ends-on-any-cancel"
 LINGERING_RESIDENT_TRIES = 10
 LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 
@@ -132,6 +137,7 @@ class ResidentWorkflow:
         self._script = SimulationScript.model_validate(inp.simulation)
         self._in_hand: list[workflow.ActivityHandle[Any]] = []  # the requests' activities running (stop_now)
         self._stopped_now = False  # stop_now came: requests are dropped, not answered (never carried: no hand-over)
+        self._ends_on_any_cancel = False  # decided at the run's start (PATCH_RESIDENT_ENDS_ON_ANY_CANCEL)
 
     @workflow.signal(name=SIGNAL_DEBUG_REQUEST)
     def debug_request(self, payload: Any) -> None:
@@ -310,12 +316,14 @@ class ResidentWorkflow:
     @workflow.run
     async def run(self, inp: ResidentRunInput | RawInput | None = None) -> ResidentSummary:
         inp = self._input  # as __init__ validated it
+        self._ends_on_any_cancel = workflow.patched(PATCH_RESIDENT_ENDS_ON_ANY_CANCEL)
         if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
             if inp.fail_start:
                 raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")
             if inp.start_delay_seconds:
                 await workflow.sleep(inp.start_delay_seconds)  # simulation: slower than the readiness window
             await workflow.get_external_workflow_handle(inp.master_id).signal(SIGNAL_RESIDENT_READY, inp.role)
+            self._end_if_cancelled()  # the Master gave up on it while the ready signal was on its way
         workflow.set_current_details(
             f"**Resident {inp.role}** of `{inp.session_id}`" + (f" (run {self._run})" if self._run > 1 else "")
         )
@@ -334,7 +342,9 @@ class ResidentWorkflow:
                 or bool(self._browser_requests)
                 or bool(self._plan_requests)
                 or self._handover_due()
+                or self._cancel_taken_by_a_call()
             )
+            self._end_if_cancelled()
             if self._handover_due():
                 await self._hand_over()  # returns only if a stop arrived meanwhile
                 continue
@@ -369,6 +379,15 @@ class ResidentWorkflow:
                 continue  # cancelled by stop_now: nobody waits for the answer
             self._served += 1
             await _signal_quietly(request.report_to, SIGNAL_DEBUG_RESULT, result.model_dump(mode="json"))
+
+    def _cancel_taken_by_a_call(self) -> bool:
+        return self._ends_on_any_cancel and workflow.cancellation_reason() is not None
+
+    def _end_if_cancelled(self) -> None:
+        """A cancel request some call took for its own: the resident ends cancelled, as it would have had the
+        cancel come while it waited."""
+        if self._cancel_taken_by_a_call():
+            raise asyncio.CancelledError
 
     # --- continue-as-new -----------------------------------------------------------------------------
 

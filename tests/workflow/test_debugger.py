@@ -256,6 +256,31 @@ async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(l
     ], status.rejected_messages
 
 
+async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled(local_env, tmp_path: Path):
+    """A cancel that comes while an analysis is in hand fails that analysis (the activity is cancelled) and is
+    not raised again: the debugger answered and served on for ever, nothing else stopping it (a Master cancels
+    a resident not ready in time; its ready signal can take the cancel the same way). It ends cancelled."""
+    session, prefix = "cancel-busy", f"t-{uuid.uuid4().hex[:8]}-"
+    host_queue = f"host-{uuid.uuid4().hex[:8]}"
+    debugger = local_env.client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+    request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
+        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+        async with worker:
+            host = await _debugger_up(local_env.client, session, tmp_path, prefix, host_queue)
+            await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
+            await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
+            await debugger.cancel()
+            ended = await poll_until(lambda: _ended(debugger), "the cancelled debugger ended", timeout=20)
+            await host.terminate("test over")
+    assert ended is WorkflowExecutionStatus.CANCELED
+
+
+async def _ended(handle) -> WorkflowExecutionStatus | None:
+    status = (await handle.describe()).status
+    return None if status is WorkflowExecutionStatus.RUNNING else status
+
+
 async def _debugger_up(client, session: str, root: Path, prefix: str, host_queue: str):
     """A ResidentHost (on `host_queue`) whose one resident, the debugger, runs on the `prefix` sprint queue."""
     host = await client.start_workflow(

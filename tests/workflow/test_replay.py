@@ -18,7 +18,7 @@ from tests.conftest import histories_of, assert_replays, bso_worker
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
-from workflows.residents import PATCH_ROSTER_ALWAYS_HELD
+from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
@@ -84,4 +84,19 @@ async def test_a_history_whose_tasks_are_joined_on_replay_is_replayed_in_that_sh
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
     assert (await replayer.replay_workflow(master, raise_on_replay_failure=False)).replay_failure is None
     failure = (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure), failure
+
+
+async def test_a_resident_that_served_on_after_a_cancel_replays_only_behind_its_patch(monkeypatch):
+    """A debugger recorded before PATCH_RESIDENT_ENDS_ON_ANY_CANCEL took a cancel for its analysis's failure,
+    answered and served on until stopped: today's code, were it not behind the patch, ends it cancelled there."""
+    path = ROOT / "before-2026-11-27-resident-cancel" / "cancel-busy--resident-debugger.json"
+    history = WorkflowHistory.from_json("cancel-busy/resident-debugger", path.read_text())
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(
+        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_RESIDENT_ENDS_ON_ANY_CANCEL or real_patched(patch_id)
+    )
+    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
     assert failure is not None and "Nondeterminism" in str(failure), failure
