@@ -4,7 +4,8 @@ A `course_correct` update on the Master (or the Master itself after `consecutive
 stories in a row ended needs-intervention) changes the sprint mid-way: done stories are untouched, stories
 of running batches finish, the pending ones (queued batches) are re-planned with batch ids continuing after
 the last one; dropped stories become `skipped` in the status file, added ones join the plan (a story whose
-value has no dispatch-table row, e.g. skipped, is written `backlog` first).
+value has no dispatch-table row, e.g. skipped, is written `backlog` first). A story dropped earlier in the
+sprint may be added again.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def check_request(
         if key not in pending:
             raise CCRejected(f"CC_REJECTED: {key} is in a running batch or has ended: it finishes as planned")
     for key in add:
-        if key in sprint_states:
+        if key in sprint_states and not (sprint_states[key] == StoryState.SKIPPED and key not in pending):
             raise CCRejected(f"CC_REJECTED: {key} is already in this sprint")
+        # A story of the sprint skipped since (dropped by an earlier correction, or by hand) may come back.
         if outside.get(key) == StoryState.DONE:
             raise CCRejected(f"CC_REJECTED: {key} is done already")
     if set(add) & set(drop):

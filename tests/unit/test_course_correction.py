@@ -45,6 +45,14 @@ def test_rejections(kw, why):
         check_request(req(**kw), SPRINT, PENDING, OUTSIDE)
 
 
+def test_a_story_skipped_in_the_sprint_may_be_added_again():
+    """Dropped by an earlier correction (or skipped by hand): it was refused as 'already in this sprint'."""
+    sprint = {**SPRINT, "1-4-d": "skipped"}
+    assert check_request(req(add_stories=["1-4"]), sprint, PENDING, OUTSIDE) == (["1-4-d"], [])
+    with pytest.raises(CCRejected, match="already in this sprint"):  # skipped, yet still planned: not dropped
+        check_request(req(add_stories=["1-4"]), sprint, [*PENDING, "1-4-d"], OUTSIDE)
+
+
 def test_start_value_of_added_stories():
     assert start_value("skipped") == "backlog" and start_value("weird") == "backlog"
     assert start_value("ready-for-dev") is None and start_value("backlog") is None

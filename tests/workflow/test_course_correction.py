@@ -319,6 +319,33 @@ async def test_a_dropped_story_says_why_with_the_corrections_note(ts_env, tmp_pa
     assert answered.payload["text"] == NOTE and answered.payload["impact"] == cc.impact
 
 
+async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
+    """A story dropped by mistake was refused when added back ('already in this sprint'): it stayed skipped for
+    the rest of the sprint. Added again, it is written `backlog`, re-planned and run."""
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-back", config_overrides=overrides)
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]})
+        assert status_values(tmp_path)[K3] == "skipped"
+        back = await handle.execute_update(
+            SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["1-3"], "text": "oops"}
+        )
+        assert back.added == [K3] and [(b.batch_id, b.stories) for b in back.batches] == [(5, [K2]), (6, [K3])]
+        assert status_values(tmp_path)[K3] == "backlog"
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert (status.stories[K3].state, status.stories[K3].error, status.stories[K3].batch_id) == ("backlog", None, 6)
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done", K3: "done"} and status_values(tmp_path)[K3] == "done"
+    assert report.status is SprintStatus.COMPLETE
+    assert f"`{K3}`" not in render_summary(report).split("## Failures\n", 1)[-1].split("\n## ", 1)[0]
+    assert _view_from_report(report).stories[K3].error is None
+
+
 async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_env, tmp_path: Path):
     """A correction renumbers the pending batches (ids after the last one): `bso sprint status` of the ended sprint
     (read from its report when no worker answers) counted the first plan's batches (`batches 2/3`, or `0/2` when
