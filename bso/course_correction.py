@@ -5,7 +5,7 @@ stories in a row ended needs-intervention) changes the sprint mid-way: done stor
 of running batches finish, the pending ones (queued batches) are re-planned with batch ids continuing after
 the last one; dropped stories become `skipped` in the status file, added ones join the plan (a story whose
 value has no dispatch-table row, e.g. skipped, is written `backlog` first). A story dropped earlier in the
-sprint may be added again.
+sprint may be added again: it takes back the value it had.
 """
 
 from __future__ import annotations
@@ -109,9 +109,13 @@ def check_added_values(add: list[str], values: dict[str, str]) -> None:
         raise CCRejected(f"CC_REJECTED: {unknown_values_message(unknown, 'fix the file, then add the story')}")
 
 
-def start_value(file_value: str) -> str | None:
-    """The value to write for an added story before it runs, or None to keep its value."""
+def start_value(file_value: str, before_drop: str | None = None) -> str | None:
+    """The value to write for an added story before it runs, or None to keep its value. A story an earlier
+    correction dropped (`before_drop`: its value then) that is still `skipped` takes that value back: written
+    `backlog`, it would have its story document, code and review done again."""
     state = normalize_state(file_value)
+    if before_drop is not None and state is StoryState.SKIPPED and normalize_state(before_drop) is not None:
+        return before_drop
     if state is None or state in (StoryState.SKIPPED, StoryState.NEEDS_INTERVENTION, StoryState.DONE):
         return StoryState.BACKLOG.value
     return None

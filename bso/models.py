@@ -398,6 +398,8 @@ class MasterState(_Model):
     consecutive_failures: int = 0
     course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
     corrections: list[CorrectionRecord] = Field(default_factory=list)  # each one in full, for the report
+    # Each story a correction dropped, with the value it had (written back should a later correction add it again).
+    dropped_from: dict[str, str] = Field(default_factory=dict)
     # Planning by the scrum-master resident (bso/scrum_master.py).
     planner: str | None = None  # who planned the sprint's batches: "scrum-master" or "fallback"
     plan_requests: int = 0  # plan requests sent to the scrum-master (their ids)

@@ -153,7 +153,7 @@ class CourseCorrector:
             # Planned first, with the states the added stories will start from: a correction the planner
             # cannot plan (a dependency cycle) is rejected having changed nothing, in the file or the sprint.
             for key in add:
-                first = start_value(metas[key].state)
+                first = start_value(metas[key].state, s.dropped_from.get(key))
                 s.stories[key] = metas[key].model_copy(update={"state": first}) if first is not None else metas[key]
                 s.views[key] = StoryView(state=s.stories[key].state)
             cc = await self._replan_pending(request.reason, request.text, add, drop)
@@ -162,9 +162,11 @@ class CourseCorrector:
                     del s.stories[key], s.views[key]
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             for key in drop:
+                s.dropped_from[key] = s.views[key].state
                 current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
                 s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
             for key in add:
+                s.dropped_from.pop(key, None)
                 if s.stories[key].state != metas[key].state:
                     current = await self._cc_write(key, metas[key].state, s.stories[key].state)
                     s.stories[key] = s.stories[key].model_copy(update={"state": current})

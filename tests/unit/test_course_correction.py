@@ -58,6 +58,12 @@ def test_start_value_of_added_stories():
     assert start_value("ready-for-dev") is None and start_value("backlog") is None
 
 
+def test_a_story_added_again_takes_back_the_value_it_had_when_dropped():
+    assert start_value("skipped", before_drop="review") == "review"
+    assert start_value("ready-for-dev", before_drop="review") is None  # set by hand since: kept
+    assert start_value("skipped", before_drop="wip") == "backlog"  # not a state: as any skipped story
+
+
 def test_an_added_story_of_a_value_bso_does_not_know_is_refused():
     values = {"2-1-a": "wip", "2-2-b": "skipped", "2-3-c": "in-progress", "2-4-d": "needs-intervention"}
     with pytest.raises(CCRejected, match=r"no agent starts from the state of 2-1-a: 'wip'; a story starts from one of backlog"):

@@ -321,7 +321,8 @@ async def test_a_dropped_story_says_why_with_the_corrections_note(ts_env, tmp_pa
 
 async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
     """A story dropped by mistake was refused when added back ('already in this sprint'): it stayed skipped for
-    the rest of the sprint. Added again, it is written `backlog`, re-planned and run."""
+    the rest of the sprint. Added again, it takes back the value it had (`review`: not `backlog`, which would
+    have had its story document, code and review done again), is re-planned and run."""
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
     overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
@@ -335,12 +336,14 @@ async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
             SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["1-3"], "text": "oops"}
         )
         assert back.added == [K3] and [(b.batch_id, b.stories) for b in back.batches] == [(5, [K2]), (6, [K3])]
-        assert status_values(tmp_path)[K3] == "backlog"
+        assert status_values(tmp_path)[K3] == "review"
         status = await handle.query(SprintMasterWorkflow.status)
-        assert (status.stories[K3].state, status.stories[K3].error, status.stories[K3].batch_id) == ("backlog", None, 6)
+        assert (status.stories[K3].state, status.stories[K3].error, status.stories[K3].batch_id) == ("review", None, 6)
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
     assert report.stories == {K1: "done", K2: "done", K3: "done"} and status_values(tmp_path)[K3] == "done"
+    (k3,) = [r for b in report.batches for r in b.results.story_results if r.story_key == K3]
+    assert k3.agents_dispatched == 1  # its code review only, as before the drop
     assert report.status is SprintStatus.COMPLETE
     assert f"`{K3}`" not in render_summary(report).split("## Failures\n", 1)[-1].split("\n## ", 1)[0]
     assert _view_from_report(report).stories[K3].error is None
