@@ -40,14 +40,19 @@ async def rejected(update, match: str) -> None:
     assert info.value.cause.non_retryable  # the CLI printed "retryable: true" for a rejection
 
 
+async def paused_after_first_batch(client, queue: str, root: Path, **inp):
+    """A sprint of `root` (`inp`: its input's other fields) in batches of one story, started and paused at its
+    first-story checkpoint: its handle and status then."""
+    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
+    handle = await start_sprint(client, queue, sprint_input(root, config_overrides=overrides, **inp))
+    status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+    return handle, status
+
+
 async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review", OTHER: "skipped"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-1", epic=1, config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-1", epic=1)
         await rejected(
             handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["9-9"]}),
             "add_stories",
@@ -134,12 +139,8 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
         {K1: "review", K2: "review", K3: "review", OTHER: "skipped", other2: "skipped"},
         story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", other2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
     )
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-cycle", epic=1, config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-cycle", epic=1)
         before = status_values(tmp_path)
         await rejected(
             handle.execute_update(
@@ -183,12 +184,8 @@ async def test_adding_a_story_gone_from_the_file_is_rejected(ts_env, tmp_path: P
     """2-1 was outside the sprint at its start (epic 1 only) and has been removed from the file since: the update
     is rejected (it failed the Master's workflow task on every retry, a KeyError, and the sprint was stuck)."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review", OTHER: "backlog"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-gone", epic=1, config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-gone", epic=1)
         status_file = tmp_path / DEFAULT_STATUS_FILE
         text = status_file.read_text(encoding="utf-8")
         status_file.write_text("".join(line for line in text.splitlines(True) if OTHER not in line), encoding="utf-8")
@@ -207,12 +204,8 @@ async def test_adding_a_story_of_an_unknown_value_is_rejected_and_the_value_kept
     over). Its second form: 2-2 was `backlog` at the sprint's start (the validator's view) and is `wip` now."""
     other2 = "2-2-filters"
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review", OTHER: "wip", other2: "backlog"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-wip", epic=1, config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-wip", epic=1)
         await rejected(
             handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-1"]}),
             "CC_REJECTED: no agent starts from the state of 2-1-search: 'wip'",
@@ -240,12 +233,8 @@ async def test_a_story_key_too_long_for_an_answer_is_left_out_and_cannot_be_adde
     deadline ended the story): the sprint leaves such a story out, saying why, and a correction cannot add one."""
     long_in, long_out = "1-9-" + "x" * 200, "2-9-" + "y" * 200
     make_project(tmp_path, {K1: "review", K2: "review", long_in: "review", long_out: "backlog"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-long", epic=1, config_overrides=overrides)
-        )
-        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, status = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-long", epic=1)
         await rejected(
             handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["2-9"]}),
             "a story key of 204 characters (at most 200",
@@ -280,12 +269,8 @@ async def test_a_dropped_story_says_why_with_the_corrections_note(ts_env, tmp_pa
     """A story a course correction dropped showed in the report and the execution summary as a bare `skipped`, and the
     note given with the correction was nowhere: not in the status, the summary nor `bso messages`."""
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-why", config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-why")
         cc = await handle.execute_update(
             SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"], "text": NOTE}
         )
@@ -324,12 +309,8 @@ async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
     the rest of the sprint. Added again, it takes back the value it had (`review`: not `backlog`, which would
     have had its story document, code and review done again), is re-planned and run."""
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
-    overrides = {"batch_size": 1, "first_story_checkpoint": "pause"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-back", config_overrides=overrides)
-        )
-        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-back")
         await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]})
         assert status_values(tmp_path)[K3] == "skipped"
         back = await handle.execute_update(

@@ -229,16 +229,12 @@ async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(l
     answered; a request that comes after it is dropped (recorded as rejected), not served; the debugger ends.
     The two signals reach it in one workflow task (its worker is away meanwhile), so the second comes after.
     On the dev server: the time-skipping one leaves a task on the stopped worker's sticky queue."""
-    session, prefix = "stop-now", f"t-{uuid.uuid4().hex[:8]}-"
-    host_queue = f"host-{uuid.uuid4().hex[:8]}"
-    debugger = local_env.client.get_workflow_handle(resident_workflow_id(session, "debugger"))
-    request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    session = "stop-now"
+    prefix, host_queue, debugger, request = _debugger_names(local_env.client, session)
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
         (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
         async with worker:
-            host = await _debugger_up(local_env.client, session, tmp_path, prefix, host_queue)
-            await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
-            await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
+            host = await _analysis_in_hand(local_env.client, session, tmp_path, prefix, host_queue, request)
         await debugger.signal(SIGNAL_STOP_NOW)
         await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_copy(update={"debug_id": "dbg-2"}).model_dump(mode="json"))
         (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
@@ -260,16 +256,12 @@ async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled
     """A cancel that comes while an analysis is in hand fails that analysis (the activity is cancelled) and is
     not raised again: the debugger answered and served on for ever, nothing else stopping it (a Master cancels
     a resident not ready in time; its ready signal can take the cancel the same way). It ends cancelled."""
-    session, prefix = "cancel-busy", f"t-{uuid.uuid4().hex[:8]}-"
-    host_queue = f"host-{uuid.uuid4().hex[:8]}"
-    debugger = local_env.client.get_workflow_handle(resident_workflow_id(session, "debugger"))
-    request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    session = "cancel-busy"
+    prefix, host_queue, debugger, request = _debugger_names(local_env.client, session)
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
         (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
         async with worker:
-            host = await _debugger_up(local_env.client, session, tmp_path, prefix, host_queue)
-            await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
-            await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
+            host = await _analysis_in_hand(local_env.client, session, tmp_path, prefix, host_queue, request)
             await debugger.cancel()
             ended = await poll_until(lambda: _ended(debugger), "the cancelled debugger ended", timeout=20)
             await host.terminate("test over")
@@ -279,6 +271,24 @@ async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled
 async def _ended(handle) -> WorkflowExecutionStatus | None:
     status = (await handle.describe()).status
     return None if status is WorkflowExecutionStatus.RUNNING else status
+
+
+def _debugger_names(client, session: str):
+    """A debugger test's sprint-queue prefix, its host's queue, the debugger's handle and a first request."""
+    prefix, host_queue = f"t-{uuid.uuid4().hex[:8]}-", f"host-{uuid.uuid4().hex[:8]}"
+    debugger = client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+    request = DebugRequest(debug_id="dbg-1", story_key=K1, report_to=f"{session}-host", error_summary="boom")
+    return prefix, host_queue, debugger, request
+
+
+async def _analysis_in_hand(client, session: str, root: Path, prefix: str, host_queue: str, request: DebugRequest):
+    """The debugger up (`_debugger_up`) with `request`'s analysis scheduled, which no worker picks up (the
+    sprint queue's worker serves no agents): the host's handle."""
+    host = await _debugger_up(client, session, root, prefix, host_queue)
+    debugger = client.get_workflow_handle(resident_workflow_id(session, "debugger"))
+    await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_dump(mode="json"))
+    await poll_until(lambda: _analysis_pending(debugger), "the analysis scheduled (no agents worker)")
+    return host
 
 
 async def _debugger_up(client, session: str, root: Path, prefix: str, host_queue: str):
