@@ -10,12 +10,13 @@ sprint may be added again: it takes back the value it had.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.dispatch import normalize_state, unknown_values, unknown_values_message
+from bso.dispatch import DISPATCH_TABLE, normalize_state, unknown_values, unknown_values_message
 from bso.messages import BatchSpec, cut_text
 from bso.models import CorrectionRecord, StoryMeta
 from bso.planning import plan_batches
@@ -77,11 +78,13 @@ def check_request(
     sprint_states: dict[str, str],
     pending: list[str],
     outside: dict[str, str],
+    dropped: Collection[str] = (),
 ) -> tuple[list[str], list[str]]:
     """The full keys to add and to drop; CCRejected when the correction cannot be applied.
 
     `sprint_states`: the sprint's stories and their state; `pending`: those in queued batches (not started);
-    `outside`: stories of the status file not in the sprint, with their value."""
+    `outside`: stories of the status file not in the sprint, with their value; `dropped`: the sprint's stories an
+    earlier correction dropped."""
     drop = resolve_keys(request.drop_stories, [*sprint_states, *outside], "drop_stories")
     add = resolve_keys(request.add_stories, [*sprint_states, *outside], "add_stories")
     for key in drop:
@@ -92,9 +95,9 @@ def check_request(
         if key not in pending:
             raise CCRejected(f"CC_REJECTED: {key} is in a running batch or has ended: it finishes as planned")
     for key in add:
-        if key in sprint_states and not (sprint_states[key] == StoryState.SKIPPED and key not in pending):
+        # A story an earlier correction dropped may come back (one skipped otherwise may be in a running batch).
+        if key in sprint_states and not (key in dropped and sprint_states[key] == StoryState.SKIPPED):
             raise CCRejected(f"CC_REJECTED: {key} is already in this sprint")
-        # A story of the sprint skipped since (dropped by an earlier correction, or by hand) may come back.
         if outside.get(key) == StoryState.DONE:
             raise CCRejected(f"CC_REJECTED: {key} is done already")
     if set(add) & set(drop):
@@ -114,7 +117,7 @@ def start_value(file_value: str, before_drop: str | None = None) -> str | None:
     correction dropped (`before_drop`: its value then) that is still `skipped` takes that value back: written
     `backlog`, it would have its story document, code and review done again."""
     state = normalize_state(file_value)
-    if before_drop is not None and state is StoryState.SKIPPED and normalize_state(before_drop) is not None:
+    if before_drop is not None and state is StoryState.SKIPPED and normalize_state(before_drop) in DISPATCH_TABLE:
         return before_drop
     if state is None or state in (StoryState.SKIPPED, StoryState.NEEDS_INTERVENTION, StoryState.DONE):
         return StoryState.BACKLOG.value

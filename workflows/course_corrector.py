@@ -111,6 +111,7 @@ class CourseCorrector:
             {k: v.state for k, v in s.views.items()},
             [k for spec in s.queue for k in spec.stories],
             s.outside_stories,
+            s.dropped_from,
         )
 
     async def _apply_course_correction(self, request: CourseCorrectionRequest) -> CourseCorrection:
@@ -152,6 +153,7 @@ class CourseCorrector:
         else:
             # Planned first, with the states the added stories will start from: a correction the planner
             # cannot plan (a dependency cycle) is rejected having changed nothing, in the file or the sprint.
+            before = {key: (s.stories[key], s.views[key]) for key in add if key in s.views}  # dropped earlier
             for key in add:
                 first = start_value(metas[key].state, s.dropped_from.get(key))
                 s.stories[key] = metas[key].model_copy(update={"state": first}) if first is not None else metas[key]
@@ -159,7 +161,10 @@ class CourseCorrector:
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
                 for key in add:
-                    del s.stories[key], s.views[key]
+                    if key in before:  # a story dropped earlier stays in the sprint, as it was
+                        s.stories[key], s.views[key] = before[key]
+                    else:
+                        del s.stories[key], s.views[key]
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             for key in drop:
                 s.dropped_from[key] = s.views[key].state

@@ -330,6 +330,33 @@ async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
     assert _view_from_report(report).stories[K3].error is None
 
 
+async def test_a_refused_correction_that_adds_a_dropped_story_back_keeps_it_in_the_sprint(ts_env, tmp_path: Path):
+    """Added back with two stories that cannot be planned (a cycle), a dropped story was deleted from the sprint by
+    the refused correction's roll-back: it could not be added again and the report left it out."""
+    other2 = "2-2-filters"
+    make_project(
+        tmp_path,
+        {K1: "review", K2: "review", K3: "review", OTHER: "skipped", other2: "skipped"},
+        story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", other2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
+    )
+    async with bso_worker(ts_env.client) as queue:
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-rollback", epic=1)
+        await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]})
+        await rejected(
+            handle.execute_update(
+                SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["1-3", "2-1", "2-2"]}
+            ),
+            "cannot be re-planned",
+        )
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.stories[K3].state == "skipped" and status_values(tmp_path)[K3] == "skipped"
+        back = await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": ["1-3"]})
+        assert back.added == [K3]
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done", K3: "done"}
+
+
 async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_env, tmp_path: Path):
     """A correction renumbers the pending batches (ids after the last one): `bso sprint status` of the ended sprint
     (read from its report when no worker answers) counted the first plan's batches (`batches 2/3`, or `0/2` when
