@@ -49,6 +49,18 @@ async def paused_after_first_batch(client, queue: str, root: Path, **inp):
     return handle, status
 
 
+OTHER2 = "2-2-filters"
+
+
+def make_project_with_a_cycle_outside(root: Path) -> None:
+    """1-1 to 1-3 in review; 2-1 and 2-2, outside the sprint, depend on each other: added, they cannot be planned."""
+    make_project(
+        root,
+        {K1: "review", K2: "review", K3: "review", OTHER: "skipped", OTHER2: "skipped"},
+        story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", OTHER2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
+    )
+
+
 async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review", OTHER: "skipped"})
     async with bso_worker(ts_env.client) as queue:
@@ -133,12 +145,7 @@ async def test_repeated_failures_trigger_a_course_correction_and_a_pause(ts_env,
 async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_path: Path):
     """The added stories depend on each other: no plan exists. CC_REJECTED, and neither the dropped story nor the
     added ones were written to the status file (they used to be, before the plan failed)."""
-    other2 = "2-2-filters"
-    make_project(
-        tmp_path,
-        {K1: "review", K2: "review", K3: "review", OTHER: "skipped", other2: "skipped"},
-        story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", other2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
-    )
+    make_project_with_a_cycle_outside(tmp_path)
     async with bso_worker(ts_env.client) as queue:
         handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-cycle", epic=1)
         before = status_values(tmp_path)
@@ -333,12 +340,7 @@ async def test_a_dropped_story_can_be_added_again(ts_env, tmp_path: Path):
 async def test_a_refused_correction_that_adds_a_dropped_story_back_keeps_it_in_the_sprint(ts_env, tmp_path: Path):
     """Added back with two stories that cannot be planned (a cycle), a dropped story was deleted from the sprint by
     the refused correction's roll-back: it could not be added again and the report left it out."""
-    other2 = "2-2-filters"
-    make_project(
-        tmp_path,
-        {K1: "review", K2: "review", K3: "review", OTHER: "skipped", other2: "skipped"},
-        story_files={OTHER: "# Story 2.1: Search\n\nDepends on: 2-2\n", other2: "# Story 2.2: Filters\n\nDepends on: 2-1\n"},
-    )
+    make_project_with_a_cycle_outside(tmp_path)
     async with bso_worker(ts_env.client) as queue:
         handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-rollback", epic=1)
         await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": ["1-3"]})
