@@ -93,4 +93,4 @@ async def test_example_sprint_started_with_the_temporal_cli(local_env, worker_pr
 
     status = await handle.query(SprintMasterWorkflow.status)
     assert status.phase == "completed"
-    assert await workflow_task_failures(client, session) == 0
+    assert await workflow_task_failures(client, session) == []

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle
 
 from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
@@ -129,10 +129,18 @@ def ledger(root: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-async def workflow_task_failures(client: Client, workflow_id: str) -> int:
-    """WorkflowTaskFailed events in a workflow's history: a bad input must never cause one."""
+async def workflow_task_failures(client: Client, workflow_id: str) -> list[str]:
+    """The WorkflowTaskFailed events in a workflow's history, each as its cause and message (a failing
+    assertion then says why): a bad input must never cause one."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events)
+    return [
+        f"{WorkflowTaskFailedCause.Name(failed.cause)}: {failed.failure.message}"
+        for failed in (
+            e.workflow_task_failed_event_attributes
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        )
+    ]
 
 
 async def poll_until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60.0, interval: float = 0.05) -> Any:

@@ -54,7 +54,7 @@ async def test_in_process_answers_come_back_as_the_activity_result(ts_env, tmp_p
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     assert {a.activity_type.name for a in scheduled} == {"run_agent"}
     assert {a.task_queue.name for a in scheduled} == {queue}
-    assert failures == 0
+    assert failures == []
     flow = message_flow([master, slave])
     assignments = {m.dispatch_id for m in flow if m.type == "TASK_ASSIGNMENT"}
     answers = {m.dispatch_id for m in flow if m.type == "AGENT_COMPLETE"}

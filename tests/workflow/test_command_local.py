@@ -107,7 +107,7 @@ async def test_story_from_backlog_to_done_squashed_and_merged(local_env, tmp_pat
         ("story-creator", "create", ""), ("story-reviewer", "review", ""),
         ("dev-runner", "dev", "plan"), ("dev-runner", "dev", "implement"), ("review-runner", "review", ""),
     ]
-    assert await workflow_task_failures(local_env.client, session) == 0
+    assert await workflow_task_failures(local_env.client, session) == []
 
 
 async def test_agent_hanging_past_its_timeout_is_killed_with_its_group(local_env, tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ async def test_verification_overrides_a_false_success_and_its_output_goes_to_the
     merged_test = git(root, "show", "HEAD:tests/test_story_1_1_hello_world.py")
     assert "'hello'" in merged_test and "'goodbye'" not in merged_test
     assert git(root, "log", "--format=%s", f"{base}..HEAD").splitlines() == ["feat: Story 1.1: Hello"]
-    assert await workflow_task_failures(local_env.client, session) == 0
+    assert await workflow_task_failures(local_env.client, session) == []
 
 
 SLOW_CHECK = '''import os, sys, time

@@ -162,4 +162,4 @@ async def test_a_command_sprint_runs_the_gates_by_default(ts_env, tmp_path: Path
     assert report.tokens_used == 5 * 1700 + 2 * 400
     files = git(root, "diff", "--name-only", base, "HEAD").split()
     assert sorted(files) == sorted(PLANNED)  # the unauthorized file never reached main
-    assert await workflow_task_failures(ts_env.client, "cmd-po") == 0
+    assert await workflow_task_failures(ts_env.client, "cmd-po") == []

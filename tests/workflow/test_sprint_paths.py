@@ -281,7 +281,7 @@ async def test_malformed_status_file_fails_the_sprint_at_once(ts_env, tmp_path: 
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError)
     assert "sprint-status.yaml" in cause.message and "line" in cause.message
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
 
 
 @pytest.mark.parametrize(
@@ -302,7 +302,7 @@ async def test_invalid_input_fails_clearly(ts_env, tmp_path: Path, overrides, si
         with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
     assert expected in str(failure.value.cause)
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
     assert status_values(tmp_path) == before
 
 
@@ -332,7 +332,7 @@ async def test_wrongly_shaped_workflow_input_fails_without_task_retries(
     assert f"{workflow_type}" in message and expected in message and "\n" not in message, message
     if args and isinstance(args[0], dict):
         assert "project_root: Input should be a valid string" in message and "surprise" in message, message
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
     if workflow_type == "SprintMasterWorkflow":  # `bso messages` reads such a start without tripping
         (start, *_) = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
         assert start.type == "SPRINT_START" and "without a usable input" in start.detail, start
@@ -349,7 +349,7 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
     assert "unknown epic 7: the status file has no story of epic-7 (its epics with stories: epic-1)" in str(
         failure.value.cause
     )
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
 
 
 @pytest.mark.parametrize(
@@ -372,7 +372,7 @@ async def test_a_sprint_id_that_cannot_work_is_refused(ts_env, tmp_path: Path, s
     assert failure.value.cause.type == "InvalidSprintInput"
     assert why in failure.value.cause.message
     assert status_values(tmp_path)[K1] == "review"
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
 
 
 async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(ts_env, tmp_path: Path):
@@ -464,7 +464,7 @@ async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_t
     assert "sprint-status.yaml could not be written" in error and "ready-for-dev -> review not recorded" in error, error
     written = status_values(tmp_path)
     assert (written["1-1-login-page"], written[K2]) == ("ready-for-dev", "done")
-    assert failures == 0
+    assert failures == []
 
 
 async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_nothing(ts_env, tmp_path: Path):
@@ -483,7 +483,7 @@ async def test_a_status_file_broken_for_a_moment_delays_the_write_and_loses_noth
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("broken", 1))
     assert report.stories == {K1: "done", K2: "done"}, report.stories
     assert (status_values(tmp_path)[K1], status_values(tmp_path)[K2]) == ("done", "done")
-    assert failures == 0
+    assert failures == []
 
 
 async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kept(ts_env, tmp_path: Path):
@@ -518,7 +518,7 @@ async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kep
     assert len(started) == len(set(started)) and story_result(report, K1).agents_dispatched == len(
         [d for d in started if "/1-1/" in d]
     ), started
-    assert failures == 0
+    assert failures == []
 
 
 async def test_a_sprint_cancelled_while_a_story_waits_for_the_status_file_says_what_was_lost(local_env, tmp_path: Path):
@@ -587,7 +587,7 @@ async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_en
         failures = await workflow_task_failures(ts_env.client, slave_workflow_id("first-read", 1))
     assert "YAML error" in seen.stories[K1].status_file_problem
     assert result.errors == [] and [r.final_state for r in result.results.story_results] == ["done"]
-    assert status_values(tmp_path)[K1] == "done" and failures == 0
+    assert status_values(tmp_path)[K1] == "done" and failures == []
 
 
 async def test_a_batch_shut_down_while_its_first_read_waits_ends_with_its_stories_unstarted(ts_env, tmp_path: Path):
@@ -658,11 +658,11 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy"
     assert f"sprint first is already running on {tmp_path}" in cause.message, cause.message
-    assert await workflow_task_failures(ts_env.client, second.id) == 0
+    assert await workflow_task_failures(ts_env.client, second.id) == []
     # Free again (not refused by the claim): it fails for having nothing to run, as `bso sprint start` refuses it.
     assert isinstance(nothing_left.value.cause, ApplicationError), nothing_left.value.cause
     assert (nothing_left.value.cause.type, nothing_left.value.cause.message) == ("InvalidSprintInput", NOTHING_TO_RUN)
-    assert await workflow_task_failures(ts_env.client, third.id) == 0
+    assert await workflow_task_failures(ts_env.client, third.id) == []
 
 
 async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_refused(ts_env, tmp_path: Path):
@@ -689,7 +689,7 @@ async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_r
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy", cause
     assert f"sprint outer is already running on {tmp_path}, on " in cause.message, cause.message
-    assert await workflow_task_failures(ts_env.client, second.id) == 0
+    assert await workflow_task_failures(ts_env.client, second.id) == []
     assert not (inner / ".sprint-session" / "running-sprint.json").exists()
 
 
@@ -796,7 +796,7 @@ async def test_a_status_file_replaced_by_a_directory_mid_batch_ends_its_stories_
     assert not any("abnormally" in e for e in batch.errors) and report.error is None, (batch.errors, report.error)
     for key in (K1, K2):
         assert "sprint-status.yaml" in (story_result(report, key).error or ""), story_result(report, key)
-    assert failures == 0
+    assert failures == []
 
 
 async def test_a_status_file_that_lists_no_story_has_nothing_to_run(ts_env, tmp_path: Path):
@@ -813,7 +813,7 @@ async def test_a_status_file_that_lists_no_story_has_nothing_to_run(ts_env, tmp_
             await handle.result()
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and (cause.type, cause.message) == ("InvalidSprintInput", NO_STORIES)
-    assert await workflow_task_failures(ts_env.client, handle.id) == 0
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
     assert status.read_text(encoding="utf-8") == before
     with pytest.raises(BsoError, match="lists no story"):
         _check_selection(status, None, [])
