@@ -952,6 +952,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 await workflow.wait_condition(
                     lambda: (s.paused_reason is None and not self._replanning) or s.shutdown or s.stopped_early
                 )
+                if self._cancelling and s.queue and not (s.shutdown or s.stopped_early or self._history_is_long()):
+                    # The sprint was cancelled, yet runs on: the SDK lets a signal already sent when the cancel
+                    # came (a plan request, a SHUTDOWN) decide the await's outcome. No batch may start any more,
+                    # so this loop would spin without yielding (a deadlock failing the workflow task on every
+                    # retry). Every history that came here spun: no patch.
+                    raise asyncio.CancelledError
                 continue
             await workflow.wait_condition(
                 lambda: any(t.done() for t in running.values())

@@ -27,7 +27,7 @@ from activities.improvements import add_improvement_stories
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.cli import QUERY_TIMEOUT, _cancelled_report, _view_from_report
-from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, slave_workflow_id
+from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_PLAN_REQUEST, SPRINT_TASK_QUEUE, slave_workflow_id
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.improvements import AddStoriesInput
 from bso.messages import DispatchReceipt, TaskAssignment
@@ -46,6 +46,7 @@ from activities.session_files import SESSION_DIR
 from bso.report import work_per_story
 from bso.summary import render_summary, summary_filename
 from tests.conftest import bso_worker
+from tests.workflow.delivered_first import in_the_hold, replay_with_the_hold, workers_delivering_first
 from tests.workflow.helpers import (
     ledger,
     make_project,
@@ -511,6 +512,40 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
                 continue
             assert resident.status is not WorkflowExecutionStatus.RUNNING, role
     assert status_values(tmp_path)[K1] == "ready-for-dev"
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
+async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_sprint(local_env, tmp_path: Path):
+    """The cancel comes while the Master's plan request is being delivered, and the delivery wins: the sprint
+    runs on, though no batch may start any more. It looped without yielding (a deadlock that failed the
+    Master's workflow task on every retry, for ever); it ends cancelled."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    before = status_values(tmp_path)
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    async with workers_delivering_first(local_env.client, SIGNAL_PLAN_REQUEST, prefix) as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="cancel-swallowed"))
+        await poll_until(lambda: in_the_hold(handle, SIGNAL_PLAN_REQUEST), "the Master held after its plan request")
+        await handle.cancel(reason="swallowed")
+
+        async def closed_or_failing() -> bool:
+            described = await handle.describe()
+            return described.status is not WorkflowExecutionStatus.RUNNING or bool(
+                await workflow_task_failures(local_env.client, handle.id)
+            )
+
+        await poll_until(closed_or_failing, "the sprint ends or its workflow task fails")
+        assert await workflow_task_failures(local_env.client, handle.id) == []
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+        status = await handle.query(SprintMasterWorkflow.status)
+        assert status.phase is SprintPhase.CANCELED and status.errors == ["sprint cancelled: swallowed"], status
+        for role in ("scrum-master", "knowledge-researcher", "debugger"):
+            resident = await local_env.client.get_workflow_handle(resident_workflow_id(handle.id, role)).describe()
+            assert resident.status is not WorkflowExecutionStatus.RUNNING, (role, resident.status)
+    assert status_values(tmp_path) == before  # no batch started
+    assert ledger(tmp_path) == []  # no agent ran
+    await replay_with_the_hold(handle, SIGNAL_PLAN_REQUEST)
 
 
 @activity.defn(name="write_story_status")
