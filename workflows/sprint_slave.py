@@ -204,6 +204,9 @@ PATCH_REREAD_SURVIVES_ANY_FAILURE = "slave-reread-survives-any-failure"
 # signal), joined on replay with the task after it (sdk-core does so), lent that task its clock, up to the hold
 # earlier than it ran live: the update went out at once live and was held on replay (a nondeterminism error).
 PATCH_UPDATES_HELD_WITHOUT_CLOCK = "slave-updates-held-without-clock"
+# A cancel that came while the DEBUG_REQUEST was on its way, whose delivery the SDK let decide the await, is
+# raised once it is delivered: the batch ran on (the debugger's answer, the fix) until the Master closed.
+PATCH_CANCEL_AFTER_DEBUG_REQUEST = "slave-cancel-after-debug-request"
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -742,6 +745,8 @@ class SprintSlaveWorkflow:
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
         sent = request.model_dump(mode="json", exclude_none=True)
         failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent)  # retried, then delivery_failed
+        if workflow.cancellation_reason() is not None and workflow.patched(PATCH_CANCEL_AFTER_DEBUG_REQUEST):
+            raise asyncio.CancelledError
         if failed is not None:  # the debugger is gone
             self._open_debug.pop(debug_id, None)
             self._message_error(failed)

@@ -29,8 +29,10 @@ from bso.debugging import DebugRequest
 from bso.roster import resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
+from tests.workflow.delivered_first import in_the_hold, replay_with_the_hold, workers_delivering_first
 from tests.workflow.resident_host import HostInput, ResidentHost
 from tests.workflow.helpers import (
+    ledger,
     poll_until,
     make_project,
     run_sprint,
@@ -266,6 +268,30 @@ async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled
             ended = await poll_until(lambda: _ended(debugger), "the cancelled debugger ended", timeout=20)
             await host.terminate("test over")
     assert ended is WorkflowExecutionStatus.CANCELED
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the Slave's history with it
+async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_batch(local_env, tmp_path: Path):
+    """The cancel comes while the Slave's DEBUG_REQUEST is being delivered, and the delivery wins: the batch ran
+    on (the debugger's answer, the fix, the code review) until the Master, done waiting for it, closed. It ends
+    cancelled, and no agent runs after the cancel."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
+    session = f"dbg-swallowed-{uuid.uuid4().hex[:6]}"
+    slave = local_env.client.get_workflow_handle(slave_workflow_id(session, 1))
+    async with workers_delivering_first(local_env.client, SIGNAL_DEBUG_REQUEST, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id=session, simulation=simulation))
+        await poll_until(lambda: in_the_hold(slave, SIGNAL_DEBUG_REQUEST), "the Slave held after its debug request")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+        ended = (await slave.describe()).status
+    assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+    assert ended is WorkflowExecutionStatus.CANCELED, ended
+    started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
+    assert started == [f"{session}/batch-1/1-1/1"], started  # the dev-runner only: no fix, no code review
+    assert status_values(tmp_path)[K1] == "ready-for-dev"  # its last state: the dev failed
+    await replay_with_the_hold(slave, SIGNAL_DEBUG_REQUEST)
 
 
 async def _ended(handle) -> WorkflowExecutionStatus | None:

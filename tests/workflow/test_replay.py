@@ -10,19 +10,23 @@ from pathlib import Path
 import pytest
 import temporalio.workflow
 from temporalio.client import WorkflowHistory
+from bso.constants import SIGNAL_DEBUG_REQUEST
 from bso.data_converter import data_converter
 from temporalio.worker import Replayer
 
 from tests.collapsed_history import collapsed
 from tests.conftest import histories_of, assert_replays, bso_worker
+from tests.workflow.delivered_first import SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
+from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST
 from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
-HISTORIES = sorted(ROOT.glob("**/*.json"))
+# Those in a `held-` folder ran with a test's hold (tests/workflow/delivered_first.py) and replay with it.
+HISTORIES = sorted(p for p in ROOT.glob("**/*.json") if not p.parent.name.startswith("held-"))
 
 
 def test_histories_are_recorded():
@@ -97,6 +101,25 @@ async def test_a_resident_that_served_on_after_a_cancel_replays_only_behind_its_
     real_patched = temporalio.workflow.patched
     monkeypatch.setattr(
         temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_RESIDENT_ENDS_ON_ANY_CANCEL or real_patched(patch_id)
+    )
+    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure), failure
+
+
+async def test_a_slave_that_ran_on_after_a_swallowed_cancel_replays_only_behind_its_patch(monkeypatch):
+    """A Slave recorded before PATCH_CANCEL_AFTER_DEBUG_REQUEST was cancelled while its DEBUG_REQUEST was being
+    delivered, the delivery won, and it ran the story on (the analysis, the fix, the code review) to the end:
+    today's code, were it not behind the patch, ends it cancelled there."""
+    path = ROOT / "held-before-2026-11-27-debug-request-cancel" / "dbg-swallowed--batch-1.json"
+    history = WorkflowHistory.from_json("dbg-swallowed/batch-1", path.read_text())
+    replayer = Replayer(
+        workflows=WORKFLOWS, data_converter=data_converter,
+        interceptors=[*WORKFLOW_INTERCEPTORS, SignalDeliveredFirst(SIGNAL_DEBUG_REQUEST)],
+    )
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(
+        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_AFTER_DEBUG_REQUEST or real_patched(patch_id)
     )
     failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
     assert failure is not None and "Nondeterminism" in str(failure), failure
