@@ -192,6 +192,10 @@ PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
 # A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
 # start: each such story waited out its agent's time.
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
+# A cancel cancels the Slaves that have started; one still starting is cancelled once it has. The server refuses a
+# workflow task that starts a child and requests its cancel together: a cancel that came in the task that started
+# a batch failed the Master's task on every retry (the sprint never ended).
+PATCH_CANCEL_STARTED_SLAVES = "master-cancel-started-slaves"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -205,6 +209,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._cancelling = False  # a cancel request came: no batch starts any more
+        self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
@@ -581,12 +586,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         workflows/residents.py). The status file keeps each story's last state. A sprint that had finished
         its work when the cancel came (it was stopping its residents) ends with its report."""
         self._cancelling = True
+        self._cancel_slaves_once_started = workflow.patched(PATCH_CANCEL_STARTED_SLAVES)
         batches_ran = bool(self._running_batches)
-        for slave_id in sorted(self._running_batches.values()):
-            try:
-                await workflow.get_external_workflow_handle(slave_id).cancel()
-            except Exception as err:  # noqa: BLE001 - ended meanwhile, or still starting
-                workflow.logger.warning("cancelling %s: %s", slave_id, err)
+        # Those still starting (perhaps in this very task) are cancelled once they have started (_run_slave).
+        started = [
+            slave_id
+            for batch_id, slave_id in sorted(self._running_batches.items(), key=lambda batch: batch[1])  # as before
+            if batch_id in self._started_batches or not self._cancel_slaves_once_started
+        ]
+        for slave_id in started:
+            await _cancel_quietly(slave_id)
         try:
             await workflow.wait_condition(lambda: sprint.done() and not self._running_batches, timeout=SLAVE_CANCEL_WAIT)
         except asyncio.TimeoutError:
@@ -1131,6 +1140,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             )
             self._started_batches.add(spec.batch_id)
             self._slave_started(slave_name(spec.batch_id))
+            if self._cancelling and self._cancel_slaves_once_started:  # the sprint was cancelled while it started
+                await _cancel_quietly(slave_id)
             # Dependencies that ended while the Slave was starting (their updates could not reach it yet).
             settled = {
                 dep: state
@@ -1319,3 +1330,11 @@ async def _signal_quietly(workflow_id: str, signal: str, *args: Any) -> None:
         await workflow.get_external_workflow_handle(workflow_id).signal(signal, args=args)
     except Exception as err:  # noqa: BLE001 - the target is gone; nothing to do
         workflow.logger.warning("signal %s to %s not delivered: %s", signal, workflow_id, err)
+
+
+async def _cancel_quietly(slave_id: str) -> None:
+    """A cancelled sprint's Slave cancelled; one that has just ended cannot be, which is not an error."""
+    try:
+        await workflow.get_external_workflow_handle(slave_id).cancel()
+    except Exception as err:  # noqa: BLE001 - ended meanwhile
+        workflow.logger.warning("cancelling %s: %s", slave_id, err)

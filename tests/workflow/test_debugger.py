@@ -29,7 +29,7 @@ from bso.debugging import DebugRequest
 from bso.roster import resident_workflow_id
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
-from tests.workflow.delivered_first import in_the_hold, replay_with_the_hold, workers_delivering_first
+from tests.workflow.holds import SignalDeliveredFirst, in_the_hold, replay_with, workers_with
 from tests.workflow.resident_host import HostInput, ResidentHost
 from tests.workflow.helpers import (
     ledger,
@@ -279,9 +279,10 @@ async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_bat
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
     session = f"dbg-swallowed-{uuid.uuid4().hex[:6]}"
     slave = local_env.client.get_workflow_handle(slave_workflow_id(session, 1))
-    async with workers_delivering_first(local_env.client, SIGNAL_DEBUG_REQUEST, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+    hold = SignalDeliveredFirst(SIGNAL_DEBUG_REQUEST)
+    async with workers_with(local_env.client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
         handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id=session, simulation=simulation))
-        await poll_until(lambda: in_the_hold(slave, SIGNAL_DEBUG_REQUEST), "the Slave held after its debug request")
+        await poll_until(lambda: in_the_hold(slave, hold), "the Slave held after its debug request")
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
@@ -291,7 +292,7 @@ async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_bat
     started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
     assert started == [f"{session}/batch-1/1-1/1"], started  # the dev-runner only: no fix, no code review
     assert status_values(tmp_path)[K1] == "ready-for-dev"  # its last state: the dev failed
-    await replay_with_the_hold(slave, SIGNAL_DEBUG_REQUEST)
+    await replay_with(slave, hold)
 
 
 async def _ended(handle) -> WorkflowExecutionStatus | None:

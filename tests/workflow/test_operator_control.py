@@ -46,7 +46,14 @@ from activities.session_files import SESSION_DIR
 from bso.report import work_per_story
 from bso.summary import render_summary, summary_filename
 from tests.conftest import bso_worker
-from tests.workflow.delivered_first import in_the_hold, replay_with_the_hold, workers_delivering_first
+from tests.workflow.holds import (
+    ChildStartHeld,
+    SignalDeliveredFirst,
+    in_the_hold,
+    replay_with,
+    timer_of,
+    workers_with as workers_held,
+)
 from tests.workflow.helpers import (
     ledger,
     make_project,
@@ -521,10 +528,10 @@ async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_spri
     Master's workflow task on every retry, for ever); it ends cancelled."""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
     before = status_values(tmp_path)
-    prefix = f"t-{uuid.uuid4().hex[:8]}-"
-    async with workers_delivering_first(local_env.client, SIGNAL_PLAN_REQUEST, prefix) as queue:
+    hold = SignalDeliveredFirst(SIGNAL_PLAN_REQUEST)
+    async with workers_held(local_env.client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
         handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="cancel-swallowed"))
-        await poll_until(lambda: in_the_hold(handle, SIGNAL_PLAN_REQUEST), "the Master held after its plan request")
+        await poll_until(lambda: in_the_hold(handle, hold), "the Master held after its plan request")
         await handle.cancel(reason="swallowed")
 
         async def closed_or_failing() -> bool:
@@ -545,7 +552,41 @@ async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_spri
             assert resident.status is not WorkflowExecutionStatus.RUNNING, (role, resident.status)
     assert status_values(tmp_path) == before  # no batch started
     assert ledger(tmp_path) == []  # no agent ran
-    await replay_with_the_hold(handle, SIGNAL_PLAN_REQUEST)
+    await replay_with(handle, hold)
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
+async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_env, tmp_path: Path):
+    """The cancel comes in the very workflow task in which the Master starts a batch's Slave. The server
+    refuses a task that starts a child and requests its cancel together: the Master's task failed on every
+    retry, and the sprint never ended. The Slave is cancelled once it has started."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev"})
+    hold = ChildStartHeld(SprintSlaveWorkflow.__name__, 2)
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    async with workers_held(local_env.client, hold, prefix) as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="cancel-at-start"))
+        await poll_until(lambda: in_the_hold(handle, hold), "batch 1's start held")
+    # No worker: the hold's timer fires, and the cancel joins the workflow task it made.
+    await poll_until(lambda: timer_of(handle, hold, EventType.EVENT_TYPE_TIMER_FIRED), "the hold over")
+    await handle.cancel(reason="as the batch starts")
+    async with workers_held(local_env.client, hold, prefix):
+
+        async def closed_or_failing() -> bool:
+            described = await handle.describe()
+            return described.status is not WorkflowExecutionStatus.RUNNING or bool(
+                await workflow_task_failures(local_env.client, handle.id)
+            )
+
+        await poll_until(closed_or_failing, "the sprint ends or its workflow task fails")
+        assert await workflow_task_failures(local_env.client, handle.id) == []
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+        status = await handle.query(SprintMasterWorkflow.status)
+        slave = await local_env.client.get_workflow_handle(slave_workflow_id(handle.id, 1)).describe()
+    assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: as the batch starts"], status.errors
+    assert slave.status is WorkflowExecutionStatus.CANCELED, slave.status
+    await replay_with(handle, hold)
 
 
 @activity.defn(name="write_story_status")

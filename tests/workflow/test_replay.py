@@ -16,16 +16,17 @@ from temporalio.worker import Replayer
 
 from tests.collapsed_history import collapsed
 from tests.conftest import histories_of, assert_replays, bso_worker
-from tests.workflow.delivered_first import SignalDeliveredFirst
+from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
+from workflows.sprint_master import PATCH_CANCEL_STARTED_SLAVES
 from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST
 from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
-# Those in a `held-` folder ran with a test's hold (tests/workflow/delivered_first.py) and replay with it.
+# Those in a `held-` folder ran with a test's hold (tests/workflow/holds.py) and replay with it.
 HISTORIES = sorted(p for p in ROOT.glob("**/*.json") if not p.parent.name.startswith("held-"))
 
 
@@ -120,6 +121,25 @@ async def test_a_slave_that_ran_on_after_a_swallowed_cancel_replays_only_behind_
     real_patched = temporalio.workflow.patched
     monkeypatch.setattr(
         temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_AFTER_DEBUG_REQUEST or real_patched(patch_id)
+    )
+    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure), failure
+
+
+async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_patch(monkeypatch):
+    """A Master recorded before PATCH_CANCEL_STARTED_SLAVES was cancelled while its batch's Slave was starting:
+    it requested that Slave's cancel at once (which found no Slave yet), and the Slave then ran its stories.
+    Today's code, were it not behind the patch, waits for the start and cancels it then."""
+    path = ROOT / "held-before-2026-11-27-cancel-at-start" / "cancel-held.json"
+    history = WorkflowHistory.from_json("cancel-held", path.read_text())
+    replayer = Replayer(
+        workflows=WORKFLOWS, data_converter=data_converter,
+        interceptors=[*WORKFLOW_INTERCEPTORS, ChildStartHeld("SprintSlaveWorkflow", 2)],
+    )
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(
+        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_STARTED_SLAVES or real_patched(patch_id)
     )
     failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
     assert failure is not None and "Nondeterminism" in str(failure), failure
