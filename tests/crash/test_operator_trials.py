@@ -1,11 +1,14 @@
-"""Cancel trials: sprints cancelled at moments spread over their run (planning, a batch's first write, an
-agent in flight, a debugger round, a fix, two batches at once, the end). Every one must close cleanly: the
-Master cancelled (or completed, when its work was done first), each Slave cancelled or completed by itself
-(never terminated because the Master gave up waiting for it), every resident stopped, no workflow task failed
-in any history, and the status file valid. A cancel some await swallowed (the SDK lets a signal already sent
-decide) showed up here as a Slave terminated after 30 s, or a Master failing its task for ever.
+"""Operator trials: sprints cancelled, shut down, or paused and resumed at moments spread over their run
+(the residents' start, planning, a batch's first write, an agent in flight, a debugger round, a fix, two batches
+at once, the end). Every one must close cleanly: the Master cancelled or completed, each Slave cancelled or
+completed by itself (never terminated because the Master gave up waiting for it), every resident stopped, no
+workflow task failed in any history, and the status file valid; a paused and resumed sprint ends as one left
+alone (every story done). A cancel some await swallowed (the SDK lets a signal already sent decide) showed up
+here as a Slave terminated after 30 s, and a cancel in the task that started a Slave as a Master failing that
+task for ever.
 
-BSO_CANCEL_TRIALS=N (default 10) runs N trials; BSO_CANCEL_SEED=S spreads them at random instead (printed)."""
+BSO_CANCEL_TRIALS=N (default 10; 6 for the other actions) runs N trials; BSO_CANCEL_SEED=S spreads them at
+random instead (printed)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from bso.constants import slave_workflow_id
+from bso.constants import SIGNAL_PAUSE, SIGNAL_RESUME, SIGNAL_SHUTDOWN, slave_workflow_id
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.sprint_status import parse_status_text
 from bso.models import DEFAULT_STATUS_FILE
@@ -47,12 +50,13 @@ SIMULATION = {
 }
 CONFIG = {"max_concurrent_slaves": 2, "batch_size": 2}
 LATEST_CANCEL_SECONDS = 3.5  # about as long as the uncancelled sprint takes here
+PAUSED_SECONDS = 0.5
 CLOSE_PATIENCE = 90  # the Master waits 30 s for its Slaves; then the slow CI machine
 ENDED = (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.COMPLETED)
 
 
-def cancel_delays() -> tuple[list[float], str]:
-    trials = int(os.environ.get("BSO_CANCEL_TRIALS", "10"))
+def action_delays(default_trials: int) -> tuple[list[float], str]:
+    trials = int(os.environ.get("BSO_CANCEL_TRIALS", default_trials))
     seed = os.environ.get("BSO_CANCEL_SEED")
     if seed is None:
         return [LATEST_CANCEL_SECONDS * i / max(1, trials - 1) for i in range(trials)], "spread evenly"
@@ -60,21 +64,32 @@ def cancel_delays() -> tuple[list[float], str]:
     return sorted(rng.uniform(0, LATEST_CANCEL_SECONDS) for _ in range(trials)), f"seed {seed}"
 
 
-async def one_trial(client: Client, queue: str, root: Path, delay: float) -> dict:
+async def act(handle: WorkflowHandle, action: str) -> None:
+    if action == "cancel":
+        await handle.cancel(reason="cancel trial")
+    elif action == "shutdown":
+        await handle.signal(SIGNAL_SHUTDOWN)
+    else:
+        await handle.signal(SIGNAL_PAUSE, "pause trial")
+        await asyncio.sleep(PAUSED_SECONDS)
+        await handle.signal(SIGNAL_RESUME)
+
+
+async def one_trial(client: Client, queue: str, root: Path, delay: float, action: str) -> dict:
     make_project(root, STORIES)
-    session = f"cancel-trial-{uuid.uuid4().hex[:6]}"
+    session = f"{action}-trial-{uuid.uuid4().hex[:6]}"
     handle = await start_sprint(client, queue, sprint_input(root, session_id=session, simulation=SIMULATION, config_overrides=CONFIG))
     await asyncio.sleep(delay)
     phase = await _phase(handle)
-    cancelled_at = time.monotonic()
-    await handle.cancel(reason="cancel trial")
+    acted_at = time.monotonic()
+    await act(handle, action)
     problems = []
     try:
-        await poll_until(lambda: _closed(handle), f"{session} closed after its cancel", timeout=CLOSE_PATIENCE)
+        await poll_until(lambda: _closed(handle), f"{session} closed after its {action}", timeout=CLOSE_PATIENCE)
     except AssertionError as err:
         last = [EventType.Name(e.event_type) for e in (await handle.fetch_history()).events[-6:]]
         problems.append(f"{err}; the Master's last events: {last}")
-    closed_after = time.monotonic() - cancelled_at
+    closed_after = time.monotonic() - acted_at
     master = (await handle.describe()).status
     if master not in ENDED:
         problems.append(f"Master {master.name}")
@@ -90,9 +105,13 @@ async def one_trial(client: Client, queue: str, root: Path, delay: float) -> dic
         if status not in ENDED:
             problems.append(f"{workflow_id} {status.name}")
     try:
-        parse_status_text((root / DEFAULT_STATUS_FILE).read_text(encoding="utf-8"), "sprint-status.yaml")
+        parsed = parse_status_text((root / DEFAULT_STATUS_FILE).read_text(encoding="utf-8"), "sprint-status.yaml")
     except Exception as err:  # noqa: BLE001 - any error is the finding
         problems.append(f"status file: {err}")
+    else:
+        values = {story.key: story.value for story in parsed.stories()}
+        if action == "pause-resume" and values != dict.fromkeys(STORIES, "done"):
+            problems.append(f"paused and resumed, it ended with {values}")
     return {"delay": delay, "phase": phase, "master": master.name, "closed_after": closed_after, "problems": problems}
 
 
@@ -107,19 +126,21 @@ async def _closed(handle: WorkflowHandle) -> bool:
     return (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING
 
 
-async def test_sprints_cancelled_at_any_moment_close_cleanly(local_env, tmp_path: Path, capsys):
-    delays, spread = cancel_delays()
+@pytest.mark.parametrize(("action", "default_trials"), [("cancel", 10), ("shutdown", 6), ("pause-resume", 6)])
+async def test_sprints_acted_on_at_any_moment_close_cleanly(local_env, tmp_path: Path, capsys, action: str, default_trials: int):
+    delays, spread = action_delays(default_trials)
     async with bso_worker(local_env.client) as queue:
         # Five at a time: as many workflows at once as the 2-core CI machine runs without starving them.
         trials = []
         for first in range(0, len(delays), 5):
             wave = delays[first : first + 5]
             trials += await asyncio.gather(
-                *(one_trial(local_env.client, queue, tmp_path / f"t{first + i}", d) for i, d in enumerate(wave))
+                *(one_trial(local_env.client, queue, tmp_path / f"t{first + i}", d, action) for i, d in enumerate(wave))
             )
     with capsys.disabled():
-        print(f"\ncancel trials ({spread}): delay s, phase at the cancel, Master, closed after s, problems")
+        print(f"\n{action} trials ({spread}): delay s, phase at the {action}, Master, closed after s, problems")
         for t in trials:
             print(f"  {t['delay']:.2f}  {t['phase']:<10} {t['master']:<9} {t['closed_after']:5.1f}  {t['problems'] or ''}")
     assert [t for t in trials if t["problems"]] == []
-    assert any(t["master"] == "CANCELED" for t in trials)
+    if action == "cancel":
+        assert any(t["master"] == "CANCELED" for t in trials)
