@@ -1,9 +1,10 @@
-"""Operator trials: sprints cancelled, shut down, or paused and resumed at moments spread over their run
+"""Operator trials: sprints cancelled, shut down, paused and resumed, or course-corrected at moments spread over their run
 (the residents' start, planning, a batch's first write, an agent in flight, a debugger round, a fix, two batches
 at once, the end). Every one must close cleanly: the Master cancelled or completed, each Slave cancelled or
 completed by itself (never terminated because the Master gave up waiting for it), every resident stopped, no
 workflow task failed in any history, and the status file valid; a paused and resumed sprint ends as one left
-alone (every story done). A cancel some await swallowed (the SDK lets a signal already sent decide) showed up
+alone (every story done), and a course-corrected one with every story done but the one it dropped (skipped, or
+done if the drop was refused). A cancel some await swallowed (the SDK lets a signal already sent decide) showed up
 here as a Slave terminated after 30 s, and a cancel in the task that started a Slave as a Master failing that
 task for ever.
 
@@ -21,9 +22,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 
-from bso.constants import SIGNAL_PAUSE, SIGNAL_RESUME, SIGNAL_SHUTDOWN, slave_workflow_id
+from bso.constants import SIGNAL_PAUSE, SIGNAL_RESUME, SIGNAL_SHUTDOWN, UPDATE_COURSE_CORRECT, slave_workflow_id
+from bso.course_correction import CCReason, CourseCorrectionRequest
 from bso.roster import RESIDENT_ROLES, resident_workflow_id
 from bso.sprint_status import parse_status_text
 from bso.models import DEFAULT_STATUS_FILE
@@ -48,6 +51,7 @@ SIMULATION = {
         "2-1": {"review": ["HIGH"]},  # a review-fix round
     },
 }
+DROPPED = "2-2-avatar"  # the course correction's: in the last batch
 CONFIG = {"max_concurrent_slaves": 2, "batch_size": 2}
 LATEST_CANCEL_SECONDS = 3.5  # about as long as the uncancelled sprint takes here
 PAUSED_SECONDS = 0.5
@@ -69,6 +73,12 @@ async def act(handle: WorkflowHandle, action: str) -> None:
         await handle.cancel(reason="cancel trial")
     elif action == "shutdown":
         await handle.signal(SIGNAL_SHUTDOWN)
+    elif action == "course-correct":
+        request = CourseCorrectionRequest(reason=CCReason.USER_REQUEST, drop_stories=[DROPPED], text="trial")
+        try:
+            await handle.execute_update(UPDATE_COURSE_CORRECT, request.model_dump(mode="json"))
+        except WorkflowUpdateFailedError:
+            pass  # refused (the story has started, or the sprint is not planned yet): said so, nothing lost
     else:
         await handle.signal(SIGNAL_PAUSE, "pause trial")
         await asyncio.sleep(PAUSED_SECONDS)
@@ -82,7 +92,12 @@ async def one_trial(client: Client, queue: str, root: Path, delay: float, action
     await asyncio.sleep(delay)
     phase = await _phase(handle)
     acted_at = time.monotonic()
-    await act(handle, action)
+    try:
+        await act(handle, action)
+    except RPCError as err:
+        if err.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        phase = "ended"  # the sprint was over first
     problems = []
     try:
         await poll_until(lambda: _closed(handle), f"{session} closed after its {action}", timeout=CLOSE_PATIENCE)
@@ -112,6 +127,10 @@ async def one_trial(client: Client, queue: str, root: Path, delay: float, action
         values = {story.key: story.value for story in parsed.stories()}
         if action == "pause-resume" and values != dict.fromkeys(STORIES, "done"):
             problems.append(f"paused and resumed, it ended with {values}")
+        if action == "course-correct" and {k: v for k, v in values.items() if k != DROPPED} != dict.fromkeys(set(STORIES) - {DROPPED}, "done"):
+            problems.append(f"with {DROPPED} dropped, it ended with {values}")
+        if action == "course-correct" and values[DROPPED] not in ("done", "skipped"):
+            problems.append(f"{DROPPED}, dropped or refused, ended {values[DROPPED]}")
     return {"delay": delay, "phase": phase, "master": master.name, "closed_after": closed_after, "problems": problems}
 
 
@@ -126,7 +145,9 @@ async def _closed(handle: WorkflowHandle) -> bool:
     return (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING
 
 
-@pytest.mark.parametrize(("action", "default_trials"), [("cancel", 10), ("shutdown", 6), ("pause-resume", 6)])
+@pytest.mark.parametrize(
+    ("action", "default_trials"), [("cancel", 10), ("shutdown", 6), ("pause-resume", 6), ("course-correct", 6)]
+)
 async def test_sprints_acted_on_at_any_moment_close_cleanly(local_env, tmp_path: Path, capsys, action: str, default_trials: int):
     delays, spread = action_delays(default_trials)
     async with bso_worker(local_env.client) as queue:
