@@ -107,6 +107,12 @@ PATCH_REPLACES_LINGERING_RESIDENT = "master-replaces-lingering-resident"
 # a task that completed with no command with the one after it), saw that next task's change first and held
 # it, where it had gone out at once live (a nondeterminism error, the sprint's task failing on every retry).
 PATCH_ROSTER_ALWAYS_HELD = "master-roster-always-held"
+# Every roster broadcast is followed by its hold's timer also once the run ends (its residents stop), the end
+# cutting the hold short. Before, a broadcast whose acknowledgements came after the end went on without a timer,
+# one whose acknowledgements came before started one: on replay, where sdk-core joins a task that completed with
+# no command with the one after it, the acknowledgements and the end fell in one activation, in the other order
+# (a nondeterminism error; found by the suite's replay of a course-corrected sprint in that shape).
+PATCH_ROSTER_HELD_AFTER_FLUSH = "master-roster-held-after-flush"
 # A cancel that comes while the resident awaits a signal it sent (its ready signal, an answer) or a request's
 # activity is taken by that call (the SDK lets a signal already sent decide its outcome; the activity fails
 # with it) and then never raised again: the resident served on for ever, as nothing else stops a resident its
@@ -513,6 +519,7 @@ class RosterKeeper:
         self._roster_changes: list[str] = []  # changes not yet broadcast
         self._roster_sender: asyncio.Task[None] | None = None
         self._roster_loop: asyncio.Task[None] | None = None  # the run's sender (PATCH_ROSTER_ALWAYS_HELD)
+        self._roster_held_after_flush = False  # PATCH_ROSTER_HELD_AFTER_FLUSH, decided at the run's start
         self._roster_sending = False  # a broadcast on its way (the run's sender)
         self._roster_holds_over = False  # the run ends (its residents stop): changes go out without a hold
         self._roster_hold_timers: list[asyncio.Task[None]] = []  # left to fire, as the Slave's holds
@@ -706,8 +713,9 @@ class RosterKeeper:
             await self._broadcast(changes)
             self._roster_sending = False
             # Whatever came meanwhile waits for the hold's end: whether a change came before the acknowledgements
-            # or after them is not the same on replay.
-            if not self._roster_holds_over:
+            # or after them is not the same on replay. Nor whether the run's end did: the hold's timer starts
+            # either way, the end only cuts it short.
+            if self._roster_held_after_flush or not self._roster_holds_over:
                 await hold(ROSTER_BROADCAST_HOLD, self._roster_hold_timers, lambda: self._roster_holds_over)
 
     async def _roster_flushed(self) -> None:

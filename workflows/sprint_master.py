@@ -121,7 +121,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
     from workflows.planner import ScrumMasterPlanning
-    from workflows.residents import PATCH_ROSTER_ALWAYS_HELD, RosterKeeper
+    from workflows.residents import PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH, RosterKeeper
     from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back
     from bso.git_rules import MergeOutcome
 
@@ -556,6 +556,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # this condition whatever the sprint awaits at that moment. (Awaiting an activity, a signal or a child,
         # the sprint itself would see it as an ActivityError some code handles, or not at all.)
         if workflow.patched(PATCH_ROSTER_ALWAYS_HELD):  # decided at the run's start: the same on replay
+            self._roster_held_after_flush = workflow.patched(PATCH_ROSTER_HELD_AFTER_FLUSH)
             self._start_roster_sender()
         sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:

@@ -204,6 +204,10 @@ PATCH_REREAD_SURVIVES_ANY_FAILURE = "slave-reread-survives-any-failure"
 # signal), joined on replay with the task after it (sdk-core does so), lent that task its clock, up to the hold
 # earlier than it ran live: the update went out at once live and was held on replay (a nondeterminism error).
 PATCH_UPDATES_HELD_WITHOUT_CLOCK = "slave-updates-held-without-clock"
+# ...also once the Slave closes, its close cutting the hold short. Before, a signal whose delivery was acknowledged
+# after the close went on without a hold, one acknowledged before started its timer: the two orders of one
+# activation on replay, where sdk-core joins a task that completed with no command with the one after it.
+PATCH_UPDATES_HELD_AFTER_CLOSE = "slave-updates-held-after-close"
 # A cancel that came while the DEBUG_REQUEST was on its way, whose delivery the SDK let decide the await, is
 # raised once it is delivered: the batch ran on (the debugger's answer, the fix) until the Master closed.
 PATCH_CANCEL_AFTER_DEBUG_REQUEST = "slave-cancel-after-debug-request"
@@ -274,6 +278,7 @@ class SprintSlaveWorkflow:
         self._hold_timers: list[asyncio.Task[None]] = []  # left to fire (PATCH_HOLD_TIMER_NOT_CANCELLED)
         self._updates_sent_at: datetime | None = None
         self._updates_held_without_clock = False  # PATCH_UPDATES_HELD_WITHOUT_CLOCK, decided at the run's start
+        self._updates_held_after_close = False  # PATCH_UPDATES_HELD_AFTER_CLOSE, likewise
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
         self._out_of_time: str | None = None  # slave_timeout_seconds of work are up: why no new dispatch
@@ -449,6 +454,7 @@ class SprintSlaveWorkflow:
     @workflow.run
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
         self._updates_held_without_clock = workflow.patched(PATCH_UPDATES_HELD_WITHOUT_CLOCK)  # the same on replay
+        self._updates_held_after_close = self._updates_held_without_clock and workflow.patched(PATCH_UPDATES_HELD_AFTER_CLOSE)
         try:
             return await self._run_batch()
         except BaseException as err:
@@ -1306,7 +1312,7 @@ class SprintSlaveWorkflow:
             if self._closing and self._updates_in_result:
                 return  # what is left goes with the Slave's result (run)
             await self._send_outbox(handle)
-            if self._closing:
+            if self._closing and not self._updates_held_after_close:
                 continue
             await hold(STORY_UPDATES_HOLD, self._hold_timers, lambda: self._closing, STORY_UPDATES_HOLD_SUMMARY)
 

@@ -21,8 +21,8 @@ from tests.workflow.helpers import make_project, sprint_input, sprint_result, st
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
 from workflows.sprint_master import PATCH_CANCEL_STARTED_SLAVES
-from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST
-from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD
+from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
+from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
@@ -141,5 +141,27 @@ async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_
     monkeypatch.setattr(
         temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_STARTED_SLAVES or real_patched(patch_id)
     )
+    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure), failure
+
+
+@pytest.mark.parametrize(
+    ("recorded", "patch_id"),
+    [
+        ("before-2026-11-27-holds-after-end/holds-4.json", PATCH_ROSTER_HELD_AFTER_FLUSH),
+        ("before-2026-11-27-holds-after-end/holds-4--batch-1.json", PATCH_UPDATES_HELD_AFTER_CLOSE),
+    ],
+)
+async def test_a_sprint_recorded_before_the_holds_after_its_end_replays_only_behind_their_patch(monkeypatch, recorded, patch_id):
+    """A sprint recorded before PATCH_ROSTER_HELD_AFTER_FLUSH and PATCH_UPDATES_HELD_AFTER_CLOSE: its Master sent
+    its last roster broadcasts (as every Master with two residents or more does), and its Slave a story-updates
+    signal, after its end without a hold. Today's code, were it not behind the patch, starts the hold's timer
+    there."""
+    path = ROOT / recorded
+    history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(temporalio.workflow, "patched", lambda patch: patch == patch_id or real_patched(patch))
     failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
     assert failure is not None and "Nondeterminism" in str(failure), failure
