@@ -521,6 +521,22 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
     assert status_values(tmp_path)[K1] == "ready-for-dev"
 
 
+async def ends_cancelled(client: Client, handle: WorkflowHandle) -> SprintStatusView:
+    """The cancelled sprint ends cancelled, no workflow task of its Master failing (a failure fails the test at
+    once, not after a wait for an end that never comes); its last status."""
+
+    async def closed_or_failing() -> bool:
+        described = await handle.describe()
+        return described.status is not WorkflowExecutionStatus.RUNNING or bool(await workflow_task_failures(client, handle.id))
+
+    await poll_until(closed_or_failing, "the sprint ends or its workflow task fails")
+    assert await workflow_task_failures(client, handle.id) == []
+    with pytest.raises(WorkflowFailureError) as failure:
+        await sprint_result(handle)
+    assert isinstance(failure.value.cause, CancelledError), failure.value.cause
+    return await handle.query(SprintMasterWorkflow.status)
+
+
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_sprint(local_env, tmp_path: Path):
     """The cancel comes while the Master's plan request is being delivered, and the delivery wins: the sprint
@@ -533,19 +549,7 @@ async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_spri
         handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="cancel-swallowed"))
         await poll_until(lambda: in_the_hold(handle, hold), "the Master held after its plan request")
         await handle.cancel(reason="swallowed")
-
-        async def closed_or_failing() -> bool:
-            described = await handle.describe()
-            return described.status is not WorkflowExecutionStatus.RUNNING or bool(
-                await workflow_task_failures(local_env.client, handle.id)
-            )
-
-        await poll_until(closed_or_failing, "the sprint ends or its workflow task fails")
-        assert await workflow_task_failures(local_env.client, handle.id) == []
-        with pytest.raises(WorkflowFailureError) as failure:
-            await sprint_result(handle)
-        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
-        status = await handle.query(SprintMasterWorkflow.status)
+        status = await ends_cancelled(local_env.client, handle)
         assert status.phase is SprintPhase.CANCELED and status.errors == ["sprint cancelled: swallowed"], status
         for role in ("scrum-master", "knowledge-researcher", "debugger"):
             resident = await local_env.client.get_workflow_handle(resident_workflow_id(handle.id, role)).describe()
@@ -570,19 +574,7 @@ async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_en
     await poll_until(lambda: timer_of(handle, hold, EventType.EVENT_TYPE_TIMER_FIRED), "the hold over")
     await handle.cancel(reason="as the batch starts")
     async with workers_held(local_env.client, hold, prefix):
-
-        async def closed_or_failing() -> bool:
-            described = await handle.describe()
-            return described.status is not WorkflowExecutionStatus.RUNNING or bool(
-                await workflow_task_failures(local_env.client, handle.id)
-            )
-
-        await poll_until(closed_or_failing, "the sprint ends or its workflow task fails")
-        assert await workflow_task_failures(local_env.client, handle.id) == []
-        with pytest.raises(WorkflowFailureError) as failure:
-            await sprint_result(handle)
-        assert isinstance(failure.value.cause, CancelledError), failure.value.cause
-        status = await handle.query(SprintMasterWorkflow.status)
+        status = await ends_cancelled(local_env.client, handle)
         slave = await local_env.client.get_workflow_handle(slave_workflow_id(handle.id, 1)).describe()
     assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: as the batch starts"], status.errors
     assert slave.status is WorkflowExecutionStatus.CANCELED, slave.status

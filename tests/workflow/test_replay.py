@@ -12,7 +12,7 @@ import temporalio.workflow
 from temporalio.client import WorkflowHistory
 from bso.constants import SIGNAL_DEBUG_REQUEST
 from bso.data_converter import data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Interceptor, Replayer
 
 from tests.collapsed_history import collapsed
 from tests.conftest import histories_of, assert_replays, bso_worker
@@ -92,57 +92,46 @@ async def test_a_history_whose_tasks_are_joined_on_replay_is_replayed_in_that_sh
     assert failure is not None and "Nondeterminism" in str(failure), failure
 
 
+async def assert_replays_only_behind(monkeypatch, recorded: str, patch_id: str, hold: Interceptor | None = None) -> None:
+    """The history recorded before `patch_id` (with the test hold it ran with, if any) replays with today's code,
+    and fails with a nondeterminism error when the patch is forced on: the patch is what keeps it replaying."""
+    path = ROOT / recorded
+    history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
+    interceptors = [*WORKFLOW_INTERCEPTORS, *([hold] if hold else [])]
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=interceptors)
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(temporalio.workflow, "patched", lambda patch: patch == patch_id or real_patched(patch))
+    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure), failure
+
+
 async def test_a_resident_that_served_on_after_a_cancel_replays_only_behind_its_patch(monkeypatch):
     """A debugger recorded before PATCH_RESIDENT_ENDS_ON_ANY_CANCEL took a cancel for its analysis's failure,
     answered and served on until stopped: today's code, were it not behind the patch, ends it cancelled there."""
-    path = ROOT / "before-2026-11-27-resident-cancel" / "cancel-busy--resident-debugger.json"
-    history = WorkflowHistory.from_json("cancel-busy/resident-debugger", path.read_text())
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
-    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
-    real_patched = temporalio.workflow.patched
-    monkeypatch.setattr(
-        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_RESIDENT_ENDS_ON_ANY_CANCEL or real_patched(patch_id)
+    await assert_replays_only_behind(
+        monkeypatch, "before-2026-11-27-resident-cancel/cancel-busy--resident-debugger.json", PATCH_RESIDENT_ENDS_ON_ANY_CANCEL
     )
-    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
-    assert failure is not None and "Nondeterminism" in str(failure), failure
 
 
 async def test_a_slave_that_ran_on_after_a_swallowed_cancel_replays_only_behind_its_patch(monkeypatch):
     """A Slave recorded before PATCH_CANCEL_AFTER_DEBUG_REQUEST was cancelled while its DEBUG_REQUEST was being
     delivered, the delivery won, and it ran the story on (the analysis, the fix, the code review) to the end:
     today's code, were it not behind the patch, ends it cancelled there."""
-    path = ROOT / "held-before-2026-11-27-debug-request-cancel" / "dbg-swallowed--batch-1.json"
-    history = WorkflowHistory.from_json("dbg-swallowed/batch-1", path.read_text())
-    replayer = Replayer(
-        workflows=WORKFLOWS, data_converter=data_converter,
-        interceptors=[*WORKFLOW_INTERCEPTORS, SignalDeliveredFirst(SIGNAL_DEBUG_REQUEST)],
+    await assert_replays_only_behind(
+        monkeypatch, "held-before-2026-11-27-debug-request-cancel/dbg-swallowed--batch-1.json",
+        PATCH_CANCEL_AFTER_DEBUG_REQUEST, SignalDeliveredFirst(SIGNAL_DEBUG_REQUEST),
     )
-    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
-    real_patched = temporalio.workflow.patched
-    monkeypatch.setattr(
-        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_AFTER_DEBUG_REQUEST or real_patched(patch_id)
-    )
-    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
-    assert failure is not None and "Nondeterminism" in str(failure), failure
 
 
 async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_patch(monkeypatch):
     """A Master recorded before PATCH_CANCEL_STARTED_SLAVES was cancelled while its batch's Slave was starting:
     it requested that Slave's cancel at once (which found no Slave yet), and the Slave then ran its stories.
     Today's code, were it not behind the patch, waits for the start and cancels it then."""
-    path = ROOT / "held-before-2026-11-27-cancel-at-start" / "cancel-held.json"
-    history = WorkflowHistory.from_json("cancel-held", path.read_text())
-    replayer = Replayer(
-        workflows=WORKFLOWS, data_converter=data_converter,
-        interceptors=[*WORKFLOW_INTERCEPTORS, ChildStartHeld("SprintSlaveWorkflow", 2)],
+    await assert_replays_only_behind(
+        monkeypatch, "held-before-2026-11-27-cancel-at-start/cancel-held.json",
+        PATCH_CANCEL_STARTED_SLAVES, ChildStartHeld("SprintSlaveWorkflow", 2),
     )
-    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
-    real_patched = temporalio.workflow.patched
-    monkeypatch.setattr(
-        temporalio.workflow, "patched", lambda patch_id: patch_id == PATCH_CANCEL_STARTED_SLAVES or real_patched(patch_id)
-    )
-    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
-    assert failure is not None and "Nondeterminism" in str(failure), failure
 
 
 @pytest.mark.parametrize(
@@ -157,11 +146,4 @@ async def test_a_sprint_recorded_before_the_holds_after_its_end_replays_only_beh
     its last roster broadcasts (as every Master with two residents or more does), and its Slave a story-updates
     signal, after its end without a hold. Today's code, were it not behind the patch, starts the hold's timer
     there."""
-    path = ROOT / recorded
-    history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
-    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
-    real_patched = temporalio.workflow.patched
-    monkeypatch.setattr(temporalio.workflow, "patched", lambda patch: patch == patch_id or real_patched(patch))
-    failure = (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure
-    assert failure is not None and "Nondeterminism" in str(failure), failure
+    await assert_replays_only_behind(monkeypatch, recorded, patch_id)
