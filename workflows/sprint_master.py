@@ -150,6 +150,9 @@ PATCH_IMPROVEMENTS_AFTER_ALL = "master-improvements-numbered-after-all"
 # Proposals that cannot be read (the activity failed for good) leave the sprint's done stories done, with an error
 # saying so: the sprint failed.
 PATCH_IMPROVEMENT_PROPOSALS_MAY_FAIL = "master-improvement-proposals-may-fail"
+# A cancel that comes while the improvement stories are being added ends the sprint cancelled. The cancelled
+# activity was taken for a failure to add them: the sprint ran on and reported complete, its cancel lost.
+PATCH_IMPROVEMENTS_ADD_CANCELLED = "master-improvements-add-cancelled"
 # A batch waits while a running batch's unfinished story touches a file one of its stories touches (their agents
 # edited it at once, and with the command backend the second squash conflicted: its story was not merged).
 PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
@@ -779,6 +782,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 **options,
             )
         except ActivityError as err:
+            if is_cancelled_exception(err) and workflow.patched(PATCH_IMPROVEMENTS_ADD_CANCELLED):
+                raise
             s.errors.append(f"improvement cycle: stories not added ({err.cause or err})")
             return
         spec = BatchSpec(batch_id=s.next_batch_id, stories=[m.key for m in metas])

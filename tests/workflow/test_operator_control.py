@@ -581,6 +581,31 @@ async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_en
     await replay_with(handle, hold)
 
 
+@activity.defn(name="add_improvement_stories")
+async def slow_add_improvement_stories(inp: AddStoriesInput) -> list[StoryMeta]:
+    Path(inp.project_root, "adding").touch()  # the Master now awaits this activity: the test cancels
+    await asyncio.sleep(30)
+    return await add_improvement_stories(inp)
+
+
+async def test_a_cancel_while_the_improvement_stories_are_added_ends_the_sprint_cancelled(ts_env, tmp_path: Path):
+    """The cancel comes while the improvement cycle adds its stories: the cancelled activity was taken for a
+    failure to add them, and the sprint ran on to its end and reported complete, the cancel lost."""
+    make_project(tmp_path, {K1: "review"})
+    async with workers_with(ts_env.client, slow_add_improvement_stories, instead_of=add_improvement_stories) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="cancel-improving", simulation={"improvements": [IMPROVEMENT]},
+                         config_overrides={"improvement_cycle": True, "max_improvements": 1}),
+        )
+        await poll_until(file_appears(tmp_path / "adding"), "the improvement stories being added")
+        await handle.cancel(reason="no improvements")
+        status = await ends_cancelled(ts_env.client, handle)
+    assert status.phase is SprintPhase.CANCELED, status
+    assert status.errors == ["sprint cancelled: no improvements"], status.errors
+    assert status_values(tmp_path)[K1] == "done"
+
+
 @activity.defn(name="write_story_status")
 async def slow_write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
     Path(inp.project_root, "writing").touch()  # the Slave now awaits this write: the test cancels

@@ -20,7 +20,7 @@ from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
-from workflows.sprint_master import PATCH_CANCEL_STARTED_SLAVES
+from workflows.sprint_master import PATCH_CANCEL_STARTED_SLAVES, PATCH_IMPROVEMENTS_ADD_CANCELLED
 from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
 from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
@@ -139,11 +139,13 @@ async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_
     [
         ("before-2026-11-27-holds-after-end/holds-4.json", PATCH_ROSTER_HELD_AFTER_FLUSH),
         ("before-2026-11-27-holds-after-end/holds-4--batch-1.json", PATCH_UPDATES_HELD_AFTER_CLOSE),
+        # Cancelled while it added its improvement stories, it took that for their failure and ran on to its end.
+        ("before-2026-11-27-improvements-cancel/cancel-improving.json", PATCH_IMPROVEMENTS_ADD_CANCELLED),
     ],
 )
-async def test_a_sprint_recorded_before_the_holds_after_its_end_replays_only_behind_their_patch(monkeypatch, recorded, patch_id):
-    """A sprint recorded before PATCH_ROSTER_HELD_AFTER_FLUSH and PATCH_UPDATES_HELD_AFTER_CLOSE: its Master sent
-    its last roster broadcasts (as every Master with two residents or more does), and its Slave a story-updates
-    signal, after its end without a hold. Today's code, were it not behind the patch, starts the hold's timer
-    there."""
+async def test_a_sprint_recorded_before_a_patch_replays_only_behind_it(monkeypatch, recorded, patch_id):
+    """Histories recorded before a patch, each where the patched code would go another way. Before
+    PATCH_ROSTER_HELD_AFTER_FLUSH and PATCH_UPDATES_HELD_AFTER_CLOSE the Master sent its last roster broadcasts
+    (as every Master with two residents or more does), and the Slave a story-updates signal, after its end
+    without a hold: today's code starts the hold's timer there."""
     await assert_replays_only_behind(monkeypatch, recorded, patch_id)
