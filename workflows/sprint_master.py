@@ -199,6 +199,11 @@ PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
 # workflow task that starts a child and requests its cancel together: a cancel that came in the task that started
 # a batch failed the Master's task on every retry (the sprint never ended).
 PATCH_CANCEL_STARTED_SLAVES = "master-cancel-started-slaves"
+# What a signal (or the cancel) makes the Master send to its Slaves is decided once the other events of the
+# workflow task are taken in: replaying, sdk-core joins a task that completed with no command with the next one
+# and applies the signals first, so a resume sent to a batch whose completion came before it live (the pause
+# trials), or a cancel sent to a batch that had ended, went to a Slave the live run had not sent it to.
+PATCH_ACTS_ON_SETTLED_EVENTS = "master-acts-on-settled-events"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -213,6 +218,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._cancelling = False  # a cancel request came: no batch starts any more
         self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
+        self._acts_on_settled_events = False  # PATCH_ACTS_ON_SETTLED_EVENTS, decided at the run's start
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
@@ -533,14 +539,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
         """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
-        for batch_id, slave_id in sorted(self._running_batches.items()):
-            if batch_id in self._started_batches and (only is None or batch_id == only):
-                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
+        if self._acts_on_settled_events:
+            self._forwards.append(asyncio.create_task(self._forward_once_settled(signal, arg, only)))
+            return
+        for slave_id in self._forward_targets(only):
+            self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
+
+    async def _forward_once_settled(self, signal: str, arg: Any, only: int | None) -> None:
+        await _events_settled()
+        await asyncio.gather(*(_signal_quietly(slave_id, signal, arg) for slave_id in self._forward_targets(only)))
+
+    def _forward_targets(self, only: int | None) -> list[str]:
+        return [
+            slave_id
+            for batch_id, slave_id in sorted(self._running_batches.items())
+            if batch_id in self._started_batches and (only is None or batch_id == only)
+        ]
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     async def shutdown_request(self) -> None:
         """Stop the sprint gracefully: running Slaves finish the story in hand; no new batch starts."""
         self._state.shutdown = True
+        if self._acts_on_settled_events:
+            await _events_settled()
         for slave_id in list(self._running_batches.values()):
             try:
                 await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
@@ -561,6 +582,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if workflow.patched(PATCH_ROSTER_ALWAYS_HELD):  # decided at the run's start: the same on replay
             self._roster_held_after_flush = workflow.patched(PATCH_ROSTER_HELD_AFTER_FLUSH)
             self._start_roster_sender()
+        self._acts_on_settled_events = workflow.patched(PATCH_ACTS_ON_SETTLED_EVENTS)
         sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:
             await workflow.wait_condition(sprint.done)
@@ -591,6 +613,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         its work when the cancel came (it was stopping its residents) ends with its report."""
         self._cancelling = True
         self._cancel_slaves_once_started = workflow.patched(PATCH_CANCEL_STARTED_SLAVES)
+        if self._acts_on_settled_events:
+            await _events_settled()  # a batch that ended in this task is not cancelled (nor counted as running)
         batches_ran = bool(self._running_batches)
         # Those still starting (perhaps in this very task) are cancelled once they have started (_run_slave).
         started = [
@@ -1344,3 +1368,10 @@ async def _cancel_quietly(slave_id: str) -> None:
         await workflow.get_external_workflow_handle(slave_id).cancel()
     except Exception as err:  # noqa: BLE001 - ended meanwhile
         workflow.logger.warning("cancelling %s: %s", slave_id, err)
+
+
+async def _events_settled() -> None:
+    """Let the workflow task's other events be taken in first: a condition is checked only once nothing else
+    is ready to run. Replaying, sdk-core may apply a task's signals (and its cancel) before its other events
+    (PATCH_ACTS_ON_SETTLED_EVENTS): what is sent after this does not depend on that order."""
+    await workflow.wait_condition(lambda: True)

@@ -20,7 +20,11 @@ from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
-from workflows.sprint_master import PATCH_CANCEL_STARTED_SLAVES, PATCH_IMPROVEMENTS_ADD_CANCELLED
+from workflows.sprint_master import (
+    PATCH_ACTS_ON_SETTLED_EVENTS,
+    PATCH_CANCEL_STARTED_SLAVES,
+    PATCH_IMPROVEMENTS_ADD_CANCELLED,
+)
 from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
 from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
@@ -141,6 +145,8 @@ async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_
         ("before-2026-11-27-holds-after-end/holds-4--batch-1.json", PATCH_UPDATES_HELD_AFTER_CLOSE),
         # Cancelled while it added its improvement stories, it took that for their failure and ran on to its end.
         ("before-2026-11-27-improvements-cancel/cancel-improving.json", PATCH_IMPROVEMENTS_ADD_CANCELLED),
+        # Its dependency updates went out to the Slaves as the story updates came, before the task's other events.
+        ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_ACTS_ON_SETTLED_EVENTS),
     ],
 )
 async def test_a_sprint_recorded_before_a_patch_replays_only_behind_it(monkeypatch, recorded, patch_id):
