@@ -204,6 +204,10 @@ PATCH_CANCEL_STARTED_SLAVES = "master-cancel-started-slaves"
 # and applies the signals first, so a resume sent to a batch whose completion came before it live (the pause
 # trials), or a cancel sent to a batch that had ended, went to a Slave the live run had not sent it to.
 PATCH_ACTS_ON_SETTLED_EVENTS = "master-acts-on-settled-events"
+# A sprint that runs on after its cancel (a cancel the SDK let a delivered signal swallow: the fail_fast SHUTDOWN,
+# a plan request) ends cancelled before its normal end, and a wait for a resume or a re-plan ends with the cancel.
+# It reported complete (partial), or a paused one held the cancel's wind-down for its full 30 s.
+PATCH_SWALLOWED_CANCEL_ENDS_SPRINT = "master-swallowed-cancel-ends-sprint"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -219,6 +223,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._cancelling = False  # a cancel request came: no batch starts any more
         self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
         self._acts_on_settled_events = False  # PATCH_ACTS_ON_SETTLED_EVENTS, decided at the run's start
+        self._cancel_ends_sprint = False  # PATCH_SWALLOWED_CANCEL_ENDS_SPRINT, decided at the cancel
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
         self._decided_views: dict[str, StoryView] = {}
@@ -613,6 +618,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         its work when the cancel came (it was stopping its residents) ends with its report."""
         self._cancelling = True
         self._cancel_slaves_once_started = workflow.patched(PATCH_CANCEL_STARTED_SLAVES)
+        self._cancel_ends_sprint = workflow.patched(PATCH_SWALLOWED_CANCEL_ENDS_SPRINT)
         if self._acts_on_settled_events:
             await _events_settled()  # a batch that ended in this task is not cancelled (nor counted as running)
         batches_ran = bool(self._running_batches)
@@ -681,7 +687,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             await self._start_residents(inp.project_root, simulation, inp.agent_backend)  # this run's children
         s = self._state
         while True:
-            if await self._run_batches(inp, simulation):
+            hand_over = await self._run_batches(inp, simulation)
+            if self._cancel_ends_sprint:
+                break
+            if hand_over:
                 return await self._continue_as_new(inp)
             if self._improvement_cycle_due():  # runs once: it queues the improvement stories' batch
                 await self._improvement_cycle(inp, simulation)
@@ -698,7 +707,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 break
             # Paused with nothing left to run: the sprint holds (a rearm may still queue a batch) until
             # resumed or shut down.
-            await workflow.wait_condition(lambda: s.paused_reason is None or s.shutdown or bool(s.queue))
+            await workflow.wait_condition(
+                lambda: s.paused_reason is None or s.shutdown or bool(s.queue) or self._cancel_ends_sprint
+            )
+            if self._cancel_ends_sprint:
+                break
+        if self._cancel_ends_sprint:  # cancelled, yet run on (PATCH_SWALLOWED_CANCEL_ENDS_SPRINT)
+            raise asyncio.CancelledError
         self._ending = True  # from here on a rearm or a course correction is refused, not lost
         if self._forwards:
             await asyncio.gather(*self._forwards)
@@ -989,8 +1004,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 if s.shutdown or s.stopped_early:
                     break
                 await workflow.wait_condition(
-                    lambda: (s.paused_reason is None and not self._replanning) or s.shutdown or s.stopped_early
+                    lambda: (s.paused_reason is None and not self._replanning)
+                    or s.shutdown
+                    or s.stopped_early
+                    or self._cancel_ends_sprint
                 )
+                if self._cancel_ends_sprint:  # cancelled, yet run on (PATCH_SWALLOWED_CANCEL_ENDS_SPRINT)
+                    raise asyncio.CancelledError
                 if self._cancelling and s.queue and not (s.shutdown or s.stopped_early or self._history_is_long()):
                     # The sprint was cancelled, yet runs on: the SDK lets a signal already sent when the cancel
                     # came (a plan request, a SHUTDOWN) decide the await's outcome. No batch may start any more,

@@ -27,7 +27,15 @@ from activities.improvements import add_improvement_stories
 from activities.status_file import load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.cli import QUERY_TIMEOUT, _cancelled_report, _view_from_report
-from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_PLAN_REQUEST, SPRINT_TASK_QUEUE, slave_workflow_id
+from bso.constants import (
+    AGENTS_TASK_QUEUE,
+    SIGNAL_PAUSE,
+    SIGNAL_PLAN_REQUEST,
+    SIGNAL_SHUTDOWN,
+    SLAVE_CANCEL_WAIT,
+    SPRINT_TASK_QUEUE,
+    slave_workflow_id,
+)
 from bso.git_rules import FinishStoryInput, FinishStoryResult
 from bso.improvements import AddStoriesInput
 from bso.messages import DispatchReceipt, TaskAssignment
@@ -560,6 +568,52 @@ async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_spri
 
 
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
+async def test_a_cancel_the_fail_fast_shutdown_swallowed_still_ends_the_sprint(local_env, tmp_path: Path):
+    """fail_fast: batch 1's story fails for good and the Master shuts batch 2 down; the cancel comes while that
+    SHUTDOWN is being delivered, and the delivery wins. The sprint ran on to its normal end and reported partial,
+    its summary written as for a sprint that completed: it ends cancelled."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"fail": {"dev": "fatal"}}, "1-2": {"duration_ms": 3000}}}
+    config = {"fail_fast": True, "batch_size": 1, "max_concurrent_slaves": 2}
+    hold = SignalDeliveredFirst(SIGNAL_SHUTDOWN)
+    async with workers_held(local_env.client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+        handle = await start_sprint(
+            local_env.client, queue,
+            sprint_input(tmp_path, session_id="cancel-fail-fast", simulation=simulation, config_overrides=config),
+        )
+        await poll_until(lambda: in_the_hold(handle, hold), "the Master held after batch 2's SHUTDOWN")
+        await handle.cancel(reason="after fail_fast")
+        status = await ends_cancelled(local_env.client, handle)
+    assert status.errors[-1] == "sprint cancelled: after fail_fast", status.errors
+    await replay_with(handle, hold)
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
+async def test_a_paused_sprint_whose_cancel_was_swallowed_ends_at_once(local_env, tmp_path: Path):
+    """Paused, then cancelled while its plan request is being delivered (the delivery wins): the sprint waited
+    for a resume that would never come, and the cancel's wind-down waited its full 30 s for it."""
+    make_project(tmp_path, {K1: "ready-for-dev"})
+    hold = SignalDeliveredFirst(SIGNAL_PLAN_REQUEST)
+    async with workers_held(local_env.client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+        handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="cancel-paused"))
+        await poll_until(lambda: in_the_hold(handle, hold), "the Master held after its plan request")
+        await handle.signal(SIGNAL_PAUSE, "paused first")
+        await handle.cancel(reason="paused, then cancelled")
+        await ends_cancelled(local_env.client, handle)
+        history = await handle.fetch_history()
+    waits = {
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() == SLAVE_CANCEL_WAIT
+    }
+    fired = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
+    assert not [e for e in fired if e.timer_fired_event_attributes.started_event_id in waits]  # not waited out
+    assert ledger(tmp_path) == []
+    await replay_with(handle, hold)
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_env, tmp_path: Path):
     """The cancel comes in the very workflow task in which the Master starts a batch's Slave. The server
     refuses a task that starts a child and requests its cancel together: the Master's task failed on every
@@ -578,6 +632,17 @@ async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_en
         slave = await local_env.client.get_workflow_handle(slave_workflow_id(handle.id, 1)).describe()
     assert status.errors == ["batch 1 cancelled with the sprint", "sprint cancelled: as the batch starts"], status.errors
     assert slave.status is WorkflowExecutionStatus.CANCELED, slave.status
+    # The race happened: the workflow task that took the cancel is the one that started the Slave.
+    events = (await handle.fetch_history()).events
+    (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
+    (start,) = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_task_completed_event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        and e.start_child_workflow_execution_initiated_event_attributes.workflow_id == slave_workflow_id(handle.id, 1)
+    ]
+    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+    assert cancel < start and not [c for c in completed if cancel < c < start], (cancel, start)
     await replay_with(handle, hold)
 
 

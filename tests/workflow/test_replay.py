@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import temporalio.workflow
 from temporalio.client import WorkflowHistory
-from bso.constants import SIGNAL_DEBUG_REQUEST
+from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN
 from bso.data_converter import data_converter
 from temporalio.worker import Interceptor, Replayer
 
@@ -24,6 +24,7 @@ from workflows.sprint_master import (
     PATCH_ACTS_ON_SETTLED_EVENTS,
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
+    PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
 )
 from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
 from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
@@ -135,6 +136,16 @@ async def test_a_master_that_cancelled_a_starting_slave_replays_only_behind_its_
     await assert_replays_only_behind(
         monkeypatch, "held-before-2026-11-27-cancel-at-start/cancel-held.json",
         PATCH_CANCEL_STARTED_SLAVES, ChildStartHeld("SprintSlaveWorkflow", 2),
+    )
+
+
+async def test_a_master_that_ran_on_after_a_swallowed_cancel_replays_only_behind_its_patch(monkeypatch):
+    """A Master recorded before PATCH_SWALLOWED_CANCEL_ENDS_SPRINT was cancelled while its fail_fast SHUTDOWN was
+    being delivered, the delivery won, and it ran on to its normal end: today's code, were it not behind the
+    patch, ends it cancelled there."""
+    await assert_replays_only_behind(
+        monkeypatch, "held-before-2026-11-27-fail-fast-cancel/cancel-fail-fast.json",
+        PATCH_SWALLOWED_CANCEL_ENDS_SPRINT, SignalDeliveredFirst(SIGNAL_SHUTDOWN),
     )
 
 
