@@ -199,15 +199,15 @@ PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
 # workflow task that starts a child and requests its cancel together: a cancel that came in the task that started
 # a batch failed the Master's task on every retry (the sprint never ended).
 PATCH_CANCEL_STARTED_SLAVES = "master-cancel-started-slaves"
-# What a signal (or the cancel) makes the Master send to its Slaves is decided once the other events of the
-# workflow task are taken in: replaying, sdk-core joins a task that completed with no command with the next one
-# and applies the signals first, so a resume sent to a batch whose completion came before it live (the pause
-# trials), or a cancel sent to a batch that had ended, went to a Slave the live run had not sent it to.
-PATCH_ACTS_ON_SETTLED_EVENTS = "master-acts-on-settled-events"
 # A sprint that runs on after its cancel (a cancel the SDK let a delivered signal swallow: the fail_fast SHUTDOWN,
 # a plan request) ends cancelled before its normal end, and a wait for a resume or a re-plan ends with the cancel.
 # It reported complete (partial), or a paused one held the cancel's wind-down for its full 30 s.
 PATCH_SWALLOWED_CANCEL_ENDS_SPRINT = "master-swallowed-cancel-ends-sprint"
+# The workflow task in which a batch's end is taken in always sends a command (the memo `last_batch_ended`, which
+# the Web UI shows). Without one, sdk-core replays it joined with the next task, whose signals it applies first:
+# a resume (or a cancel) that came after the batch's end live came before it on replay, and went to that batch
+# too (a nondeterminism error: the SDK runs a task's signals to the end before it takes in its other events).
+PATCH_BATCH_END_SENDS_A_COMMAND = "master-batch-end-sends-a-command"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -222,7 +222,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._cancelling = False  # a cancel request came: no batch starts any more
         self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
-        self._acts_on_settled_events = False  # PATCH_ACTS_ON_SETTLED_EVENTS, decided at the run's start
+        self._batch_end_sends_a_command = False  # PATCH_BATCH_END_SENDS_A_COMMAND, decided at the run's start
         self._cancel_ends_sprint = False  # PATCH_SWALLOWED_CANCEL_ENDS_SPRINT, decided at the cancel
         # The first view of a story after its decision was applied (a Slave's updates arrive batched: later
         # ones of the same signal may already show the story moved on).
@@ -544,15 +544,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
         """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
-        if self._acts_on_settled_events:
-            self._forwards.append(asyncio.create_task(self._forward_once_settled(signal, arg, only)))
-            return
         for slave_id in self._forward_targets(only):
             self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
-
-    async def _forward_once_settled(self, signal: str, arg: Any, only: int | None) -> None:
-        await _events_settled()
-        await asyncio.gather(*(_signal_quietly(slave_id, signal, arg) for slave_id in self._forward_targets(only)))
 
     def _forward_targets(self, only: int | None) -> list[str]:
         return [
@@ -565,8 +558,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     async def shutdown_request(self) -> None:
         """Stop the sprint gracefully: running Slaves finish the story in hand; no new batch starts."""
         self._state.shutdown = True
-        if self._acts_on_settled_events:
-            await _events_settled()
         for slave_id in list(self._running_batches.values()):
             try:
                 await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
@@ -587,7 +578,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if workflow.patched(PATCH_ROSTER_ALWAYS_HELD):  # decided at the run's start: the same on replay
             self._roster_held_after_flush = workflow.patched(PATCH_ROSTER_HELD_AFTER_FLUSH)
             self._start_roster_sender()
-        self._acts_on_settled_events = workflow.patched(PATCH_ACTS_ON_SETTLED_EVENTS)
+        self._batch_end_sends_a_command = workflow.patched(PATCH_BATCH_END_SENDS_A_COMMAND)
         sprint = asyncio.create_task(self._sprint(self._input))  # the input as __init__ validated it
         try:
             await workflow.wait_condition(sprint.done)
@@ -619,8 +610,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._cancelling = True
         self._cancel_slaves_once_started = workflow.patched(PATCH_CANCEL_STARTED_SLAVES)
         self._cancel_ends_sprint = workflow.patched(PATCH_SWALLOWED_CANCEL_ENDS_SPRINT)
-        if self._acts_on_settled_events:
-            await _events_settled()  # a batch that ended in this task is not cancelled (nor counted as running)
         batches_ran = bool(self._running_batches)
         # Those still starting (perhaps in this very task) are cancelled once they have started (_run_slave).
         started = [
@@ -1219,6 +1208,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             result = self._abnormal_result(spec, f"batch {spec.batch_id} {why}", await self._finish_cut_merges(spec))
         # Not in a `finally`: workflow calls are not allowed while an evicted workflow is torn down.
         self._running_batches.pop(spec.batch_id, None)
+        if self._batch_end_sends_a_command:
+            workflow.upsert_memo({"last_batch_ended": spec.batch_id})
         if spec.batch_id in self._started_batches:
             for key in self._still_in(spec):  # agents the Slave did not report finished (it ended abnormally)
                 self._temp_seen(key, None)
@@ -1388,10 +1379,3 @@ async def _cancel_quietly(slave_id: str) -> None:
         await workflow.get_external_workflow_handle(slave_id).cancel()
     except Exception as err:  # noqa: BLE001 - ended meanwhile
         workflow.logger.warning("cancelling %s: %s", slave_id, err)
-
-
-async def _events_settled() -> None:
-    """Let the workflow task's other events be taken in first: a condition is checked only once nothing else
-    is ready to run. Replaying, sdk-core may apply a task's signals (and its cancel) before its other events
-    (PATCH_ACTS_ON_SETTLED_EVENTS): what is sent after this does not depend on that order."""
-    await workflow.wait_condition(lambda: True)
