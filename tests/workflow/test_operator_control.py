@@ -45,6 +45,7 @@ from bso.models import (
     StatusSnapshot,
     StatusWriteInput,
     StatusWriteResult,
+    SprintInput,
     StoryMeta,
 )
 from bso.models import SprintStatusView
@@ -79,6 +80,14 @@ from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
 IMPROVEMENT = {"improvement_id": "imp_001", "description": "Add caching", "priority_score": 8.5}
+
+
+def with_an_improvement_cycle(root: Path, session_id: str) -> SprintInput:
+    """A sprint whose improvement cycle adds one story (IMPROVEMENT)."""
+    return sprint_input(
+        root, session_id=session_id, simulation={"improvements": [IMPROVEMENT]},
+        config_overrides={"improvement_cycle": True, "max_improvements": 1},
+    )
 K2 = "1-2-logout"
 K3 = "1-3-profile-page"
 
@@ -660,8 +669,7 @@ async def test_a_cancel_while_the_improvement_stories_are_added_ends_the_sprint_
     async with workers_with(ts_env.client, slow_add_improvement_stories, instead_of=add_improvement_stories) as queue:
         handle = await start_sprint(
             ts_env.client, queue,
-            sprint_input(tmp_path, session_id="cancel-improving", simulation={"improvements": [IMPROVEMENT]},
-                         config_overrides={"improvement_cycle": True, "max_improvements": 1}),
+            with_an_improvement_cycle(tmp_path, "cancel-improving"),
         )
         await poll_until(file_appears(tmp_path / "adding"), "the improvement stories being added")
         await handle.cancel(reason="no improvements")
@@ -956,8 +964,7 @@ async def test_a_bug_in_the_sprint_leaves_its_residents_running_for_the_fixed_wo
     async with workers_with(ts_env.client, adds_nothing, instead_of=add_improvement_stories) as queue:
         handle = await start_sprint(
             ts_env.client, queue,
-            sprint_input(tmp_path, session_id="wft-bug", simulation={"improvements": [IMPROVEMENT]},
-                         config_overrides={"improvement_cycle": True, "max_improvements": 1}),
+            with_an_improvement_cycle(tmp_path, "wft-bug"),
         )
         await poll_until(lambda: workflow_task_failures(ts_env.client, "wft-bug"), "the workflow task fails")
         master = await handle.describe()
