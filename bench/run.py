@@ -39,6 +39,8 @@ from temporalio.client import Client
 
 from bench.baseline import TASK_QUEUE as BASELINE_QUEUE
 from bench.baseline import BaselineWorkflow, SkeletonWorkflow
+from bench.histories import UNHANDLED_COMMAND
+from bench.histories import task_failures as bench_task_failures
 from bench.infra import REPO, DevServer, WorkerProcess, make_project, many_stories, percentile
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
@@ -228,8 +230,15 @@ async def bench_bso(
     events = {"SprintMasterWorkflow": 0, "SprintSlaveWorkflow": 0, "ResidentWorkflow": 0}
     tasks: dict[str, int] = {}
     by_type: dict[str, int] = {}
+    task_failures: list[str] = []  # a code failure, not a signal racing a workflow's end (bench.histories)
+    signal_races = 0
     for wf_type, history in histories:
         events[wf_type] = events.get(wf_type, 0) + len(history.events)
+        task_failures += [f"{history.workflow_id} {failure}" for failure in bench_task_failures(history)]
+        signal_races += sum(
+            e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_FAILED and e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
+            for e in history.events
+        )
         short_type = wf_type.removeprefix("Sprint").removesuffix("Workflow")
         for e in history.events:
             name = f"{short_type}:{E.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
@@ -266,6 +275,8 @@ async def bench_bso(
         "activities_per_story": round((totals["agent_activities"] + totals["write_activities"]) / n, 2),
         "events_per_story_by_type": {k: round(v / n, 2) for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
         "master_runs": len([h for t, h in histories if t == "SprintMasterWorkflow"]),
+        "workflow_task_failures": task_failures,
+        "unhandled_command_races": signal_races,
     }
 
 
@@ -436,6 +447,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"Where the events go (N = {last['n']}, per story):", "",
                   "| workflow: event | per story |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in last["events_per_story_by_type"].items() if v >= 0.05]
+    for row in result["rows"]:
+        b = row["bso"]
+        failures = b.get("workflow_task_failures", [])
+        lines += ["", f"N = {b['n']}: {len(failures)} failed workflow task(s), "
+                  f"{b.get('unhandled_command_races', 0)} signal(s) racing a workflow's end (UnhandledCommand, retried)"]
+        lines += [f"- {failure}" for failure in failures]
     return "\n".join(lines) + "\n"
 
 

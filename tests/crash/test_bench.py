@@ -41,3 +41,7 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     measured = {"server", "worker-1", "worker-2"}
     assert set(bso["cpu_seconds"]) == set(row["baseline_parallel"]["cpu_seconds"]) == measured
     assert "2 worker process(es)" in table
+    # Failed workflow tasks are listed with their causes, apart from signals racing a workflow's end.
+    failures, races = bso["workflow_task_failures"], bso["unhandled_command_races"]
+    assert isinstance(failures, list) and isinstance(races, int)
+    assert f"N = 12: {len(failures)} failed workflow task(s), {races} signal(s) racing" in table
