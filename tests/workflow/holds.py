@@ -15,6 +15,7 @@ A history made with a hold replays only with it (`replay_with`).
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,13 +43,14 @@ from workers.main import SPRINT_ACTIVITIES, STICKY_SCHEDULE_TO_START, WORKFLOW_I
 SIGNAL_HOLD_SECONDS = 120  # far longer than a test takes to cancel: the cancel ends the hold
 
 
-class Hold(Interceptor):
+class Hold(Interceptor, ABC):
     """An outbound interceptor class around every workflow of the worker; `summary` names its timer."""
 
     summary: str
 
+    @abstractmethod
     def outbound(self, next: WorkflowOutboundInterceptor) -> WorkflowOutboundInterceptor:
-        raise NotImplementedError
+        """The hold's outbound interceptor, calling `next`."""
 
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
         outbound = self.outbound

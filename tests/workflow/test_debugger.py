@@ -234,13 +234,11 @@ async def test_a_debugger_stopped_now_drops_what_it_holds_and_what_comes_after(l
     session = "stop-now"
     prefix, host_queue, debugger, request = _debugger_names(local_env.client, session)
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
-        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
-        async with worker:
+        async with _sprint_queue_worker(local_env.client, prefix):
             host = await _analysis_in_hand(local_env.client, session, tmp_path, prefix, host_queue, request)
         await debugger.signal(SIGNAL_STOP_NOW)
         await debugger.signal(SIGNAL_DEBUG_REQUEST, request.model_copy(update={"debug_id": "dbg-2"}).model_dump(mode="json"))
-        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
-        async with worker:
+        async with _sprint_queue_worker(local_env.client, prefix):
             await host.signal(ResidentHost.finish)
             (summary,) = await asyncio.wait_for(host.result(), 60)
             status = await debugger.query(ResidentWorkflow.status)
@@ -261,8 +259,7 @@ async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled
     session = "cancel-busy"
     prefix, host_queue, debugger, request = _debugger_names(local_env.client, session)
     async with Worker(local_env.client, task_queue=host_queue, workflows=[ResidentHost]):
-        (worker,) = build_workers(local_env.client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
-        async with worker:
+        async with _sprint_queue_worker(local_env.client, prefix):
             host = await _analysis_in_hand(local_env.client, session, tmp_path, prefix, host_queue, request)
             await debugger.cancel()
             ended = await poll_until(lambda: _ended(debugger), "the cancelled debugger ended", timeout=20)
@@ -293,6 +290,12 @@ async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_bat
     assert started == [f"{session}/batch-1/1-1/1"], started  # the dev-runner only: no fix, no code review
     assert status_values(tmp_path)[K1] == "ready-for-dev"  # its last state: the dev failed
     await replay_with(slave, hold)
+
+
+def _sprint_queue_worker(client, prefix: str) -> Worker:
+    """BSO's sprint-queue worker on `prefix` (the debugger's analyses wait: no agents worker)."""
+    (worker,) = build_workers(client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+    return worker
 
 
 async def _ended(handle) -> WorkflowExecutionStatus | None:
