@@ -544,15 +544,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _forward(self, signal: str, arg: Any, only: int | None = None) -> None:
         """Send a signal to the running Slaves (or to one batch's Slave), without blocking the caller."""
-        for slave_id in self._forward_targets(only):
-            self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
-
-    def _forward_targets(self, only: int | None) -> list[str]:
-        return [
-            slave_id
-            for batch_id, slave_id in sorted(self._running_batches.items())
-            if batch_id in self._started_batches and (only is None or batch_id == only)
-        ]
+        for batch_id, slave_id in sorted(self._running_batches.items()):
+            if batch_id in self._started_batches and (only is None or batch_id == only):
+                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, signal, arg)))
 
     @workflow.signal(name=SIGNAL_SHUTDOWN)
     async def shutdown_request(self) -> None:
