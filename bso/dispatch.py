@@ -338,6 +338,11 @@ def check_agent_complete(
     return message
 
 
+# The Slave's rollup of its patches (workflows/patches.py): a Slave whose history has this marker applied every
+# patch named before it, the two below included.
+SLAVE_PATCH_ROLLUP = "slave-patches-of-2026-11-27"
+
+
 # The Slave's patch id for answer_mismatch: its histories say by this marker whether it applied the rule.
 PATCH_ANSWER_MATCHES_DISPATCH = "slave-answer-matches-dispatch"
 

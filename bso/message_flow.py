@@ -51,6 +51,7 @@ from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, che
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
     PATCH_TOKENS_BOUNDED,
+    SLAVE_PATCH_ROLLUP,
     answer_mismatch,
     check_agent_complete,
     check_agent_error,
@@ -647,8 +648,10 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     arming: list[str] = []  # ... whose timer the next commands start
     timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
     # A Slave that refused an answer naming another agent than its dispatch's recorded this patch marker then.
-    matched_by_dispatch = PATCH_ANSWER_MATCHES_DISPATCH in _patches(events)
-    tokens_bounded = PATCH_TOKENS_BOUNDED in _patches(events)  # ... and one claiming implausible tokens
+    patches = _patches(events)
+    rolled_up = SLAVE_PATCH_ROLLUP in patches  # a Slave with its rollup applied both
+    matched_by_dispatch = rolled_up or PATCH_ANSWER_MATCHES_DISPATCH in patches
+    tokens_bounded = rolled_up or PATCH_TOKENS_BOUNDED in patches  # ... and one claiming implausible tokens
     # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).
     debug_sent: dict[int, dict[str, Any]] = {}
 

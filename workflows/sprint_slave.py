@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from workflows.inputs import RawInput, required_input
+    from workflows.patches import PatchRollup
 
     from activities.agents import run_agent
     from activities.git_ops import FINISH_GIT_HEARTBEAT, finish_story_git
@@ -69,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         agent_error_to_complete,
         PATCH_ANSWER_MATCHES_DISPATCH,
         PATCH_TOKENS_BOUNDED,
+        SLAVE_PATCH_ROLLUP,
         answer_mismatch,
         check_agent_complete,
         check_agent_error,
@@ -211,6 +213,37 @@ PATCH_UPDATES_HELD_AFTER_CLOSE = "slave-updates-held-after-close"
 # A cancel that came while the DEBUG_REQUEST was on its way, whose delivery the SDK let decide the await, is
 # raised once it is delivered: the batch ran on (the debugger's answer, the fix) until the Master closed.
 PATCH_CANCEL_AFTER_DEBUG_REQUEST = "slave-cancel-after-debug-request"
+# Every patch above, and the two of bso.dispatch, folded into one marker per Slave (workflows/patches.py); a patch
+# named after it is asked on its own.
+SLAVE_PATCHES = PatchRollup.of(
+    SLAVE_PATCH_ROLLUP,
+    [
+        PATCH_LOCAL_STATUS_LOAD,
+        PATCH_FINAL_UPDATES_IN_RESULT,
+        PATCH_SHOW_DEBUG_WAIT,
+        PATCH_CANCEL_TERMINATES_AGENT,
+        PATCH_UPDATES_ON_CANCEL,
+        PATCH_PUBLISH_FILE_STATES,
+        PATCH_CANCEL_STOPS_GIT,
+        PATCH_SETTLED_BY_HAND,
+        PATCH_UPDATES_ON_ANY_CANCEL,
+        PATCH_HOLD_TIMER_NOT_CANCELLED,
+        PATCH_REREAD_BEFORE_FIRST_AGENT,
+        PATCH_REPORTS_MERGES,
+        PATCH_WORKING_TIME_LIMIT,
+        PATCH_WORKING_TIME_BY_TIMER,
+        PATCH_NO_DEBUG_FOR_SETUP,
+        PATCH_NO_DEBUG_FOR_UNRECOVERABLE,
+        PATCH_PAUSE_ANY_REASON,
+        PATCH_WAITS_FOR_STATUS_FILE,
+        PATCH_REREAD_SURVIVES_ANY_FAILURE,
+        PATCH_UPDATES_HELD_WITHOUT_CLOCK,
+        PATCH_UPDATES_HELD_AFTER_CLOSE,
+        PATCH_CANCEL_AFTER_DEBUG_REQUEST,
+        PATCH_ANSWER_MATCHES_DISPATCH,
+        PATCH_TOKENS_BOUNDED,
+    ],
+)
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -315,9 +348,9 @@ class SprintSlaveWorkflow:
                 else None
             )
             # Patched where it refuses: an answer accepted before replays as it ran.
-            if mismatch is not None and workflow.patched(PATCH_ANSWER_MATCHES_DISPATCH):
+            if mismatch is not None and SLAVE_PATCHES.patched(PATCH_ANSWER_MATCHES_DISPATCH):
                 checked = mismatch
-            elif (too_many := implausible_tokens(checked)) is not None and workflow.patched(PATCH_TOKENS_BOUNDED):
+            elif (too_many := implausible_tokens(checked)) is not None and SLAVE_PATCHES.patched(PATCH_TOKENS_BOUNDED):
                 checked = too_many
         if isinstance(checked, RejectedMessage):
             self.record_rejected(checked)  # recorded, never acted on
@@ -372,7 +405,7 @@ class SprintSlaveWorkflow:
     def pause(self, reason: Any = None) -> None:
         """No new dispatch while paused; the agent in flight finishes. (`reason` is Any, as the Master's: with
         `str | None` the SDK dropped a pause whose reason was not a string, unseen.)"""
-        if not isinstance(reason, str | None) and not workflow.patched(PATCH_PAUSE_ANY_REASON):
+        if not isinstance(reason, str | None) and not SLAVE_PATCHES.patched(PATCH_PAUSE_ANY_REASON):
             return  # a Slave from before: the SDK dropped it, and its history replays so
         self._paused = True
         self._show()
@@ -453,22 +486,23 @@ class SprintSlaveWorkflow:
 
     @workflow.run
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
-        self._updates_held_without_clock = workflow.patched(PATCH_UPDATES_HELD_WITHOUT_CLOCK)  # the same on replay
-        self._updates_held_after_close = self._updates_held_without_clock and workflow.patched(PATCH_UPDATES_HELD_AFTER_CLOSE)
+        SLAVE_PATCHES.decide()
+        self._updates_held_without_clock = SLAVE_PATCHES.patched(PATCH_UPDATES_HELD_WITHOUT_CLOCK)  # the same on replay
+        self._updates_held_after_close = self._updates_held_without_clock and SLAVE_PATCHES.patched(PATCH_UPDATES_HELD_AFTER_CLOSE)
         try:
             return await self._run_batch()
         except BaseException as err:
             # A cancel reaches here as asyncio's CancelledError, or as the ActivityError of the activity it
             # cancelled (re-raised by the steps that must not take it for a failure).
             cancelled = isinstance(err, asyncio.CancelledError) or (
-                is_cancelled_exception(err) and workflow.patched(PATCH_UPDATES_ON_ANY_CANCEL)
+                is_cancelled_exception(err) and SLAVE_PATCHES.patched(PATCH_UPDATES_ON_ANY_CANCEL)
             )
             if not cancelled:
                 raise
             # Cancelled with its sprint: the story updates still held (STORY_UPDATES_HOLD) go to the Master
             # now, or its status would show the stories as they were up to a second before.
             parent = workflow.info().parent
-            if self._outbox and parent is not None and workflow.patched(PATCH_UPDATES_ON_CANCEL):
+            if self._outbox and parent is not None and SLAVE_PATCHES.patched(PATCH_UPDATES_ON_CANCEL):
                 await self._send_outbox(workflow.get_external_workflow_handle(parent.workflow_id))
             raise
 
@@ -476,12 +510,12 @@ class SprintSlaveWorkflow:
         inp = self._input  # as __init__ validated it
         errors: list[str] = []
         budget_exhausted = False
-        self._reports_merges = inp.agent_backend == "command" and workflow.patched(PATCH_REPORTS_MERGES)
-        if workflow.patched(PATCH_WORKING_TIME_LIMIT):
+        self._reports_merges = inp.agent_backend == "command" and SLAVE_PATCHES.patched(PATCH_REPORTS_MERGES)
+        if SLAVE_PATCHES.patched(PATCH_WORKING_TIME_LIMIT):
             limit = timedelta(seconds=inp.config.slave_timeout_seconds)
             watch = (
                 self._watch_working_time_by_timer
-                if workflow.patched(PATCH_WORKING_TIME_BY_TIMER)
+                if SLAVE_PATCHES.patched(PATCH_WORKING_TIME_BY_TIMER)
                 else self._watch_working_time
             )
             self._working_time_watch = asyncio.create_task(watch(limit))
@@ -490,7 +524,7 @@ class SprintSlaveWorkflow:
                 await self._refresh_states()
                 break
             except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
-                if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
+                if is_cancelled_exception(err) and SLAVE_PATCHES.patched(PATCH_CANCEL_STOPS_GIT):
                     raise  # cancelled while reading: the batch ends cancelled, not "unreadable"
                 if not isinstance(err, ActivityError) and not self._waits_for_status_file():
                     raise  # as it did: the batch failed
@@ -536,7 +570,7 @@ class SprintSlaveWorkflow:
         # starting or ending when its answer (a signal) ends the batch, and a Slave completing in that workflow
         # task would have its completion refused (unhandled command) and retried.
         self._updates_in_result = (
-            inp.agent_backend in ANSWER_IN_RESULT_BACKENDS and workflow.patched(PATCH_FINAL_UPDATES_IN_RESULT)
+            inp.agent_backend in ANSWER_IN_RESULT_BACKENDS and SLAVE_PATCHES.patched(PATCH_FINAL_UPDATES_IN_RESULT)
         )
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._sender is not None:
@@ -597,7 +631,7 @@ class SprintSlaveWorkflow:
             "retry_policy": STATUS_FILE_RETRY,
             "summary": "read sprint-status.yaml",
         }
-        if keys is not None or workflow.patched(PATCH_LOCAL_STATUS_LOAD):
+        if keys is not None or SLAVE_PATCHES.patched(PATCH_LOCAL_STATUS_LOAD):
             # In the Slave's first workflow task, like U4's writes: no activity round trip before the first agent.
             snapshot = await workflow.execute_local_activity(load_sprint_status, load, **options)
         else:  # Slaves started before the patch replay their (remote) load activity
@@ -605,7 +639,7 @@ class SprintSlaveWorkflow:
         self._states_read_at = workflow.now()
         current = {s.key: s.state for s in snapshot.stories}
         changed = self._take_file_states({key: current.get(key) for key in (self._progress if keys is None else keys)})
-        if changed and workflow.patched(PATCH_PUBLISH_FILE_STATES):
+        if changed and SLAVE_PATCHES.patched(PATCH_PUBLISH_FILE_STATES):
             self._publish_file_states(changed)
         self._show()
 
@@ -662,10 +696,10 @@ class SprintSlaveWorkflow:
                 transition = answer
             elif isinstance(answer, AgentComplete) and not fatal and wants_debug(
                 step, answer, progress, self._input.config,
-                setup_errors=is_setup_error(answer) and not workflow.patched(PATCH_NO_DEBUG_FOR_SETUP),
+                setup_errors=is_setup_error(answer) and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_SETUP),
                 unrecoverable_errors=not answer.recoverable
                 and not is_setup_error(answer)
-                and not workflow.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
+                and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
             ):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
@@ -679,7 +713,7 @@ class SprintSlaveWorkflow:
     def _states_stale(self) -> bool:
         """Time has passed since the batch last read its stories' states (not within this workflow task)."""
         read_at = self._states_read_at
-        return read_at is not None and workflow.now() > read_at and workflow.patched(PATCH_REREAD_BEFORE_FIRST_AGENT)
+        return read_at is not None and workflow.now() > read_at and SLAVE_PATCHES.patched(PATCH_REREAD_BEFORE_FIRST_AGENT)
 
     async def _reread_states(self) -> None:
         """The stories not started yet, read again; a file that cannot be read now leaves them as they were (the
@@ -689,7 +723,7 @@ class SprintSlaveWorkflow:
         except (ActivityError, ApplicationError) as err:
             if is_cancelled_exception(err):
                 raise
-            if not isinstance(err, ActivityError) and not workflow.patched(PATCH_REREAD_SURVIVES_ANY_FAILURE):
+            if not isinstance(err, ActivityError) and not SLAVE_PATCHES.patched(PATCH_REREAD_SURVIVES_ANY_FAILURE):
                 raise  # as it did: the Slave failed
             self._states_read_at = workflow.now()  # not again for every story of the batch
             workflow.logger.warning("[Slave] sprint-status.yaml not read again: %s", _cause(err))
@@ -745,13 +779,13 @@ class SprintSlaveWorkflow:
             }
         )
         self._open_debug[debug_id] = meta.key
-        if workflow.patched(PATCH_SHOW_DEBUG_WAIT):  # Slaves started before it replay without the update
+        if SLAVE_PATCHES.patched(PATCH_SHOW_DEBUG_WAIT):  # Slaves started before it replay without the update
             self._progress[meta.key] = awaiting_debug(progress, debug_id)
             self._publish(meta.key)
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
         sent = request.model_dump(mode="json", exclude_none=True)
         failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent)  # retried, then delivery_failed
-        if workflow.cancellation_reason() is not None and workflow.patched(PATCH_CANCEL_AFTER_DEBUG_REQUEST):
+        if workflow.cancellation_reason() is not None and SLAVE_PATCHES.patched(PATCH_CANCEL_AFTER_DEBUG_REQUEST):
             raise asyncio.CancelledError
         if failed is not None:  # the debugger is gone
             self._open_debug.pop(debug_id, None)
@@ -1043,7 +1077,7 @@ class SprintSlaveWorkflow:
         except asyncio.CancelledError:
             # The batch is cancelled (with its sprint): the agent in flight gets its TERMINATE_DIRECTIVE too.
             # The activity is only started, not awaited, so the workflow's cancel would not reach it.
-            if not handle.done() and workflow.patched(PATCH_CANCEL_TERMINATES_AGENT):
+            if not handle.done() and SLAVE_PATCHES.patched(PATCH_CANCEL_TERMINATES_AGENT):
                 handle.cancel()
             raise
         self._open_dispatches.pop(dispatch_id, None)
@@ -1060,7 +1094,7 @@ class SprintSlaveWorkflow:
             outcome = MergeOutcome.of(result)
         except ActivityError as err:
             # The batch is cancelled (its sprint too): not a merge failure after which the next story starts.
-            if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_STOPS_GIT):
+            if is_cancelled_exception(err) and SLAVE_PATCHES.patched(PATCH_CANCEL_STOPS_GIT):
                 raise
             outcome = MergeOutcome.failed(_cause(err))
         self._merged.append(meta.key)
@@ -1124,7 +1158,7 @@ class SprintSlaveWorkflow:
                 return
             if written.outcome == "cas-mismatch":
                 # Someone else changed the story: the Slave must not overwrite it, nor go on with it.
-                if workflow.patched(PATCH_SETTLED_BY_HAND):  # set done (or skipped) by hand: taken as it is
+                if SLAVE_PATCHES.patched(PATCH_SETTLED_BY_HAND):  # set done (or skipped) by hand: taken as it is
                     tokens = after.tokens_used - before.tokens_used
                     after = changed_by_hand(before, before.state, written.current, tokens).progress
                 else:
@@ -1141,7 +1175,7 @@ class SprintSlaveWorkflow:
         self._publish(before.key)
 
     def _waits_for_status_file(self) -> bool:
-        return workflow.patched(PATCH_WAITS_FOR_STATUS_FILE)
+        return SLAVE_PATCHES.patched(PATCH_WAITS_FOR_STATUS_FILE)
 
     async def _wait_for_status_file(
         self, keys: list[str], problem: str, on_shutdown: bool = False
@@ -1320,7 +1354,7 @@ class SprintSlaveWorkflow:
         def hold_over() -> bool:
             return self._closing or workflow.now() - sent_at >= STORY_UPDATES_HOLD
 
-        if not workflow.patched(PATCH_HOLD_TIMER_NOT_CANCELLED):
+        if not SLAVE_PATCHES.patched(PATCH_HOLD_TIMER_NOT_CANCELLED):
             try:  # sprints started before the patch: the timer is cancelled when the hold ends otherwise
                 await workflow.wait_condition(hold_over, timeout=remaining, timeout_summary=STORY_UPDATES_HOLD_SUMMARY)
             except asyncio.TimeoutError:

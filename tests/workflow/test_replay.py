@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 import temporalio.workflow
 from temporalio.client import WorkflowHistory
-from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN
+from temporalio.api.enums.v1 import EventType
+
+from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN, slave_workflow_id
+from bso.dispatch import SLAVE_PATCH_ROLLUP
+from bso.message_flow import decode
 from bso.data_converter import data_converter
 from temporalio.worker import Interceptor, Replayer
 
@@ -168,3 +172,22 @@ async def test_a_sprint_recorded_before_a_patch_replays_only_behind_it(monkeypat
     (as every Master with two residents or more does), and the Slave a story-updates signal, after its end
     without a hold: today's code starts the hold's timer there."""
     await assert_replays_only_behind(monkeypatch, recorded, patch_id)
+
+
+async def test_a_slave_records_one_patch_marker_for_all_its_patches(ts_env, tmp_path: Path):
+    """Each patch a run meets first records a marker and upserts TemporalChangeVersion (a visibility write): a
+    Slave met seven in every batch. It records its rollup's marker only (workflows/patches.py), and its history
+    replays (the suite's check)."""
+    make_project(tmp_path, {"1-1-login-form": "backlog", "1-2-logout": "ready-for-dev"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id=f"rollup-{uuid.uuid4().hex[:6]}"))
+        await sprint_result(handle)
+    slave = ts_env.client.get_workflow_handle(slave_workflow_id(handle.id, 1))
+    events = list((await slave.fetch_history()).events)
+    markers = [
+        decode(e.marker_recorded_event_attributes.details["patch-data"])["id"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert markers == [SLAVE_PATCH_ROLLUP]
+    assert sum(e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES for e in events) <= 1
