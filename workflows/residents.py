@@ -120,6 +120,11 @@ PATCH_ROSTER_HELD_AFTER_FLUSH = "master-roster-held-after-flush"
 PATCH_RESIDENT_ENDS_ON_ANY_CANCEL = "resident-ends-on-any-cancel"
 LINGERING_RESIDENT_TRIES = 10
 LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
+# A cancelled sprint starts no resident, and stops those an earlier run left running. A cancel that came while a
+# lingering resident's stop_now was on its way (the SDK lets the delivered signal decide the await) was never
+# raised: the sprint went on starting its residents during the cancel's wind-down; cancelled before it had
+# replaced them all, it left the rest of the earlier run's residents running.
+PATCH_CANCEL_STOPS_RESIDENT_STARTS = "master-cancel-stops-resident-starts"
 
 
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
@@ -525,6 +530,8 @@ class RosterKeeper:
         self._roster_hold_timers: list[asyncio.Task[None]] = []  # left to fire, as the Slave's holds
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
+        self._lingering_found = False  # an earlier run's resident was found running
+        self._no_resident_starts = False  # cancelled (PATCH_CANCEL_STOPS_RESIDENT_STARTS, decided at the cancel)
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -543,6 +550,7 @@ class RosterKeeper:
         are answered "unavailable"); the scrum-master's failure fails the sprint."""
         s = self._state
         for role in enabled_roles(s.config.resident_slots):
+            self._no_start_once_cancelled()
             workflow_id = resident_workflow_id(s.session_id, role)
             self._resident_starting = workflow_id
             failure = await self._start_resident(role, workflow_id, project_root, simulation, backend)
@@ -568,12 +576,15 @@ class RosterKeeper:
     ) -> str | None:
         s = self._state
         for attempt in range(1, LINGERING_RESIDENT_TRIES + 1):
+            if attempt > 1:
+                self._no_start_once_cancelled()
             try:
                 handle = await self._start_resident_workflow(role, workflow_id, project_root, simulation, backend)
                 break
             except WorkflowAlreadyStartedError as err:
                 if attempt == LINGERING_RESIDENT_TRIES or not workflow.patched(PATCH_REPLACES_LINGERING_RESIDENT):
                     return f"could not start: {err}"
+                self._lingering_found = True
                 if attempt == 1:
                     workflow.logger.warning("resident %s of an earlier run of sprint %s still runs: stopping it",
                                             role, s.session_id)
@@ -627,9 +638,25 @@ class RosterKeeper:
 
     async def _cancel_starting_resident(self) -> None:
         """A cancelled sprint: the resident it was starting is not in the roster yet, and nothing else would stop
-        it (ABANDON)."""
+        it (ABANDON). From PATCH_CANCEL_STOPS_RESIDENT_STARTS on, the residents an earlier run left running that
+        this run had not replaced yet are stopped too."""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
+        if self._no_resident_starts and self._lingering_found:
+            s = self._state
+            for role in enabled_roles(s.config.resident_slots):
+                if role not in s.residents:  # those of this run are stopped with the others (_stop_residents)
+                    await _stop_lingering(resident_workflow_id(s.session_id, role))
+
+    def _residents_cancelled(self) -> None:
+        """The sprint is cancelled: no resident starts from here on (PATCH_CANCEL_STOPS_RESIDENT_STARTS)."""
+        self._no_resident_starts = workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS)
+
+    def _no_start_once_cancelled(self) -> None:
+        """Raise the cancel a delivered signal swallowed (see PATCH_CANCEL_STOPS_RESIDENT_STARTS) before a start."""
+        if self._no_resident_starts:
+            self._resident_starting = None  # none of this run's is starting: the earlier run's are stopped
+            raise asyncio.CancelledError
 
     async def _stop_residents(self, *, now: bool = False) -> None:
         """Stop the residents in reverse start order, each after the one started after it. `now` (a cancelled

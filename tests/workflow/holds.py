@@ -63,17 +63,23 @@ class Hold(Interceptor, ABC):
 
 
 class SignalDeliveredFirst(Hold):
-    def __init__(self, signal: str) -> None:
+    """`first_only`: a workflow is held after its first such signal only (the wind-down may send more)."""
+
+    def __init__(self, signal: str, *, first_only: bool = False) -> None:
         self.signal = signal
+        self.first_only = first_only
         self.summary = f"test: held after {signal} was delivered"
 
     def outbound(self, next: WorkflowOutboundInterceptor) -> WorkflowOutboundInterceptor:
         hold = self
 
         class HoldAfterSignal(WorkflowOutboundInterceptor):
+            held = False  # this workflow's (an interceptor per workflow run)
+
             async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
                 await super().signal_external_workflow(input)
-                if input.signal == hold.signal:
+                if input.signal == hold.signal and not (hold.first_only and self.held):
+                    self.held = True
                     try:
                         await workflow.sleep(SIGNAL_HOLD_SECONDS, summary=hold.summary)
                     except asyncio.CancelledError:

@@ -32,6 +32,7 @@ from bso.constants import (
     SIGNAL_PAUSE,
     SIGNAL_PLAN_REQUEST,
     SIGNAL_SHUTDOWN,
+    SIGNAL_STOP_NOW,
     SLAVE_CANCEL_WAIT,
     SPRINT_TASK_QUEUE,
     slave_workflow_id,
@@ -619,6 +620,47 @@ async def test_a_paused_sprint_whose_cancel_was_swallowed_ends_at_once(local_env
     fired = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
     assert not [e for e in fired if e.timer_fired_event_attributes.started_event_id in waits]  # not waited out
     assert ledger(tmp_path) == []
+    await replay_with(handle, hold)
+
+
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
+async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_stops_them_all(
+    local_env, tmp_path: Path
+):
+    """A sprint started again after its Master was terminated replaces the residents the first run left; the cancel
+    comes while the first of them is told stop_now, and the delivery wins. The sprint went on starting its
+    residents during the cancel's wind-down. It starts none after the cancel, and stops every lingering one."""
+    client = local_env.client
+    make_project(tmp_path, {K1: "review"})
+    before = status_values(tmp_path)
+    roles = ("scrum-master", "knowledge-researcher", "debugger")
+    hold = SignalDeliveredFirst(SIGNAL_STOP_NOW, first_only=True)  # the first run sends none: terminated
+    async with workers_held(client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+        slow = {"stories": {"1-1": {"duration_ms": 60000}}}
+        first = await start_sprint(client, queue, sprint_input(tmp_path, session_id="linger-cancel", simulation=slow))
+        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
+        await first.terminate("by hand")
+        lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
+        assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering)
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="linger-cancel"))
+        await poll_until(lambda: in_the_hold(handle, hold), "the Master held after its stop_now to the scrum-master")
+        await handle.cancel(reason="while replacing")
+        await ends_cancelled(client, handle)
+
+        async def all_stopped() -> bool:
+            runs = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in lingering]
+            return all([(await run.describe()).status is not WorkflowExecutionStatus.RUNNING for run in runs])
+
+        await poll_until(all_stopped, "the first run's residents stopped")
+        events = list((await handle.fetch_history()).events)
+    cancelled_at = next(e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
+    started_after = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED and e.event_id > cancelled_at
+    ]
+    assert started_after == []
+    assert status_values(tmp_path) == before
     await replay_with(handle, hold)
 
 

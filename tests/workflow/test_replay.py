@@ -12,7 +12,7 @@ import temporalio.workflow
 from temporalio.client import WorkflowHistory
 from temporalio.api.enums.v1 import EventType
 
-from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN, slave_workflow_id
+from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN, SIGNAL_STOP_NOW, slave_workflow_id
 from bso.dispatch import SLAVE_PATCH_ROLLUP
 from bso.message_flow import decode
 from bso.data_converter import data_converter
@@ -31,7 +31,7 @@ from workflows.sprint_master import (
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
 )
 from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
-from workflows.residents import PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
+from workflows.residents import PATCH_CANCEL_STOPS_RESIDENT_STARTS, PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
 # Sub-folders keep histories recorded by earlier versions: sprints those versions started must still replay.
@@ -152,6 +152,16 @@ async def test_a_master_that_ran_on_after_a_swallowed_cancel_replays_only_behind
     await assert_replays_only_behind(
         monkeypatch, "held-before-2026-11-27-fail-fast-cancel/cancel-fail-fast.json",
         PATCH_SWALLOWED_CANCEL_ENDS_SPRINT, SignalDeliveredFirst(SIGNAL_SHUTDOWN),
+    )
+
+
+async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_only_behind_its_patch(monkeypatch):
+    """A Master recorded before PATCH_CANCEL_STOPS_RESIDENT_STARTS, started again after its first run was
+    terminated, was cancelled while a lingering resident's stop_now was being delivered, the delivery won, and it
+    went on starting its residents during the wind-down: today's code, were it not behind the patch, starts none."""
+    await assert_replays_only_behind(
+        monkeypatch, "held-before-2026-11-27-linger-cancel/linger-cancel.json",
+        PATCH_CANCEL_STOPS_RESIDENT_STARTS, SignalDeliveredFirst(SIGNAL_STOP_NOW, first_only=True),
     )
 
 
