@@ -143,8 +143,18 @@ async def in_the_hold(handle: WorkflowHandle[Any, Any], hold: Hold) -> bool:
     return await timer_of(handle, hold, EventType.EVENT_TYPE_TIMER_STARTED)
 
 
-async def replay_with(handle: WorkflowHandle[Any, Any], hold: Hold) -> None:
-    """Replay the workflow's history with the hold it ran with (the suite's replay has none); a
-    nondeterminism error fails the test."""
+async def replay_with(client: Client, handle: WorkflowHandle[Any, Any], hold: Hold) -> None:
+    """Replay with the hold they ran with (the suite's replay has none) every run of the workflow, of its residents
+    and of the children they started, as recorded and in the shape whose tasks sdk-core joins
+    (tests/collapsed_history.py); a nondeterminism error fails the test."""
+    from tests.collapsed_history import collapsed
+    from tests.conftest import histories_of
+
+    histories = await histories_of(client, [handle.id])
+    assert histories, handle.id
+    shapes = [(history, "as recorded") for history in histories]
+    shapes += [(joined, "joined") for joined, moved in map(collapsed, histories) if moved]
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=[*WORKFLOW_INTERCEPTORS, hold])
-    await replayer.replay_workflow(await handle.fetch_history())
+    for history, shape in shapes:
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, (history.workflow_id, history.run_id, shape, result.replay_failure)

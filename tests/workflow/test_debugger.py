@@ -267,7 +267,7 @@ async def test_a_debugger_cancelled_while_its_analysis_is_in_hand_ends_cancelled
     assert ended is WorkflowExecutionStatus.CANCELED
 
 
-@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the Slave's history with it
+@pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the sprint's histories with it
 async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_batch(local_env, tmp_path: Path):
     """The cancel comes while the Slave's DEBUG_REQUEST is being delivered, and the delivery wins: the batch ran
     on (the debugger's answer, the fix, the code review) until the Master, done waiting for it, closed. It ends
@@ -289,7 +289,7 @@ async def test_a_cancel_the_delivered_debug_request_swallowed_still_ends_the_bat
     started = [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"]
     assert started == [f"{session}/batch-1/1-1/1"], started  # the dev-runner only: no fix, no code review
     assert status_values(tmp_path)[K1] == "ready-for-dev"  # its last state: the dev failed
-    await replay_with(slave, hold)
+    await replay_with(local_env.client, handle, hold)  # the Master, its Slaves and residents
 
 
 def _sprint_queue_worker(client, prefix: str) -> Worker:

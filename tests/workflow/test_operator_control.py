@@ -574,7 +574,7 @@ async def test_a_cancel_the_delivered_plan_request_swallowed_still_ends_the_spri
             assert resident.status is not WorkflowExecutionStatus.RUNNING, (role, resident.status)
     assert status_values(tmp_path) == before  # no batch started
     assert ledger(tmp_path) == []  # no agent ran
-    await replay_with(handle, hold)
+    await replay_with(local_env.client, handle, hold)
 
 
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
@@ -595,7 +595,7 @@ async def test_a_cancel_the_fail_fast_shutdown_swallowed_still_ends_the_sprint(l
         await handle.cancel(reason="after fail_fast")
         status = await ends_cancelled(local_env.client, handle)
     assert status.errors[-1] == "sprint cancelled: after fail_fast", status.errors
-    await replay_with(handle, hold)
+    await replay_with(local_env.client, handle, hold)
 
 
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
@@ -620,7 +620,7 @@ async def test_a_paused_sprint_whose_cancel_was_swallowed_ends_at_once(local_env
     fired = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
     assert not [e for e in fired if e.timer_fired_event_attributes.started_event_id in waits]  # not waited out
     assert ledger(tmp_path) == []
-    await replay_with(handle, hold)
+    await replay_with(local_env.client, handle, hold)
 
 
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
@@ -661,7 +661,7 @@ async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_s
     ]
     assert started_after == []
     assert status_values(tmp_path) == before
-    await replay_with(handle, hold)
+    await replay_with(local_env.client, handle, hold)
 
 
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
@@ -694,7 +694,7 @@ async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_en
     ]
     completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
     assert cancel < start and not [c for c in completed if cancel < c < start], (cancel, start)
-    await replay_with(handle, hold)
+    await replay_with(local_env.client, handle, hold)
 
 
 @activity.defn(name="add_improvement_stories")
