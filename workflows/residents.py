@@ -123,7 +123,7 @@ LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 # A cancelled sprint starts no resident, and stops those an earlier run left running. A cancel that came while a
 # lingering resident's stop_now was on its way (the SDK lets the delivered signal decide the await) was never
 # raised: the sprint went on starting its residents during the cancel's wind-down; cancelled before it had
-# replaced them all, it left the rest of the earlier run's residents running.
+# replaced them all, it left the rest of the earlier run's residents running. Asked where it applies only.
 PATCH_CANCEL_STOPS_RESIDENT_STARTS = "master-cancel-stops-resident-starts"
 
 
@@ -531,7 +531,8 @@ class RosterKeeper:
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
-        self._no_resident_starts = False  # cancelled (PATCH_CANCEL_STOPS_RESIDENT_STARTS, decided at the cancel)
+        self._all_residents_started = False  # this run's _start_residents went through every role
+        self._cancel_seen = False  # the sprint was cancelled (see PATCH_CANCEL_STOPS_RESIDENT_STARTS)
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -570,6 +571,7 @@ class RosterKeeper:
                 )
             s.unavailable_residents[role] = reason
             s.errors.append(reason)
+        self._all_residents_started = True
 
     async def _start_resident(
         self, role: str, workflow_id: str, project_root: str, simulation: SimulationScript, backend: str
@@ -638,23 +640,29 @@ class RosterKeeper:
 
     async def _cancel_starting_resident(self) -> None:
         """A cancelled sprint: the resident it was starting is not in the roster yet, and nothing else would stop
-        it (ABANDON). From PATCH_CANCEL_STOPS_RESIDENT_STARTS on, the residents an earlier run left running that
-        this run had not replaced yet are stopped too."""
+        it (ABANDON). From PATCH_CANCEL_STOPS_RESIDENT_STARTS on, a sprint cancelled before it had started (or
+        replaced) all its residents stops every resident of its id it has not started: an earlier run's may be
+        running (a sprint started again after its Master was terminated), and cancelled then, nothing else would
+        stop them. (Those of this run are stopped with the others, _stop_residents.)"""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
-        if self._no_resident_starts and self._lingering_found:
+        if (
+            self._cancel_seen
+            and (self._lingering_found or not self._all_residents_started)
+            and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS)
+        ):
             s = self._state
             for role in enabled_roles(s.config.resident_slots):
-                if role not in s.residents:  # those of this run are stopped with the others (_stop_residents)
+                if role not in s.residents:
                     await _stop_lingering(resident_workflow_id(s.session_id, role))
 
     def _residents_cancelled(self) -> None:
         """The sprint is cancelled: no resident starts from here on (PATCH_CANCEL_STOPS_RESIDENT_STARTS)."""
-        self._no_resident_starts = workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS)
+        self._cancel_seen = True
 
     def _no_start_once_cancelled(self) -> None:
         """Raise the cancel a delivered signal swallowed (see PATCH_CANCEL_STOPS_RESIDENT_STARTS) before a start."""
-        if self._no_resident_starts:
+        if self._cancel_seen and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
             self._resident_starting = None  # none of this run's is starting: the earlier run's are stopped
             raise asyncio.CancelledError
 
