@@ -531,7 +531,6 @@ class RosterKeeper:
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
-        self._all_residents_started = False  # this run's _start_residents went through every role
         self._cancel_seen = False  # the sprint was cancelled (see PATCH_CANCEL_STOPS_RESIDENT_STARTS)
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
@@ -571,7 +570,6 @@ class RosterKeeper:
                 )
             s.unavailable_residents[role] = reason
             s.errors.append(reason)
-        self._all_residents_started = True
 
     async def _start_resident(
         self, role: str, workflow_id: str, project_root: str, simulation: SimulationScript, backend: str
@@ -640,17 +638,15 @@ class RosterKeeper:
 
     async def _cancel_starting_resident(self) -> None:
         """A cancelled sprint: the resident it was starting is not in the roster yet, and nothing else would stop
-        it (ABANDON). From PATCH_CANCEL_STOPS_RESIDENT_STARTS on, a sprint cancelled before it had started (or
-        replaced) all its residents stops every resident of its id it has not started: an earlier run's may be
-        running (a sprint started again after its Master was terminated), and cancelled then, nothing else would
-        stop them. (Those of this run are stopped with the others, _stop_residents.)"""
+        it (ABANDON). From PATCH_CANCEL_STOPS_RESIDENT_STARTS on, a sprint cancelled while it was replacing the
+        residents an earlier run left running (a sprint started again after its Master was terminated) stops
+        every one of them it has not replaced yet: nothing else would. (Those of this run are stopped with the
+        others, _stop_residents.) Only once one was found: each stop of a resident that is not there is a
+        command that fails, and the time-skipping test server never answers a cancel of a workflow it does not
+        have."""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
-        if (
-            self._cancel_seen
-            and (self._lingering_found or not self._all_residents_started)
-            and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS)
-        ):
+        if self._cancel_seen and self._lingering_found and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
             s = self._state
             for role in enabled_roles(s.config.resident_slots):
                 if role not in s.residents:

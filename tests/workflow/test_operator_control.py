@@ -664,29 +664,6 @@ async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_s
     await replay_with(local_env.client, handle, hold)
 
 
-async def test_a_sprint_cancelled_as_it_starts_again_stops_the_residents_its_first_run_left(local_env, tmp_path: Path):
-    """Started again after its Master was terminated, the sprint is cancelled before it has replaced the first
-    run's residents: nothing else stops them (ABANDON), and the cancelled sprint left them running. It stops them."""
-    client = local_env.client
-    make_project(tmp_path, {K1: "review"})
-    roles = ("scrum-master", "knowledge-researcher", "debugger")
-    async with bso_worker(client) as queue:
-        slow = {"stories": {"1-1": {"duration_ms": 60000}}}
-        first = await start_sprint(client, queue, sprint_input(tmp_path, session_id="again-cancel", simulation=slow))
-        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
-        await first.terminate("by hand")
-        lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
-        handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="again-cancel"))
-        await handle.cancel(reason="at once")
-        await ends_cancelled(client, handle)
-
-        async def all_stopped() -> bool:
-            runs = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in lingering]
-            return all([(await run.describe()).status is not WorkflowExecutionStatus.RUNNING for run in runs])
-
-        await poll_until(all_stopped, "the first run's residents stopped")
-
-
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_env, tmp_path: Path):
     """The cancel comes in the very workflow task in which the Master starts a batch's Slave. The server
