@@ -2,6 +2,7 @@
 
     make bench                                   # = .venv/bin/python -m bench.run
     .venv/bin/python -m bench.run --sizes 50 200 --lanes 4 --repeat 3 --workers 2
+    .venv/bin/python -m bench.run --sizes 1000 --repeat 1 --profile   # and where the worker's CPU goes
 
 For each N, `--repeat` times: a BSO sprint of N stories in `review` (one agent dispatch each; batch_size
 10 unless `--batch-size` says otherwise, P Slaves at once), the baseline workflow running N no-op
@@ -29,6 +30,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from bench.baseline import BaselineWorkflow, SkeletonWorkflow
 from bench.histories import UNHANDLED_COMMAND
 from bench.histories import task_failures as bench_task_failures
 from bench.infra import REPO, DevServer, WorkerProcess, make_project, many_stories, percentile
+from bench.profile import Profile
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
 from workflows.sprint_master import SprintMasterWorkflow
@@ -328,7 +331,8 @@ async def bench_skeleton(client: Client, n: int, lanes: int, cpu: CpuMeter) -> d
 
 
 async def run(
-    sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, workers: int = 1, batch_size: int = 10
+    sizes: list[int], lanes: int, workdir: Path, repeat: int = 1, workers: int = 1, batch_size: int = 10,
+    profile: bool = False,
 ) -> dict[str, Any]:
     server = DevServer(workdir / "temporal.db", workdir / "server.log")
     server.start()
@@ -342,6 +346,7 @@ async def run(
         for k in range(workers)
     ]
     rows = []
+    profiled: dict[str, Any] | None = None
     try:
         client = await server.wait_ready()
         for worker in (*bso_workers, *base_workers):
@@ -373,6 +378,13 @@ async def run(
                          "ready_to_agent_started_p50s": _p50s(runs, "ready_to_agent_started_ms"),
                          "answer_to_state_written_p50s": _p50s(runs, "answer_to_state_written_ms")})
             print(json.dumps(rows[-1]), flush=True)
+        if profile and sizes:  # one sprint more, of the largest N, measured by nothing but the profiler
+            n = max(sizes)
+            print(f"N={n}: BSO sprint, its worker profiled ...", flush=True)
+            recording = Profile(_pid(bso_workers[0].proc), workdir / "profile.txt")
+            await bench_bso(client, workdir / "profiled", n, lanes, bso_cpu, batch_size)
+            samples, top = recording.stop()
+            profiled = {"n": n, "samples": samples, "hotspots": [asdict(h) for h in top]}
     finally:
         for worker in (*bso_workers, *base_workers):
             worker.stop()
@@ -386,6 +398,7 @@ async def run(
         "workers": workers,
         "repeat": repeat,
         "rows": rows,
+        "profile": profiled,
     }
 
 
@@ -447,6 +460,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"Where the events go (N = {last['n']}, per story):", "",
                   "| workflow: event | per story |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in last["events_per_story_by_type"].items() if v >= 0.05]
+    if result.get("profile"):
+        prof = result["profile"]
+        lines += ["", f"Where the BSO worker's CPU goes (py-spy, the thread holding the GIL; N = {prof['n']}, "
+                  f"{prof['samples']} samples, a sprint of its own):", "",
+                  "| function | on the stack | running itself |", "|---|---|---|"]
+        lines += [f"| {h['function']} | {h['inclusive']:.1%} | {h['own']:.1%} |" for h in prof["hotspots"]]
     for row in result["rows"]:
         b = row["bso"]
         failures = b.get("workflow_task_failures", [])
@@ -466,13 +485,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=10,
                         help="BSO's batch_size (stories per Slave): each batch costs a child workflow and a few "
                         "workflow tasks of the Master, shared by its stories")
+    parser.add_argument("--profile", action="store_true",
+                        help="then one more BSO sprint of the largest N, its worker profiled with py-spy")
     args = parser.parse_args()
     # The worker processes (BSO's and the baseline's) cache bytecode, as on a default Python install: with
     # PYTHONDONTWRITEBYTECODE set (some CI images and containers do), the workflow sandbox compiles each
     # workflow module from source for every new workflow (a Slave per batch), a cost of the machine's setup.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="bso-bench-") as tmp:
-        result = asyncio.run(run(args.sizes, args.lanes, Path(tmp), args.repeat, args.workers, args.batch_size))
+        result = asyncio.run(
+            run(args.sizes, args.lanes, Path(tmp), args.repeat, args.workers, args.batch_size, args.profile)
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(result, indent=2))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
-    result = await run([12], 2, tmp_path, repeat=2, workers=2, batch_size=5)
+    result = await run([12], 2, tmp_path, repeat=2, workers=2, batch_size=5, profile=True)
     (row,) = result["rows"]
     bso = row["bso"]
     assert bso["dispatches"] == 12  # one review per story, each story done
@@ -45,3 +45,8 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     failures, races = bso["workflow_task_failures"], bso["unhandled_command_races"]
     assert isinstance(failures, list) and isinstance(races, int)
     assert f"N = 12: {len(failures)} failed workflow task(s), {races} signal(s) racing" in table
+    # --profile: one sprint more, its worker sampled by py-spy; the table says where its CPU went.
+    profile = result["profile"]
+    assert profile["n"] == 12 and profile["samples"] > 0, profile
+    assert any("workers/main.py" in h["function"] for h in profile["hotspots"]), profile["hotspots"]
+    assert f"Where the BSO worker's CPU goes (py-spy, the thread holding the GIL; N = 12, {profile['samples']} samples" in table
