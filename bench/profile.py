@@ -36,9 +36,10 @@ def py_spy() -> str:
     return found
 
 
-def hotspots(raw: Iterable[str], limit: int = 25) -> tuple[int, list[Hotspot]]:
+def hotspots(raw: Iterable[str], limit: int = 25, by: str = "inclusive") -> tuple[int, list[Hotspot]]:
     """py-spy's raw (collapsed) output, `frame;frame;... count` per line: the number of samples, and the
-    functions with the largest inclusive shares. A thread's name (`thread (N): name`) is not a function."""
+    functions with the largest shares, on the stack (`by="inclusive"`) or running themselves (`by="own"`). A
+    thread's name (`thread (N): name`) is not a function."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
@@ -54,8 +55,8 @@ def hotspots(raw: Iterable[str], limit: int = 25) -> tuple[int, list[Hotspot]]:
         for frame in dict.fromkeys(frames):  # once per sample, however deep it recurses
             inclusive[frame] += count
         own[frames[-1]] += count
-    top = [Hotspot(f, round(n / total, 3), round(own[f] / total, 3)) for f, n in inclusive.most_common(limit)]
-    return total, top
+    ranked = (inclusive if by == "inclusive" else own).most_common(limit)
+    return total, [Hotspot(f, round(inclusive[f] / total, 3), round(own[f] / total, 3)) for f, _ in ranked]
 
 
 class Profile:
@@ -69,9 +70,10 @@ class Profile:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
 
-    def stop(self) -> tuple[int, list[Hotspot]]:
+    def stop(self) -> list[str]:
+        """The samples, in py-spy's raw format (for `hotspots`)."""
         self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
         _, err = self.proc.communicate(timeout=60)
         if not self.output.exists():
             raise RuntimeError(f"py-spy wrote no profile: {err.decode(errors='replace').strip()[-500:]}")
-        return hotspots(self.output.read_text().splitlines())
+        return self.output.read_text().splitlines()

@@ -44,7 +44,7 @@ from bench.baseline import BaselineWorkflow, SkeletonWorkflow
 from bench.histories import UNHANDLED_COMMAND
 from bench.histories import task_failures as bench_task_failures
 from bench.infra import REPO, DevServer, WorkerProcess, make_project, many_stories, percentile
-from bench.profile import Profile
+from bench.profile import Profile, hotspots
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
 from workflows.sprint_master import SprintMasterWorkflow
@@ -383,8 +383,11 @@ async def run(
             print(f"N={n}: BSO sprint, its worker profiled ...", flush=True)
             recording = Profile(_pid(bso_workers[0].proc), workdir / "profile.txt")
             await bench_bso(client, workdir / "profiled", n, lanes, bso_cpu, batch_size)
-            samples, top = recording.stop()
-            profiled = {"n": n, "samples": samples, "hotspots": [asdict(h) for h in top]}
+            raw = recording.stop()
+            samples, on_stack = hotspots(raw)
+            _, running = hotspots(raw, limit=15, by="own")
+            profiled = {"n": n, "samples": samples, "hotspots": [asdict(h) for h in on_stack],
+                        "running_itself": [asdict(h) for h in running]}
     finally:
         for worker in (*bso_workers, *base_workers):
             worker.stop()
@@ -466,6 +469,9 @@ def markdown(result: dict[str, Any]) -> str:
                   f"{prof['samples']} samples, a sprint of its own):", "",
                   "| function | on the stack | running itself |", "|---|---|---|"]
         lines += [f"| {h['function']} | {h['inclusive']:.1%} | {h['own']:.1%} |" for h in prof["hotspots"]]
+        lines += ["", "The functions that ran most themselves:", "", "| function | running itself | on the stack |",
+                  "|---|---|---|"]
+        lines += [f"| {h['function']} | {h['own']:.1%} | {h['inclusive']:.1%} |" for h in prof["running_itself"]]
     for row in result["rows"]:
         b = row["bso"]
         failures = b.get("workflow_task_failures", [])

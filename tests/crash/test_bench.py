@@ -49,4 +49,5 @@ async def test_a_small_benchmark_measures_every_figure(tmp_path: Path):
     profile = result["profile"]
     assert profile["n"] == 12 and profile["samples"] > 0, profile
     assert any("workers/main.py" in h["function"] for h in profile["hotspots"]), profile["hotspots"]
+    assert profile["running_itself"] and "The functions that ran most themselves:" in table
     assert f"Where the BSO worker's CPU goes (py-spy, the thread holding the GIL; N = 12, {profile['samples']} samples" in table

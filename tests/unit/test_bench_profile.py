@@ -32,5 +32,10 @@ def test_the_limit_keeps_the_largest_shares():
     assert [h.function for h in top] == ["<module> (workers/main.py)", "run (asyncio/runners.py)"]
 
 
+def test_ranked_by_the_time_a_function_ran_itself():
+    _, top = hotspots(RAW.splitlines(), limit=2, by="own")
+    assert [(h.function, h.own) for h in top] == [("activate (x/_workflow.py)", 0.5), ("_write (a/status_file.py)", 0.333)]
+
+
 def test_no_samples_no_hotspots():
     assert hotspots([]) == (0, [])
