@@ -384,7 +384,7 @@ async def run(
             recording = Profile(_pid(bso_workers[0].proc), workdir / "profile.txt")
             await bench_bso(client, workdir / "profiled", n, lanes, bso_cpu, batch_size)
             raw = recording.stop()
-            samples, on_stack = hotspots(raw)
+            samples, on_stack = hotspots(raw, limit=40)  # the first ~20 are the event loop and the SDK
             _, running = hotspots(raw, limit=15, by="own")
             profiled = {"n": n, "samples": samples, "hotspots": [asdict(h) for h in on_stack],
                         "running_itself": [asdict(h) for h in running]}
