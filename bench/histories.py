@@ -27,6 +27,15 @@ def task_failures(history: WorkflowHistory) -> list[str]:
     return found
 
 
+def signal_races(history: WorkflowHistory) -> int:
+    """A history's WorkflowTaskFailed events that are signal races (UNHANDLED_COMMAND), which task_failures leaves out."""
+    return sum(
+        e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        and e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
+        for e in history.events
+    )
+
+
 def row_name(workflow_type: str, workflow_id: str) -> str:
     """The table row of a run: its workflow type, with the role for a resident (`<session>/resident-<role>`)."""
     if "/resident-" in workflow_id:
@@ -52,11 +61,7 @@ async def history_sizes(client: Client, query: str = "") -> dict[str, dict[str, 
         failures = task_failures(history)
         row["task_failures"] += len(failures)
         row["task_failure_causes"] += [f"{wf.id} {failure}" for failure in failures]
-        row["signal_races"] += sum(
-            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-            and e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
-            for e in history.events
-        )
+        row["signal_races"] += signal_races(history)
         row["max_event_bytes"] = max(row["max_event_bytes"], max(sizes, default=0))
         if len(sizes) > row["max_events"]:
             row["max_events"] = len(sizes)

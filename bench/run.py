@@ -41,7 +41,7 @@ from temporalio.client import Client
 
 from bench.baseline import TASK_QUEUE as BASELINE_QUEUE
 from bench.baseline import BaselineWorkflow, SkeletonWorkflow
-from bench.histories import UNHANDLED_COMMAND
+from bench.histories import signal_races
 from bench.histories import task_failures as bench_task_failures
 from bench.infra import REPO, DevServer, WorkerProcess, make_project, many_stories, percentile
 from bench.profile import Profile, hotspots
@@ -234,14 +234,11 @@ async def bench_bso(
     tasks: dict[str, int] = {}
     by_type: dict[str, int] = {}
     task_failures: list[str] = []  # a code failure, not a signal racing a workflow's end (bench.histories)
-    signal_races = 0
+    races = 0
     for wf_type, history in histories:
         events[wf_type] = events.get(wf_type, 0) + len(history.events)
         task_failures += [f"{history.workflow_id} {failure}" for failure in bench_task_failures(history)]
-        signal_races += sum(
-            e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_FAILED and e.workflow_task_failed_event_attributes.cause == UNHANDLED_COMMAND
-            for e in history.events
-        )
+        races += signal_races(history)
         short_type = wf_type.removeprefix("Sprint").removesuffix("Workflow")
         for e in history.events:
             name = f"{short_type}:{E.Name(e.event_type).removeprefix('EVENT_TYPE_')}"
@@ -279,7 +276,7 @@ async def bench_bso(
         "events_per_story_by_type": {k: round(v / n, 2) for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
         "master_runs": len([h for t, h in histories if t == "SprintMasterWorkflow"]),
         "workflow_task_failures": task_failures,
-        "unhandled_command_races": signal_races,
+        "unhandled_command_races": races,
     }
 
 

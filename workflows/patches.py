@@ -10,7 +10,6 @@ run recorded before the rollup existed (no such marker in its first task) asks e
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from temporalio import workflow
@@ -20,10 +19,6 @@ from temporalio import workflow
 class PatchRollup:
     id: str
     folded: frozenset[str]
-
-    @classmethod
-    def of(cls, rollup_id: str, folded: Iterable[str]) -> PatchRollup:
-        return cls(rollup_id, frozenset(folded))
 
     def decide(self) -> None:
         """Called in the run's first workflow task: the SDK keeps the answer for the run, so a run that started

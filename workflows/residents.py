@@ -517,6 +517,7 @@ class RosterKeeper:
     """The Master's side of the residents and the roster (mixed into SprintMasterWorkflow)."""
 
     _state: Any  # MasterState
+    _cancelling: bool  # the Master's: a cancel request came (PATCH_CANCEL_STOPS_RESIDENT_STARTS)
 
     def _init_roster(self) -> None:
         self._ready_residents: set[str] = set()
@@ -531,7 +532,6 @@ class RosterKeeper:
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
-        self._cancel_seen = False  # the sprint was cancelled (see PATCH_CANCEL_STOPS_RESIDENT_STARTS)
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -646,19 +646,15 @@ class RosterKeeper:
         have."""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
-        if self._cancel_seen and self._lingering_found and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
+        if self._cancelling and self._lingering_found and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
             s = self._state
             for role in enabled_roles(s.config.resident_slots):
                 if role not in s.residents:
                     await _stop_lingering(resident_workflow_id(s.session_id, role))
 
-    def _residents_cancelled(self) -> None:
-        """The sprint is cancelled: no resident starts from here on (PATCH_CANCEL_STOPS_RESIDENT_STARTS)."""
-        self._cancel_seen = True
-
     def _no_start_once_cancelled(self) -> None:
         """Raise the cancel a delivered signal swallowed (see PATCH_CANCEL_STOPS_RESIDENT_STARTS) before a start."""
-        if self._cancel_seen and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
+        if self._cancelling and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
             self._resident_starting = None  # none of this run's is starting: the earlier run's are stopped
             raise asyncio.CancelledError
 

@@ -604,7 +604,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._cancelling = True
         self._cancel_slaves_once_started = workflow.patched(PATCH_CANCEL_STARTED_SLAVES)
         self._cancel_ends_sprint = workflow.patched(PATCH_SWALLOWED_CANCEL_ENDS_SPRINT)
-        self._residents_cancelled()
         batches_ran = bool(self._running_batches)
         # Those still starting (perhaps in this very task) are cancelled once they have started (_run_slave).
         started = [

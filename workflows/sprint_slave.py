@@ -215,9 +215,9 @@ PATCH_UPDATES_HELD_AFTER_CLOSE = "slave-updates-held-after-close"
 PATCH_CANCEL_AFTER_DEBUG_REQUEST = "slave-cancel-after-debug-request"
 # Every patch above, and the two of bso.dispatch, folded into one marker per Slave (workflows/patches.py); a patch
 # named after it is asked on its own.
-SLAVE_PATCHES = PatchRollup.of(
+SLAVE_PATCHES = PatchRollup(
     SLAVE_PATCH_ROLLUP,
-    [
+    frozenset({
         PATCH_LOCAL_STATUS_LOAD,
         PATCH_FINAL_UPDATES_IN_RESULT,
         PATCH_SHOW_DEBUG_WAIT,
@@ -242,7 +242,7 @@ SLAVE_PATCHES = PatchRollup.of(
         PATCH_CANCEL_AFTER_DEBUG_REQUEST,
         PATCH_ANSWER_MATCHES_DISPATCH,
         PATCH_TOKENS_BOUNDED,
-    ],
+    }),
 )
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)

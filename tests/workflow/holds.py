@@ -38,6 +38,8 @@ from temporalio.worker import (
 from activities.agents import run_agent
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE
 from bso.data_converter import data_converter
+from tests.collapsed_history import collapsed
+from tests.conftest import histories_of
 from workers.main import SPRINT_ACTIVITIES, STICKY_SCHEDULE_TO_START, WORKFLOW_INTERCEPTORS, WORKFLOWS, build_workers
 
 SIGNAL_HOLD_SECONDS = 120  # far longer than a test takes to cancel: the cancel ends the hold
@@ -147,9 +149,6 @@ async def replay_with(client: Client, handle: WorkflowHandle[Any, Any], hold: Ho
     """Replay with the hold they ran with (the suite's replay has none) every run of the workflow, of its residents
     and of the children they started, as recorded and in the shape whose tasks sdk-core joins
     (tests/collapsed_history.py); a nondeterminism error fails the test."""
-    from tests.collapsed_history import collapsed
-    from tests.conftest import histories_of
-
     histories = await histories_of(client, [handle.id])
     assert histories, handle.id
     shapes = [(history, "as recorded") for history in histories]
