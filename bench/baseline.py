@@ -20,6 +20,8 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from workers.sandbox import workflow_runner
+
 TASK_QUEUE = "bench-baseline"
 
 
@@ -57,8 +59,13 @@ class SkeletonWorkflow:
 
 async def serve() -> None:
     client = await Client.connect(os.environ["TEMPORAL_ADDRESS"])
+    # BSO's workflow runner here too: the ratio compares orchestration, not two builds of the sandbox.
     worker = Worker(
-        client, task_queue=TASK_QUEUE, workflows=[BaselineWorkflow, SkeletonWorkflow], activities=[noop, noop_write]
+        client,
+        task_queue=TASK_QUEUE,
+        workflows=[BaselineWorkflow, SkeletonWorkflow],
+        activities=[noop, noop_write],
+        workflow_runner=workflow_runner(),
     )
     await worker.run()
 

@@ -31,6 +31,7 @@ from activities.status_file import load_sprint_status, wait_for_status_file, wri
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
 from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
+from workers.sandbox import workflow_runner
 from workers.telemetry import TelemetryInterceptor, configure_logging, worker_runtime
 from workflows.inbound_guard import InboundGuard
 from workflows.residents import ResidentWorkflow
@@ -84,6 +85,7 @@ def build_workers(
                 # run_agent too: simulated agents run on the sprint queue (bso.constants.agent_task_queue).
                 activities=[*SPRINT_ACTIVITIES, run_agent],
                 interceptors=WORKFLOW_INTERCEPTORS,
+                workflow_runner=workflow_runner(),
                 sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
                 max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
             )
