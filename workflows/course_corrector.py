@@ -64,6 +64,8 @@ class CourseCorrector:
     _running_batches: dict[int, str]
     _project_root: str
     _not_replannable: Callable[[], str | None]
+    _put_view: Callable[[str, StoryView], None]  # every change of a story's view (the Master keeps its tally)
+    _drop_view: Callable[[str], None]
 
     def _init_course_correction(self) -> None:
         self._replanning = False  # no batch starts while a course correction is being applied
@@ -138,14 +140,14 @@ class CourseCorrector:
         if not workflow.patched(PATCH_CC_PLAN_FIRST):  # corrections started before: written, then planned
             for key in drop:
                 current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
-                s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
+                self._put_view(key, s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None}))
             for key in add:
                 meta = metas[key]
                 first = start_value(meta.state)
                 if first is not None:
                     meta = meta.model_copy(update={"state": await self._cc_write(key, meta.state, first)})
                 s.stories[key] = meta
-                s.views[key] = StoryView(state=meta.state)
+                self._put_view(key, StoryView(state=meta.state))
                 s.outside_stories.pop(key, None)
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
@@ -157,25 +159,27 @@ class CourseCorrector:
             for key in add:
                 first = start_value(metas[key].state, s.dropped_from.get(key))
                 s.stories[key] = metas[key].model_copy(update={"state": first}) if first is not None else metas[key]
-                s.views[key] = StoryView(state=s.stories[key].state)
+                self._put_view(key, StoryView(state=s.stories[key].state))
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
                 for key in add:
                     if key in before:  # a story dropped earlier stays in the sprint, as it was
-                        s.stories[key], s.views[key] = before[key]
+                        s.stories[key] = before[key][0]
+                        self._put_view(key, before[key][1])
                     else:
-                        del s.stories[key], s.views[key]
+                        del s.stories[key]
+                        self._drop_view(key)
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             for key in drop:
                 s.dropped_from[key] = s.views[key].state
                 current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
-                s.views[key] = s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None})
+                self._put_view(key, s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None}))
             for key in add:
                 s.dropped_from.pop(key, None)
                 if s.stories[key].state != metas[key].state:
                     current = await self._cc_write(key, metas[key].state, s.stories[key].state)
                     s.stories[key] = s.stories[key].model_copy(update={"state": current})
-                    s.views[key] = s.views[key].model_copy(update={"state": current})
+                    self._put_view(key, s.views[key].model_copy(update={"state": current}))
                 s.outside_stories.pop(key, None)
         if drop:
             self._tell_dependants({key: s.views[key].state for key in drop}, None)
@@ -233,7 +237,7 @@ class CourseCorrector:
         s.queue = list(cc.batches)
         for spec in cc.batches:
             for key in spec.stories:
-                s.views[key] = s.views[key].model_copy(update={"batch_id": spec.batch_id})
+                self._put_view(key, s.views[key].model_copy(update={"batch_id": spec.batch_id}))
         s.course_corrections.append(cc.impact)
         s.corrections.append(correction_record(cc))  # for the report: the note given with it, what it dropped
         workflow.logger.info("COURSE_CORRECTION by %s: %s", answer.planner, cc.impact)

@@ -11,7 +11,7 @@ between batches, before its history grows large, and pick up exactly where it wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -94,6 +94,7 @@ with workflow.unsafe.imports_passed_through():
         TERMINAL_VALUES,
         short_key,
     )
+    from bso.story_tally import StoryTally
     from bso.improvements import (
         AddStoriesInput,
         ImprovementRecord,
@@ -219,6 +220,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def __init__(self, inp: SprintInput | RawInput | None = None) -> None:
         inp = self._input = required_input(inp, SprintInput)
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
+        self._tally = StoryTally.of(self._state.views)  # kept by _put_view: the details count without a walk
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
         self._cancelling = False  # a cancel request came: no batch starts any more
         self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
@@ -331,7 +333,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if update.story_key in s.views:
             if s.views[update.story_key].awaiting_decision and not update.view.awaiting_decision:
                 self._decided_views.setdefault(update.story_key, update.view)
-            s.views[update.story_key] = update.view
+            self._put_view(update.story_key, update.view)
             agent = update.view.agent_in_flight
             self._temp_seen(
                 update.story_key,
@@ -464,7 +466,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.earlier_work[key] = s.earlier_work.get(key, StoryWork()).plus(s.views[key])
         if s.views[key].batch_id in self._running_batches:  # its tokens reach s.tokens_used when that batch ends
             self._left_running_batches.append((s.views[key].batch_id, key, s.views[key]))
-        s.views[key] = StoryView(state=target, batch_id=batch_id)
+        self._put_view(key, StoryView(state=target, batch_id=batch_id))
         spec = BatchSpec(batch_id=batch_id, stories=[key])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
             s.queue.insert(rearm_position(s.queue, key, s.stories), spec)
@@ -812,7 +814,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.next_batch_id += 1
         for meta, proposal in zip(metas, chosen, strict=True):
             s.stories[meta.key] = meta
-            s.views[meta.key] = StoryView(state=meta.state, batch_id=spec.batch_id)
+            self._put_view(meta.key, StoryView(state=meta.state, batch_id=spec.batch_id))
             s.improvements.append(
                 ImprovementRecord(
                     improvement_id=proposal.improvement_id,
@@ -871,7 +873,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.stories = {story.key: story for story in stories}
         for spec in s.plan.batches:
             for key in spec.stories:
-                s.views[key] = StoryView(state=s.stories[key].state, batch_id=spec.batch_id)
+                self._put_view(key, StoryView(state=s.stories[key].state, batch_id=spec.batch_id))
         s.queue = list(s.plan.batches)
         s.next_batch_id = len(s.plan.batches) + 1
         # A pause that came while planning holds: the phase must say so (resume sets running).
@@ -1089,7 +1091,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if never_started:
             s.queue.insert(0, BatchSpec(batch_id=s.next_batch_id, stories=never_started))
             for key in never_started:
-                s.views[key] = s.views[key].model_copy(update={"batch_id": s.next_batch_id})
+                self._put_view(key, s.views[key].model_copy(update={"batch_id": s.next_batch_id}))
             s.next_batch_id += 1
 
     async def _stop_running(self, batch_ids: list[int]) -> None:
@@ -1219,7 +1221,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         for key in self._still_in(spec):
             if s.views[key].status_file_problem:
-                s.views[key] = s.views[key].model_copy(update={"status_file_problem": None})
+                self._put_view(key, s.views[key].model_copy(update={"status_file_problem": None}))
 
     def _still_in(self, spec: BatchSpec) -> list[str]:
         """The batch's stories that are still its own: a story rearmed while its batch ran belongs to the
@@ -1273,7 +1275,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     "work_left_out": bool(view.work_left_out) or outcome.work_left_out,
                 }
                 merge_cut[key] = view.state
-            s.views[key] = view.model_copy(update=update)
+            self._put_view(key, view.model_copy(update=update))
         if merge_cut:
             self._tell_dependants(merge_cut, spec.batch_id)
         progress = [_progress_from_view(k, s.views[k]) for k in self._still_in(spec)]
@@ -1297,9 +1299,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _tokens_in_flight(self) -> int:
         """The running batches' tokens: their stories', and those of stories rearmed out of them meanwhile."""
         running = self._running_batches
-        return sum(v.tokens_used for v in self._state.views.values() if v.batch_id in running) + sum(
+        return sum(v.tokens_used for _, v in self._running_views()) + sum(
             view.tokens_used for batch_id, _, view in self._left_running_batches if batch_id in running
         )
+
+    # --- the story views -----------------------------------------------------------------------
+
+    def _put_view(self, key: str, view: StoryView) -> None:
+        """Every change of a story's view goes through here (or _drop_view), which keeps the tally."""
+        self._tally.change(key, self._state.views.get(key), view)
+        self._state.views[key] = view
+
+    def _drop_view(self, key: str) -> None:
+        self._tally.change(key, self._state.views.pop(key, None), None)
+
+    def _running_views(self) -> Iterator[tuple[str, StoryView]]:
+        """The views of the running batches' stories, less those rearmed out of them since: a walk over those
+        batches, not over every story of the sprint (a view names a batch only if it is among its stories)."""
+        views = self._state.views
+        for batch_id in self._running_batches:
+            spec = self._running_specs.get(batch_id)
+            for key in spec.stories if spec else ():
+                if (view := views.get(key)) is not None and view.batch_id == batch_id:
+                    yield key, view
 
     # --- visibility ----------------------------------------------------------------------------
 
@@ -1312,18 +1334,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _show(self) -> None:
         s = self._state
-        # One pass over the views (this runs on every story_updates signal); only the stories of running
-        # batches get a row, so the details stay small on a sprint of any size.
-        done = 0
-        lines: list[str] = []
-        waiting: list[str] = []
-        for k, v in s.views.items():
-            done += v.state == StoryState.DONE
-            if v.batch_id in self._running_batches:
-                lines.append(f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |")
-            if v.awaiting_decision:
-                waiting.append(f"{k} ({v.awaiting_decision})")
-        rows = "\n".join(lines)
+        # This runs on every story_updates signal: no walk over every story (the tally counts them), and only
+        # the stories of running batches get a row, so the details stay small on a sprint of any size.
+        rows = "\n".join(
+            f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |" for k, v in self._running_views()
+        )
+        waiting = [f"{k} ({why})" for k, why in self._tally.awaiting.items()]
         pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason and s.phase not in ENDED_PHASES else ""
         if s.checkpoint:
             pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
@@ -1332,7 +1348,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if held := self._next_batch()[1]:
             pause += f"\n\n{held}"
         workflow.set_current_details(
-            f"**Sprint `{s.session_id}`**: {s.phase.value}, {done}/{len(s.views)} stories done, "
+            f"**Sprint `{s.session_id}`**: {s.phase.value}, {self._tally.done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
             f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}\n\n"
             "| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 
 from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
@@ -127,6 +129,19 @@ def ledger(root: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def shown_done(handle: WorkflowHandle[Any, Any]) -> tuple[int, int]:
+    """The Master's details as the Web UI shows them: (stories done, stories in the sprint)."""
+    details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+    found = re.search(r"(\d+)/(\d+) stories done", details)
+    assert found, details
+    return int(found[1]), int(found[2])
+
+
+def done_of(report: SprintReport) -> tuple[int, int]:
+    """(stories done, stories) of a report: what the Master's details show once the sprint has ended."""
+    return sum(state == "done" for state in report.stories.values()), len(report.stories)
 
 
 async def workflow_task_failures(client: Client, workflow_id: str) -> list[str]:

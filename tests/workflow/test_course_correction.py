@@ -19,7 +19,9 @@ from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from bso.models import DEFAULT_STATUS_FILE
 from tests.workflow.helpers import (
+    done_of,
     make_project,
+    shown_done,
     sprint_input,
     sprint_result,
     start_sprint,
@@ -91,7 +93,9 @@ async def test_course_correction_adds_and_drops_stories_mid_sprint(ts_env, tmp_p
         assert status.course_corrections == [cc.impact]
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
+        shown = await shown_done(handle)  # the details' count, kept story by story (bso.story_tally)
     assert report.stories == {K1: "done", K2: "done", K3: "skipped", OTHER: "done"}
+    assert shown == done_of(report) == (3, 4)
     assert [b.batch_id for b in report.batches] == [1, 4, 5]
     values = status_values(tmp_path)
     assert (values[K1], values[K2], values[K3], values[OTHER]) == ("done", "done", "skipped", "done")
@@ -161,8 +165,10 @@ async def test_a_correction_the_planner_cannot_plan_changes_nothing(ts_env, tmp_
         assert OTHER not in status.stories and status.stories[K3].state == "review"
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
+        shown = await shown_done(handle)
         flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
     assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    assert shown == done_of(report) == (3, 3)  # the refused correction's stories left the count with it
     # `bso messages`: the correction asked, and the refusal that answered it.
     assert [(m.type, m.detail) for m in flow if m.type.startswith("C")] == [
         ("CC_TRIGGER", "new_requirements (add 2-1, 2-2; drop 1-3)"),
@@ -356,7 +362,9 @@ async def test_a_refused_correction_that_adds_a_dropped_story_back_keeps_it_in_t
         assert back.added == [K3]
         await handle.signal(SprintMasterWorkflow.resume, {})
         report = await sprint_result(handle)
+        shown = await shown_done(handle)
     assert report.stories == {K1: "done", K2: "done", K3: "done"}
+    assert shown == done_of(report) == (3, 3)
 
 
 async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_env, tmp_path: Path):

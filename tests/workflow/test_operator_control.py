@@ -251,7 +251,9 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
             assert view.state == "skipped" and view.story_review_rounds == 1
             final = "skipped"
         report = await sprint_result(handle)
+        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
     assert report.stories == {K1: final}
+    assert f"{int(final == 'done')}/1 stories done" in details and "Awaiting" not in details  # the decision counted
     assert status_values(tmp_path)[K1] == final
 
 
