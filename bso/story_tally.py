@@ -2,7 +2,8 @@
 
 The Master shows its progress (stories done, stories awaiting a human decision) on every batch start and end
 and every `story_updates` signal; counting them by a walk over every story made each of those O(stories), and
-a sprint of N stories O(N^2) in all. The Master changes a view only through one method, which tells this tally.
+a sprint of N stories O(N^2) in all. The Master changes a view only through `_put_view` and `_drop_view`, which
+tell this tally.
 """
 
 from __future__ import annotations

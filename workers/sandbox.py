@@ -8,7 +8,7 @@ sprint's worker in `bench.run --profile`. The strings are a handful of constants
 each once; what runs, the restrictions, the importer and the instance are the SDK's own.
 
 `_Instance` is private to the SDK: if a later SDK no longer has it, `workflow_runner()` returns the SDK's
-runner as shipped (and says so in the log), and tests/unit/test_sandbox_runner.py fails to point it out.
+runner as shipped (and says so in the log), and tests/workflow/test_sandbox_runner.py fails to point it out.
 """
 
 from __future__ import annotations

@@ -1039,8 +1039,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return 0, None
         if s.config.max_concurrent_slaves <= 1 or not self._may_start_batch():
             return 0, None  # one batch at a time, or none may start: nothing is held for a file
-        if not any(meta.files for meta in s.stories.values()):
-            return 0, None  # no story names its files (this runs on every story update: kept cheap)
 
         def stories(keys: list[str]) -> list[StoryMeta]:
             return [s.stories[k] for k in keys if k in s.stories]
@@ -1049,6 +1047,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             batch_id: [meta for meta in stories(spec.stories) if still_on_its_files(s.views.get(meta.key), batch_id)]
             for batch_id, spec in self._running_specs.items()
         }
+        if not any(meta.files for metas in running.values() for meta in metas):
+            # No running story touches a file, so no batch waits for one: startable_batch's answer without its walk
+            # over the queue (this runs on every story update; the running batches' stories are few).
+            return 0, None
         index, waits = startable_batch((stories(spec.stories) for spec in s.queue), running)
         return index, "; ".join(f"batch {s.queue[i].batch_id} waits: {why}" for i, why in waits) or None
 

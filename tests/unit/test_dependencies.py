@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bso.dependencies import (
     MERGING,
     UNFINISHED,
@@ -140,3 +143,21 @@ def test_a_story_being_merged_still_holds_its_files_and_its_dependants():
     # Master tells the running ones so: tests/workflow/test_command_local.py).
     assert state_for_dependants(merging, pending=False) == "done"
     assert state_for_dependants(StoryView(state="dev", batch_id=1), pending=False) == f"{UNFINISHED}:dev"
+
+
+_keys = st.sampled_from(["a", "b", "c", "d", "e"])
+_stories = st.builds(
+    meta,
+    key=_keys,
+    depends_on=st.lists(_keys, max_size=2),
+    files=st.lists(st.sampled_from(["f.py", "g.py"]), max_size=2),
+)
+
+
+@given(
+    st.lists(st.lists(_stories, min_size=1, max_size=3), min_size=1, max_size=4),
+    st.dictionaries(st.integers(1, 3), st.lists(_stories.map(lambda m: m.model_copy(update={"files": []})), max_size=3)),
+)
+def test_nothing_waits_while_no_running_story_touches_a_file(queued, running):
+    """What the Master's _next_batch answers without calling startable_batch (it runs on every story update)."""
+    assert startable_batch(queued, running) == (0, [])
