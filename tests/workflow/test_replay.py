@@ -75,6 +75,20 @@ async def test_every_history_a_test_makes_is_replayed_with_todays_code(ts_env, t
         await assert_replays(ts_env.client, [handle.id])
 
 
+async def test_a_local_activity_heartbeat_is_not_joined_with_the_events_after_it():
+    """A Slave's U4 write (a local activity) ran past its workflow task's timeout, cancelled mid-write
+    (test_operator_control's cancel-3): sdk-core kept the task alive with a heartbeat completion, and the story
+    updates hold's timer fired after it. The joined shape moved that timer into the activation that had started
+    the write, a history no server writes (it starts a heartbeat's next task with the completion), which failed
+    to replay in a full run; the task before, which did not heartbeat, is still joined."""
+    path = ROOT / "heartbeat-2026-11-27" / "cancel-3--batch-1.json"
+    history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
+    joined, moved = collapsed(history)
+    assert moved == 1
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
+    assert (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure is None
+
+
 @pytest.mark.unreplayable_on_purpose
 async def test_a_history_whose_tasks_are_joined_on_replay_is_replayed_in_that_shape_too(ts_env, tmp_path: Path, monkeypatch):
     """sdk-core joins, on replay, a workflow task that completed with no command with the next one, when the
