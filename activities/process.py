@@ -101,8 +101,8 @@ async def run_command(
 @asynccontextmanager
 async def heartbeating(detail: Callable[[], object], every: float) -> AsyncIterator[None]:
     """Heartbeat `detail()` every `every` seconds while the block runs (work that may outlast the activity's
-    heartbeat timeout); nothing outside an activity (a direct call)."""
-    if not activity.in_activity():
+    heartbeat timeout); nothing outside an activity (a direct call) or in a local one (it has no heartbeat)."""
+    if not activity.in_activity() or activity.info().is_local:
         yield
         return
 

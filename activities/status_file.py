@@ -26,6 +26,7 @@ from pathlib import PurePath
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from activities.process import heartbeating
 from activities.session_files import ProjectBusyError, claim_project
 
 from bso.models import (
@@ -56,6 +57,10 @@ from bso.sprint_status import (
 from bso.temporal_client import is_running
 
 MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
+# The heartbeat timeout of the Master's file activities (the status load, the improvement stories, the summary):
+# a worker killed in the middle of one is noticed within it and the activity retried on another, where the server
+# waited for their 60 s start-to-close timeout (a restarted sprint stood still a minute). They heartbeat 5 times in it.
+FILE_WORK_HEARTBEAT = 10
 ERROR_TYPE = "StatusFileError"
 # The file does not parse: during a sprint, most likely someone's editor in the middle of saving it (or a line
 # typed half-way). Retryable: the Slave's read or write lands once the file parses again; a sprint's first read
@@ -266,7 +271,8 @@ def _read_story_file(path: str, root_real: str):
 async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
     with _unreadable_given_up(inp.wait_when_unreadable_after):
-        snapshot = await asyncio.to_thread(_load_sync, inp)
+        async with heartbeating(lambda: "reading sprint-status.yaml", FILE_WORK_HEARTBEAT / 5):
+            snapshot = await asyncio.to_thread(_load_sync, inp)
     if inp.claim_project:  # after the load: it has checked the project root is a real directory
         info = activity.info()
         try:

@@ -8,13 +8,16 @@ same file, so retries are harmless.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 from pydantic import Field
 from temporalio import activity
 
+from activities.process import heartbeating
 from activities.session_files import session_path
+from activities.status_file import FILE_WORK_HEARTBEAT
 from bso.models import SprintReport, _Model
 from bso.summary import render_from_histories, summary_filename
 from bso.temporal_client import fetch_sprint_histories
@@ -29,8 +32,9 @@ class SummaryInput(_Model):
 @activity.defn
 async def write_execution_summary(inp: SummaryInput) -> str:
     """Write the summary; returns its path relative to the project."""
-    histories = await fetch_sprint_histories(activity.client(), inp.workflow_id)
-    text = render_from_histories(inp.report, histories)
+    async with heartbeating(lambda: "writing the execution summary", FILE_WORK_HEARTBEAT / 5):
+        histories = await fetch_sprint_histories(activity.client(), inp.workflow_id)
+        text = await asyncio.to_thread(render_from_histories, inp.report, histories)
     path = session_path(inp.project_root, summary_filename(inp.report.session_id))
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.improvements import add_improvement_stories, propose_improvements
     from activities.status_file import (
+        FILE_WORK_HEARTBEAT,
         PROJECT_BUSY_ERROR,
         UNREADABLE_ERROR_TYPE,
         load_sprint_status,
@@ -761,6 +762,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.improvement_cycle_done = True
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
+            "heartbeat_timeout": timedelta(seconds=FILE_WORK_HEARTBEAT),
             "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
         }
         try:
@@ -836,6 +838,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 write_execution_summary,
                 SummaryInput(project_root=inp.project_root, workflow_id=workflow.info().workflow_id, report=report),
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=timedelta(seconds=FILE_WORK_HEARTBEAT),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="write the execution summary",
             )
@@ -913,6 +916,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 load_sprint_status,
                 LoadStatusInput(project_root=inp.project_root, status_file=inp.status_file, claim_project=True),
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=timedelta(seconds=FILE_WORK_HEARTBEAT),  # a lost worker's read: retried then
                 retry_policy=RetryPolicy(
                     maximum_attempts=3, non_retryable_error_types=["StatusFileError", UNREADABLE_ERROR_TYPE]
                 ),
