@@ -270,9 +270,14 @@ def _read_story_file(path: str, root_real: str):
 @activity.defn
 async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
+    # The claim too: it may wait for another sprint's lock, and asks the server about that sprint.
+    async with heartbeating(lambda: "reading sprint-status.yaml", FILE_WORK_HEARTBEAT / 5):
+        return await _load_and_claim(inp)
+
+
+async def _load_and_claim(inp: LoadStatusInput) -> StatusSnapshot:
     with _unreadable_given_up(inp.wait_when_unreadable_after):
-        async with heartbeating(lambda: "reading sprint-status.yaml", FILE_WORK_HEARTBEAT / 5):
-            snapshot = await asyncio.to_thread(_load_sync, inp)
+        snapshot = await asyncio.to_thread(_load_sync, inp)
     if inp.claim_project:  # after the load: it has checked the project root is a real directory
         info = activity.info()
         try:

@@ -20,8 +20,6 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from workers.sandbox import workflow_runner
-
 TASK_QUEUE = "bench-baseline"
 
 
@@ -58,6 +56,8 @@ class SkeletonWorkflow:
 
 
 async def serve() -> None:
+    from workers.sandbox import workflow_runner  # here: the sandbox re-imports this module for every workflow run
+
     client = await Client.connect(os.environ["TEMPORAL_ADDRESS"])
     # BSO's workflow runner here too: the ratio compares orchestration, not two builds of the sandbox.
     worker = Worker(

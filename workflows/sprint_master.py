@@ -312,7 +312,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return
         applied = [self._apply_story_update(update) for update in updates]
         if any(applied):
-            self._show()  # once per signal: it walks every story
+            self._show()  # once per signal, not per update
 
     @workflow.signal(name=SIGNAL_STORY_UPDATE)
     def story_update(self, payload: Any) -> None:

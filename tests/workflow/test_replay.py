@@ -75,16 +75,29 @@ async def test_every_history_a_test_makes_is_replayed_with_todays_code(ts_env, t
         await assert_replays(ts_env.client, [handle.id])
 
 
+HEARTBEAT_HISTORY = ROOT / "heartbeat-2026-11-27" / "cancel-3--batch-1.json"
+
+
 async def test_a_local_activity_heartbeat_is_not_joined_with_the_events_after_it():
     """A Slave's U4 write (a local activity) ran past its workflow task's timeout, cancelled mid-write
     (test_operator_control's cancel-3): sdk-core kept the task alive with a heartbeat completion, and the story
-    updates hold's timer fired after it. The joined shape moved that timer into the activation that had started
-    the write, a history no server writes (it starts a heartbeat's next task with the completion), which failed
-    to replay in a full run; the task before, which did not heartbeat, is still joined."""
-    path = ROOT / "heartbeat-2026-11-27" / "cancel-3--batch-1.json"
-    history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
+    updates hold's timer fired after it. The suite's joined shape leaves the heartbeat task apart (a full run had
+    failed on it: see the next test); the task before, which did not heartbeat, is still joined."""
+    history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY.read_text())
     joined, moved = collapsed(history)
     assert moved == 1
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
+    assert (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure is None
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "open: joined with the events after it, the heartbeat task of a Slave's long U4 write fails to replay "
+    "(Missing associated machine for LocalActivity(3)); the server can write that shape"
+))
+async def test_a_local_activity_heartbeat_joined_with_a_timer_after_it_replays():
+    history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY.read_text())
+    joined, moved = collapsed(history, join_heartbeats=True)
+    assert moved == 2
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
     assert (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure is None
 
