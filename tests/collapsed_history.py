@@ -15,8 +15,9 @@ history_update.rs); a pair core leaves apart replays as it did, so the extra one
 failure. It leaves alone a task that completed after most of its timeout: sdk-core's heartbeat while a local
 activity runs on. Joined there, a Slave that started its U4 write (a local activity) in the task before the
 heartbeat, and whose story-updates hold timer fired after it, fails to replay (`Missing associated machine for
-LocalActivity(3)`): an open problem (tests/workflow/test_replay.py, a strict xfail). The server can write that
-shape: the same history has a cancel between a heartbeat's next WorkflowTaskScheduled and its start."""
+LocalActivity(3)`: joined, the agent's answer and the cancel that came later come in one activation, and the
+cancelled Slave starts no write): an open problem (tests/workflow/test_replay.py, a strict xfail). The server can
+write that shape: the same history has a cancel between a heartbeat's next WorkflowTaskScheduled and its start."""
 
 from __future__ import annotations
 

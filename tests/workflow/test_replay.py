@@ -91,8 +91,9 @@ async def test_a_local_activity_heartbeat_is_not_joined_with_the_events_after_it
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: joined with the events after it, the heartbeat task of a Slave's long U4 write fails to replay "
-    "(Missing associated machine for LocalActivity(3)); the server can write that shape"
+    "open: joined with the tasks after it, the heartbeat task of a Slave's long U4 write fails to replay "
+    "(Missing associated machine for LocalActivity(3)): the agent's answer, the hold's timer and the cancel come "
+    "in one activation, and the Slave, cancelled, does not start the U4 write it started live"
 ))
 async def test_a_local_activity_heartbeat_joined_with_a_timer_after_it_replays():
     history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY.read_text())
