@@ -21,9 +21,8 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.process import heartbeating
 from activities.session_files import SESSION_DIR
-from activities.status_file import FILE_WORK_HEARTBEAT, _atomic_replace, _read_text, status_lock_path
+from activities.status_file import _atomic_replace, _read_text, file_work_heartbeats, status_lock_path
 from bso.improvements import AddStoriesInput, Proposals, ProposeInput, insert_after
 from bso.messages import ImprovementRequestedPayload, parse_message, validation_failed
 from bso.models import StoryMeta, short_key
@@ -79,7 +78,7 @@ def _read_proposals(inp: ProposeInput) -> Proposals:
 async def propose_improvements(inp: ProposeInput) -> Proposals:
     if inp.backend == "simulated":
         return Proposals(proposals=list(inp.simulated))
-    async with heartbeating(lambda: "reading the improvement proposals", FILE_WORK_HEARTBEAT / 5):
+    async with file_work_heartbeats("reading the improvement proposals"):
         return await asyncio.to_thread(_read_proposals, inp)
 
 
@@ -136,5 +135,5 @@ def _add_sync(inp: AddStoriesInput) -> list[StoryMeta]:
 
 @activity.defn
 async def add_improvement_stories(inp: AddStoriesInput) -> list[StoryMeta]:
-    async with heartbeating(lambda: "adding the improvement stories", FILE_WORK_HEARTBEAT / 5):
+    async with file_work_heartbeats("adding the improvement stories"):
         return await asyncio.to_thread(_add_sync, inp)

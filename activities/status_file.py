@@ -61,6 +61,12 @@ MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
 # a worker killed in the middle of one is noticed within it and the activity retried on another, where the server
 # waited for their 60 s start-to-close timeout (a restarted sprint stood still a minute). They heartbeat 5 times in it.
 FILE_WORK_HEARTBEAT = 10
+
+
+def file_work_heartbeats(what: str):
+    """The heartbeats of one of those activities while it works on `what`."""
+    return heartbeating(lambda: what, FILE_WORK_HEARTBEAT / 5)
+
 ERROR_TYPE = "StatusFileError"
 # The file does not parse: during a sprint, most likely someone's editor in the middle of saving it (or a line
 # typed half-way). Retryable: the Slave's read or write lands once the file parses again; a sprint's first read
@@ -271,7 +277,7 @@ def _read_story_file(path: str, root_real: str):
 async def load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     """Read sprint-status.yaml and its story files into a snapshot; any problem is non-retryable."""
     # The claim too: it may wait for another sprint's lock, and asks the server about that sprint.
-    async with heartbeating(lambda: "reading sprint-status.yaml", FILE_WORK_HEARTBEAT / 5):
+    async with file_work_heartbeats("reading sprint-status.yaml"):
         return await _load_and_claim(inp)
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from pydantic import Field
 from temporalio import activity
 
-from activities.process import heartbeating
 from activities.session_files import session_path
-from activities.status_file import FILE_WORK_HEARTBEAT
+from activities.status_file import file_work_heartbeats
 from bso.models import SprintReport, _Model
 from bso.summary import render_from_histories, summary_filename
 from bso.temporal_client import fetch_sprint_histories
@@ -32,7 +31,7 @@ class SummaryInput(_Model):
 @activity.defn
 async def write_execution_summary(inp: SummaryInput) -> str:
     """Write the summary; returns its path relative to the project."""
-    async with heartbeating(lambda: "writing the execution summary", FILE_WORK_HEARTBEAT / 5):
+    async with file_work_heartbeats("writing the execution summary"):
         histories = await fetch_sprint_histories(activity.client(), inp.workflow_id)
         text = await asyncio.to_thread(render_from_histories, inp.report, histories)
     path = session_path(inp.project_root, summary_filename(inp.report.session_id))

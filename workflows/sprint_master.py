@@ -127,6 +127,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.sprint_slave import SprintSlaveWorkflow, invalid_decision, merge_story_back
     from bso.git_rules import MergeOutcome
 
+# The Master's file activities: a worker killed in the middle of one is noticed within it (they heartbeat).
+FILE_ACTIVITY_HEARTBEAT = timedelta(seconds=FILE_WORK_HEARTBEAT)
 # A Slave still starting when the sprint was shut down is told once it has started.
 PATCH_SHUTDOWN_AFTER_START = "master-shutdown-after-start"
 # An update that came while the sprint settled its course corrections finishes before the sprint ends.
@@ -762,7 +764,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s.improvement_cycle_done = True
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(seconds=60),
-            "heartbeat_timeout": timedelta(seconds=FILE_WORK_HEARTBEAT),
+            "heartbeat_timeout": FILE_ACTIVITY_HEARTBEAT,
             "retry_policy": RetryPolicy(maximum_attempts=3, non_retryable_error_types=["StatusFileError"]),
         }
         try:
@@ -838,7 +840,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 write_execution_summary,
                 SummaryInput(project_root=inp.project_root, workflow_id=workflow.info().workflow_id, report=report),
                 start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=timedelta(seconds=FILE_WORK_HEARTBEAT),
+                heartbeat_timeout=FILE_ACTIVITY_HEARTBEAT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="write the execution summary",
             )
@@ -916,7 +918,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 load_sprint_status,
                 LoadStatusInput(project_root=inp.project_root, status_file=inp.status_file, claim_project=True),
                 start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=timedelta(seconds=FILE_WORK_HEARTBEAT),  # a lost worker's read: retried then
+                heartbeat_timeout=FILE_ACTIVITY_HEARTBEAT,
                 retry_policy=RetryPolicy(
                     maximum_attempts=3, non_retryable_error_types=["StatusFileError", UNREADABLE_ERROR_TYPE]
                 ),

@@ -131,9 +131,14 @@ def ledger(root: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+async def current_details(handle: WorkflowHandle[Any, Any]) -> str:
+    """A workflow's current details, as the Web UI shows them."""
+    return (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+
+
 async def shown_done(handle: WorkflowHandle[Any, Any]) -> tuple[int, int]:
-    """The Master's details as the Web UI shows them: (stories done, stories in the sprint)."""
-    details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+    """The Master's details: (stories done, stories in the sprint)."""
+    details = await current_details(handle)
     found = re.search(r"(\d+)/(\d+) stories done", details)
     assert found, details
     return int(found[1]), int(found[2])

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -65,6 +64,7 @@ from tests.workflow.holds import (
     workers_with as workers_held,
 )
 from tests.workflow.helpers import (
+    current_details,
     ledger,
     make_project,
     poll_until,
@@ -230,7 +230,7 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
         assert status.stories[K1].state == "story-doc-review"
         assert "force_pass, skip_story or retry" in status.awaiting_decision[K1]
         # What the Web UI shows of the Master: progress, the running batch's stories, who waits for whom.
-        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+        details = await current_details(handle)
         assert "0/1 stories done" in details and f"| {K1} | 1 | story-doc-review |" in details
         assert f"Awaiting a human decision (`decide` update): {K1} (" in details
         # Bad decisions are rejected by the validator and change nothing.
@@ -251,7 +251,7 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
             assert view.state == "skipped" and view.story_review_rounds == 1
             final = "skipped"
         report = await sprint_result(handle)
-        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+        details = await current_details(handle)
     assert report.stories == {K1: final}
     assert f"{int(final == 'done')}/1 stories done" in details and "Awaiting" not in details  # the decision counted
     assert status_values(tmp_path)[K1] == final
