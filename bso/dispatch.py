@@ -338,9 +338,11 @@ def check_agent_complete(
     return message
 
 
-# The Slave's rollup of its patches (workflows/patches.py): a Slave whose history has this marker applied every
-# patch named before it, the two below included.
+# The Slave's rollups of its patches (workflows/patches.py): a Slave whose history has one of these markers applied
+# every patch named before it, the two below included. The second folds one more patch.
 SLAVE_PATCH_ROLLUP = "slave-patches-of-2026-11-27"
+SLAVE_PATCH_ROLLUP_2 = "slave-patches-of-2026-11-27-2"
+SLAVE_PATCH_ROLLUPS = (SLAVE_PATCH_ROLLUP, SLAVE_PATCH_ROLLUP_2)
 
 
 # The Slave's patch id for answer_mismatch: its histories say by this marker whether it applied the rule.

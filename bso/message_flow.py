@@ -51,7 +51,7 @@ from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, che
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
     PATCH_TOKENS_BOUNDED,
-    SLAVE_PATCH_ROLLUP,
+    SLAVE_PATCH_ROLLUPS,
     answer_mismatch,
     check_agent_complete,
     check_agent_error,
@@ -649,7 +649,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     timers: dict[str, str] = {}  # timer id -> the dispatch whose deadline it is
     # A Slave that refused an answer naming another agent than its dispatch's recorded this patch marker then.
     patches = _patches(events)
-    rolled_up = SLAVE_PATCH_ROLLUP in patches  # a Slave with its rollup applied both
+    rolled_up = any(rollup in patches for rollup in SLAVE_PATCH_ROLLUPS)  # a Slave with a rollup applied both
     matched_by_dispatch = rolled_up or PATCH_ANSWER_MATCHES_DISPATCH in patches
     tokens_bounded = rolled_up or PATCH_TOKENS_BOUNDED in patches  # ... and one claiming implausible tokens
     # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).

@@ -12,17 +12,15 @@ WorkflowTaskScheduled before those events: the same run, in the shape that is jo
 activation holds the same events as before, so the commands recorded after it are what the workflow did live.
 It moves more than core joins (core 1.35 also wants no command since the task before: `saw_command` in its
 history_update.rs); a pair core leaves apart replays as it did, so the extra ones cost time, never a false
-failure. It leaves alone a task that completed after most of its timeout: sdk-core's heartbeat while a local
-activity runs on. Joined there, a Slave that started its U4 write (a local activity) in the task before the
-heartbeat, and whose story-updates hold timer fired after it, fails to replay (`Missing associated machine for
-LocalActivity(3)`: joined, the agent's answer and the cancel that came later come in one activation, and the
-cancelled Slave starts no write): an open problem (tests/workflow/test_replay.py, a strict xfail). The server can
-write that shape: the same history has a cancel between a heartbeat's next WorkflowTaskScheduled and its start."""
+failure. A task sdk-core completed with no command to keep it alive while a local activity ran on (a heartbeat,
+at 80% of the task's timeout) is joined too: the server can write the next one's WorkflowTaskScheduled before the
+events that come meanwhile. Joined there, a Slave from before PATCH_WRITE_SURVIVES_CANCEL whose U4 write ran that
+long got its agent's answer and a later cancel in one activation, and started no write (tests/workflow/
+test_replay.py)."""
 
 from __future__ import annotations
 
 import copy
-from datetime import datetime
 from typing import Any
 
 from temporalio.client import WorkflowHistory
@@ -67,33 +65,14 @@ def _renumber(value: Any, new_ids: dict[str, str]) -> None:
             _renumber(item, new_ids)
 
 
-# sdk-core completes a task with no command, to keep it alive, at 80% of its timeout while a local activity runs.
-_HEARTBEAT_SHARE = 0.75
-
-
-def _seconds(duration: str | None) -> float | None:
-    return float(duration.removesuffix("s")) if duration else None
-
-
-def _heartbeat(events: list[dict[str, Any]], i: int, task_timeout: float | None) -> bool:
-    """Whether the task completed at events[i] was a local activity's heartbeat (it ran most of its timeout)."""
-    if task_timeout is None or i == 0 or events[i - 1]["eventType"] != _STARTED:
-        return False
-    ran = datetime.fromisoformat(events[i]["eventTime"]) - datetime.fromisoformat(events[i - 1]["eventTime"])
-    return ran.total_seconds() >= _HEARTBEAT_SHARE * task_timeout
-
-
-def collapsed(history: WorkflowHistory, join_heartbeats: bool = False) -> tuple[WorkflowHistory, int]:
-    """(the history with every such pair in the shape that is joined on replay, how many pairs were moved);
-    `join_heartbeats`: local activities' heartbeat tasks too."""
+def collapsed(history: WorkflowHistory) -> tuple[WorkflowHistory, int]:
+    """(the history with every such pair in the shape that is joined on replay, how many pairs were moved)."""
     data = copy.deepcopy(history.to_json_dict())
     events: list[dict[str, Any]] = data["events"]
-    started = events[0].get("workflowExecutionStartedEventAttributes", {}) if events else {}
-    task_timeout = None if join_heartbeats else _seconds(started.get("workflowTaskTimeout"))
     moved = 0
     i = 0
     while i < len(events):
-        if events[i]["eventType"] != _COMPLETED or _heartbeat(events, i, task_timeout):
+        if events[i]["eventType"] != _COMPLETED:
             i += 1
             continue
         k = i + 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
@@ -71,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         PATCH_ANSWER_MATCHES_DISPATCH,
         PATCH_TOKENS_BOUNDED,
         SLAVE_PATCH_ROLLUP,
+        SLAVE_PATCH_ROLLUP_2,
         answer_mismatch,
         check_agent_complete,
         check_agent_error,
@@ -213,9 +214,8 @@ PATCH_UPDATES_HELD_AFTER_CLOSE = "slave-updates-held-after-close"
 # A cancel that came while the DEBUG_REQUEST was on its way, whose delivery the SDK let decide the await, is
 # raised once it is delivered: the batch ran on (the debugger's answer, the fix) until the Master closed.
 PATCH_CANCEL_AFTER_DEBUG_REQUEST = "slave-cancel-after-debug-request"
-# Every patch above, and the two of bso.dispatch, folded into one marker per Slave (workflows/patches.py); a patch
-# named after it is asked on its own.
-SLAVE_PATCHES = PatchRollup(
+# Every patch above, and the two of bso.dispatch, folded into one marker per Slave (workflows/patches.py).
+SLAVE_PATCHES_OF_2026_11_27 = PatchRollup(
     SLAVE_PATCH_ROLLUP,
     frozenset({
         PATCH_LOCAL_STATUS_LOAD,
@@ -244,6 +244,19 @@ SLAVE_PATCHES = PatchRollup(
         PATCH_TOKENS_BOUNDED,
     }),
 )
+# A cancel no longer cuts a story's state change short. It cancelled the U4 write it met (the file written or not,
+# the Slave taking it as not), and one that came in the workflow task that brought the agent's answer was raised
+# first and the answer lost (the story kept its state, its finished agent ran again in the next sprint). Now the
+# answer's state is written, the write finished, then the batch ends cancelled. It also makes a Slave replay the
+# same either way: sdk-core joins a local activity's heartbeat task with the next on replay (the history of
+# tests/histories/heartbeat-2026-11-27), which can bring the answer and a later cancel together.
+PATCH_WRITE_SURVIVES_CANCEL = "slave-write-survives-cancel"
+# A Slave started today records this rollup alone; one recorded with the first keeps its patches.
+SLAVE_PATCHES = PatchRollup(
+    SLAVE_PATCH_ROLLUP_2,
+    SLAVE_PATCHES_OF_2026_11_27.folded | {PATCH_WRITE_SURVIVES_CANCEL},
+    previous=SLAVE_PATCHES_OF_2026_11_27,
+)
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
@@ -257,6 +270,15 @@ STORY_UPDATES_HOLD = timedelta(seconds=1)
 STORY_UPDATES_HOLD_SUMMARY = "story updates hold"  # the timer's name in the UI
 # Backends whose agents answer in-process: their AGENT_COMPLETE comes back as the activity's result.
 ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
+
+
+class CancelledWithAnswer(asyncio.CancelledError):
+    """The batch's cancel, raised in the workflow task that also brought the agent's answer: a caller that can
+    write the answer's state first takes it; to any other it is the cancel (PATCH_WRITE_SURVIVES_CANCEL)."""
+
+    def __init__(self, answer: AgentComplete) -> None:
+        super().__init__()
+        self.answer = answer
 
 
 def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) -> StoryView:
@@ -314,6 +336,7 @@ class SprintSlaveWorkflow:
         self._updates_held_after_close = False  # PATCH_UPDATES_HELD_AFTER_CLOSE, likewise
         self._script = SimulationScript.model_validate(inp.simulation)
         self._fatal: str | None = None  # fail_fast: an unrecoverable agent error stops the batch
+        self._cancel_pending = False  # a cancel came during a state change: raised once it is written
         self._out_of_time: str | None = None  # slave_timeout_seconds of work are up: why no new dispatch
         self._working_time_watch: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
         self._states_read_at: datetime | None = None  # workflow time of the last read of the stories' states
@@ -689,18 +712,15 @@ class SprintSlaveWorkflow:
             if self._po_gates and step.agent_type is AgentType.DEV_RUNNER:
                 answer = await self._po_gated(meta, progress, step, dispatch_id)
             else:
-                answer = await self._dispatch(meta, progress, step, dispatch_id)
+                try:
+                    answer = await self._dispatch(meta, progress, step, dispatch_id)
+                except CancelledWithAnswer as cancel:
+                    await self._write_answer_then_cancel(meta, progress, step, cancel.answer)
             self._agents_destroyed += 1
             fatal = isinstance(answer, AgentComplete) and fatal_error(answer, self._input.config)
             if isinstance(answer, Transition):
                 transition = answer
-            elif isinstance(answer, AgentComplete) and not fatal and wants_debug(
-                step, answer, progress, self._input.config,
-                setup_errors=is_setup_error(answer) and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_SETUP),
-                unrecoverable_errors=not answer.recoverable
-                and not is_setup_error(answer)
-                and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
-            ):
+            elif isinstance(answer, AgentComplete) and not fatal and self._wants_debug(step, answer, progress):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
                 # fail_fast: an unrecoverable agent error stops the sprint; no debug round first.
@@ -709,6 +729,29 @@ class SprintSlaveWorkflow:
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
+
+    def _wants_debug(self, step: DispatchStep, answer: AgentComplete, progress: StoryProgress) -> bool:
+        return wants_debug(
+            step, answer, progress, self._input.config,
+            setup_errors=is_setup_error(answer) and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_SETUP),
+            unrecoverable_errors=not answer.recoverable
+            and not is_setup_error(answer)
+            and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
+        )
+
+    async def _write_answer_then_cancel(
+        self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, answer: AgentComplete
+    ) -> NoReturn:
+        """The batch's cancel came with the agent's answer: the answer's state is written, then the batch ends
+        cancelled. An answer that would go to the debugger is left (the story keeps its state): no analysis
+        starts in a cancelled batch."""
+        self._agents_destroyed += 1
+        if not fatal_error(answer, self._input.config) and self._wants_debug(step, answer, progress):
+            raise asyncio.CancelledError
+        workflow.logger.info("[Slave] %s: cancelled as its agent answered: the answer is written first", meta.key)
+        self._cancel_pending = True
+        await self._commit(progress, apply_agent_result(progress, step, answer, self._input.config, meta.tags))
+        raise asyncio.CancelledError  # (_commit raised it already)
 
     def _states_stale(self) -> bool:
         """Time has passed since the batch last read its stories' states (not within this workflow task)."""
@@ -1079,6 +1122,9 @@ class SprintSlaveWorkflow:
             # The activity is only started, not awaited, so the workflow's cancel would not reach it.
             if not handle.done() and SLAVE_PATCHES.patched(PATCH_CANCEL_TERMINATES_AGENT):
                 handle.cancel()
+            answer = self._answer_with_cancel(dispatch_id, handle)
+            if answer is not None:
+                raise CancelledWithAnswer(answer) from None
             raise
         self._open_dispatches.pop(dispatch_id, None)
         if dispatch_id in self._answers:
@@ -1086,6 +1132,18 @@ class SprintSlaveWorkflow:
         if not handle.done():
             handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
         return no_answer
+
+    def _answer_with_cancel(self, dispatch_id: str, handle: workflow.ActivityHandle[Any]) -> AgentComplete | None:
+        """The agent's answer, if it came in the workflow task whose cancel was raised first (asyncio raises a
+        cancel into an await whose condition the same task met)."""
+        receipt = handle.result() if handle.done() and not handle.cancelled() and handle.exception() is None else None
+        in_result = receipt is not None and receipt.answer is not None
+        if not (dispatch_id in self._answers or in_result) or not SLAVE_PATCHES.patched(PATCH_WRITE_SURVIVES_CANCEL):
+            return None
+        if dispatch_id not in self._answers and receipt is not None:
+            self._receive_answer(receipt.answer)
+        self._open_dispatches.pop(dispatch_id, None)
+        return self._answers.get(dispatch_id)
 
     async def _finish_story_git(self, meta: StoryMeta) -> None:
         """command backend only: squash the done story's branch (P28) and merge it back locally."""
@@ -1107,7 +1165,13 @@ class SprintSlaveWorkflow:
             self._publish(meta.key)  # the Master holds a batch touching its files until it hears this
 
     async def _commit(self, before: StoryProgress, transition: Transition) -> None:
-        """U4: the new state reaches sprint-status.yaml before anything else happens."""
+        """U4: the new state reaches sprint-status.yaml before anything else happens; a cancel that came meanwhile
+        (or with the agent's answer) is raised once it has (PATCH_WRITE_SURVIVES_CANCEL)."""
+        await self._change_state(before, transition)
+        if self._cancel_pending:
+            raise asyncio.CancelledError
+
+    async def _change_state(self, before: StoryProgress, transition: Transition) -> None:
         after = transition.progress
         if after.state != before.state:
             # A local activity: the write runs in this worker within the workflow task (one marker event,
@@ -1124,12 +1188,15 @@ class SprintSlaveWorkflow:
             found_parsing = 0  # waits that found the file parsing at once: the write fails for another reason
             while True:
                 try:
-                    written = await workflow.execute_local_activity(
-                        write_story_status,
-                        write,
-                        summary=f"U4 {before.key}: {before.state} -> {after.state}",
-                        **STATUS_WRITE_OPTIONS,
-                    )
+                    summary = f"U4 {before.key}: {before.state} -> {after.state}"
+                    if SLAVE_PATCHES.patched(PATCH_WRITE_SURVIVES_CANCEL):
+                        writing = workflow.start_local_activity(write_story_status, write, summary=summary, **STATUS_WRITE_OPTIONS)
+                        self._cancel_pending = await _finished_through_cancel(writing) or self._cancel_pending
+                        written = writing.result()
+                    else:
+                        written = await workflow.execute_local_activity(
+                            write_story_status, write, summary=summary, **STATUS_WRITE_OPTIONS
+                        )
                     break
                 except (ActivityError, ApplicationError) as err:  # a local activity's failure may come unwrapped
                     if is_cancelled_exception(err):  # the batch is cancelled: the story keeps its state
@@ -1175,7 +1242,7 @@ class SprintSlaveWorkflow:
         self._publish(before.key)
 
     def _waits_for_status_file(self) -> bool:
-        return SLAVE_PATCHES.patched(PATCH_WAITS_FOR_STATUS_FILE)
+        return not self._cancel_pending and SLAVE_PATCHES.patched(PATCH_WAITS_FOR_STATUS_FILE)
 
     async def _wait_for_status_file(
         self, keys: list[str], problem: str, on_shutdown: bool = False
@@ -1418,6 +1485,17 @@ def _with_spent(
     if isinstance(answer, AgentComplete):
         return answer.model_copy(update={"tokens_used": answer.tokens_used + spent})
     return intervention(progress, f"{step.agent_type.value}/{step.mode.value}: {answer}", spent)
+
+
+async def _finished_through_cancel(task: asyncio.Task[Any]) -> bool:
+    """Awaits `task` to its end, a cancel of the awaiting task meanwhile not passed on to it: whether one came."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _consume_outcome(task: asyncio.Task[Any]) -> None:

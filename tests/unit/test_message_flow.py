@@ -15,7 +15,7 @@ from temporalio.api.update.v1 import Input, Meta, Outcome, Request
 from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 
-from bso.dispatch import SLAVE_PATCH_ROLLUP
+from bso.dispatch import SLAVE_PATCH_ROLLUP, SLAVE_PATCH_ROLLUP_2
 from bso.message_flow import (
     MESSAGE_TYPES,
     FlowMessage,
@@ -391,7 +391,7 @@ def test_a_long_text_cut_for_the_table_ends_in_an_ellipsis():
     assert request.payload["error_summary"] == summary
 
 
-@pytest.mark.parametrize("marker", ["slave-answer-matches-dispatch", SLAVE_PATCH_ROLLUP, None])
+@pytest.mark.parametrize("marker", ["slave-answer-matches-dispatch", SLAVE_PATCH_ROLLUP, SLAVE_PATCH_ROLLUP_2, None])
 def test_an_answer_naming_another_agent_is_rejected_where_the_slave_applied_that_rule(marker):
     """A reviewer's answer to a dev dispatch: refused by a Slave with the slave-answer-matches-dispatch patch
     (its history has the marker), accepted by one from before it; `bso messages` says what that Slave did."""
@@ -409,7 +409,7 @@ def test_an_answer_naming_another_agent_is_rejected_where_the_slave_applied_that
     assert answer.rejected == expected, answer
 
 
-@pytest.mark.parametrize("marker", ["slave-answer-tokens-bounded", SLAVE_PATCH_ROLLUP, None])
+@pytest.mark.parametrize("marker", ["slave-answer-tokens-bounded", SLAVE_PATCH_ROLLUP, SLAVE_PATCH_ROLLUP_2, None])
 def test_an_answer_claiming_implausible_tokens_is_rejected_where_the_slave_applied_that_rule(marker):
     """An answer claiming 10^30 tokens: refused by a Slave with the slave-answer-tokens-bounded patch (the next,
     believable answer is the one taken), accepted by one from before it, as `bso messages` shows."""

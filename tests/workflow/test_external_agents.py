@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from activities.agents import run_agent
+from bso.constants import SPRINT_TASK_QUEUE, agents_task_queue_for, slave_workflow_id
+from bso.messages import DispatchReceipt, TaskAssignment
+from workers.main import AGENT_ACTIVITIES, build_workers
 
 from bso.models import SprintReport
 from bso.cli import message_record
-from bso.constants import slave_workflow_id
 from bso.message_flow import agent_performance, message_flow
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
@@ -31,6 +39,7 @@ from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
+K2 = "1-2-logout"
 
 
 async def _pending(client: Client, slave_id: str, env, after: str | None = None) -> tuple[str, str, str]:
@@ -50,7 +59,7 @@ async def _pending(client: Client, slave_id: str, env, after: str | None = None)
 
 
 async def _completed(handle) -> bool:
-    return (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+    return await _status_is(handle, WorkflowExecutionStatus.COMPLETED)
 
 
 async def _published(root: Path, dispatch_id: str) -> dict:
@@ -265,3 +274,72 @@ async def test_status_names_the_agent_no_worker_starts(local_env, tmp_path: Path
             else:
                 pytest.fail("the agent still shown waiting once a worker serves its queue")
         await handle.cancel()
+
+
+@activity.defn(name="run_agent")
+async def run_agent_until_told(assignment: TaskAssignment) -> DispatchReceipt:
+    """The external agent's activity, kept running (its answer may come meanwhile) until the test says."""
+    receipt = await run_agent(assignment)
+    while not Path(assignment.project_root, "agent-activity-may-end").exists():
+        await asyncio.sleep(0.1)
+    return receipt
+
+
+@pytest.mark.parametrize("activity_running", [False, True], ids=["activity-ended", "activity-running"])
+async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_first(local_env, tmp_path: Path, activity_running):
+    """The agent's AGENT_COMPLETE and the batch's cancel reach the Slave in one workflow task (both sent while no
+    sprint worker ran), its agent's activity ended or still running (the Slave then awaits the answer in another
+    way): the answer's state is written, then the batch ends cancelled. Before, the cancel was raised first and
+    the answer lost, or the write it met was cancelled: the story stayed in review, its finished review to be run
+    again."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    client = local_env.client
+    session, prefix = f"answer-cancel-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
+    if not activity_running:
+        (tmp_path / "agent-activity-may-end").touch()
+    inp = sprint_input(tmp_path, agent_backend="external", session_id=session, config_overrides={"batch_size": 2})
+    slave = client.get_workflow_handle(slave_workflow_id(session, 1))
+    agents_worker = Worker(
+        client,
+        task_queue=agents_task_queue_for(prefix + SPRINT_TASK_QUEUE),
+        activities=[run_agent_until_told, *(a for a in AGENT_ACTIVITIES if a is not run_agent)],
+    )
+    async with agents_worker:
+        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
+        async with sprint_worker:
+            handle = await start_sprint(client, prefix + SPRINT_TASK_QUEUE, inp)
+            dispatch_id, agent, mode = await _pending(client, slave.id, local_env)
+            await _published(tmp_path, dispatch_id)
+            if not activity_running:
+                await poll_until(lambda: _task_after(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the activity's end taken")
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
+        await slave.cancel()
+        await handle.cancel()
+        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
+        async with sprint_worker:
+            with pytest.raises(WorkflowFailureError):
+                await sprint_result(handle)
+            await poll_until(lambda: _status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+        (tmp_path / "agent-activity-may-end").touch()
+    states = status_values(tmp_path)
+    assert (states[K1], states[K2]) == ("done", "review"), states
+    # The race happened: no workflow task of the Slave ended between the answer and the cancel.
+    events = list((await slave.fetch_history()).events)
+    (answered,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+    (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
+    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+    assert not [c for c in completed if min(answered, cancel) < c < max(answered, cancel)], (answered, cancel)
+    assert await workflow_task_failures(client, slave.id) == []
+
+
+async def _status_is(handle, status: WorkflowExecutionStatus) -> bool:
+    return (await handle.describe()).status == status
+
+
+async def _task_after(handle, event_type: EventType.ValueType) -> bool:
+    """A workflow task of the workflow has ended after its first event of `event_type`."""
+    events = list((await handle.fetch_history()).events)
+    first = next((e.event_id for e in events if e.event_type == event_type), None)
+    return first is not None and any(
+        e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and e.event_id > first for e in events
+    )

@@ -727,17 +727,18 @@ async def test_a_cancel_while_the_improvement_stories_are_added_ends_the_sprint_
 async def slow_write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
     Path(inp.project_root, "writing").touch()  # the Slave now awaits this write: the test cancels
     # Longer than the Slave's workflow task timeout (5 s) allows a local activity within one task: the SDK then
-    # ends the task while the write goes on, and the cancel reaches the Slave during the write. Until the cancel
-    # is sent, and long after (a fixed 8 s was too short for the cancel to arrive on a loaded machine).
-    while not Path(inp.project_root, "cancel-sent").exists():
+    # ends the task while the write goes on, and the cancel reaches the Slave during the write (the test says
+    # when it has).
+    while not Path(inp.project_root, "cancel-reached-the-slave").exists():
         await asyncio.sleep(0.1)
-    await asyncio.sleep(30)
     return await write_story_status(inp)
 
 
 async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(ts_env, tmp_path: Path):
-    """The cancel comes while the Slave awaits its U4 write (a local activity): the batch ends cancelled; the
-    cancelled write is not taken for the file refusing it (the story to needs-intervention, the batch going on)."""
+    """The cancel comes while the Slave awaits its U4 write (a local activity): the write is finished (before,
+    it was cancelled, the file written or not and the Slave taking it as not), then the batch ends cancelled;
+    the cancel is not taken for the file refusing the write (the story to needs-intervention, the batch going
+    on)."""
     make_project(tmp_path, {K1: "review", K2: "review"})
     async with workers_with(ts_env.client, slow_write_story_status, instead_of=write_story_status) as queue:
         handle = await start_sprint(
@@ -747,12 +748,19 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
         await asyncio.sleep(5)  # past the workflow task the write began in
         await handle.cancel()
-        (tmp_path / "cancel-sent").touch()
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1))
+        await poll_until(lambda: _has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
+        (tmp_path / "cancel-reached-the-slave").touch()
         with pytest.raises(WorkflowFailureError):
             await sprint_result(handle)
-        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1)).describe()
-    assert slave.status is WorkflowExecutionStatus.CANCELED
+        assert (await slave.describe()).status is WorkflowExecutionStatus.CANCELED
+        shown = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
     assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
+    assert status_values(tmp_path)[K1] == "done" and shown.state == "done", shown
+
+
+async def _has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
+    return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
 
 
 async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):

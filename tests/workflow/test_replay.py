@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.api.enums.v1 import EventType
 
 from bso.constants import SIGNAL_DEBUG_REQUEST, SIGNAL_SHUTDOWN, SIGNAL_STOP_NOW, slave_workflow_id
-from bso.dispatch import SLAVE_PATCH_ROLLUP
+from bso.dispatch import SLAVE_PATCH_ROLLUP_2
 from bso.message_flow import decode
 from bso.data_converter import data_converter
 from temporalio.worker import Interceptor, Replayer
@@ -30,7 +30,7 @@ from workflows.sprint_master import (
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
 )
-from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE
+from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE, PATCH_WRITE_SURVIVES_CANCEL
 from workflows.residents import PATCH_CANCEL_STOPS_RESIDENT_STARTS, PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
@@ -75,31 +75,34 @@ async def test_every_history_a_test_makes_is_replayed_with_todays_code(ts_env, t
         await assert_replays(ts_env.client, [handle.id])
 
 
-HEARTBEAT_HISTORY = ROOT / "heartbeat-2026-11-27" / "cancel-3--batch-1.json"
+# test_operator_control's cancel-3: the Slave's U4 write (a local activity, slowed by the test) ran past its workflow
+# task's timeout, and sdk-core kept the task alive with heartbeat completions (no command) while the story updates
+# hold's timer fired and the cancel came. Joined on replay with the tasks after them, the agent's answer (the
+# activity's result), the timer and the cancel come in one activation.
+HEARTBEAT_HISTORY_BEFORE = ROOT / "heartbeat-2026-11-27" / "cancel-3--batch-1.json"  # before PATCH_WRITE_SURVIVES_CANCEL
+HEARTBEAT_HISTORY = ROOT / "heartbeat-write-survives-cancel" / "cancel-3--batch-1.json"
 
 
-async def test_a_local_activity_heartbeat_is_not_joined_with_the_events_after_it():
-    """A Slave's U4 write (a local activity) ran past its workflow task's timeout, cancelled mid-write
-    (test_operator_control's cancel-3): sdk-core kept the task alive with a heartbeat completion, and the story
-    updates hold's timer fired after it. The suite's joined shape leaves the heartbeat task apart (a full run had
-    failed on it: see the next test); the task before, which did not heartbeat, is still joined."""
+async def test_a_local_activity_heartbeat_joined_with_the_tasks_after_it_replays():
     history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY.read_text())
     joined, moved = collapsed(history)
-    assert moved == 1
+    assert moved == 2
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
     assert (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure is None
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: joined with the tasks after it, the heartbeat task of a Slave's long U4 write fails to replay "
-    "(Missing associated machine for LocalActivity(3)): the agent's answer, the hold's timer and the cancel come "
-    "in one activation, and the Slave, cancelled, does not start the U4 write it started live"
-))
-async def test_a_local_activity_heartbeat_joined_with_a_timer_after_it_replays():
-    history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY.read_text())
-    joined, moved = collapsed(history, join_heartbeats=True)
+async def test_a_slave_from_before_the_write_survives_a_cancel_fails_that_shape_without_the_patch(monkeypatch):
+    """The same moment recorded before PATCH_WRITE_SURVIVES_CANCEL, joined: the Slave, cancelled as its answer
+    came, started no U4 write, where live it had started it a task before the cancel (`Missing associated machine
+    for LocalActivity(3)`). With the patch it writes the answer's state first, as it did live."""
+    history = WorkflowHistory.from_json("cancel-3/batch-1", HEARTBEAT_HISTORY_BEFORE.read_text())
+    joined, moved = collapsed(history)
     assert moved == 2
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
+    failure = (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Missing associated machine for LocalActivity(3)" in str(failure), failure
+    real_patched = temporalio.workflow.patched
+    monkeypatch.setattr(temporalio.workflow, "patched", lambda patch: patch == PATCH_WRITE_SURVIVES_CANCEL or real_patched(patch))
     assert (await replayer.replay_workflow(joined, raise_on_replay_failure=False)).replay_failure is None
 
 
@@ -227,5 +230,5 @@ async def test_a_slave_records_one_patch_marker_for_all_its_patches(ts_env, tmp_
         for e in events
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert markers == [SLAVE_PATCH_ROLLUP]
+    assert markers == [SLAVE_PATCH_ROLLUP_2]
     assert sum(e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES for e in events) <= 1

@@ -30,7 +30,7 @@ from tests.workflow.helpers import (
 from workflows.sprint_master import SprintMasterWorkflow
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows.sprint_slave import PATCH_WORKING_TIME_BY_TIMER, SprintSlaveWorkflow
-from bso.dispatch import SLAVE_PATCH_ROLLUP
+from bso.dispatch import SLAVE_PATCH_ROLLUPS
 
 K1, K2 = "1-1-login-form", "1-2-logout"
 
@@ -173,7 +173,7 @@ async def test_the_working_time_summed_from_the_clock_fails_a_replay_with_joined
     the last timer fired and started another one, where it had run out of time live: a nondeterminism error,
     the Slave's workflow task failing on every retry."""
     real_patched = temporalio.workflow.patched
-    old_code = (PATCH_WORKING_TIME_BY_TIMER, SLAVE_PATCH_ROLLUP)  # the rollup would take the patch as applied
+    old_code = (PATCH_WORKING_TIME_BY_TIMER, *SLAVE_PATCH_ROLLUPS)  # a rollup would take the patch as applied
     monkeypatch.setattr(temporalio.workflow, "patched", lambda patch_id: patch_id not in old_code and real_patched(patch_id))
     report, history = await _paused_mid_stretch(own_ts_env, tmp_path, "joined-working-time-old")
     monkeypatch.setattr(temporalio.workflow, "patched", real_patched)
