@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
@@ -270,15 +270,6 @@ STORY_UPDATES_HOLD = timedelta(seconds=1)
 STORY_UPDATES_HOLD_SUMMARY = "story updates hold"  # the timer's name in the UI
 # Backends whose agents answer in-process: their AGENT_COMPLETE comes back as the activity's result.
 ANSWER_IN_RESULT_BACKENDS = ("simulated", "command")
-
-
-class CancelledWithAnswer(asyncio.CancelledError):
-    """The batch's cancel, raised in the workflow task that also brought the agent's answer: a caller that can
-    write the answer's state first takes it; to any other it is the cancel (PATCH_WRITE_SURVIVES_CANCEL)."""
-
-    def __init__(self, answer: AgentComplete) -> None:
-        super().__init__()
-        self.answer = answer
 
 
 def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) -> StoryView:
@@ -712,15 +703,18 @@ class SprintSlaveWorkflow:
             if self._po_gates and step.agent_type is AgentType.DEV_RUNNER:
                 answer = await self._po_gated(meta, progress, step, dispatch_id)
             else:
-                try:
-                    answer = await self._dispatch(meta, progress, step, dispatch_id)
-                except CancelledWithAnswer as cancel:
-                    await self._write_answer_then_cancel(meta, progress, step, cancel.answer)
+                answer = await self._dispatch(meta, progress, step, dispatch_id)
             self._agents_destroyed += 1
             fatal = isinstance(answer, AgentComplete) and fatal_error(answer, self._input.config)
             if isinstance(answer, Transition):
                 transition = answer
-            elif isinstance(answer, AgentComplete) and not fatal and self._wants_debug(step, answer, progress):
+            elif isinstance(answer, AgentComplete) and not fatal and wants_debug(
+                step, answer, progress, self._input.config,
+                setup_errors=is_setup_error(answer) and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_SETUP),
+                unrecoverable_errors=not answer.recoverable
+                and not is_setup_error(answer)
+                and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
+            ):
                 transition = await self._debug(meta, progress, step, answer)
             elif isinstance(answer, AgentComplete):
                 # fail_fast: an unrecoverable agent error stops the sprint; no debug round first.
@@ -729,29 +723,6 @@ class SprintSlaveWorkflow:
             else:
                 transition = apply_no_answer(progress, step, answer)
             await self._commit(progress, transition)
-
-    def _wants_debug(self, step: DispatchStep, answer: AgentComplete, progress: StoryProgress) -> bool:
-        return wants_debug(
-            step, answer, progress, self._input.config,
-            setup_errors=is_setup_error(answer) and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_SETUP),
-            unrecoverable_errors=not answer.recoverable
-            and not is_setup_error(answer)
-            and not SLAVE_PATCHES.patched(PATCH_NO_DEBUG_FOR_UNRECOVERABLE),
-        )
-
-    async def _write_answer_then_cancel(
-        self, meta: StoryMeta, progress: StoryProgress, step: DispatchStep, answer: AgentComplete
-    ) -> NoReturn:
-        """The batch's cancel came with the agent's answer: the answer's state is written, then the batch ends
-        cancelled. An answer that would go to the debugger is left (the story keeps its state): no analysis
-        starts in a cancelled batch."""
-        self._agents_destroyed += 1
-        if not fatal_error(answer, self._input.config) and self._wants_debug(step, answer, progress):
-            raise asyncio.CancelledError
-        workflow.logger.info("[Slave] %s: cancelled as its agent answered: the answer is written first", meta.key)
-        self._cancel_pending = True
-        await self._commit(progress, apply_agent_result(progress, step, answer, self._input.config, meta.tags))
-        raise asyncio.CancelledError  # (_commit raised it already)
 
     def _states_stale(self) -> bool:
         """Time has passed since the batch last read its stories' states (not within this workflow task)."""
@@ -1118,14 +1089,18 @@ class SprintSlaveWorkflow:
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
-            # The batch is cancelled (with its sprint): the agent in flight gets its TERMINATE_DIRECTIVE too.
-            # The activity is only started, not awaited, so the workflow's cancel would not reach it.
-            if not handle.done() and SLAVE_PATCHES.patched(PATCH_CANCEL_TERMINATES_AGENT):
-                handle.cancel()
-            answer = self._answer_with_cancel(dispatch_id, handle)
-            if answer is not None:
-                raise CancelledWithAnswer(answer) from None
-            raise
+            if not self._answered_with_cancel(dispatch_id, handle):
+                # The batch is cancelled (with its sprint): the agent in flight gets its TERMINATE_DIRECTIVE too.
+                # The activity is only started, not awaited, so the workflow's cancel would not reach it.
+                if not handle.done() and SLAVE_PATCHES.patched(PATCH_CANCEL_TERMINATES_AGENT):
+                    handle.cancel()
+                raise
+            # The answer came in this workflow task too: taken as if it had come a task before the cancel (which
+            # is what the Slave does when its tasks are joined on replay), the cancel raised again in the next
+            # await (a U4 write finishes first).
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
         self._open_dispatches.pop(dispatch_id, None)
         if dispatch_id in self._answers:
             return self._answers[dispatch_id]
@@ -1133,17 +1108,16 @@ class SprintSlaveWorkflow:
             handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
         return no_answer
 
-    def _answer_with_cancel(self, dispatch_id: str, handle: workflow.ActivityHandle[Any]) -> AgentComplete | None:
-        """The agent's answer, if it came in the workflow task whose cancel was raised first (asyncio raises a
-        cancel into an await whose condition the same task met)."""
+    def _answered_with_cancel(self, dispatch_id: str, handle: workflow.ActivityHandle[Any]) -> bool:
+        """Whether the agent's answer came in the workflow task whose cancel was raised first (asyncio raises a
+        cancel into an await whose condition the same task met), and is taken (PATCH_WRITE_SURVIVES_CANCEL)."""
         receipt = handle.result() if handle.done() and not handle.cancelled() and handle.exception() is None else None
         in_result = receipt is not None and receipt.answer is not None
         if not (dispatch_id in self._answers or in_result) or not SLAVE_PATCHES.patched(PATCH_WRITE_SURVIVES_CANCEL):
-            return None
+            return False
         if dispatch_id not in self._answers and receipt is not None:
             self._receive_answer(receipt.answer)
-        self._open_dispatches.pop(dispatch_id, None)
-        return self._answers.get(dispatch_id)
+        return dispatch_id in self._answers
 
     async def _finish_story_git(self, meta: StoryMeta) -> None:
         """command backend only: squash the done story's branch (P28) and merge it back locally."""
@@ -1488,13 +1462,16 @@ def _with_spent(
 
 
 async def _finished_through_cancel(task: asyncio.Task[Any]) -> bool:
-    """Awaits `task` to its end, a cancel of the awaiting task meanwhile not passed on to it: whether one came."""
+    """Awaits `task` to its end (its outcome left in it), a cancel of the awaiting task meanwhile not passed on to
+    it: whether one came."""
     cancelled = False
     while not task.done():
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             cancelled = True
+        except Exception:  # noqa: BLE001 - the task failed: its result() raises it
+            break
     return cancelled
 
 

@@ -23,7 +23,7 @@ from temporalio import activity
 
 from activities.agents import run_agent
 from activities.improvements import add_improvement_stories
-from activities.status_file import load_sprint_status, write_story_status
+from activities.status_file import UNREADABLE_ERROR_TYPE, load_sprint_status, write_story_status
 from activities.summary import SummaryInput, write_execution_summary
 from bso.cli import QUERY_TIMEOUT, _cancelled_report, _view_from_report
 from bso.constants import (
@@ -757,6 +757,41 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         shown = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
     assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
     assert status_values(tmp_path)[K1] == "done" and shown.state == "done", shown
+
+
+@activity.defn(name="write_story_status")
+async def write_failing_after_the_cancel(inp: StatusWriteInput) -> StatusWriteResult:
+    Path(inp.project_root, "writing").touch()
+    while not Path(inp.project_root, "cancel-reached-the-slave").exists():
+        await asyncio.sleep(0.1)
+    raise ApplicationError("sprint-status.yaml does not parse (the test's)", type=UNREADABLE_ERROR_TYPE, non_retryable=True)
+
+
+async def test_a_write_the_cancel_met_that_then_fails_ends_the_batch_cancelled(ts_env, tmp_path: Path):
+    """The U4 write the cancel met fails (the file does not parse): the batch ends cancelled, the story shown as
+    needing intervention. It does not wait for the file to be mended, nor go on to its next story, as a batch
+    that is not cancelled does."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    async with workers_with(ts_env.client, write_failing_after_the_cancel, instead_of=write_story_status) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-4", config_overrides={"batch_size": 2})
+        )
+        await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
+        await handle.cancel()
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-4", 1))
+        await poll_until(lambda: _has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
+        (tmp_path / "cancel-reached-the-slave").touch()
+        with pytest.raises(WorkflowFailureError):
+            await sprint_result(handle)
+        await poll_until(lambda: _status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled", timeout=30)
+        shown = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
+    assert started(tmp_path) == ["cancel-4/batch-1/1-1/1"]  # K2 was never dispatched
+    assert status_values(tmp_path)[K1] == "review"
+    assert shown.state == "needs-intervention" and "could not be written" in (shown.error or ""), shown
+
+
+async def _status_is(handle: WorkflowHandle[Any, Any], status: WorkflowExecutionStatus) -> bool:
+    return (await handle.describe()).status is status
 
 
 async def _has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
