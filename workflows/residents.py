@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.roster import (
         ESSENTIAL_RESIDENT,
         MAX_BROADCASTS_KEPT,
+        RESIDENT_ROLES,
         AgentCreated,
         AgentCreateRequest,
         AgentDestroyed,
@@ -125,6 +126,9 @@ LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 # raised: the sprint went on starting its residents during the cancel's wind-down; cancelled before it had
 # replaced them all, it left the rest of the earlier run's residents running. Asked where it applies only.
 PATCH_CANCEL_STOPS_RESIDENT_STARTS = "master-cancel-stops-resident-starts"
+# ...and one cancelled (or failed) before it tried to start any, when it could not know of them yet (it waited for
+# the project's claim, say): it tells each resident id of the sprint stop_now, blindly. Asked where it applies only.
+PATCH_STOPS_UNSEEN_LINGERING = "master-stops-unseen-lingering-residents"
 
 
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
@@ -532,6 +536,7 @@ class RosterKeeper:
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
+        self._residents_tried = False  # this run has begun starting its residents
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -549,6 +554,7 @@ class RosterKeeper:
         """Start the configured residents in slot order. One that fails degrades the sprint (its requests
         are answered "unavailable"); the scrum-master's failure fails the sprint."""
         s = self._state
+        self._residents_tried = True
         for role in enabled_roles(s.config.resident_slots):
             self._no_start_once_cancelled()
             workflow_id = resident_workflow_id(s.session_id, role)
@@ -643,7 +649,8 @@ class RosterKeeper:
         every one of them it has not replaced yet: nothing else would. (Those of this run are stopped with the
         others, _stop_residents.) Only once one was found: each stop of a resident that is not there is a
         command that fails, and the time-skipping test server never answers a cancel of a workflow it does not
-        have."""
+        have. A sprint cancelled or failed before it tried to start any (PATCH_STOPS_UNSEEN_LINGERING) knows of
+        none: it tells every resident id of the sprint stop_now."""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
         if self._cancelling and self._lingering_found and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):
@@ -651,6 +658,11 @@ class RosterKeeper:
             for role in enabled_roles(s.config.resident_slots):
                 if role not in s.residents:
                     await _stop_lingering(resident_workflow_id(s.session_id, role))
+        if not self._residents_tried and workflow.patched(PATCH_STOPS_UNSEEN_LINGERING):
+            # Any role, enabled or not by this run's config; a signal only: one to a resident that is not there
+            # fails at once, where the time-skipping test server never answers a cancel of one.
+            ids = [resident_workflow_id(self._state.session_id, role) for role in RESIDENT_ROLES]
+            await asyncio.gather(*(_stop_now_quietly(workflow_id) for workflow_id in ids))
 
     def _no_start_once_cancelled(self) -> None:
         """Raise the cancel a delivered signal swallowed (see PATCH_CANCEL_STOPS_RESIDENT_STARTS) before a start."""
@@ -855,6 +867,14 @@ async def _stop_lingering(workflow_id: str) -> None:
             await stop()
         except Exception as err:  # noqa: BLE001 - it ended meanwhile
             workflow.logger.info("resident %s: %s", workflow_id, err)
+
+
+async def _stop_now_quietly(workflow_id: str) -> None:
+    try:
+        await workflow.get_external_workflow_handle(workflow_id).signal(SIGNAL_STOP_NOW)
+    except Exception:  # noqa: BLE001 - none there (the usual case)
+        return
+    workflow.logger.warning("resident %s of an earlier run of the sprint was still running: told stop_now", workflow_id)
 
 
 async def _signal_quietly(workflow_id: str, signal: str, arg: Any = None) -> None:

@@ -666,6 +666,45 @@ async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_s
     await replay_with(local_env.client, handle, hold)
 
 
+@activity.defn(name="load_sprint_status")
+async def load_held_while_told(inp: LoadStatusInput) -> StatusSnapshot:
+    """The Master's status load (and claim of the project), held while the file `hold-the-load` exists: the
+    sprint has not tried to start a resident yet."""
+    while Path(inp.project_root, "hold-the-load").exists():
+        Path(inp.project_root, "loading").touch()
+        await asyncio.sleep(0.1)
+    return await load_sprint_status(inp)
+
+
+async def test_a_sprint_cancelled_before_it_starts_residents_stops_those_an_earlier_run_left(local_env, tmp_path: Path):
+    """A sprint started again after its Master was terminated, cancelled while it waits for its status load (the
+    project's claim may wait for another sprint): it had not tried to start its residents, so it knew of none of
+    the first run's, which ran on for ever. It tells every resident id of the sprint stop_now."""
+    client = local_env.client
+    make_project(tmp_path, {K1: "review"})
+    roles = ("scrum-master", "knowledge-researcher", "debugger")
+    async with workers_with(client, load_held_while_told, instead_of=load_sprint_status) as queue:
+        slow = {"stories": {"1-1": {"duration_ms": 60000}}}
+        first = await start_sprint(client, queue, sprint_input(tmp_path, session_id="unseen-linger", simulation=slow))
+        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
+        await first.terminate("by hand")
+        lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
+        assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering)
+        (tmp_path / "hold-the-load").touch()
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="unseen-linger"))
+        await poll_until(file_appears(tmp_path / "loading"), "the second run's status load")
+        await handle.cancel(reason="while loading")
+        (tmp_path / "hold-the-load").unlink()
+        await ends_cancelled(client, handle)
+
+        async def all_stopped() -> bool:
+            runs = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in lingering]
+            return all([(await run.describe()).status is not WorkflowExecutionStatus.RUNNING for run in runs])
+
+        await poll_until(all_stopped, "the first run's residents stopped", timeout=30)
+        assert await workflow_task_failures(client, handle.id) == []
+
+
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_env, tmp_path: Path):
     """The cancel comes in the very workflow task in which the Master starts a batch's Slave. The server
