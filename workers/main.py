@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.agents import run_agent
@@ -107,14 +108,23 @@ def build_workers(
 CONNECT_PATIENCE_SECONDS = float(os.environ.get("BSO_WORKER_CONNECT_SECONDS", "120"))
 
 
-async def _connect_patiently(runtime):
-    """A worker started while the server is (re)starting waits for it instead of dying."""
+# What a server that is (re)starting answers: the worker waits for it.
+_NOT_UP_YET = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.UNKNOWN, RPCStatusCode.DEADLINE_EXCEEDED}
+
+
+async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
+    """A client, with BSO's search attributes registered (those it added): a worker started while the server is
+    (re)starting waits for it instead of dying, at the connect or at its first call (a crash trial's server
+    killed there: `RPCError: transport error`)."""
     deadline = asyncio.get_running_loop().time() + CONNECT_PATIENCE_SECONDS
     delay = 0.5
     while True:
         try:
-            return await connect(runtime=runtime)
-        except RuntimeError as err:  # the SDK's "Failed client connect"
+            client = await connect(runtime=runtime)
+            return client, await ensure_search_attributes(client)
+        except (RuntimeError, RPCError) as err:  # RuntimeError: the SDK's "Failed client connect"
+            if isinstance(err, RPCError) and err.status not in _NOT_UP_YET:
+                raise
             if asyncio.get_running_loop().time() + delay > deadline:
                 raise
             log.warning("Temporal server not reachable at %s yet (%s); retrying", address_from_env(), err)
@@ -128,10 +138,9 @@ async def run(
     """Serve `queues` until SIGINT/SIGTERM; Prometheus metrics on `metrics_address` (host:port) if given."""
     configure_logging()
     runtime = worker_runtime(metrics_address)
-    client = await _connect_patiently(runtime)
+    client, added = await _connect_patiently(runtime)
     if metrics_address:
         log.info("Prometheus metrics on http://%s/metrics", metrics_address)
-    added = await ensure_search_attributes(client)
     if added:
         log.info("registered search attributes: %s", ", ".join(added))
     workers = build_workers(client, queues, queue_prefix=queue_prefix, max_concurrent_agents=max_concurrent_agents)

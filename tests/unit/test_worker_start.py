@@ -1,0 +1,66 @@
+"""A worker started while the Temporal server is (re)starting waits for it (workers.main._connect_patiently)."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+import workers.main
+
+
+class _Server:
+    """The answers of a server that comes up after `failures`: each a connect refused, or a first call that fails."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.connects = 0
+
+    async def connect(self, runtime=None):
+        self.connects += 1
+        if self.failures and isinstance(self.failures[0], RuntimeError):
+            raise self.failures.pop(0)
+        return "client"
+
+    async def ensure_search_attributes(self, client):
+        if self.failures:
+            raise self.failures.pop(0)
+        return ["BsoSessionId"]
+
+
+def _patched(monkeypatch: pytest.MonkeyPatch, server: _Server) -> None:
+    monkeypatch.setattr(workers.main, "connect", server.connect)
+    monkeypatch.setattr(workers.main, "ensure_search_attributes", server.ensure_search_attributes)
+
+    async def no_wait(_seconds: float) -> None:
+        return None
+
+    monkeypatch.setattr(workers.main.asyncio, "sleep", no_wait)
+
+
+async def test_a_server_killed_during_the_first_call_is_waited_for(monkeypatch):
+    """A crash trial killed the server while a worker starting up asked it for its search attributes: the worker
+    died of `RPCError: transport error`, and the sprint stood still."""
+    server = _Server([
+        RuntimeError("Failed client connect: connection refused"),
+        RPCError("transport error", RPCStatusCode.UNKNOWN, b""),
+        RPCError("Frontend is not healthy yet", RPCStatusCode.UNAVAILABLE, b""),
+    ])
+    _patched(monkeypatch, server)
+    assert await workers.main._connect_patiently(None) == ("client", ["BsoSessionId"])
+    assert server.connects == 4 and server.failures == []  # a fresh connect after each failure
+
+
+async def test_a_refusal_that_no_wait_mends_is_raised_at_once(monkeypatch):
+    server = _Server([RPCError("no permission", RPCStatusCode.PERMISSION_DENIED, b""), RuntimeError("never reached")])
+    _patched(monkeypatch, server)
+    with pytest.raises(RPCError, match="no permission"):
+        await workers.main._connect_patiently(None)
+    assert server.connects == 1
+
+
+async def test_the_wait_has_an_end(monkeypatch):
+    server = _Server([RuntimeError("Failed client connect")] * 1000)
+    _patched(monkeypatch, server)
+    monkeypatch.setattr(workers.main, "CONNECT_PATIENCE_SECONDS", 0.0)
+    with pytest.raises(RuntimeError, match="Failed client connect"):
+        await workers.main._connect_patiently(None)
