@@ -16,7 +16,7 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
 from workflows.sprint_master import SprintMasterWorkflow
@@ -164,6 +164,16 @@ async def workflow_task_failures(client: Client, workflow_id: str) -> list[str]:
         )
         if failed.cause != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND
     ]
+
+
+async def status_is(handle: WorkflowHandle[Any, Any], status: WorkflowExecutionStatus) -> bool:
+    """A poll_until probe: the workflow's (latest run's) status is `status`."""
+    return (await handle.describe()).status is status
+
+
+async def has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
+    """A poll_until probe: the workflow's history has an event of `event_type`."""
+    return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
 
 
 async def poll_until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60.0, interval: float = 0.05) -> Any:

@@ -31,6 +31,7 @@ from tests.workflow.helpers import (
     sprint_input,
     sprint_result,
     start_sprint,
+    status_is,
     status_values,
     wait_status,
     workflow_task_failures,
@@ -59,7 +60,7 @@ async def _pending(client: Client, slave_id: str, env, after: str | None = None)
 
 
 async def _completed(handle) -> bool:
-    return await _status_is(handle, WorkflowExecutionStatus.COMPLETED)
+    return await status_is(handle, WorkflowExecutionStatus.COMPLETED)
 
 
 async def _published(root: Path, dispatch_id: str) -> dict:
@@ -319,7 +320,7 @@ async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_firs
         async with sprint_worker:
             with pytest.raises(WorkflowFailureError):
                 await sprint_result(handle)
-            await poll_until(lambda: _status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+            await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
         (tmp_path / "agent-activity-may-end").touch()
     states = status_values(tmp_path)
     assert (states[K1], states[K2]) == ("done", "review"), states
@@ -330,10 +331,6 @@ async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_firs
     completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
     assert not [c for c in completed if min(answered, cancel) < c < max(answered, cancel)], (answered, cancel)
     assert await workflow_task_failures(client, slave.id) == []
-
-
-async def _status_is(handle, status: WorkflowExecutionStatus) -> bool:
-    return (await handle.describe()).status == status
 
 
 async def _task_after(handle, event_type: EventType.ValueType) -> bool:

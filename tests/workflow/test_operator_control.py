@@ -65,12 +65,14 @@ from tests.workflow.holds import (
 )
 from tests.workflow.helpers import (
     current_details,
+    has_event,
     ledger,
     make_project,
     poll_until,
     sprint_input,
     sprint_result,
     start_sprint,
+    status_is,
     status_values,
     wait_status,
     workflow_task_failures,
@@ -625,6 +627,24 @@ async def test_a_paused_sprint_whose_cancel_was_swallowed_ends_at_once(local_env
     await replay_with(local_env.client, handle, hold)
 
 
+async def residents_of_a_terminated_run(client: Client, queue: str, root: Path, session_id: str) -> list[Any]:
+    """A first run of the sprint, terminated while its agent works: its residents run on (their descriptions)."""
+    slow = {"stories": {"1-1": {"duration_ms": 60000}}}
+    first = await start_sprint(client, queue, sprint_input(root, session_id=session_id, simulation=slow))
+    await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
+    await first.terminate("by hand")
+    roles = ("scrum-master", "knowledge-researcher", "debugger")
+    lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
+    assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering)
+    return lingering
+
+
+async def all_stopped(client: Client, runs: list[Any]) -> bool:
+    """A poll_until probe: none of these workflow runs is running."""
+    handles = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in runs]
+    return all([(await h.describe()).status is not WorkflowExecutionStatus.RUNNING for h in handles])
+
+
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_stops_them_all(
     local_env, tmp_path: Path
@@ -635,25 +655,14 @@ async def test_a_cancel_while_lingering_residents_are_replaced_starts_none_and_s
     client = local_env.client
     make_project(tmp_path, {K1: "review"})
     before = status_values(tmp_path)
-    roles = ("scrum-master", "knowledge-researcher", "debugger")
     hold = SignalDeliveredFirst(SIGNAL_STOP_NOW, first_only=True)  # the first run sends none: terminated
     async with workers_held(client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
-        slow = {"stories": {"1-1": {"duration_ms": 60000}}}
-        first = await start_sprint(client, queue, sprint_input(tmp_path, session_id="linger-cancel", simulation=slow))
-        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
-        await first.terminate("by hand")
-        lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
-        assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering)
+        lingering = await residents_of_a_terminated_run(client, queue, tmp_path, "linger-cancel")
         handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="linger-cancel"))
         await poll_until(lambda: in_the_hold(handle, hold), "the Master held after its stop_now to the scrum-master")
         await handle.cancel(reason="while replacing")
         await ends_cancelled(client, handle)
-
-        async def all_stopped() -> bool:
-            runs = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in lingering]
-            return all([(await run.describe()).status is not WorkflowExecutionStatus.RUNNING for run in runs])
-
-        await poll_until(all_stopped, "the first run's residents stopped")
+        await poll_until(lambda: all_stopped(client, lingering), "the first run's residents stopped")
         events = list((await handle.fetch_history()).events)
     cancelled_at = next(e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
     started_after = [
@@ -682,26 +691,15 @@ async def test_a_sprint_cancelled_before_it_starts_residents_stops_those_an_earl
     the first run's, which ran on for ever. It tells every resident id of the sprint stop_now."""
     client = local_env.client
     make_project(tmp_path, {K1: "review"})
-    roles = ("scrum-master", "knowledge-researcher", "debugger")
     async with workers_with(client, load_held_while_told, instead_of=load_sprint_status) as queue:
-        slow = {"stories": {"1-1": {"duration_ms": 60000}}}
-        first = await start_sprint(client, queue, sprint_input(tmp_path, session_id="unseen-linger", simulation=slow))
-        await wait_status(first, lambda s: s.stories[K1].agent_in_flight is not None, "K1's agent in flight")
-        await first.terminate("by hand")
-        lingering = [await client.get_workflow_handle(resident_workflow_id(first.id, r)).describe() for r in roles]
-        assert all(d.status is WorkflowExecutionStatus.RUNNING for d in lingering)
+        lingering = await residents_of_a_terminated_run(client, queue, tmp_path, "unseen-linger")
         (tmp_path / "hold-the-load").touch()
         handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="unseen-linger"))
         await poll_until(file_appears(tmp_path / "loading"), "the second run's status load")
         await handle.cancel(reason="while loading")
         (tmp_path / "hold-the-load").unlink()
         await ends_cancelled(client, handle)
-
-        async def all_stopped() -> bool:
-            runs = [client.get_workflow_handle(d.id, run_id=d.run_id) for d in lingering]
-            return all([(await run.describe()).status is not WorkflowExecutionStatus.RUNNING for run in runs])
-
-        await poll_until(all_stopped, "the first run's residents stopped", timeout=30)
+        await poll_until(lambda: all_stopped(client, lingering), "the first run's residents stopped", timeout=30)
         assert await workflow_task_failures(client, handle.id) == []
 
 
@@ -763,78 +761,49 @@ async def test_a_cancel_while_the_improvement_stories_are_added_ends_the_sprint_
 
 
 @activity.defn(name="write_story_status")
-async def slow_write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
+async def write_held_until_the_cancel(inp: StatusWriteInput) -> StatusWriteResult:
     Path(inp.project_root, "writing").touch()  # the Slave now awaits this write: the test cancels
     # Longer than the Slave's workflow task timeout (5 s) allows a local activity within one task: the SDK then
     # ends the task while the write goes on, and the cancel reaches the Slave during the write (the test says
     # when it has).
     while not Path(inp.project_root, "cancel-reached-the-slave").exists():
         await asyncio.sleep(0.1)
+    if Path(inp.project_root, "write-fails").exists():
+        raise ApplicationError("sprint-status.yaml does not parse (the test's)", type=UNREADABLE_ERROR_TYPE, non_retryable=True)
     return await write_story_status(inp)
 
 
-async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(ts_env, tmp_path: Path):
+@pytest.mark.parametrize("write_fails", [False, True], ids=["written", "write-fails"])
+async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(ts_env, tmp_path: Path, write_fails):
     """The cancel comes while the Slave awaits its U4 write (a local activity): the write is finished (before,
-    it was cancelled, the file written or not and the Slave taking it as not), then the batch ends cancelled;
-    the cancel is not taken for the file refusing the write (the story to needs-intervention, the batch going
-    on)."""
+    it was cancelled, the file written or not and the Slave taking it as not), then the batch ends cancelled.
+    A write that then fails (the file does not parse) leaves the story needing intervention: the batch does not
+    wait for the file to be mended, nor go on to its next story, as one that is not cancelled does."""
     make_project(tmp_path, {K1: "review", K2: "review"})
-    async with workers_with(ts_env.client, slow_write_story_status, instead_of=write_story_status) as queue:
+    session = "cancel-4" if write_fails else "cancel-3"
+    if write_fails:
+        (tmp_path / "write-fails").touch()
+    async with workers_with(ts_env.client, write_held_until_the_cancel, instead_of=write_story_status) as queue:
         handle = await start_sprint(
             ts_env.client, queue,
-            sprint_input(tmp_path, session_id="cancel-3", config_overrides={"batch_size": 2}),
+            sprint_input(tmp_path, session_id=session, config_overrides={"batch_size": 2}),
         )
         await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
         await asyncio.sleep(5)  # past the workflow task the write began in
         await handle.cancel()
-        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-3", 1))
-        await poll_until(lambda: _has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id(session, 1))
+        await poll_until(lambda: has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
         (tmp_path / "cancel-reached-the-slave").touch()
         with pytest.raises(WorkflowFailureError):
             await sprint_result(handle)
-        assert (await slave.describe()).status is WorkflowExecutionStatus.CANCELED
+        await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled", timeout=30)
         shown = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
-    assert started(tmp_path) == ["cancel-3/batch-1/1-1/1"]  # K2 was never dispatched
-    assert status_values(tmp_path)[K1] == "done" and shown.state == "done", shown
-
-
-@activity.defn(name="write_story_status")
-async def write_failing_after_the_cancel(inp: StatusWriteInput) -> StatusWriteResult:
-    Path(inp.project_root, "writing").touch()
-    while not Path(inp.project_root, "cancel-reached-the-slave").exists():
-        await asyncio.sleep(0.1)
-    raise ApplicationError("sprint-status.yaml does not parse (the test's)", type=UNREADABLE_ERROR_TYPE, non_retryable=True)
-
-
-async def test_a_write_the_cancel_met_that_then_fails_ends_the_batch_cancelled(ts_env, tmp_path: Path):
-    """The U4 write the cancel met fails (the file does not parse): the batch ends cancelled, the story shown as
-    needing intervention. It does not wait for the file to be mended, nor go on to its next story, as a batch
-    that is not cancelled does."""
-    make_project(tmp_path, {K1: "review", K2: "review"})
-    async with workers_with(ts_env.client, write_failing_after_the_cancel, instead_of=write_story_status) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-4", config_overrides={"batch_size": 2})
-        )
-        await poll_until(file_appears(tmp_path / "writing"), "K1's status write")
-        await handle.cancel()
-        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-4", 1))
-        await poll_until(lambda: _has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
-        (tmp_path / "cancel-reached-the-slave").touch()
-        with pytest.raises(WorkflowFailureError):
-            await sprint_result(handle)
-        await poll_until(lambda: _status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled", timeout=30)
-        shown = (await handle.query(SprintMasterWorkflow.status)).stories[K1]
-    assert started(tmp_path) == ["cancel-4/batch-1/1-1/1"]  # K2 was never dispatched
-    assert status_values(tmp_path)[K1] == "review"
-    assert shown.state == "needs-intervention" and "could not be written" in (shown.error or ""), shown
-
-
-async def _status_is(handle: WorkflowHandle[Any, Any], status: WorkflowExecutionStatus) -> bool:
-    return (await handle.describe()).status is status
-
-
-async def _has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
-    return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+    assert started(tmp_path) == [f"{session}/batch-1/1-1/1"]  # K2 was never dispatched
+    if write_fails:
+        assert status_values(tmp_path)[K1] == "review"
+        assert shown.state == "needs-intervention" and "could not be written" in (shown.error or ""), shown
+    else:
+        assert status_values(tmp_path)[K1] == "done" and shown.state == "done", shown
 
 
 async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):
