@@ -126,8 +126,9 @@ LINGERING_RESIDENT_WAIT = timedelta(seconds=1)
 # raised: the sprint went on starting its residents during the cancel's wind-down; cancelled before it had
 # replaced them all, it left the rest of the earlier run's residents running. Asked where it applies only.
 PATCH_CANCEL_STOPS_RESIDENT_STARTS = "master-cancel-stops-resident-starts"
-# ...and one cancelled (or failed) before it tried to start any, when it could not know of them yet (it waited for
-# the project's claim, say): it tells each resident id of the sprint stop_now, blindly. Asked where it applies only.
+# ...and one cancelled (or failed) before the start of its first resident had its answer, when it could not know of
+# them yet (it waited for the project's claim, say): it tells each resident id of the sprint stop_now, blindly.
+# Asked where it applies only.
 PATCH_STOPS_UNSEEN_LINGERING = "master-stops-unseen-lingering-residents"
 
 
@@ -536,7 +537,7 @@ class RosterKeeper:
         self._stopped_residents: set[str] = set()
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
-        self._residents_tried = False  # this run has begun starting its residents
+        self._residents_tried = False  # the start of this run's first resident has had its answer
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -554,13 +555,13 @@ class RosterKeeper:
         """Start the configured residents in slot order. One that fails degrades the sprint (its requests
         are answered "unavailable"); the scrum-master's failure fails the sprint."""
         s = self._state
-        self._residents_tried = True
         for role in enabled_roles(s.config.resident_slots):
             self._no_start_once_cancelled()
             workflow_id = resident_workflow_id(s.session_id, role)
             self._resident_starting = workflow_id
             failure = await self._start_resident(role, workflow_id, project_root, simulation, backend)
             self._resident_starting = None
+            self._residents_tried = True  # a lingering resident would have been found by now (or none lingers)
             if failure is None:
                 s.residents[role] = workflow_id
                 s.agents_created += 1
@@ -649,8 +650,8 @@ class RosterKeeper:
         every one of them it has not replaced yet: nothing else would. (Those of this run are stopped with the
         others, _stop_residents.) Only once one was found: each stop of a resident that is not there is a
         command that fails, and the time-skipping test server never answers a cancel of a workflow it does not
-        have. A sprint cancelled or failed before it tried to start any (PATCH_STOPS_UNSEEN_LINGERING) knows of
-        none: it tells every resident id of the sprint stop_now."""
+        have. A sprint cancelled or failed before the start of its first resident had its answer
+        (PATCH_STOPS_UNSEEN_LINGERING) knows of none: it tells every resident id of the sprint stop_now."""
         if self._resident_starting is not None:
             workflow.logger.warning(await _cancel_unready(self._resident_starting, "the sprint was cancelled"))
         if self._cancelling and self._lingering_found and workflow.patched(PATCH_CANCEL_STOPS_RESIDENT_STARTS):

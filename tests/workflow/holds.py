@@ -145,11 +145,12 @@ async def in_the_hold(handle: WorkflowHandle[Any, Any], hold: Hold) -> bool:
     return await timer_of(handle, hold, EventType.EVENT_TYPE_TIMER_STARTED)
 
 
-async def replay_with(client: Client, handle: WorkflowHandle[Any, Any], hold: Hold) -> None:
+async def replay_with(client: Client, handle: WorkflowHandle[Any, Any], hold: Hold, *, handle_run_only: bool = False) -> None:
     """Replay with the hold they ran with (the suite's replay has none) every run of the workflow, of its residents
-    and of the children they started, as recorded and in the shape whose tasks sdk-core joins
-    (tests/collapsed_history.py); a nondeterminism error fails the test."""
-    histories = await histories_of(client, [handle.id])
+    and of the children they started (`handle_run_only`: the handle's run alone, the one the hold ran in), as
+    recorded and in the shape whose tasks sdk-core joins (tests/collapsed_history.py); a nondeterminism error fails
+    the test."""
+    histories = [await handle.fetch_history()] if handle_run_only else await histories_of(client, [handle.id])
     assert histories, handle.id
     shapes = [(history, "as recorded") for history in histories]
     shapes += [(joined, "joined") for joined, moved in map(collapsed, histories) if moved]

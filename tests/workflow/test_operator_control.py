@@ -703,6 +703,25 @@ async def test_a_sprint_cancelled_before_it_starts_residents_stops_those_an_earl
         assert await workflow_task_failures(client, handle.id) == []
 
 
+@pytest.mark.unreplayable_on_purpose  # the hold is the second run's: the test replays that run with it
+async def test_a_sprint_cancelled_while_its_first_resident_starts_stops_those_an_earlier_run_left(local_env, tmp_path: Path):
+    """The same, the cancel coming while the start of the sprint's first resident has no answer yet (held here on
+    a timer): it had found none of the first run's residents yet, and cancelling the one it was starting left
+    the others running. It tells every resident id of the sprint stop_now."""
+    client = local_env.client
+    make_project(tmp_path, {K1: "review"})
+    hold = ChildStartHeld("ResidentWorkflow", 30)  # the second run's only: the first one's runs on its own queues
+    async with bso_worker(client) as first_queue, workers_held(client, hold, f"t-{uuid.uuid4().hex[:8]}-") as queue:
+        lingering = await residents_of_a_terminated_run(client, first_queue, tmp_path, "unseen-linger-2")
+        handle = await start_sprint(client, queue, sprint_input(tmp_path, session_id="unseen-linger-2"))
+        await poll_until(lambda: in_the_hold(handle, hold), "the first resident's start held")
+        await handle.cancel(reason="while a resident starts")
+        await ends_cancelled(client, handle)
+        await poll_until(lambda: all_stopped(client, lingering), "the first run's residents stopped", timeout=30)
+        assert await workflow_task_failures(client, handle.id) == []
+    await replay_with(client, handle, hold, handle_run_only=True)
+
+
 @pytest.mark.unreplayable_on_purpose  # the hold is the test's: the test replays the history with it
 async def test_a_cancel_in_the_task_that_starts_a_batch_ends_the_sprint(local_env, tmp_path: Path):
     """The cancel comes in the very workflow task in which the Master starts a batch's Slave. The server
