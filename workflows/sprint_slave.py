@@ -251,7 +251,7 @@ SLAVE_PATCHES_OF_2026_11_27 = PatchRollup(
 # same either way: sdk-core joins a local activity's heartbeat task with the next on replay (the history of
 # tests/histories/heartbeat-2026-11-27), which can bring the answer and a later cancel together.
 PATCH_WRITE_SURVIVES_CANCEL = "slave-write-survives-cancel"
-# A Slave started today records this rollup alone; one recorded with the first keeps its patches.
+# A Slave started since this patch records this rollup alone; one recorded with the first keeps its patches.
 SLAVE_PATCHES = PatchRollup(
     SLAVE_PATCH_ROLLUP_2,
     SLAVE_PATCHES_OF_2026_11_27.folded | {PATCH_WRITE_SURVIVES_CANCEL},
