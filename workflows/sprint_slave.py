@@ -1470,8 +1470,9 @@ async def _finished_through_cancel(task: asyncio.Task[Any]) -> bool:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             cancelled = True
-        except Exception:  # noqa: BLE001 - the task failed: its result() raises it
-            break
+        except Exception:  # noqa: BLE001 - the task failed (its result() raises it), or else it is not this wait's
+            if not task.done():
+                raise
     return cancelled
 
 
