@@ -353,3 +353,53 @@ async def test_a_done_story_whose_branch_did_not_merge_leaves_the_sprint_partial
     assert (result.error or "").startswith("not merged: "), result
     assert report.status is SprintStatus.PARTIAL, report.status
     assert (root / "src" / "story_1_1_hello_world.py").read_text() == "# the user's own, untracked\n"
+
+
+async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_first(local_env, tmp_path: Path) -> None:
+    """A command agent's answer comes back as its activity's result; the batch's cancel comes in the same workflow
+    task (both arrive while no sprint worker runs; the agents worker finishes the agent meanwhile). asyncio raises
+    the cancel into the await the result met: the answer was lost, and the finished dev work was to be done again
+    by the next sprint. It is written (the story to review), then the batch ends cancelled."""
+    import uuid
+
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE
+    from tests.workflow.helpers import has_event, sprint_result, start_sprint, status_is
+    from workers.main import build_workers
+
+    ledger = tmp_path / "ledger.jsonl"
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"},
+        FAKE_AGENT_LEDGER=str(ledger), FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3",
+    )
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    client = local_env.client
+    session, prefix = f"cmd-answer-cancel-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
+    inp = sprint_input(root, session_id=session, agent_backend="command", config_overrides={"po_gates_enabled": False})
+    slave = client.get_workflow_handle(slave_workflow_id(session, 1))
+    (agents_worker,) = build_workers(client, [AGENTS_TASK_QUEUE], queue_prefix=prefix)
+    async with agents_worker:
+        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
+        async with sprint_worker:
+            handle = await start_sprint(client, prefix + SPRINT_TASK_QUEUE, inp)
+            await poll_until(lambda: asyncio.sleep(0, ledger.exists() and "dev-runner" in ledger.read_text()), "the dev agent at work")
+        before = status_values(root)[STORY]
+        await poll_until(lambda: has_event(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the dev agent's result", timeout=60)
+        await slave.cancel()
+        await handle.cancel()
+        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
+        async with sprint_worker:
+            with pytest.raises(WorkflowFailureError):
+                await sprint_result(handle)
+            await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+    assert (before, status_values(root)[STORY]) == ("ready-for-dev", "review")
+    events = list((await slave.fetch_history()).events)
+    (answered,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+    (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
+    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+    assert not [c for c in completed if answered < c < cancel], (answered, cancel)  # one task took both
+    assert await workflow_task_failures(client, slave.id) == []
