@@ -783,6 +783,12 @@ class SprintSlaveWorkflow:
                 debug_id=debug_id, story_key=meta.key, status="unavailable", error="no debugger resident in this sprint"
             )
             return after_debug(progress, step, answer, unavailable, config=self._input.config)
+        if workflow.cancellation_reason() is not None and SLAVE_PATCHES.patched(PATCH_WRITE_SURVIVES_CANCEL):
+            # The batch's cancel came with this failing answer (_dispatch re-delivered it): no analysis starts for
+            # a cancelled batch (the DEBUG_REQUEST's delivery took the cancel for a failure and went out a second
+            # later). The story keeps its state; its agent runs again in the next sprint.
+            await asyncio.sleep(0)  # where the re-delivered cancel is raised
+            raise asyncio.CancelledError
         priority = self._story_priority(meta)  # the analysis runs at the story's priority
         request = debug_request_for(
             progress, step, answer, debug_id, workflow.info().workflow_id, self._input.session_id

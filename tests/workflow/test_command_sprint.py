@@ -355,24 +355,29 @@ async def test_a_done_story_whose_branch_did_not_merge_leaves_the_sprint_partial
     assert (root / "src" / "story_1_1_hello_world.py").read_text() == "# the user's own, untracked\n"
 
 
-async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_first(local_env, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("behavior", "after"), [("slow", "review"), ("slow,crash", "ready-for-dev")], ids=["done", "crashed"])
+async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_first(
+    local_env, tmp_path: Path, behavior: str, after: str
+) -> None:
     """A command agent's answer comes back as its activity's result; the batch's cancel comes in the same workflow
     task (both arrive while no sprint worker runs; the agents worker finishes the agent meanwhile). asyncio raises
     the cancel into the await the result met: the answer was lost, and the finished dev work was to be done again
-    by the next sprint. It is written (the story to review), then the batch ends cancelled."""
+    by the next sprint. It is written (the story to review), then the batch ends cancelled. An agent that crashed
+    (an answer for the debugger) starts no analysis in the cancelled batch: no DEBUG_REQUEST goes out, the story
+    keeps its state."""
     import uuid
 
     from temporalio.api.enums.v1 import EventType
     from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
-    from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE
+    from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_REQUEST, SPRINT_TASK_QUEUE
     from tests.workflow.helpers import has_event, sprint_result, start_sprint, status_is
     from workers.main import build_workers
 
     ledger = tmp_path / "ledger.jsonl"
     root = make_git_project(
         tmp_path / "proj", stories={STORY: "ready-for-dev"},
-        FAKE_AGENT_LEDGER=str(ledger), FAKE_AGENT_BEHAVIOR="slow", FAKE_AGENT_SLEEP="3",
+        FAKE_AGENT_LEDGER=str(ledger), FAKE_AGENT_BEHAVIOR=behavior, FAKE_AGENT_SLEEP="3",
     )
     (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
         "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
@@ -396,8 +401,14 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
             with pytest.raises(WorkflowFailureError):
                 await sprint_result(handle)
             await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
-    assert (before, status_values(root)[STORY]) == ("ready-for-dev", "review")
+    assert (before, status_values(root)[STORY]) == ("ready-for-dev", after)
     events = list((await slave.fetch_history()).events)
+    signals = [
+        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert SIGNAL_DEBUG_REQUEST not in signals, signals
     (answered,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
     (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
     completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
