@@ -377,7 +377,7 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
     ledger = tmp_path / "ledger.jsonl"
     root = make_git_project(
         tmp_path / "proj", stories={STORY: "ready-for-dev"},
-        FAKE_AGENT_LEDGER=str(ledger), FAKE_AGENT_BEHAVIOR=behavior, FAKE_AGENT_SLEEP="3",
+        FAKE_AGENT_LEDGER=str(ledger), FAKE_AGENT_BEHAVIOR=behavior, FAKE_AGENT_SLEEP="5",  # the sprint worker stops meanwhile
     )
     (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
         "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
