@@ -16,9 +16,11 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 
+from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
+from workers.main import build_workers
 from workflows.sprint_master import SprintMasterWorkflow
 
 HEADER = """# generated: 2026-01-05
@@ -174,6 +176,28 @@ async def status_is(handle: WorkflowHandle[Any, Any], status: WorkflowExecutionS
 async def has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.ValueType) -> bool:
     """A poll_until probe: the workflow's history has an event of `event_type`."""
     return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
+
+
+async def cancelled_while_no_sprint_worker_runs(
+    client: Client, queue_prefix: str, sprint: WorkflowHandle[Any, Any], slave: WorkflowHandle[Any, Any]
+) -> None:
+    """Cancel the batch and its sprint while no worker serves the sprint queue of `queue_prefix` (what reached
+    the batch meanwhile comes in the same workflow task as the cancel), then start one: both end cancelled."""
+    await slave.cancel()
+    await sprint.cancel()
+    (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=queue_prefix)
+    async with sprint_worker:
+        with pytest.raises(WorkflowFailureError):
+            await sprint_result(sprint)
+        await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+
+
+async def in_one_task(handle: WorkflowHandle[Any, Any], first: EventType.ValueType, second: EventType.ValueType) -> bool:
+    """The workflow's only events of these two types came in one workflow task (none ended between them)."""
+    events = list((await handle.fetch_history()).events)
+    (a,) = [e.event_id for e in events if e.event_type == first]
+    (b,) = [e.event_id for e in events if e.event_type == second]
+    return not [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and min(a, b) < e.event_id < max(a, b)]
 
 
 async def poll_until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60.0, interval: float = 0.05) -> Any:

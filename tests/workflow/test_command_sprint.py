@@ -368,10 +368,8 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
     import uuid
 
     from temporalio.api.enums.v1 import EventType
-    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
-
     from bso.constants import AGENTS_TASK_QUEUE, SIGNAL_DEBUG_REQUEST, SPRINT_TASK_QUEUE
-    from tests.workflow.helpers import has_event, sprint_result, start_sprint, status_is
+    from tests.workflow.helpers import cancelled_while_no_sprint_worker_runs, has_event, in_one_task, start_sprint
     from workers.main import build_workers
 
     ledger = tmp_path / "ledger.jsonl"
@@ -394,13 +392,7 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
             await poll_until(lambda: asyncio.sleep(0, ledger.exists() and "dev-runner" in ledger.read_text()), "the dev agent at work")
         before = status_values(root)[STORY]
         await poll_until(lambda: has_event(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the dev agent's result", timeout=60)
-        await slave.cancel()
-        await handle.cancel()
-        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
-        async with sprint_worker:
-            with pytest.raises(WorkflowFailureError):
-                await sprint_result(handle)
-            await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+        await cancelled_while_no_sprint_worker_runs(client, prefix, handle, slave)
     assert (before, status_values(root)[STORY]) == ("ready-for-dev", after)
     events = list((await slave.fetch_history()).events)
     signals = [
@@ -409,8 +401,5 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
         if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
     ]
     assert SIGNAL_DEBUG_REQUEST not in signals, signals
-    (answered,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
-    (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
-    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
-    assert not [c for c in completed if answered < c < cancel], (answered, cancel)  # one task took both
+    assert await in_one_task(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
     assert await workflow_task_failures(client, slave.id) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -33,6 +33,8 @@ from tests.workflow.helpers import (
     start_sprint,
     status_is,
     status_values,
+    cancelled_while_no_sprint_worker_runs,
+    in_one_task,
     wait_status,
     workflow_task_failures,
 )
@@ -314,22 +316,12 @@ async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_firs
             if not activity_running:
                 await poll_until(lambda: _task_after(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the activity's end taken")
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
-        await slave.cancel()
-        await handle.cancel()
-        (sprint_worker,) = build_workers(client, [SPRINT_TASK_QUEUE], queue_prefix=prefix)
-        async with sprint_worker:
-            with pytest.raises(WorkflowFailureError):
-                await sprint_result(handle)
-            await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled")
+        await cancelled_while_no_sprint_worker_runs(client, prefix, handle, slave)
         (tmp_path / "agent-activity-may-end").touch()
     states = status_values(tmp_path)
     assert (states[K1], states[K2]) == ("done", "review"), states
-    # The race happened: no workflow task of the Slave ended between the answer and the cancel.
-    events = list((await slave.fetch_history()).events)
-    (answered,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
-    (cancel,) = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED]
-    completed = [e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
-    assert not [c for c in completed if min(answered, cancel) < c < max(answered, cancel)], (answered, cancel)
+    # The race happened: the answer and the cancel came in one workflow task of the Slave.
+    assert await in_one_task(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
     assert await workflow_task_failures(client, slave.id) == []
 
 
