@@ -241,7 +241,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._init_planning()
         self._project_root = inp.project_root
         self._started_batches: set[int] = set()  # running batches whose Slave has started (signalable)
-        self._batch_stories: dict[int, list[str]] = {}  # running batch id -> its stories
         self._running_specs: dict[int, BatchSpec] = {}  # the batches _run_batches started, until they end
         self._hold_shared_files = False  # PATCH_HOLD_SHARED_FILES
         self._forwards: list[asyncio.Task[None]] = []  # signals forwarded to Slaves
@@ -355,7 +354,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _holds(self, batch_id: int, key: str) -> bool:
         """Is `key` a story of running batch `batch_id`, still its own (not rearmed into another batch since)?"""
         view = self._state.views.get(key)
-        return key in self._batch_stories.get(batch_id, ()) and (view is None or view.batch_id == batch_id)
+        return key in self._running_stories(batch_id) and (view is None or view.batch_id == batch_id)
 
     def _first_story_checkpoint(self, key: str, view: StoryView) -> bool:
         """first_story_checkpoint: `report` logs and shows the first finished story; `pause` also pauses.
@@ -532,10 +531,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
     def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:
         """DEPENDENCY_UPDATE to each running Slave with a story depending on one of `states`."""
-        for batch_id in sorted(self._batch_stories):
+        for batch_id in sorted(self._running_batches):
             if batch_id == from_batch:
                 continue
-            deps = {d for k in self._batch_stories[batch_id] for d in self._state.stories[k].depends_on}
+            deps = {d for k in self._running_stories(batch_id) for d in self._state.stories[k].depends_on}
             relevant = {k: v for k, v in states.items() if k in deps}
             if relevant:
                 self._forward(SIGNAL_DEPENDENCY_UPDATE, relevant, only=batch_id)
@@ -1161,7 +1160,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             },
         )
         self._running_batches[spec.batch_id] = slave_id
-        self._batch_stories[spec.batch_id] = list(spec.stories)
         self._show()
         try:
             child = await workflow.start_child_workflow(
@@ -1219,7 +1217,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._temp_seen(key, None)
             self._slave_finished(slave_name(spec.batch_id))
         self._started_batches.discard(spec.batch_id)
-        self._batch_stories.pop(spec.batch_id, None)
         self._show()
         return result
 
@@ -1321,13 +1318,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _drop_view(self, key: str) -> None:
         self._tally.change(key, self._state.views.pop(key, None), None)
 
+    def _running_stories(self, batch_id: int) -> list[str]:
+        """The stories of `batch_id` while its Slave runs (its spec outlives it until the batch's end is taken in)."""
+        return self._running_specs[batch_id].stories if batch_id in self._running_batches else []
+
     def _running_views(self) -> Iterator[tuple[str, StoryView]]:
         """The views of the running batches' stories, less those rearmed out of them since: a walk over those
         batches, not over every story of the sprint (a view names a batch only if it is among its stories)."""
         views = self._state.views
         for batch_id in self._running_batches:
-            spec = self._running_specs.get(batch_id)
-            for key in spec.stories if spec else ():
+            for key in self._running_stories(batch_id):
                 if (view := views.get(key)) is not None and view.batch_id == batch_id:
                     yield key, view
 
