@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from bso.delivery import MAX_DELIVERY_RETRIES, delivery_backoff, delivery_failed, response_timeout
@@ -21,11 +22,20 @@ with workflow.unsafe.imports_passed_through():
 
 _NO_ARG = object()
 
+# A send that the sender's cancel cancelled before it went out was taken for a failed delivery and sent again a
+# second later: a cancelled batch's DEBUG_REQUEST still started an analysis.
+PATCH_CANCELLED_SEND_IS_A_CANCEL = "delivery-cancelled-send-is-a-cancel"
+
 
 async def deliver(
-    workflow_id: str, signal: str, arg: Any = _NO_ARG, *, max_retries: int = MAX_DELIVERY_RETRIES
+    workflow_id: str, signal: str, arg: Any = _NO_ARG, *, max_retries: int = MAX_DELIVERY_RETRIES,
+    cancellable: bool = False,
 ) -> DeliveryFailed | None:
-    """Signal `workflow_id`; None once delivered, the delivery_failed error after `max_retries` retries."""
+    """Signal `workflow_id`; None once delivered, the delivery_failed error after `max_retries` retries.
+
+    `cancellable`: a request the sender has no use for once cancelled. A cancel of the sending task that cancels
+    the signal before it goes out is raised (asyncio.CancelledError) instead of retried. (One that comes after it
+    went out is swallowed by the SDK, the signal delivered: the caller checks `workflow.cancellation_reason()`.)"""
     retries = 0
     while True:
         try:
@@ -38,6 +48,8 @@ async def deliver(
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the peer is gone or unreachable: retried, then reported
+            if cancellable and isinstance(err, CancelledError) and workflow.patched(PATCH_CANCELLED_SEND_IS_A_CANCEL):
+                raise asyncio.CancelledError from err
             if retries >= max_retries:
                 message = {"signal": signal, "to": workflow_id, "arg": None if arg is _NO_ARG else arg}
                 failed = delivery_failed(message, err, retry_count=retries, max_retries=max_retries)

@@ -81,7 +81,7 @@ class ScrumMasterPlanning:
         sent = request.model_dump(mode="json", exclude_none=True)
         self._plan_awaited = request.request_id  # before it is sent: the answer may come with the send's completion
         try:
-            failed = await deliver(resident, SIGNAL_PLAN_REQUEST, sent)  # retried, then delivery_failed
+            failed = await deliver(resident, SIGNAL_PLAN_REQUEST, sent, cancellable=True)  # retried, then delivery_failed
             if failed is not None:  # the resident is gone
                 s.message_errors = keep_error(s.message_errors, failed)
                 return self._planner_failed(request, f"request not delivered ({describe_delivery(failed)})")

@@ -1,6 +1,7 @@
 """message-schemas' delivery_failed and response_timeout on the time-skipping server: a Slave's DEBUG_REQUEST
 to a debugger that does not exist (retried with the schema's bound, then delivery_failed) or that never
-answers within the query's timeout_ms (response_timeout); the Master's PLAN_REQUEST carries timeout_ms."""
+answers within the query's timeout_ms (response_timeout); the Master's PLAN_REQUEST carries timeout_ms; a send
+the sender's cancel stops before it goes out."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
 from temporalio import workflow
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -17,7 +21,8 @@ from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, SlaveResult, StoryMeta
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker, terminate_left_running
-from tests.workflow.helpers import make_project, run_sprint, sprint_input, workflow_task_failures
+from tests.workflow.helpers import make_project, poll_until, run_sprint, sprint_input, workflow_task_failures
+from workflows.delivery import deliver
 from workflows.sprint_slave import SprintSlaveWorkflow
 
 K1 = "1-1-login-form"
@@ -30,6 +35,61 @@ class SilentResident:
     @workflow.run
     async def run(self) -> None:
         await workflow.wait_condition(lambda: False)
+
+
+@workflow.defn(name="PingSender")
+class PingSender:
+    """Sends one `ping` signal with `deliver` once told to `go`."""
+
+    def __init__(self) -> None:
+        self._go = False
+
+    @workflow.signal
+    def go(self) -> None:
+        self._go = True
+
+    @workflow.run
+    async def run(self, target: str, cancellable: bool) -> str:
+        await workflow.wait_condition(lambda: self._go)
+        return "delivered" if await deliver(target, "ping", cancellable=cancellable) is None else "failed"
+
+
+@pytest.mark.parametrize("cancellable", [True, False], ids=["cancellable", "not-cancellable"])
+async def test_a_send_the_senders_cancel_stops_before_it_goes_out(local_env, cancellable: bool) -> None:
+    """`go` and the sender's cancel reach it in one workflow task (both sent while no worker runs): the SDK runs
+    the signal first, so the ping is sent in that task, and the cancel cancels it before it goes out. A
+    cancellable send ends the sender cancelled, nothing sent; any other is taken for a failed delivery and sent
+    again a second later (a broadcast or a result the sender still owes). On the dev server: the time-skipping
+    one leaves the task on the stopped worker's sticky queue."""
+    client, queue, tag = local_env.client, f"ping-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
+    target_id, sender_id = f"ping-target-{tag}", f"ping-sender-{tag}"
+
+    def worker() -> Worker:
+        return Worker(client, task_queue=queue, workflows=[PingSender, SilentResident], workflow_runner=UnsandboxedWorkflowRunner())
+
+    try:
+        async with worker():
+            await client.start_workflow("SilentResident", id=target_id, task_queue=queue)
+            sender = await client.start_workflow("PingSender", args=[target_id, cancellable], id=sender_id, task_queue=queue)
+            await poll_until(lambda: _has(client, sender_id, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED), "the sender waits")
+        await sender.signal(PingSender.go)
+        await sender.cancel()
+        async with worker():
+            if cancellable:
+                with pytest.raises(WorkflowFailureError) as ended:
+                    await sender.result()
+                assert isinstance(ended.value.cause, CancelledError)
+            else:
+                assert await sender.result() == "delivered"
+            pings = [e for e in await events(client, target_id) if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+    finally:
+        await terminate_left_running(client, [target_id, sender_id])
+    assert len(pings) == (0 if cancellable else 1)
+    assert await workflow_task_failures(client, sender_id) == []
+
+
+async def _has(client, workflow_id: str, event_type: EventType.ValueType) -> bool:
+    return any(e.event_type == event_type for e in await events(client, workflow_id))
 
 
 def slave_input(root: Path, session: str, debugger: str, **overrides) -> SlaveInput:

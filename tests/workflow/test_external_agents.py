@@ -16,7 +16,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.agents import run_agent
-from bso.constants import SPRINT_TASK_QUEUE, agents_task_queue_for, slave_workflow_id
+from bso.constants import SIGNAL_DEBUG_REQUEST, SPRINT_TASK_QUEUE, agents_task_queue_for, slave_workflow_id
 from bso.messages import DispatchReceipt, TaskAssignment
 from workers.main import AGENT_ACTIVITIES, build_workers
 
@@ -288,14 +288,25 @@ async def run_agent_until_told(assignment: TaskAssignment) -> DispatchReceipt:
     return receipt
 
 
-@pytest.mark.parametrize("activity_running", [False, True], ids=["activity-ended", "activity-running"])
-async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_first(local_env, tmp_path: Path, activity_running):
+@pytest.mark.parametrize(
+    ("answer", "activity_running"),
+    [("review-passes", False), ("review-passes", True), ("dev-fails", False)],
+    ids=["activity-ended", "activity-running", "failing-answer"],
+)
+async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_first(
+    local_env, tmp_path: Path, answer: str, activity_running: bool
+):
     """The agent's AGENT_COMPLETE and the batch's cancel reach the Slave in one workflow task (both sent while no
     sprint worker ran), its agent's activity ended or still running (the Slave then awaits the answer in another
     way): the answer's state is written, then the batch ends cancelled. Before, the cancel was raised first and
     the answer lost, or the write it met was cancelled: the story stayed in review, its finished review to be run
-    again."""
-    make_project(tmp_path, {K1: "review", K2: "review"})
+    again.
+
+    A failing answer for the debugger: the SDK runs the task's signal before its cancel, so the Slave sends the
+    DEBUG_REQUEST in that task, and the cancel cancels the signal before it goes out. No analysis starts: before,
+    the cancelled send was taken for a failed delivery and sent again a second later."""
+    first = "review" if answer == "review-passes" else "ready-for-dev"
+    make_project(tmp_path, {K1: first, K2: "review"})
     client = local_env.client
     session, prefix = f"answer-cancel-{uuid.uuid4().hex[:6]}", f"t-{uuid.uuid4().hex[:8]}-"
     if not activity_running:
@@ -315,14 +326,24 @@ async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_firs
             await _published(tmp_path, dispatch_id)
             if not activity_running:
                 await poll_until(lambda: _task_after(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the activity's end taken")
-        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
+        failed = {"status": "failure", "error": "ImportError: no module named 'auth'"} if answer == "dev-fails" else {}
+        await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, **failed))
         await cancelled_while_no_sprint_worker_runs(client, prefix, handle, slave)
         (tmp_path / "agent-activity-may-end").touch()
     states = status_values(tmp_path)
-    assert (states[K1], states[K2]) == ("done", "review"), states
+    assert (states[K1], states[K2]) == ("done" if answer == "review-passes" else first, "review"), states
     # The race happened: the answer and the cancel came in one workflow task of the Slave.
     assert await in_one_task(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
+    assert SIGNAL_DEBUG_REQUEST not in await _signals_sent(slave)
     assert await workflow_task_failures(client, slave.id) == []
+
+
+async def _signals_sent(handle) -> list[str]:
+    return [
+        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        for e in (await handle.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
 
 
 async def _task_after(handle, event_type: EventType.ValueType) -> bool:

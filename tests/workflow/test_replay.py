@@ -24,6 +24,7 @@ from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
+from workflows.delivery import PATCH_CANCELLED_SEND_IS_A_CANCEL
 from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
@@ -203,6 +204,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-holds-after-end/holds-4--batch-1.json", PATCH_UPDATES_HELD_AFTER_CLOSE),
         # Cancelled while it added its improvement stories, it took that for their failure and ran on to its end.
         ("before-2026-11-27-improvements-cancel/cancel-improving.json", PATCH_IMPROVEMENTS_ADD_CANCELLED),
+        # Cancelled with a failing answer, its DEBUG_REQUEST's send cancelled before it went out: sent again 1 s later.
+        ("before-2026-11-27-cancelled-send/answer-cancel-f9eba1--batch-1.json", PATCH_CANCELLED_SEND_IS_A_CANCEL),
         # Its batches' ends were taken in by workflow tasks with no command.
         ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_BATCH_END_SENDS_A_COMMAND),
     ],
