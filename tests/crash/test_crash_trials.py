@@ -6,6 +6,7 @@ The long form: `.venv/bin/python -m bench.crash_trials` (10 worker kills, 3 serv
 from __future__ import annotations
 
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,9 @@ async def test_sprint_survives_worker_and_server_kills_and_a_closed_laptop(tmp_p
     # Workflow tasks the kills left behind are told apart: on a sticky queue, or held by the killed worker.
     assert set(kinds["worker"]["workflow_task_timeouts"]) <= set(TIMEOUT_MEANINGS)
     assert set(kinds["suspend"]["workflow_task_timeouts"]) <= set(TIMEOUT_MEANINGS)
+    # The server's file ran in write-ahead-log mode (bso/dev_server.py), through its kill -9 and restart.
+    with sqlite3.connect(f"file:{tmp_path / 'temporal.db'}?mode=ro", uri=True) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 def test_the_long_form_gets_a_sprint_its_kills_fit_into():

@@ -112,6 +112,13 @@ def test_every_dev_server_bso_starts_reads_its_transfer_queue_often():
     assert dynamic_config_args() == ["--dynamic-config-value", setting]
 
 
+def test_every_dev_server_bso_starts_keeps_its_file_in_wal_mode():
+    """SQLite's rollback journal fsynced a journal and the database for every commit of the server's."""
+    for command in (server_command(7233, 8233, "x.db", "default", "127.0.0.1"), DevServer(Path("x.db"), Path("x.log")).command()):
+        pragmas = [command[i + 1] for i, a in enumerate(command) if a == "--sqlite-pragma"]
+        assert pragmas == ["journal_mode=wal", "synchronous=full"], command
+
+
 def test_connect_config_from_the_environment(monkeypatch, tmp_path):
     for var in ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_PROFILE"):
         monkeypatch.delenv(var, raising=False)
