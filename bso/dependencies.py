@@ -16,6 +16,9 @@ from bso.states import StoryState
 
 # A dependency whose batch ended without bringing it to a terminal state (shutdown, budget, crash).
 UNFINISHED = "unfinished"
+# The Slave refuses a DEPENDENCY_UPDATE naming a story none of its stories depends on (a hand-sent one: the Master
+# names only its dependencies). Before, such a state was kept and never read, and the sender never told.
+PATCH_DEPENDENCY_UPDATE_CHECKED = "slave-dependency-update-checked"
 # A dependency done whose branch is still being merged back (command backend): its dependants wait, since a
 # worktree made before the merge lands would lack its work.
 MERGING = "merging"
@@ -35,6 +38,17 @@ class DependencyCheck:
     ready: bool  # every dependency is done
     blocked_by: tuple[str, str] | None = None  # (dependency, its final state) when one will never be done
     waiting_for: tuple[str, ...] = ()
+
+
+def dependency_update_error(states: dict[str, str], stories: list[StoryMeta]) -> str | None:
+    """Why a DEPENDENCY_UPDATE to the batch of `stories` cannot be the Master's: it names a story none of them
+    depends on (the Master names only those). None when it names only their dependencies."""
+    wanted = sorted({dep for meta in stories for dep in meta.depends_on})
+    unknown = sorted(key for key in states if key not in wanted)
+    if not unknown:
+        return None
+    named = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+    return f"names stories no story of this batch depends on: {named} (it depends on: {', '.join(wanted) or 'none'})"
 
 
 def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType, SignalExternalWorkflowExecutionFailedCause
 from temporalio.api.history.v1 import HistoryEvent
@@ -48,6 +48,7 @@ from bso.constants import (
 )
 from bso.debugging import DebugRequest, DebugResult
 from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, check_waiting_decision
+from bso.dependencies import PATCH_DEPENDENCY_UPDATE_CHECKED, dependency_update_error
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
     PATCH_TOKENS_BOUNDED,
@@ -73,7 +74,7 @@ from bso.messages import (
     story_update_not_from_its_batch,
     unknown_signal_to_sprint,
 )
-from bso.models import ResumeRequest, StoryUpdate, describe_in_flight, short_key
+from bso.models import ResumeRequest, StoryMeta, StoryUpdate, describe_in_flight, short_key
 from bso.research import ResearchRequest
 from bso.roster import RosterBroadcast
 from bso.scrum_master import FALLBACK, PlanAnswer, PlanRequest, answer
@@ -654,6 +655,9 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     tokens_bounded = rolled_up or PATCH_TOKENS_BOUNDED in patches  # ... and one claiming implausible tokens
     # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).
     debug_sent: dict[int, dict[str, Any]] = {}
+    # Its stories, to judge a DEPENDENCY_UPDATE as a Slave that checks them does (one that refused one has the marker).
+    dependencies_checked = PATCH_DEPENDENCY_UPDATE_CHECKED in patches
+    stories = _slave_stories(events) if dependencies_checked else []
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
@@ -837,7 +841,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 reason = _invalid("DEBUG_RESULT", DebugResult, decode(attrs.input))  # the Slave's debug_result
                 add(event, **(_rejected(fields, reason) if reason else fields))
             elif attrs.signal_name == SIGNAL_DEPENDENCY_UPDATE:
-                add(event, **_dependency_update(decode(attrs.input), me))
+                add(event, **_dependency_update(decode(attrs.input), me, stories if dependencies_checked else None))
             elif attrs.signal_name == SIGNAL_DECISION:
                 add(event, **_decision(decode(attrs.input), me))
         elif et == EventType.EVENT_TYPE_TIMER_STARTED and arming and not event.user_metadata.HasField("summary"):
@@ -865,8 +869,21 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     return sorted(out, key=lambda m: m.event_id)
 
 
-def _dependency_update(states: Any, slave: str) -> dict[str, Any]:
-    """The Master's DEPENDENCY_UPDATE to a Slave (`{story key: state}`), as the Slave's dependency_update judged it."""
+def _slave_stories(events: Sequence[HistoryEvent]) -> list[StoryMeta]:
+    """The stories of a Slave's batch, from its input (none from an input that does not read)."""
+    for event in events[:1]:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            stories = _dict(decode(event.workflow_execution_started_event_attributes.input)).get("stories")
+            try:
+                return TypeAdapter(list[StoryMeta]).validate_python(stories)
+            except ValidationError:
+                return []
+    return []
+
+
+def _dependency_update(states: Any, slave: str, stories: list[StoryMeta] | None) -> dict[str, Any]:
+    """The Master's DEPENDENCY_UPDATE to a Slave (`{story key: state}`), as the Slave's dependency_update judged it
+    (`stories`: the batch's, for a Slave that checked the stories an update names; None for one that did not)."""
     fields = {
         "type": "DEPENDENCY_UPDATE",
         "sender": MASTER,
@@ -876,6 +893,8 @@ def _dependency_update(states: Any, slave: str) -> dict[str, Any]:
     }
     if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
         return _rejected(fields, "expected an object of story key: state")  # the Slave's own reason
+    if stories is not None and (unknown := dependency_update_error(states, stories)) is not None:
+        return _rejected(fields, unknown)
     return {**fields, "detail": _cut(", ".join(f"{k}: {v}" for k, v in states.items()), 160)}
 
 

@@ -54,7 +54,12 @@ with workflow.unsafe.imports_passed_through():
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
     from bso.messages import DeliveryFailed, ResponseTimeout
     from workflows.delivery import await_answer, deliver, hold
-    from bso.dependencies import check_dependencies, skipped_for_dependency
+    from bso.dependencies import (
+        PATCH_DEPENDENCY_UPDATE_CHECKED,
+        check_dependencies,
+        dependency_update_error,
+        skipped_for_dependency,
+    )
     from bso.decisions import (
         DecisionError,
         DecisionRequest,
@@ -412,6 +417,11 @@ class SprintSlaveWorkflow:
         """The Master tells the state of stories of other batches this batch depends on."""
         if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
             self._reject("DEPENDENCY_UPDATE", "expected an object of story key: state", None)
+            return
+        # Asked only for a bad one: a marker of its own where it applies, none in a run that never gets one.
+        unknown = dependency_update_error(states, self._input.stories)
+        if unknown is not None and SLAVE_PATCHES.patched(PATCH_DEPENDENCY_UPDATE_CHECKED):
+            self._reject("DEPENDENCY_UPDATE", unknown, None)
             return
         self._dep_states.update(states)
 

@@ -15,6 +15,7 @@ from temporalio.api.update.v1 import Input, Meta, Outcome, Request
 from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 
+from bso.dependencies import PATCH_DEPENDENCY_UPDATE_CHECKED
 from bso.dispatch import SLAVE_PATCH_ROLLUP, SLAVE_PATCH_ROLLUP_2
 from bso.message_flow import (
     MESSAGE_TYPES,
@@ -434,13 +435,21 @@ def test_an_answer_claiming_implausible_tokens_is_rejected_where_the_slave_appli
 # --- what the Master tells a Slave besides its batch, and the residents' research and browser answers -------
 
 
-def test_the_masters_dependency_updates_and_decisions_reach_the_slave():
+@pytest.mark.parametrize("checked", [False, True], ids=["before-the-check", "checked"])
+def test_the_masters_dependency_updates_and_decisions_reach_the_slave(checked: bool):
     """`--type DEPENDENCY_UPDATE` / `--type DECISION` found nothing: the Slave's history shows both, from the
-    Master; a payload the Slave's handler refuses is marked with its reason, and never breaks the flow."""
-    h = _History("s/batch-2", "SprintSlaveWorkflow")
+    Master; a payload the Slave's handler refuses is marked with its reason, and never breaks the flow. A
+    Slave that checks the stories an update names (its marker, recorded when it refused one) refused one naming
+    stories none of its own depends on; one from before took it."""
+    story = {"key": "2-1-signup", "epic": "2", "short_key": "2-1", "state": "review", "story_path": "2-1.md",
+             "depends_on": ["1-1-login", "1-2-logout"]}
+    h = _History("s/batch-2", "SprintSlaveWorkflow", {"batch_id": 2, "stories": [story]})
     h.task()
     h.signal("dependency_update", {"1-1-login": "done", "1-2-logout": "unfinished:needs-intervention"})
     h.signal("dependency_update", {f"9-{n}-a-rather-long-story-key": "done" for n in range(20)})
+    if checked:
+        h.add(EventType.EVENT_TYPE_MARKER_RECORDED, "marker_recorded_event_attributes", marker_name="core_patch",
+              details={"patch-data": _payloads({"id": PATCH_DEPENDENCY_UPDATE_CHECKED, "deprecated": False})})
     h.signal("dependency_update", {"1-1-login": 5})
     h.signal("dependency_update", ["1-1-login", "done"])
     h.signal("decision", {"story_key": "2-1-signup", "decision": "force_pass", "note": "good enough"})
@@ -453,8 +462,13 @@ def test_the_masters_dependency_updates_and_decisions_reach_the_slave():
     assert all((m.sender, m.recipient, m.batch_id) == ("sprint-master", "slave-batch-2", 2) for m in flow)
     deps = filter_messages(flow, types=["dependency_update"])
     assert [m.detail for m in deps[:1]] == ["1-1-login: done, 1-2-logout: unfinished:needs-intervention"]
-    assert len(deps[1].detail) == 160 and deps[1].detail.endswith("...") and len(deps[1].payload) == 20
-    assert [m.rejected for m in deps] == [None, None, *["expected an object of story key: state"] * 2]
+    assert len(deps[1].detail) == (200 if checked else 160) and deps[1].detail.endswith("...") and len(deps[1].payload) == 20
+    unknown = (
+        "names stories no story of this batch depends on: 9-0-a-rather-long-story-key, 9-1-a-rather-long-story-key, "
+        "9-10-a-rather-long-story-key, 9-11-a-rather-long-story-key, 9-12-a-rather-long-story-key and 15 more "
+        "(it depends on: 1-1-login, 1-2-logout)"
+    )
+    assert [m.rejected for m in deps] == [None, unknown if checked else None, *["expected an object of story key: state"] * 2]
     assert deps[2].payload == {"1-1-login": 5} and deps[3].payload == {"value": ["1-1-login", "done"]}
     decisions = filter_messages(flow, story="2-1", types=["DECISION"])
     assert [(m.story, m.detail) for m in decisions[:1]] == [("2-1-signup", "force_pass")]

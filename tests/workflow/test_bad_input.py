@@ -211,6 +211,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode, summary="x" * 5000))  # too long
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # repeated
+        await slave.signal("dependency_update", {"9-9-not-a-dependency": "done"})  # by hand: the batch has none
         review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
         slave_status = await slave.query(SprintSlaveWorkflow.status)
         # The review's answer with half an emoji in its summary (a JS agent cutting a string): valid JSON that
@@ -227,6 +228,8 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
     assert reasons[3] == "story_key '2-2' does not match dispatch (1-1-login-form)"
     assert reasons[4].startswith("validation_failed: summary: String should have at most 2000 characters")
     assert reasons[5] == "already answered"
+    unknown_dependency = "names stories no story of this batch depends on: 9-9-not-a-dependency (it depends on: none)"
+    assert reasons[6] == unknown_dependency
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"
     for workflow_id in (handle.id, slave_id):
@@ -236,6 +239,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
     assert any(m.type == "STORY_UPDATE" and m.story == "42" for m in flow)
     updates = [m for m in flow if m.type == "STORY_UPDATE" and m.story == K1]
     assert [m.batch_id for m in updates if m.rejected] == [99], updates  # the forged one, as the Master took it
+    assert [m.rejected for m in flow if m.type == "DEPENDENCY_UPDATE"] == [unknown_dependency]  # as the Slave took it
     assert len(updates) > 1
     assert (tmp_path / SESSION_DIR / summary_filename(report.session_id)).is_file()
 
