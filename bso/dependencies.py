@@ -40,15 +40,16 @@ class DependencyCheck:
     waiting_for: tuple[str, ...] = ()
 
 
-def dependency_update_error(states: dict[str, str], stories: list[StoryMeta]) -> str | None:
-    """Why a DEPENDENCY_UPDATE to the batch of `stories` cannot be the Master's: it names a story none of them
-    depends on (the Master names only those). None when it names only their dependencies."""
+def checked_dependency_update(states: dict[str, str], stories: list[StoryMeta]) -> tuple[dict[str, str], str | None]:
+    """A DEPENDENCY_UPDATE to the batch of `stories`, checked: the states it gives for their dependencies, and
+    why the rest is ignored (None when it names only their dependencies, as the Master's do)."""
     wanted = sorted({dep for meta in stories for dep in meta.depends_on})
     unknown = sorted(key for key in states if key not in wanted)
     if not unknown:
-        return None
+        return states, None
     named = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-    return f"names stories no story of this batch depends on: {named} (it depends on: {', '.join(wanted) or 'none'})"
+    taken = {key: state for key, state in states.items() if key in wanted}
+    return taken, f"ignored for stories no story of this batch depends on: {named} (it depends on: {', '.join(wanted) or 'none'})"
 
 
 def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:

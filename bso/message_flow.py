@@ -48,7 +48,7 @@ from bso.constants import (
 )
 from bso.debugging import DebugRequest, DebugResult
 from bso.decisions import WAITING_DECISIONS, DecisionError, DecisionRequest, check_waiting_decision
-from bso.dependencies import PATCH_DEPENDENCY_UPDATE_CHECKED, dependency_update_error
+from bso.dependencies import PATCH_DEPENDENCY_UPDATE_CHECKED, checked_dependency_update
 from bso.dispatch import (
     PATCH_ANSWER_MATCHES_DISPATCH,
     PATCH_TOKENS_BOUNDED,
@@ -893,8 +893,8 @@ def _dependency_update(states: Any, slave: str, stories: list[StoryMeta] | None)
     }
     if not isinstance(states, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
         return _rejected(fields, "expected an object of story key: state")  # the Slave's own reason
-    if stories is not None and (unknown := dependency_update_error(states, stories)) is not None:
-        return _rejected(fields, unknown)
+    if stories is not None and (ignored := checked_dependency_update(states, stories)[1]) is not None:
+        return _rejected(fields, ignored)
     return {**fields, "detail": _cut(", ".join(f"{k}: {v}" for k, v in states.items()), 160)}
 
 

@@ -35,7 +35,8 @@ async def deliver(
 
     `cancellable`: a request the sender has no use for once cancelled. A cancel of the sending task that cancels
     the signal before it goes out is raised (asyncio.CancelledError) instead of retried. (One that comes after it
-    went out is swallowed by the SDK, the signal delivered: the caller checks `workflow.cancellation_reason()`.)"""
+    went out is swallowed by the SDK, the signal delivered, and the caller runs on: the Slave's `_debug` checks
+    `workflow.cancellation_reason()` then; the Master's sprint task is ended by its wind-down.)"""
     retries = 0
     while True:
         try:

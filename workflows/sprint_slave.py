@@ -57,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.dependencies import (
         PATCH_DEPENDENCY_UPDATE_CHECKED,
         check_dependencies,
-        dependency_update_error,
+        checked_dependency_update,
         skipped_for_dependency,
     )
     from bso.decisions import (
@@ -419,10 +419,10 @@ class SprintSlaveWorkflow:
             self._reject("DEPENDENCY_UPDATE", "expected an object of story key: state", None)
             return
         # Asked only for a bad one: a marker of its own where it applies, none in a run that never gets one.
-        unknown = dependency_update_error(states, self._input.stories)
-        if unknown is not None and SLAVE_PATCHES.patched(PATCH_DEPENDENCY_UPDATE_CHECKED):
-            self._reject("DEPENDENCY_UPDATE", unknown, None)
-            return
+        taken, ignored = checked_dependency_update(states, self._input.stories)
+        if ignored is not None and SLAVE_PATCHES.patched(PATCH_DEPENDENCY_UPDATE_CHECKED):
+            self._reject("DEPENDENCY_UPDATE", ignored, None)
+            states = taken
         self._dep_states.update(states)
 
     @workflow.signal(name=SIGNAL_PAUSE)

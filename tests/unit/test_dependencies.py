@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bso.dependencies import (
-    dependency_update_error,
+    checked_dependency_update,
     MERGING,
     UNFINISHED,
     check_dependencies,
@@ -165,16 +165,19 @@ def test_nothing_waits_while_no_running_story_touches_a_file(queued, running):
 
 
 def test_a_dependency_update_names_only_the_batchs_dependencies():
-    """The Master tells a batch only of its stories' dependencies: anything else is a hand-sent update, refused
-    with what the batch does depend on."""
+    """The Master tells a batch only of its stories' dependencies: anything else is a hand-sent update, ignored
+    and said so with what the batch does depend on; the states it gives for their dependencies are taken."""
     batch = [meta("2-1-signup", ["1-1-login"]), meta("2-2-profile", ["1-2-logout", "2-1-signup"])]
-    assert dependency_update_error({"1-1-login": "done", "1-2-logout": "unfinished:review"}, batch) is None
-    assert dependency_update_error({"2-1-signup": "done"}, batch) is None  # a rearmed story elsewhere
-    assert dependency_update_error({"1-1-login": "done", "9-9-x": "done"}, batch) == (
-        "names stories no story of this batch depends on: 9-9-x (it depends on: 1-1-login, 1-2-logout, 2-1-signup)"
+    update = {"1-1-login": "done", "1-2-logout": "unfinished:review"}
+    assert checked_dependency_update(update, batch) == (update, None)
+    assert checked_dependency_update({"2-1-signup": "done"}, batch) == ({"2-1-signup": "done"}, None)  # rearmed elsewhere
+    assert checked_dependency_update({"9-9-x": "done", "1-1-login": "done"}, batch) == (
+        {"1-1-login": "done"},
+        "ignored for stories no story of this batch depends on: 9-9-x (it depends on: 1-1-login, 1-2-logout, 2-1-signup)",
     )
     many = {f"9-{n}-x": "done" for n in range(7)}
-    assert dependency_update_error(many, [meta("3-1-alone")]) == (
-        "names stories no story of this batch depends on: 9-0-x, 9-1-x, 9-2-x, 9-3-x, 9-4-x and 2 more "
-        "(it depends on: none)"
+    assert checked_dependency_update(many, [meta("3-1-alone")]) == (
+        {},
+        "ignored for stories no story of this batch depends on: 9-0-x, 9-1-x, 9-2-x, 9-3-x, 9-4-x and 2 more "
+        "(it depends on: none)",
     )

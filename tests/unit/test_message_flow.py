@@ -464,7 +464,7 @@ def test_the_masters_dependency_updates_and_decisions_reach_the_slave(checked: b
     assert [m.detail for m in deps[:1]] == ["1-1-login: done, 1-2-logout: unfinished:needs-intervention"]
     assert len(deps[1].detail) == (200 if checked else 160) and deps[1].detail.endswith("...") and len(deps[1].payload) == 20
     unknown = (
-        "names stories no story of this batch depends on: 9-0-a-rather-long-story-key, 9-1-a-rather-long-story-key, "
+        "ignored for stories no story of this batch depends on: 9-0-a-rather-long-story-key, 9-1-a-rather-long-story-key, "
         "9-10-a-rather-long-story-key, 9-11-a-rather-long-story-key, 9-12-a-rather-long-story-key and 15 more "
         "(it depends on: 1-1-login, 1-2-logout)"
     )

@@ -228,7 +228,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
     assert reasons[3] == "story_key '2-2' does not match dispatch (1-1-login-form)"
     assert reasons[4].startswith("validation_failed: summary: String should have at most 2000 characters")
     assert reasons[5] == "already answered"
-    unknown_dependency = "names stories no story of this batch depends on: 9-9-not-a-dependency (it depends on: none)"
+    unknown_dependency = "ignored for stories no story of this batch depends on: 9-9-not-a-dependency (it depends on: none)"
     assert reasons[6] == unknown_dependency
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"

@@ -21,7 +21,7 @@ from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, SlaveResult, StoryMeta
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker, terminate_left_running
-from tests.workflow.helpers import make_project, poll_until, run_sprint, sprint_input, workflow_task_failures
+from tests.workflow.helpers import in_one_task, make_project, poll_until, run_sprint, sprint_input, workflow_task_failures
 from workflows.delivery import deliver
 from workflows.sprint_slave import SprintSlaveWorkflow
 
@@ -85,6 +85,10 @@ async def test_a_send_the_senders_cancel_stops_before_it_goes_out(local_env, can
     finally:
         await terminate_left_running(client, [target_id, sender_id])
     assert len(pings) == (0 if cancellable else 1)
+    # The race happened (`go` and the cancel in one task), and a cancellable send took the patched way.
+    assert await in_one_task(sender, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
+    markers = [e for e in await events(client, sender_id) if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert len(markers) == (1 if cancellable else 0)
     assert await workflow_task_failures(client, sender_id) == []
 
 
