@@ -16,8 +16,9 @@ from bso.states import StoryState
 
 # A dependency whose batch ended without bringing it to a terminal state (shutdown, budget, crash).
 UNFINISHED = "unfinished"
-# The Slave refuses a DEPENDENCY_UPDATE naming a story none of its stories depends on (a hand-sent one: the Master
-# names only its dependencies). Before, such a state was kept and never read, and the sender never told.
+# The Slave ignores what a DEPENDENCY_UPDATE says of a story none of its stories depends on and records the update
+# as rejected (a hand-sent one: the Master names only their dependencies). Before, such a state was kept, never
+# read, and nobody told.
 PATCH_DEPENDENCY_UPDATE_CHECKED = "slave-dependency-update-checked"
 # A dependency done whose branch is still being merged back (command backend): its dependants wait, since a
 # worktree made before the merge lands would lack its work.
@@ -43,13 +44,14 @@ class DependencyCheck:
 def checked_dependency_update(states: dict[str, str], stories: list[StoryMeta]) -> tuple[dict[str, str], str | None]:
     """A DEPENDENCY_UPDATE to the batch of `stories`, checked: the states it gives for their dependencies, and
     why the rest is ignored (None when it names only their dependencies, as the Master's do)."""
-    wanted = sorted({dep for meta in stories for dep in meta.depends_on})
+    wanted = {dep for meta in stories for dep in meta.depends_on}
     unknown = sorted(key for key in states if key not in wanted)
     if not unknown:
         return states, None
     named = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
     taken = {key: state for key, state in states.items() if key in wanted}
-    return taken, f"ignored for stories no story of this batch depends on: {named} (it depends on: {', '.join(wanted) or 'none'})"
+    depends_on = ", ".join(sorted(wanted)) or "none"
+    return taken, f"ignored for stories no story of this batch depends on: {named} (it depends on: {depends_on})"
 
 
 def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:

@@ -656,8 +656,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
     # DEBUG_REQUESTs it signalled (a delivered one is shown from the debugger's history, one that was not here).
     debug_sent: dict[int, dict[str, Any]] = {}
     # Its stories, to judge a DEPENDENCY_UPDATE as a Slave that checks them does (one that refused one has the marker).
-    dependencies_checked = PATCH_DEPENDENCY_UPDATE_CHECKED in patches
-    stories = _slave_stories(events) if dependencies_checked else []
+    checked_for = _slave_stories(events) if PATCH_DEPENDENCY_UPDATE_CHECKED in patches else None
 
     def add(event: HistoryEvent, **fields: Any) -> None:
         out.append(
@@ -841,7 +840,7 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 reason = _invalid("DEBUG_RESULT", DebugResult, decode(attrs.input))  # the Slave's debug_result
                 add(event, **(_rejected(fields, reason) if reason else fields))
             elif attrs.signal_name == SIGNAL_DEPENDENCY_UPDATE:
-                add(event, **_dependency_update(decode(attrs.input), me, stories if dependencies_checked else None))
+                add(event, **_dependency_update(decode(attrs.input), me, checked_for))
             elif attrs.signal_name == SIGNAL_DECISION:
                 add(event, **_decision(decode(attrs.input), me))
         elif et == EventType.EVENT_TYPE_TIMER_STARTED and arming and not event.user_metadata.HasField("summary"):
@@ -871,14 +870,13 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
 
 def _slave_stories(events: Sequence[HistoryEvent]) -> list[StoryMeta]:
     """The stories of a Slave's batch, from its input (none from an input that does not read)."""
-    for event in events[:1]:
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            stories = _dict(decode(event.workflow_execution_started_event_attributes.input)).get("stories")
-            try:
-                return TypeAdapter(list[StoryMeta]).validate_python(stories)
-            except ValidationError:
-                return []
-    return []
+    if not events or events[0].event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        return []
+    stories = _dict(decode(events[0].workflow_execution_started_event_attributes.input)).get("stories")
+    try:
+        return TypeAdapter(list[StoryMeta]).validate_python(stories)
+    except ValidationError:
+        return []
 
 
 def _dependency_update(states: Any, slave: str, stories: list[StoryMeta] | None) -> dict[str, Any]:
