@@ -29,14 +29,15 @@ PATCH_CANCELLED_SEND_IS_A_CANCEL = "delivery-cancelled-send-is-a-cancel"
 
 async def deliver(
     workflow_id: str, signal: str, arg: Any = _NO_ARG, *, max_retries: int = MAX_DELIVERY_RETRIES,
-    cancellable: bool = False,
+    cancellable: bool = False, patched: Callable[[str], bool] = workflow.patched,
 ) -> DeliveryFailed | None:
     """Signal `workflow_id`; None once delivered, the delivery_failed error after `max_retries` retries.
 
     `cancellable`: a request the sender has no use for once cancelled. A cancel of the sending task that cancels
     the signal before it goes out is raised (asyncio.CancelledError) instead of retried. (One that comes after it
     went out is swallowed by the SDK, the signal delivered, and the caller runs on: the Slave's `_debug` checks
-    `workflow.cancellation_reason()` then; the Master's sprint task is ended by its wind-down.)"""
+    `workflow.cancellation_reason()` then; the Master's sprint task is ended by its wind-down.) `patched`: how the
+    sender asks a patch (a Slave through its rollups)."""
     retries = 0
     while True:
         try:
@@ -49,7 +50,7 @@ async def deliver(
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the peer is gone or unreachable: retried, then reported
-            if cancellable and isinstance(err, CancelledError) and workflow.patched(PATCH_CANCELLED_SEND_IS_A_CANCEL):
+            if cancellable and isinstance(err, CancelledError) and patched(PATCH_CANCELLED_SEND_IS_A_CANCEL):
                 raise asyncio.CancelledError from err
             if retries >= max_retries:
                 message = {"signal": signal, "to": workflow_id, "arg": None if arg is _NO_ARG else arg}

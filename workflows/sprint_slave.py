@@ -814,7 +814,9 @@ class SprintSlaveWorkflow:
             self._publish(meta.key)
         workflow.logger.info("[Slave] %s: DEBUG_REQUEST %s to %s", meta.key, debug_id, debugger)
         sent = request.model_dump(mode="json", exclude_none=True)
-        failed = await deliver(debugger, SIGNAL_DEBUG_REQUEST, sent, cancellable=True)  # retried, then delivery_failed
+        failed = await deliver(  # retried, then delivery_failed
+            debugger, SIGNAL_DEBUG_REQUEST, sent, cancellable=True, patched=SLAVE_PATCHES.patched
+        )
         if workflow.cancellation_reason() is not None and SLAVE_PATCHES.patched(PATCH_CANCEL_AFTER_DEBUG_REQUEST):
             raise asyncio.CancelledError
         if failed is not None:  # the debugger is gone
