@@ -256,6 +256,8 @@ SLAVE_PATCHES_OF_2026_11_27 = PatchRollup(
 # same either way: sdk-core joins a local activity's heartbeat task with the next on replay (the history of
 # tests/histories/heartbeat-2026-11-27), which can bring the answer and a later cancel together.
 PATCH_WRITE_SURVIVES_CANCEL = "slave-write-survives-cancel"
+# A cancelled batch answers the `decide` updates it still holds before it ends (asked only when it holds one).
+PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
 # A Slave started since this patch records this rollup alone; one recorded with the first keeps its patches.
 SLAVE_PATCHES = PatchRollup(
     SLAVE_PATCH_ROLLUP_2,
@@ -528,6 +530,11 @@ class SprintSlaveWorkflow:
             parent = workflow.info().parent
             if self._outbox and parent is not None and SLAVE_PATCHES.patched(PATCH_UPDATES_ON_CANCEL):
                 await self._send_outbox(workflow.get_external_workflow_handle(parent.workflow_id))
+            # A `decide` update sent to the Slave itself is answered with the story as it stands (its decision's
+            # write finished, or not taken yet): left waiting, its caller was told the batch had ended.
+            if not workflow.all_handlers_finished() and SLAVE_PATCHES.patched(PATCH_DECIDE_ANSWERED_ON_CANCEL):
+                self._closing = True
+                await workflow.wait_condition(workflow.all_handlers_finished)
             raise
 
     async def _run_batch(self) -> SlaveResult:

@@ -825,6 +825,42 @@ async def test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled(t
         assert status_values(tmp_path)[K1] == "done" and shown.state == "done", shown
 
 
+@activity.defn(name="write_story_status")
+async def decision_write_held_until_the_cancel(inp: StatusWriteInput) -> StatusWriteResult:
+    """The held write of test_cancel_while_a_slave_writes_the_status_ends_the_batch_cancelled, for the writes
+    after the test has sent its decision only."""
+    if Path(inp.project_root, "decision-sent").exists():
+        return await write_held_until_the_cancel(inp)
+    return await write_story_status(inp)
+
+
+async def test_a_decision_sent_to_the_slave_whose_write_meets_the_cancel_is_answered(ts_env, tmp_path: Path):
+    """A `decide` update sent to the Slave itself: the cancel comes while the Slave writes the decision's state.
+    The write is finished, the update answered with the story as written, then the batch ends cancelled (the
+    update was left unanswered, its caller told the batch had ended)."""
+    make_project(tmp_path, {K1: "story-doc-review"})
+    async with workers_with(ts_env.client, decision_write_held_until_the_cancel, instead_of=write_story_status) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="cancel-decide", config_overrides=ASK, simulation=NEEDS_IMPROVE),
+        )
+        await _awaiting(handle)
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-decide", 1))
+        (tmp_path / "decision-sent").touch()
+        decided = asyncio.create_task(
+            slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
+        )
+        await poll_until(file_appears(tmp_path / "writing"), "the decision's status write")
+        await asyncio.sleep(5)  # past the workflow task the write began in
+        await handle.cancel()
+        await poll_until(lambda: has_event(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the Slave's cancel")
+        (tmp_path / "cancel-reached-the-slave").touch()
+        view = await decided
+        await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled", timeout=30)
+    assert view.state == "ready-for-dev" and view.awaiting_decision is None, view
+    assert status_values(tmp_path)[K1] == "ready-for-dev"
+
+
 async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):
     """A Slave sends story updates at most once a second; cancelled within that hold, it sends what it held:
     the sprint's status shows K1 done (as the status file does), not K1 as it was a moment before."""

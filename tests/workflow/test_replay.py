@@ -31,7 +31,12 @@ from workflows.sprint_master import (
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
 )
-from workflows.sprint_slave import PATCH_CANCEL_AFTER_DEBUG_REQUEST, PATCH_UPDATES_HELD_AFTER_CLOSE, PATCH_WRITE_SURVIVES_CANCEL
+from workflows.sprint_slave import (
+    PATCH_CANCEL_AFTER_DEBUG_REQUEST,
+    PATCH_DECIDE_ANSWERED_ON_CANCEL,
+    PATCH_UPDATES_HELD_AFTER_CLOSE,
+    PATCH_WRITE_SURVIVES_CANCEL,
+)
 from workflows.residents import PATCH_CANCEL_STOPS_RESIDENT_STARTS, PATCH_RESIDENT_ENDS_ON_ANY_CANCEL, PATCH_ROSTER_ALWAYS_HELD, PATCH_ROSTER_HELD_AFTER_FLUSH
 
 ROOT = Path(__file__).resolve().parent.parent / "histories"
@@ -206,6 +211,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-improvements-cancel/cancel-improving.json", PATCH_IMPROVEMENTS_ADD_CANCELLED),
         # Cancelled with a failing answer, its DEBUG_REQUEST's send cancelled before it went out: sent again 1 s later.
         ("before-2026-11-27-cancelled-send/answer-cancel-f9eba1--batch-1.json", PATCH_CANCELLED_SEND_IS_A_CANCEL),
+        # A `decide` update sent to it was left unanswered when the cancel met the decision's write.
+        ("before-2026-11-27-decide-cancel/cancel-decide--batch-1.json", PATCH_DECIDE_ANSWERED_ON_CANCEL),
         # Its batches' ends were taken in by workflow tasks with no command.
         ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_BATCH_END_SENDS_A_COMMAND),
     ],
