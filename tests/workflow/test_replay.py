@@ -4,11 +4,13 @@ for an intentional, versioned change)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 
 import pytest
 import temporalio.workflow
+from temporalio.workflow import UnfinishedUpdateHandlersWarning
 from temporalio.client import WorkflowHistory
 from temporalio.api.enums.v1 import EventType
 
@@ -50,11 +52,17 @@ def test_histories_are_recorded():
     assert {"example-sprint.json", "example-sprint--batch-1.json", "before-2026-11-23/example-sprint--batch-1.json"} <= names
 
 
+# Recorded runs that ended with an update unanswered (the bug their patch mends): their replay warns as they did.
+LEFT_AN_UPDATE_UNANSWERED = {"before-2026-11-27-decide-cancel/cancel-decide--batch-1.json"}
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=[str(p.relative_to(ROOT).with_suffix("")) for p in HISTORIES])
 async def test_replay(path: Path):
     replayer = Replayer(workflows=WORKFLOWS, data_converter=data_converter, interceptors=WORKFLOW_INTERCEPTORS)
     history = WorkflowHistory.from_json(path.stem.replace("--", "/"), path.read_text())
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    unanswered = str(path.relative_to(ROOT)) in LEFT_AN_UPDATE_UNANSWERED
+    with pytest.warns(UnfinishedUpdateHandlersWarning) if unanswered else contextlib.nullcontext():
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 
 
@@ -217,6 +225,7 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_BATCH_END_SENDS_A_COMMAND),
     ],
 )
+@pytest.mark.filterwarnings("ignore::temporalio.workflow.UnfinishedUpdateHandlersWarning")  # LEFT_AN_UPDATE_UNANSWERED
 async def test_a_sprint_recorded_before_a_patch_replays_only_behind_it(monkeypatch, recorded, patch_id):
     """Histories recorded before a patch, each where the patched code would go another way. Before
     PATCH_ROSTER_HELD_AFTER_FLUSH and PATCH_UPDATES_HELD_AFTER_CLOSE the Master sent its last roster broadcasts
