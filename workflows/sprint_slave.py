@@ -256,14 +256,16 @@ SLAVE_PATCHES_OF_2026_11_27 = PatchRollup(
 # same either way: sdk-core joins a local activity's heartbeat task with the next on replay (the history of
 # tests/histories/heartbeat-2026-11-27), which can bring the answer and a later cancel together.
 PATCH_WRITE_SURVIVES_CANCEL = "slave-write-survives-cancel"
-# A cancelled batch answers the `decide` updates it still holds before it ends (asked only when it holds one).
-PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
 # A Slave started since this patch records this rollup alone; one recorded with the first keeps its patches.
 SLAVE_PATCHES = PatchRollup(
     SLAVE_PATCH_ROLLUP_2,
     SLAVE_PATCHES_OF_2026_11_27.folded | {PATCH_WRITE_SURVIVES_CANCEL},
     previous=SLAVE_PATCHES_OF_2026_11_27,
 )
+# Since the second rollup, patches are asked one by one, each only where it applies (a Slave that never meets
+# one records no marker for it): a cancelled batch answers the `decide` updates it still holds before it ends.
+PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
+
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
 # The command backend enforces the agent's deadline itself, then checks the work (fix snapshot before, BSO's
