@@ -178,6 +178,15 @@ async def has_event(handle: WorkflowHandle[Any, Any], event_type: EventType.Valu
     return any(e.event_type == event_type for e in (await handle.fetch_history()).events)
 
 
+async def signals_sent(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The names of the signals the workflow sent to others, in order."""
+    return [
+        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        for e in (await handle.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+    ]
+
+
 async def cancelled_while_no_sprint_worker_runs(
     client: Client, queue_prefix: str, sprint: WorkflowHandle[Any, Any], slave: WorkflowHandle[Any, Any]
 ) -> None:

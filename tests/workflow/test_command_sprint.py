@@ -15,6 +15,7 @@ from tests.fake_agent.project import STORY, git, make_git_project
 from tests.workflow.helpers import (
     poll_until,
     run_sprint,
+    signals_sent,
     slow_down_merges,
     sprint_input,
     status_values,
@@ -206,14 +207,7 @@ async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_en
     ]
     assert report.batches[0].results.review_fix_rounds == {STORY: 1}
     # The debugger was asked first (the command backend has no analysis of its own: unavailable).
-    from temporalio.api.enums.v1 import EventType
-
-    history = await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-verify", 1)).fetch_history()
-    signals = [
-        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-    ]
+    signals = await signals_sent(ts_env.client.get_workflow_handle(slave_workflow_id("cmd-verify", 1)))
     assert signals.count("debug_request") == 1
     assert await workflow_task_failures(ts_env.client, "cmd-verify") == []
 
@@ -244,8 +238,6 @@ async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_
 ) -> None:
     """The user's setup: the story is needs-intervention with "agent setup" at once, no debugger asked (a
     dev-runner's went to the debugger first: "debugger unavailable: ...")."""
-    from temporalio.api.enums.v1 import EventType
-
     agents_toml = MISSING_CLI.replace("[agents.story-creator]", f"[agents.{agent}]")
     root = make_git_project(tmp_path / "proj", stories={STORY: state}, agents_toml=agents_toml)
     async with bso_worker(ts_env.client) as queue:
@@ -255,11 +247,7 @@ async def test_a_missing_agent_cli_without_fail_fast_marks_the_story_naming_the_
     assert report.stories == {STORY: "needs-intervention"}
     error = report.batches[0].results.story_results[0].error or ""
     assert "agent setup" in error and "fake-missing" in error and "debugger" not in error, error
-    history = await ts_env.client.get_workflow_handle(slave_workflow_id(f"cmd-missing-{agent}", 1)).fetch_history()
-    assert not any(
-        e.signal_external_workflow_execution_initiated_event_attributes.signal_name == "debug_request"
-        for e in history.events if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-    )
+    assert "debug_request" not in await signals_sent(ts_env.client.get_workflow_handle(slave_workflow_id(f"cmd-missing-{agent}", 1)))
     assert await workflow_task_failures(ts_env.client, f"cmd-missing-{agent}") == []
 
 
@@ -394,12 +382,7 @@ async def test_a_cancel_that_comes_with_the_agents_result_writes_the_answer_firs
         await poll_until(lambda: has_event(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), "the dev agent's result", timeout=60)
         await cancelled_while_no_sprint_worker_runs(client, prefix, handle, slave)
     assert (before, status_values(root)[STORY]) == ("ready-for-dev", after)
-    events = list((await slave.fetch_history()).events)
-    signals = [
-        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-    ]
+    signals = await signals_sent(slave)
     assert SIGNAL_DEBUG_REQUEST not in signals, signals
     assert await in_one_task(slave, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
     assert await workflow_task_failures(client, slave.id) == []

@@ -21,7 +21,7 @@ from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, SlaveResult, StoryMeta
 from bso.roster import resident_workflow_id
 from tests.conftest import bso_worker, terminate_left_running
-from tests.workflow.helpers import in_one_task, make_project, poll_until, run_sprint, sprint_input, workflow_task_failures
+from tests.workflow.helpers import has_event, in_one_task, make_project, poll_until, run_sprint, sprint_input, workflow_task_failures
 from workflows.delivery import deliver
 from workflows.sprint_slave import SprintSlaveWorkflow
 
@@ -71,7 +71,7 @@ async def test_a_send_the_senders_cancel_stops_before_it_goes_out(local_env, can
         async with worker():
             await client.start_workflow("SilentResident", id=target_id, task_queue=queue)
             sender = await client.start_workflow("PingSender", args=[target_id, cancellable], id=sender_id, task_queue=queue)
-            await poll_until(lambda: _has(client, sender_id, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED), "the sender waits")
+            await poll_until(lambda: has_event(sender, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED), "the sender waits")
         await sender.signal(PingSender.go)
         await sender.cancel()
         async with worker():
@@ -90,10 +90,6 @@ async def test_a_send_the_senders_cancel_stops_before_it_goes_out(local_env, can
     markers = [e for e in await events(client, sender_id) if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert len(markers) == (1 if cancellable else 0)
     assert await workflow_task_failures(client, sender_id) == []
-
-
-async def _has(client, workflow_id: str, event_type: EventType.ValueType) -> bool:
-    return any(e.event_type == event_type for e in await events(client, workflow_id))
 
 
 def slave_input(root: Path, session: str, debugger: str, **overrides) -> SlaveInput:

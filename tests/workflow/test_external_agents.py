@@ -35,6 +35,7 @@ from tests.workflow.helpers import (
     status_values,
     cancelled_while_no_sprint_worker_runs,
     in_one_task,
+    signals_sent,
     wait_status,
     workflow_task_failures,
 )
@@ -334,16 +335,8 @@ async def test_a_cancel_that_comes_with_the_agents_answer_writes_the_answer_firs
     assert (states[K1], states[K2]) == ("done" if answer == "review-passes" else first, "review"), states
     # The race happened: the answer and the cancel came in one workflow task of the Slave.
     assert await in_one_task(slave, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
-    assert SIGNAL_DEBUG_REQUEST not in await _signals_sent(slave)
+    assert SIGNAL_DEBUG_REQUEST not in await signals_sent(slave)
     assert await workflow_task_failures(client, slave.id) == []
-
-
-async def _signals_sent(handle) -> list[str]:
-    return [
-        e.signal_external_workflow_execution_initiated_event_attributes.signal_name
-        for e in (await handle.fetch_history()).events
-        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
-    ]
 
 
 async def _task_after(handle, event_type: EventType.ValueType) -> bool:
