@@ -122,6 +122,9 @@ T = TypeVar("T")
 
 MASTER_TYPE = "SprintMasterWorkflow"
 QUERY_TIMEOUT = timedelta(seconds=5)
+# A closed sprint's status query waits for a worker to replay its last run; without one the server holds the
+# query to its deadline. Its report (in its close event, no worker needed) stands in after this.
+CLOSED_QUERY_TIMEOUT = timedelta(seconds=2)
 CONNECT_TIMEOUT_SECONDS = 15
 
 class _App(typer.Typer):
@@ -322,10 +325,12 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 NO_WORKER_ANSWERED = "no worker answered the status query"
 
 
-async def _query_status(handle: WorkflowHandle[Any, Any]) -> tuple[SprintStatusView | None, str | None]:
+async def _query_status(
+    handle: WorkflowHandle[Any, Any], timeout: timedelta = QUERY_TIMEOUT
+) -> tuple[SprintStatusView | None, str | None]:
     """The Master's status query, or why there is no answer (no worker, server away)."""
     try:
-        view = await handle.query(QUERY_STATUS, result_type=SprintStatusView, rpc_timeout=QUERY_TIMEOUT)
+        view = await handle.query(QUERY_STATUS, result_type=SprintStatusView, rpc_timeout=timeout)
         return view, None
     except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as e:
         return None, f"status query failed: {e}"
@@ -385,6 +390,13 @@ def _rejections(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> l
             lines.append(Text(f"  {workflow_id}: {last.msg_type}{about}: {_shorten(last.reason, 160)}", style="magenta"))
     lines.append(Text(f"(`bso messages {view.session_id}` marks each one REJECTED, with its reason)", style="dim"))
     return lines
+
+
+# What `bso sprint status` says of a closed sprint shown from its report (no worker replayed it for the query).
+FROM_REPORT_NOTE = (
+    "no worker answered the status query: shown from the sprint's report, which has no review rounds "
+    "(a running `bso worker` answers the query)"
+)
 
 
 def _view_from_report(report: SprintReport) -> SprintStatusView:
@@ -501,20 +513,22 @@ _TERMINAL = {StoryState.DONE.value, StoryState.NEEDS_INTERVENTION.value, StorySt
 class _StoriesTable:
     """The stories table, laid out for the width it is drawn in."""
 
-    def __init__(self, view: SprintStatusView) -> None:
+    def __init__(self, view: SprintStatusView, left_out: tuple[str, ...] = ()) -> None:
         self.view = view
+        self.left_out = left_out
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield _stories_table(self.view, options.max_width)
+        yield _stories_table(self.view, options.max_width, self.left_out)
 
 
 _STORY_COLUMNS = ("story", "batch", "state", "round", "fixes", "in flight", "agents", "tokens")
 _FOLDING = ("story", "state", "in flight")  # they fold on a narrow terminal, rather than end in `…`
 _LEFT_OUT_FIRST = ("round", "fixes", "batch")  # where even folded columns do not fit (the report has them)
 _NARROWEST_FOLD = {"story": 12, "state": 10, "in flight": 9}
+_NOT_IN_THE_REPORT = ("round",)  # a view made from a closed sprint's report does not know its stories' review rounds
 
 
-def _stories_table(view: SprintStatusView, width: int) -> Table:
+def _stories_table(view: SprintStatusView, width: int, left_out: tuple[str, ...] = ()) -> Table:
     rows = [
         dict(
             zip(
@@ -540,11 +554,12 @@ def _stories_table(view: SprintStatusView, width: int) -> Table:
 
     # A key cut to `2-2-expiry-…` could be 2-2 or 2-2a, a number cut short could pass for another: on a narrow
     # terminal the text columns fold, and the least needed columns are left out until the numbers fit whole.
-    shown = list(_STORY_COLUMNS)
+    shown = [name for name in _STORY_COLUMNS if name not in left_out]
     for name in _LEFT_OUT_FIRST:
         if narrowest(shown) <= width:
             break
-        shown.remove(name)
+        if name in shown:
+            shown.remove(name)
     # Every column gets its width here (Rich would crop the table's right end): the folding ones start at their
     # narrowest, and what is left goes to the key first, then what is in flight, then the state.
     widths = {n: min(natural[n], _NARROWEST_FOLD.get(n, natural[n])) for n in shown}
@@ -624,7 +639,7 @@ def _bar(total: int, completed: int) -> ProgressBar:
 
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
-    waiting: WaitingForAWorker | None = None,
+    waiting: WaitingForAWorker | None = None, *, from_report: bool = False,
 ) -> Group:
     # Agents' and operators' words are shown as written, never obeyed by the terminal (bso.terminal_text).
     view = printable_model(view)
@@ -662,7 +677,7 @@ def _progress(
     parts: list[Any] = [
         header,
         bars,
-        _StoriesTable(view),
+        _StoriesTable(view, left_out=_NOT_IN_THE_REPORT if from_report else ()),
         *_story_problems(view),
         *_awaiting_decisions(view),
         *_status_file_waits(view),
@@ -1254,8 +1269,13 @@ def sprint_watch(
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
             report = await _result(handle)
-            final, _ = await _query_status(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else (None, None)
-            live.update(_progress(final or _view_from_report(report), None, report.status.value), refresh=True)
+            final, _ = (
+                await _query_status(handle, CLOSED_QUERY_TIMEOUT)
+                if desc.status == WorkflowExecutionStatus.COMPLETED
+                else (None, None)
+            )
+            shown = final or _view_from_report(report)
+            live.update(_progress(shown, None, report.status.value, from_report=final is None), refresh=True)
         out.print()
         _print_markdown(await _summary(client, handle, report))
 
@@ -1274,20 +1294,22 @@ def sprint_status(
         handle, desc = await _describe(client, sprint_id)
         reason, failure_type = await _closed_reason(handle, desc)
         refused_input = failure_type in (FAILURE_MISSING_INPUT, FAILURE_INVALID_INPUT)  # no state: nothing to ask
-        view, note = (None, None) if refused_input else await _query_status(handle)
+        running = desc.status == WorkflowExecutionStatus.RUNNING
+        timeout = QUERY_TIMEOUT if running else CLOSED_QUERY_TIMEOUT
+        view, note = (None, None) if refused_input else await _query_status(handle, timeout)
         if reason is not None and (view is None or not view.stories):
             # Failed at its start (no input, a wrong one, no status file): the failure is all there is to say.
             view = None
         report = await _result(handle) if desc.status == WorkflowExecutionStatus.COMPLETED else None
         if view is None and desc.status is WorkflowExecutionStatus.CANCELED:  # no worker: the report it ended with
             report = await _cancelled_report(handle)
-        if view is None and report is not None:
-            view, note = _view_from_report(report), None
+        from_report = view is None and report is not None
+        if from_report:
+            view, note = _view_from_report(report), FROM_REPORT_NOTE
         if view is None:
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
-        running = desc.status == WorkflowExecutionStatus.RUNNING
         rejected = await _rejected_by_children(client, desc) if running else {}
         waiting = await _waiting_for_a_worker(client, desc, view) if running else None
         if as_json:
@@ -1296,11 +1318,13 @@ def sprint_status(
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
+            data["from_report"] = from_report
             data["waiting_for_a_worker"] = waiting.as_json() if waiting else None
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        out.print(_progress(view, note, outcome, rejected, waiting), soft_wrap=not out.is_terminal)  # piped: lines whole
+        shown = _progress(view, note, outcome, rejected, waiting, from_report=from_report)
+        out.print(shown, soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.infra import free_port
+from bso.cli import FROM_REPORT_NOTE
 from bso.models import DEFAULT_STATUS_FILE
 from bso.summary import SECTIONS
 from tests.conftest import EXAMPLE_PROJECT, REPO
@@ -102,6 +103,7 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
 
     status = _status(cli_env, sprint_id)
     assert status["phase"] == "completed" and status["execution_status"] == "completed"
+    assert status["from_report"] is False  # the worker answered the query
     assert status["outcome"] == "sprint-partial" and status["failure"] is None
     assert status["stories"]["2-2-expiry-reminder-emails"]["state"] == "needs-intervention"
     assert status["stories"]["1-3-add-and-list-items-api"]["fix_rounds"] == 2
@@ -429,6 +431,18 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
                 proc.wait(timeout=30)
     assert "## Results Overview" in (tmp_path / "watch.out").read_text()
     assert "Traceback" not in (tmp_path / "watch.err").read_text()
+
+    # Closed, and no worker left to replay it for the query: status shows its report, says so, and leaves out
+    # the review rounds the report lacks (tests/unit/test_cli_commands.py: after a short wait).
+    closed = bso(cli_env, "sprint", "status", sprint_id)
+    assert closed.returncode == 0, closed.stderr
+    assert f"sprint {sprint_id}: completed (sprint-partial)" in closed.stdout
+    assert FROM_REPORT_NOTE in " ".join(closed.stdout.split()), closed.stdout
+    (header,) = [line for line in closed.stdout.splitlines() if line.startswith("story ")]
+    assert header.split() == ["story", "batch", "state", "fixes", "in", "flight", "agents", "tokens"], header
+    shown = _status(cli_env, sprint_id)
+    assert shown["from_report"] is True and shown["outcome"] == "sprint-partial"
+    assert shown["stories"]["2-2-expiry-reminder-emails"]["state"] == "needs-intervention"
 
 
 def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):

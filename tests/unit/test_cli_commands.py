@@ -6,19 +6,30 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from temporalio.client import WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 from typer.testing import CliRunner
 
 import bso.cli
-from bso.cli import BsoError, _describe, _update, app, default_export_dir, earlier_export
-from bso.models import SprintStatusView
-from bso.states import SprintPhase
+from bso.cli import (
+    CLOSED_QUERY_TIMEOUT,
+    FROM_REPORT_NOTE,
+    QUERY_TIMEOUT,
+    BsoError,
+    _describe,
+    _update,
+    app,
+    default_export_dir,
+    earlier_export,
+)
+from bso.models import SlaveResult, SlaveResults, SprintReport, SprintStatusView, StoryResult
+from bso.states import BatchStatus, SprintPhase, SprintStatus
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 SPRINT = "example-sprint"
@@ -229,3 +240,55 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
     assert asyncio.run(scenario()) == {"state": "done"}  # applied once a worker comes back
     expected = "waiting for a worker to take the update (no worker polls tq-bso-sprint? start one with `bso worker`) ...\n"
     assert notes.getvalue() == ("" if worker_answers else expected)
+
+
+class _ClosedSprint:
+    """A completed sprint no worker replays: its status query runs out its deadline; its result is its report."""
+
+    def __init__(self, report: SprintReport) -> None:
+        self.report = report
+        self.query_deadlines: list[timedelta] = []
+
+    async def query(self, name, *, result_type=None, rpc_timeout=None):
+        self.query_deadlines.append(rpc_timeout)
+        raise RPCError("context deadline exceeded", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+
+    async def result(self, **kwargs):
+        return self.report
+
+
+def test_a_closed_sprint_no_worker_answers_for_is_shown_from_its_report_after_a_short_wait(monkeypatch):
+    """Its query waited out the 5 s a running sprint's gets, then showed the report as if the worker had
+    answered, review rounds as 0."""
+    story = StoryResult(story_key="1-1-login", final_state="done", agents_dispatched=4, tokens_used=4000)
+    report = SprintReport(
+        session_id="s-1", status=SprintStatus.COMPLETE, stories={"1-1-login": "done"}, tokens_used=4000,
+        batches=[SlaveResult(
+            status=BatchStatus.COMPLETE, batch_id=1, session_id="s-1",
+            results=SlaveResults(
+                stories_total=1, stories_completed=1, stories_failed=0, stories_skipped=0, story_results=[story],
+                total_agents_created=4, total_agents_destroyed=4, review_fix_rounds={"1-1-login": 1},
+            ),
+        )],
+    )  # fmt: skip
+    handle = _ClosedSprint(report)
+
+    async def client():
+        return object()
+
+    async def describe(client, sprint_id):
+        return handle, SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED)
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    monkeypatch.setattr(bso.cli, "_describe", describe)
+    shown = runner.invoke(app, ["sprint", "status", "s-1"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert handle.query_deadlines == [CLOSED_QUERY_TIMEOUT] and CLOSED_QUERY_TIMEOUT < QUERY_TIMEOUT
+    assert "sprint s-1: completed (sprint-complete), batches 1/1" in shown.stdout
+    assert FROM_REPORT_NOTE in " ".join(shown.stdout.split()), shown.stdout
+    (header,) = [line for line in shown.stdout.splitlines() if line.startswith("story ")]
+    assert header.split() == ["story", "batch", "state", "fixes", "in", "flight", "agents", "tokens"], header
+    (row,) = [line for line in shown.stdout.splitlines() if line.startswith("1-1-login ")]
+    assert row.split() == ["1-1-login", "1", "done", "1", "4", "4000"], row
+    as_json = json.loads(runner.invoke(app, ["sprint", "status", "s-1", "--json"]).stdout)
+    assert as_json["from_report"] is True and as_json["outcome"] == "sprint-complete"
