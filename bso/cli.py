@@ -111,6 +111,7 @@ from bso.sprint_status import (
     StoryKeyError,
     parse_status_text,
     resolve_story_keys,
+    shared_numbers,
     stories_to_run,
 )
 from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
@@ -948,6 +949,8 @@ def _check_selection(
             raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
     if not to_run:
         raise BsoError(NOTHING_TO_RUN)
+    if (shared := shared_numbers(to_run)) is not None:
+        raise BsoError(shared)
     # A value no agent starts from: the sprint would give the story up (needs-intervention), losing the value.
     if unknown := unknown_values({e.key: e.value for e in entries}, to_run):
         raise BsoError(unknown_values_message(unknown, "fix the file, then start the sprint"))

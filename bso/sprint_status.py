@@ -194,6 +194,23 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
     return out
 
 
+def shared_numbers(keys: Iterable[str]) -> str | None:
+    """Why these stories cannot run in one sprint, or None: two of them share a number (`1-2-login` and
+    `1-2-logout`). A story's agent dispatches, debug requests and git branch are named by its number: the
+    second story would take the first one's answers for its own."""
+    by_number: dict[str, list[str]] = {}
+    for key in keys:
+        by_number.setdefault(short_key(key), []).append(key)
+    shared = [f"{' and '.join(same)} ({number})" for number, same in by_number.items() if len(same) > 1]
+    if not shared:
+        return None
+    return (
+        f"stories that share a number: {'; '.join(shared)}. BSO names a story's agents' work and its git branch "
+        "by its number, so one story would take the other's answers: renumber one in the status file (and its "
+        "story file), or leave all but one out of the sprint (--story)"
+    )
+
+
 def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
     """The sprint's `epic` (`2`, `"2"` or `"epic-2"`) -> `epic-2`, when the status file has a story of it.
     An epic without stories there is a typo more often than not: it would run an empty sprint."""

@@ -117,6 +117,7 @@ with workflow.unsafe.imports_passed_through():
         project_root_error,
         resolve_epic,
         resolve_story_keys,
+        shared_numbers,
     )
     from bso.planning import startable_batch, still_on_its_files
     from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, SprintStatus, StoryState
@@ -212,6 +213,10 @@ PATCH_SWALLOWED_CANCEL_ENDS_SPRINT = "master-swallowed-cancel-ends-sprint"
 # a resume (or a cancel) that came after the batch's end live came before it on replay, and went to that batch
 # too (a nondeterminism error: the SDK runs a task's signals to the end before it takes in its other events).
 PATCH_BATCH_END_SENDS_A_COMMAND = "master-batch-end-sends-a-command"
+# Stories that share a number (`1-2-login`, `1-2-logout`) are refused at the start: in one batch the second took
+# the first one's answers for its own (their dispatch ids are named by the number) and ended done with no agent
+# of its own run. Patched only where it refuses.
+PATCH_SHARED_NUMBERS_REFUSED = "master-shared-story-numbers-refused"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -967,6 +972,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             raise _invalid_input(NO_STORIES)
         if snapshot.stories and not stories and workflow.patched(PATCH_NOTHING_TO_RUN):
             raise _invalid_input(NOTHING_TO_RUN)
+        shared = shared_numbers(s.key for s in stories)
+        if shared is not None and workflow.patched(PATCH_SHARED_NUMBERS_REFUSED):
+            raise _invalid_input(shared)
         return stories
 
     async def _run_batches(self, inp: SprintInput, simulation: SimulationScript) -> bool:

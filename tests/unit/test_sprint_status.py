@@ -34,6 +34,7 @@ from bso.sprint_status import (
     resolve_story_location,
     set_top_level_value,
     set_value,
+    shared_numbers,
     short_key,
     title_from_slug,
 )
@@ -376,6 +377,16 @@ def test_resolve_story_keys() -> None:
         resolve_story_keys(["1-1-nope"], KNOWN)
     with pytest.raises(ValueError, match="ambiguous.*1-1"):
         resolve_story_keys(["1-1"], ["1-1-foo", "1-1-other"])
+
+
+def test_stories_that_share_a_number_cannot_run_in_one_sprint() -> None:
+    assert shared_numbers(KNOWN) is None
+    assert shared_numbers(["2-2-expiry", "2-2a-digest", "12-2-other", "1-22-more"]) is None  # numbers, not prefixes
+    why = shared_numbers(["1-2-login", "1-3-x", "1-2-logout", "2-1-a", "2-1-b", "1-2-logoff"])
+    assert why is not None and why.startswith(
+        "stories that share a number: 1-2-login and 1-2-logout and 1-2-logoff (1-2); 2-1-a and 2-1-b (2-1). "
+    ), why
+    assert "renumber one in the status file" in why
 
 
 def test_resolve_epic() -> None:

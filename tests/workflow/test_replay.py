@@ -31,6 +31,7 @@ from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
+    PATCH_SHARED_NUMBERS_REFUSED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
 )
 from workflows.sprint_slave import (
@@ -221,6 +222,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-cancelled-send/answer-cancel-f9eba1--batch-1.json", PATCH_CANCELLED_SEND_IS_A_CANCEL),
         # A `decide` update sent to it was left unanswered when the cancel met the decision's write.
         ("before-2026-11-27-decide-cancel/cancel-decide--batch-1.json", PATCH_DECIDE_ANSWERED_ON_CANCEL),
+        # Two of its stories shared a number (1-2-login, 1-2-logout): it ran them in one batch.
+        ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
         # Its batches' ends were taken in by workflow tasks with no command.
         ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_BATCH_END_SENDS_A_COMMAND),
     ],

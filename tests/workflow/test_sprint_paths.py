@@ -817,3 +817,27 @@ async def test_a_status_file_that_lists_no_story_has_nothing_to_run(ts_env, tmp_
     assert status.read_text(encoding="utf-8") == before
     with pytest.raises(BsoError, match="lists no story"):
         _check_selection(status, None, [])
+
+
+async def test_stories_that_share_a_number_are_refused_at_the_start(ts_env, tmp_path: Path):
+    """`1-2-login` and `1-2-logout` in one batch: the second took the first one's answers for its own (their
+    dispatch ids are named by the number) and ended done with no agent of its own run. Refused at the start now,
+    as by `bso sprint start`; the sprint that leaves one of them out runs."""
+    login, logout = "1-2-login", "1-2-logout"
+    status = make_project(tmp_path, {login: "review", logout: "review"})
+    with pytest.raises(BsoError, match=r"^stories that share a number: 1-2-login and 1-2-logout \(1-2\)"):
+        _check_selection(status, None, [])
+    assert _check_selection(status, None, [logout]) == [logout]
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="shared"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+        one = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="one", story_keys=[logout]))
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "InvalidSprintInput", cause
+    assert cause.message.startswith(f"stories that share a number: {login} and {logout} (1-2). "), cause.message
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+    values = status_values(tmp_path)
+    assert (values[login], values[logout]) == ("review", "done")  # the refused sprint wrote nothing
+    assert one.stories == {logout: "done"}
+    assert [e["dispatch_id"] for e in ledger(tmp_path) if e["event"] == "started"] == ["one/batch-1/1-2/1"]
