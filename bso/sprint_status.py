@@ -194,7 +194,12 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
     return out
 
 
-def shared_numbers(keys: Iterable[str]) -> str | None:
+SHARED_NUMBERS_AT_START = (
+    "renumber one in the status file (and its story file), or leave all but one out of the sprint (--story)"
+)
+
+
+def shared_numbers(keys: Iterable[str], fix: str = SHARED_NUMBERS_AT_START) -> str | None:
     """Why these stories cannot run in one sprint, or None: two of them share a number (`1-2-login` and
     `1-2-logout`). A story's agent dispatches, debug requests and git branch are named by its number: the
     second story would take the first one's answers for its own."""
@@ -206,8 +211,7 @@ def shared_numbers(keys: Iterable[str]) -> str | None:
         return None
     return (
         f"stories that share a number: {'; '.join(shared)}. BSO names a story's agents' work and its git branch "
-        "by its number, so one story would take the other's answers: renumber one in the status file (and its "
-        "story file), or leave all but one out of the sprint (--story)"
+        f"by its number, so one story would take the other's answers: {fix}"
     )
 
 

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error, story_key_too_long
+    from bso.sprint_status import shared_numbers
     from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView
     from bso.states import SprintPhase, StoryState
 
@@ -51,6 +52,9 @@ PATCH_CC_KNOWN_VALUES = "master-cc-refuses-unknown-values"
 # stories): the new queue replaced it, and the rearmed story never ran.
 PATCH_REPLAN_SEES_QUEUED = "master-replan-sees-batches-queued-meanwhile"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
+# An added story that shares its number with a story of the sprint (`1-2-logout` beside `1-2-login`) is refused: its
+# agents' work would be taken for the other's (bso.sprint_status.shared_numbers).
+SHARED_NUMBER_ADDED = "add stories with numbers of their own"
 
 
 def _cc_rejected(message: str) -> ApplicationError:
@@ -105,6 +109,8 @@ class CourseCorrector:
         for key in add:  # (the validator only: a correction accepted before replays as it ran)
             if (why := story_key_too_long(key)) is not None:
                 raise _cc_rejected(f"CC_REJECTED: {why}")
+        if add and (why := shared_numbers(dict.fromkeys([*self._state.views, *add]), SHARED_NUMBER_ADDED)):
+            raise _cc_rejected(f"CC_REJECTED: {why}")
 
     def _cc_check(self, request: CourseCorrectionRequest) -> tuple[list[str], list[str]]:
         s = self._state

@@ -241,6 +241,24 @@ async def test_adding_a_story_of_an_unknown_value_is_rejected_and_the_value_kept
     assert [e.event_type for e in history.events].count(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED) == 1
 
 
+async def test_adding_a_story_that_shares_a_number_with_one_of_the_sprint_is_rejected(ts_env, tmp_path: Path):
+    """1-2-logoff, outside the sprint, has 1-2-logout's number: added, its agents' work would be taken for the
+    other's (in one batch the second story took the first one's answers). Refused, and the file left as it was."""
+    logoff = "1-2-logoff"
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review", logoff: "backlog"})
+    async with bso_worker(ts_env.client) as queue:
+        handle, _ = await paused_after_first_batch(ts_env.client, queue, tmp_path, session_id="cc-shared", story_keys=[K1, K2])
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "add_stories": [logoff]}),
+            f"CC_REJECTED: stories that share a number: {K2} and {logoff} (1-2). ",
+        )
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done"}
+    assert status_values(tmp_path)[logoff] == "backlog"
+    assert await workflow_task_failures(ts_env.client, "cc-shared") == []
+
+
 async def test_a_story_key_too_long_for_an_answer_is_left_out_and_cannot_be_added(ts_env, tmp_path: Path):
     """A key over 200 characters cannot be named by its agents' answers (each was refused until the step's
     deadline ended the story): the sprint leaves such a story out, saying why, and a correction cannot add one."""
