@@ -112,7 +112,7 @@ def plan_batches(
     batch_of: dict[str, int] = {}
     order = level_order(stories) if concurrent_batches > 1 else dependency_order(stories)
     for story in order:
-        deps = [d for d in story.depends_on if d in planned]
+        deps = [d for d in story.depends_on if d in planned and d != story.key]  # a story on itself: no wait
         current = batches[-1] if batches else None
         needs_new = (
             current is None
@@ -125,9 +125,9 @@ def plan_batches(
         batches[-1].append(story.key)
         batch_of[story.key] = len(batches)
     graph = {
-        s.key: {"depends_on": [d for d in s.depends_on if d in planned]}
+        s.key: {"depends_on": deps}
         for s in stories
-        if any(d in planned for d in s.depends_on)
+        if (deps := [d for d in s.depends_on if d in planned and d != s.key])
     }
     return BatchPlanReady(
         session_id=session_id,

@@ -10,9 +10,10 @@ it did not answer), and says in the report which planner planned.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bso.course_correction import CCReason, CourseCorrection, impact_text, replan
 from bso.messages import BatchPlanReady, BatchSpec
@@ -55,6 +56,14 @@ class PlanRequest(_Model):
     concurrent_batches: int = Field(1, ge=1)
     course_correction: ReplanContext | None = None  # None: the sprint's first plan
     timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
+
+    @field_validator("stories")
+    @classmethod
+    def _each_story_once(cls, stories: list[StoryMeta]) -> list[StoryMeta]:
+        # The Master names each story once; a hand-sent request naming one twice failed the planner's task.
+        if repeated := sorted(key for key, times in Counter(s.key for s in stories).items() if times > 1):
+            raise ValueError(f"stories named more than once: {', '.join(repeated)}")
+        return stories
 
 
 class PlanAnswer(_Model):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from bso.messages import BatchSpec
@@ -68,3 +70,42 @@ def test_a_request_for_batches_at_once_is_planned_by_levels(replan):
 
     assert batches(answer(PlanRequest.model_validate(sent))) == [["1-1-a"], ["1-2-b", "1-3-c"]]
     assert batches(answer(PlanRequest.model_validate({**sent, "concurrent_batches": 2}))) == [["1-1-a", "1-3-c"], ["1-2-b"]]
+
+
+def test_a_story_that_depends_on_itself_waits_for_no_one():
+    """A hand-sent request (the Master leaves such a line out): planning it raised a KeyError in the resident."""
+    got = answer(request([meta("1-1-a"), meta("1-2-b", "1-2-b", "1-1-a")]))
+    assert got.error is None and [b.stories for b in got.plan.batches] == [["1-1-a"], ["1-2-b"]]
+    assert got.plan.dependency_graph == {"1-2-b": {"depends_on": ["1-1-a"]}}
+
+
+KEYS = ["1-1-a", "1-2-b", "1-3-c", "2-1-d"]
+ANY_STORY = st.builds(
+    lambda key, deps, files: StoryMeta(
+        key=key, epic="epic-1", short_key=key[:3], state="backlog", story_path="", depends_on=deps, files=files
+    ),
+    st.sampled_from(KEYS), st.lists(st.sampled_from([*KEYS, "9-9-z"])), st.lists(st.sampled_from(["a.py", "b.py"])),
+)  # fmt: skip
+ANY_REPLAN = st.none() | st.builds(
+    ReplanContext, reason=st.just("user_request"), added=st.lists(st.sampled_from(KEYS)),
+    dropped=st.lists(st.sampled_from(KEYS)), untouched_done=st.lists(st.sampled_from(KEYS)),
+    in_flight=st.lists(st.sampled_from(KEYS)), next_batch_id=st.integers(1, 10),
+    old_batches=st.lists(
+        st.builds(BatchSpec, batch_id=st.integers(1, 5), stories=st.lists(st.sampled_from(KEYS), min_size=1)), max_size=3
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ANY_STORY, max_size=6), st.integers(1, 4), st.integers(1, 3), ANY_REPLAN)
+def test_a_plan_request_of_any_shape_is_answered_or_refused_never_raised(stories, batch_size, concurrent, replan):
+    """What a hand-sent `plan_request` may hold: the resident refuses what does not validate and answers the
+    rest (a plan, or why there is none); an exception would fail its workflow task on every retry."""
+    fields = dict(request_id="r", session_id="s", report_to="s", stories=stories, batch_size=batch_size)
+    try:
+        planned = PlanRequest(**fields, concurrent_batches=concurrent, course_correction=replan)
+    except ValidationError as err:
+        assert "stories named more than once" in str(err)
+        return
+    got = answer(planned)
+    assert (got.error is None) == (got.plan is not None or got.course_correction is not None), got

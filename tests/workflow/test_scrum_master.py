@@ -17,6 +17,7 @@ from bso.states import SprintPhase
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
+    poll_until,
     run_sprint,
     sprint_input,
     sprint_result,
@@ -25,6 +26,7 @@ from tests.workflow.helpers import (
 )
 from tests.workflow.helpers import wait_status
 from tests.workflow.test_residents import signal_names
+from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1, K2, K3 = "1-1-login-form", "1-2-logout", "1-3-profile-page"
@@ -181,3 +183,42 @@ async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path:
     assert report.stories == {K1: "done"} and report.planner == "fallback"
     assert any("does not hold exactly the stories asked for" in e for e in errors), errors
     assert await workflow_task_failures(ts_env.client, "forged-plan") == []
+
+
+def _forged_plan_request(*stories: tuple[str, list[str]]) -> dict:
+    """A PLAN_REQUEST sent by hand (`temporal workflow signal`), answered to nobody."""
+    return {
+        "request_id": "by-hand", "session_id": "sm-odd", "report_to": "nobody", "batch_size": 5,
+        "stories": [
+            {"key": key, "epic": "epic-1", "short_key": key[:3], "state": "backlog", "story_path": f"x/{key}.md",
+             "depends_on": depends_on}
+            for key, depends_on in stories
+        ],
+    }  # fmt: skip
+
+
+async def test_hand_sent_plan_requests_of_odd_shapes_are_answered_or_refused(ts_env, tmp_path: Path):
+    """A story that depends on itself failed the scrum-master's workflow task on every retry, and the sprint could
+    not end (its end waits for its residents to stop); a request naming a story twice did too. The first is
+    planned (a story never waits for itself), the second refused as malformed; the sprint ends as usual."""
+    make_project(tmp_path, {K1: "review"})
+    slow = {"stories": {"1-1": {"duration_ms": 1500}}}
+    async with bso_worker(ts_env.client) as queue:
+        sprint = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="sm-odd", simulation=slow))
+        await wait_status(sprint, lambda s: s.batches_total > 0, "the sprint planned")
+        scrum_master = ts_env.client.get_workflow_handle(resident_workflow_id("sm-odd", "scrum-master"))
+        served = (await scrum_master.query(ResidentWorkflow.status)).requests_served
+        await scrum_master.signal(SIGNAL_PLAN_REQUEST, _forged_plan_request((K1, []), (K2, [K2])))
+        await scrum_master.signal(SIGNAL_PLAN_REQUEST, _forged_plan_request((K1, []), (K1, [])))
+
+        async def both_taken():
+            status = await scrum_master.query(ResidentWorkflow.status)
+            return status.requests_served == served + 1 and status.rejected_total == 1 and status
+
+        status = await poll_until(both_taken, "the scrum-master to answer one and refuse the other")
+        report = await sprint_result(sprint)
+    (refused,) = status.rejected_messages
+    assert refused.msg_type == "PLAN_REQUEST" and f"stories named more than once: {K1}" in refused.reason, refused
+    assert report.stories == {K1: "done"}
+    assert await workflow_task_failures(ts_env.client, scrum_master.id) == []
+    assert (await scrum_master.describe()).status is WorkflowExecutionStatus.COMPLETED  # stopped with the sprint
