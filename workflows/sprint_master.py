@@ -213,6 +213,12 @@ PATCH_SWALLOWED_CANCEL_ENDS_SPRINT = "master-swallowed-cancel-ends-sprint"
 # a resume (or a cancel) that came after the batch's end live came before it on replay, and went to that batch
 # too (a nondeterminism error: the SDK runs a task's signals to the end before it takes in its other events).
 PATCH_BATCH_END_SENDS_A_COMMAND = "master-batch-end-sends-a-command"
+# A cancelled sprint lets the updates it accepted before the cancel finish (a rearm's write, a course correction's
+# plan and writes) before it reports and stops its residents: it ended with them unanswered, and a rearm's write
+# landed after the sprint had ended, the file saying ready-for-dev where the report said needs-intervention.
+# Asked only where an update is pending; the wait is bounded (a decision whose batch did not end waits no more).
+PATCH_UPDATES_ANSWERED_ON_CANCEL = "master-updates-answered-on-cancel"
+HANDLERS_CANCEL_WAIT = timedelta(minutes=2)
 # Stories that share a number (`1-2-login`, `1-2-logout`) are refused at the start: in one batch the second took
 # the first one's answers for its own (their dispatch ids are named by the number) and ended done with no agent
 # of its own run. Patched only where it refuses.
@@ -635,6 +641,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._state.results.append(task.result())
                 self._state.tokens_used += task.result().tokens_used
         self._batch_tasks.clear()
+        if not workflow.all_handlers_finished() and workflow.patched(PATCH_UPDATES_ANSWERED_ON_CANCEL):
+            try:  # before the residents stop: a course correction may wait for the scrum-master's plan
+                await workflow.wait_condition(workflow.all_handlers_finished, timeout=HANDLERS_CANCEL_WAIT)
+            except asyncio.TimeoutError:
+                workflow.logger.warning("the cancelled sprint ends with updates still running")
         if batches_ran and self._input.agent_backend == "command" and workflow.patched(PATCH_CANCEL_STOPS_AGENTS):
             await self._stop_agents()
         await self._cancel_starting_resident()

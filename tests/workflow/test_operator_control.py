@@ -6,6 +6,8 @@ needs-intervention story, shutdown mid-batch."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,7 +17,14 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -859,6 +868,37 @@ async def test_a_decision_sent_to_the_slave_whose_write_meets_the_cancel_is_answ
         await poll_until(lambda: status_is(slave, WorkflowExecutionStatus.CANCELED), "the batch ends cancelled", timeout=30)
     assert view.state == "ready-for-dev" and view.awaiting_decision is None, view
     assert status_values(tmp_path)[K1] == "ready-for-dev"
+
+
+async def test_a_rearm_whose_write_meets_the_sprints_cancel_is_answered_and_reported(local_env, tmp_path: Path):
+    """The cancel comes while the rearm's status write waits for the file's lock: the sprint waits for the write
+    and answers the update before it reports and ends. It ended at once, the update unanswered, and the write
+    landed after: the file said ready-for-dev, the report and the summary needs-intervention."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    async with bso_worker(local_env.client) as queue:
+        handle = await paused_after_k1_failed(local_env.client, queue, tmp_path, "rearm-cancel")
+        lock = os.open(os.path.realpath(tmp_path / DEFAULT_STATUS_FILE) + ".lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held as by a user's editor: the rearm's write waits for it
+        try:
+            rearm = await handle.start_update(
+                SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm"},
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )  # fmt: skip
+            await handle.cancel()
+            await poll_until(lambda: has_event(handle, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED), "the cancel")
+            await asyncio.sleep(2)  # the wind-down has reached its report, were it not waiting for the write
+            assert await status_is(handle, WorkflowExecutionStatus.RUNNING)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+        view = await rearm.result()
+        with pytest.raises(WorkflowFailureError):
+            await sprint_result(handle)
+        report = await handle.query(SprintMasterWorkflow.report)
+    assert view.state == "ready-for-dev", view
+    assert status_values(tmp_path)[K1] == "ready-for-dev"
+    assert (report.status, report.stories[K1]) == (SprintStatus.CANCELLED, "ready-for-dev"), report
+    assert await workflow_task_failures(local_env.client, handle.id) == []
 
 
 async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):

@@ -33,6 +33,7 @@ from workflows.sprint_master import (
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_SHARED_NUMBERS_REFUSED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
+    PATCH_UPDATES_ANSWERED_ON_CANCEL,
 )
 from workflows.sprint_slave import (
     PATCH_CANCEL_AFTER_DEBUG_REQUEST,
@@ -54,7 +55,10 @@ def test_histories_are_recorded():
 
 
 # Recorded runs that ended with an update unanswered (the bug their patch mends): their replay warns as they did.
-LEFT_AN_UPDATE_UNANSWERED = {"before-2026-11-27-decide-cancel/cancel-decide--batch-1.json"}
+LEFT_AN_UPDATE_UNANSWERED = {
+    "before-2026-11-27-decide-cancel/cancel-decide--batch-1.json",
+    "before-2026-11-27-rearm-cancel/rearm-cancel.json",
+}
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[str(p.relative_to(ROOT).with_suffix("")) for p in HISTORIES])
@@ -222,6 +226,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-cancelled-send/answer-cancel-f9eba1--batch-1.json", PATCH_CANCELLED_SEND_IS_A_CANCEL),
         # A `decide` update sent to it was left unanswered when the cancel met the decision's write.
         ("before-2026-11-27-decide-cancel/cancel-decide--batch-1.json", PATCH_DECIDE_ANSWERED_ON_CANCEL),
+        # A rearm's write met its cancel: it ended with the update unanswered, the write landing after.
+        ("before-2026-11-27-rearm-cancel/rearm-cancel.json", PATCH_UPDATES_ANSWERED_ON_CANCEL),
         # Two of its stories shared a number (1-2-login, 1-2-logout): it ran them in one batch.
         ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
         # Its batches' ends were taken in by workflow tasks with no command.
