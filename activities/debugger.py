@@ -1,7 +1,8 @@
 """The debugger resident's analysis activity: known error patterns from the debug journal first, then a
 new analysis (the simulated debugger follows the simulation script); every analysis is appended to
 `.sprint-session/debug-journal.md` (P49) with its DBG id. Idempotent: a retried activity whose analysis is
-already in the journal returns it instead of appending it again."""
+already in the journal returns it instead of appending it again. Debug ids repeat when a sprint is started again
+under its id: an entry written before this activity was scheduled is an earlier run's, analysed afresh."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from bso.debugging import (
     simulated_analysis,
 )
 
+WHEN_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # an entry's `when`, to the second
 JOURNAL_HEADER = "# Debug journal\n\nEvery analysis of the debugger resident, newest last (P49).\n\n"
 
 
@@ -45,8 +47,8 @@ async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
         # A byte that is not UTF-8 (the file edited by hand) must not disable the debugger for good: it reads as
         # U+FFFD, matches no signature, and the journal goes on.
         text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-        if f"## {entry_id}\n" in text:  # a retry: this analysis is journaled already
-            return _entry_result(text, entry_id, inp.request)
+        if (journaled := _journaled(text, entry_id, activity.info().scheduled_time)) is not None:
+            return _result_of(journaled, entry_id, inp.request)  # a retry: this analysis is journaled already
         result = known_result(text, inp.request)
         if result is None:
             if inp.backend != "simulated":
@@ -58,7 +60,7 @@ async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
                 )
             result = simulated_analysis(inp.request, inp.scripted)
         result = result.model_copy(update={"journal_entry_id": entry_id})
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = datetime.now(timezone.utc).strftime(WHEN_FORMAT)
         with open(path, "a", encoding="utf-8") as fh:
             if not text:
                 fh.write(JOURNAL_HEADER)
@@ -68,12 +70,24 @@ async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
         return result
 
 
-def _entry_result(text: str, entry_id: str, request: DebugRequest) -> DebugResult:
-    """The result recorded under `entry_id` (a retried activity)."""
-    body = text.split(f"## {entry_id}\n", 1)[1].split("\n## ", 1)[0]
-    fields = dict(
-        line[2:].split(": ", 1) for line in body.splitlines() if line.startswith("- ") and ": " in line
-    )
+def _journaled(text: str, entry_id: str, scheduled: datetime) -> dict[str, str] | None:
+    """The fields of the last entry under `entry_id` written since `scheduled` (this activity's first attempt),
+    or None: none, or only an earlier run's of the same debug id (its `when` is older; an entry without one
+    counts as this activity's, as before)."""
+    heading = f"## {entry_id}\n"
+    if heading not in text:
+        return None
+    body = text.rsplit(heading, 1)[1].split("\n## ", 1)[0]
+    fields = dict(line[2:].split(": ", 1) for line in body.splitlines() if line.startswith("- ") and ": " in line)
+    try:
+        written = datetime.strptime(fields["when"], WHEN_FORMAT).replace(tzinfo=timezone.utc)
+    except (KeyError, ValueError):
+        return fields
+    return fields if written >= scheduled.replace(microsecond=0) else None
+
+
+def _result_of(fields: dict[str, str], entry_id: str, request: DebugRequest) -> DebugResult:
+    """The result recorded in a journal entry's fields (a retried activity)."""
     confidence = fields.get("confidence", "low")
     return DebugResult(
         debug_id=request.debug_id,

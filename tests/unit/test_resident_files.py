@@ -3,6 +3,8 @@ over from sprint to sprint: one edited by hand or cut short must not disable its
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.debugger import AnalyzeInput, analyze_failure
 from activities.researcher import ResearchInput, research
-from bso.debugging import JOURNAL, DebugRequest
+from bso.debugging import JOURNAL, DebugRequest, DebugResult, render_entry
 from bso.research import ResearchRequest
 
 CACHE = ".sprint-session/knowledge-cache"
@@ -59,3 +61,25 @@ async def test_a_debug_journal_with_bytes_that_are_not_utf8_still_serves(tmp_pat
     )
     assert result.fixable, result  # it answered `unavailable: analysis failed: UnicodeDecodeError`
     assert b"## DBG-b1-1-1-001-s\n" in journal.read_bytes()
+
+
+async def test_a_debug_id_an_earlier_run_of_the_sprint_journaled_is_analysed_afresh(tmp_path: Path):
+    """Debug ids repeat when a sprint is started again under its id: the earlier run's entry for the same id (about
+    another error) was taken for this request's retry, and its analysis returned. A retry still finds its own."""
+    request = DebugRequest(
+        debug_id="DBG-b1-1-1-001", story_key="1-1-login", report_to="s/batch-1", session_id="s",
+        error_summary="ImportError: no module named bcrypt",
+    )  # fmt: skip
+    earlier = DebugRequest(**{**request.model_dump(), "error_summary": "TimeoutError: the database did not answer"})
+    journal = tmp_path / ".sprint-session" / JOURNAL
+    journal.parent.mkdir(parents=True)
+    earlier_result = DebugResult(debug_id=earlier.debug_id, story_key=earlier.story_key, root_cause="the database")
+    journal.write_text(render_entry("DBG-b1-1-1-001-s", earlier, earlier_result, "2026-01-05T10:00:00Z"))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, scheduled_time=datetime(2026, 2, 1, tzinfo=timezone.utc))
+    inp = AnalyzeInput(project_root=str(tmp_path), request=request, scripted="fixable")
+    fresh = await env.run(analyze_failure, inp)
+    assert fresh.fixable and fresh.root_cause != "the database", fresh
+    assert journal.read_text().count("## DBG-b1-1-1-001-s\n") == 2
+    again = await env.run(analyze_failure, inp)  # its retry: the entry it wrote, nothing appended
+    assert again == fresh and journal.read_text().count("## DBG-b1-1-1-001-s\n") == 2
