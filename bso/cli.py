@@ -877,7 +877,7 @@ def worker(
     from workers import main as worker_main
 
     metrics = f"{metrics_host}:{metrics_port}" if metrics_port is not None else None
-    _, target, namespace = _target()
+    _target()  # a broken profile or TLS setting is said before the worker starts
     if _connection["address"]:
         os.environ["TEMPORAL_ADDRESS"] = _connection["address"]
     if _connection["namespace"]:
@@ -888,10 +888,8 @@ def worker(
         asyncio.run(worker_main.run(queues, max_concurrent_agents, metrics, queue_prefix))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except RuntimeError as e:
-        if "connect" in str(e).lower():
-            raise _fail(f"cannot reach the Temporal server at {target} (namespace {namespace})") from None
-        raise _fail(f"RuntimeError: {e}") from None
+    except worker_main.ServerUnreachable as e:
+        raise _fail(str(e)) from None
     except Exception as e:  # noqa: BLE001
         raise _fail(f"{type(e).__name__}: {e}") from None
 

@@ -13,6 +13,7 @@ import os
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -112,6 +113,10 @@ CONNECT_PATIENCE_SECONDS = float(os.environ.get("BSO_WORKER_CONNECT_SECONDS", "1
 _NOT_UP_YET = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.UNKNOWN, RPCStatusCode.DEADLINE_EXCEEDED}
 
 
+class ServerUnreachable(Exception):
+    """No Temporal server answered within CONNECT_PATIENCE_SECONDS: said in one line, not a traceback."""
+
+
 async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
     """A client, with BSO's search attributes registered (those it added): a worker started while the server is
     (re)starting waits for it instead of dying, at the connect or at its first call (a crash trial's server
@@ -126,7 +131,11 @@ async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
             if isinstance(err, RPCError) and err.status not in _NOT_UP_YET:
                 raise
             if asyncio.get_running_loop().time() + delay > deadline:
-                raise
+                raise ServerUnreachable(
+                    f"cannot reach the Temporal server at {address_from_env()} (namespace {namespace_from_env()}) "
+                    f"after {CONNECT_PATIENCE_SECONDS:g} s: start it (`make server`, `bso server`) or set "
+                    "TEMPORAL_ADDRESS"
+                ) from None
             log.warning("Temporal server not reachable at %s yet (%s); retrying", address_from_env(), err)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -178,7 +187,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     metrics = f"{args.metrics_host}:{args.metrics_port}" if args.metrics_port else None
     queues = args.queue or [SPRINT_TASK_QUEUE, AGENTS_TASK_QUEUE]
-    asyncio.run(run(queues, args.max_concurrent_agents, metrics, args.queue_prefix))
+    try:
+        asyncio.run(run(queues, args.max_concurrent_agents, metrics, args.queue_prefix))
+    except ServerUnreachable as err:
+        sys.exit(f"worker: error: {err}")
+    except KeyboardInterrupt:  # while it still waited for the server (then SIGINT stops it gracefully)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

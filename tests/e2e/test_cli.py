@@ -253,6 +253,19 @@ def test_error_paths(cli_env, tmp_path: Path):
     assert "--address goes before the command: `bso --address VALUE sprint status ...`" in line, line
     env_only = {**cli_env, "env": {**cli_env["env"], "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"}}
     _one_line_error(bso(env_only, "sprint", "list"))
+    # The worker waits for a server (BSO_WORKER_CONNECT_SECONDS), then says so in one line: `python -m
+    # workers.main` (`make worker`) ended in a traceback.
+    impatient = {**env_only, "env": {**env_only["env"], "BSO_WORKER_CONNECT_SECONDS": "1"}}
+    waited = bso(impatient, "worker")  # its log says it waits, the last line why it gave up
+    assert waited.returncode == 1 and "Traceback" not in waited.stderr, waited.stderr
+    line = waited.stderr.splitlines()[-1]
+    assert line.startswith(f"bso: error: cannot reach the Temporal server at 127.0.0.1:{closed} (namespace default) after 1 s")
+    alone = subprocess.run(
+        [sys.executable, "-m", "workers.main"], env=impatient["env"], cwd=REPO, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr
+    assert alone.stderr.splitlines()[-1] == line.replace("bso: error: ", "worker: error: "), alone.stderr
 
     line = _one_line_error(bso(cli_env, "sprint", "status", "no-such-sprint"))
     assert "no sprint with id 'no-such-sprint'" in line
