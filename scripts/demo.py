@@ -550,7 +550,7 @@ def main() -> int:
         code = asyncio.run(run(state))
     except KeyboardInterrupt:
         console.print("\n[yellow]interrupted[/]: the sprint's state is safe on the server; "
-                      f"`{worker_command()}` resumes it where it was", markup=False)
+                      f"`{escape(worker_command())}` resumes it where it was")
         code = 130
     except DemoError as err:
         console.print(f"\n[bold red]demo failed:[/] {escape(str(err))}")

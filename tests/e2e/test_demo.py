@@ -97,7 +97,8 @@ def test_an_interrupted_demo_says_how_to_resume_it_on_its_own_port(tmp_path: Pat
     with demo.console.capture() as captured:
         assert demo.main() == 130
     said = " ".join(captured.get().split())
-    assert "`BSO_DEMO_PORT=7555 make worker` resumes it where it was" in said
+    assert "interrupted: the sprint's state is safe on the server; `BSO_DEMO_PORT=7555 make worker` resumes it where it was" in said
+    assert "[yellow]" not in said  # the markup rendered, not printed
     assert "stays open on the server: `BSO_DEMO_PORT=7555 make worker` resumes it" in said
     assert ".venv/bin/bso --address localhost:7555 sprint cancel demo-1" in said
     assert "`make worker`" not in said

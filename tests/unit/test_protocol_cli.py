@@ -128,3 +128,9 @@ def test_validate_takes_an_agent_po_answer_without_timestamp_as_the_sprint_does(
     directive.write_text(json.dumps({k: v for k, v in ex.PO["GO_DIRECTIVE"].items() if k != "timestamp"}))
     result = runner.invoke(protocol_app, ["validate", str(directive)])
     assert result.exit_code == 1 and "timestamp: required field missing" in result.output, result.output
+
+
+def test_validate_a_file_that_cannot_be_read_says_so_as_every_bso_error(tmp_path: Path) -> None:
+    result = runner.invoke(protocol_app, ["validate", str(tmp_path / "nope.json")])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith(f"bso: error: cannot read {tmp_path / 'nope.json'}: "), result.stderr
