@@ -46,6 +46,7 @@ from temporalio.client import (
 )
 from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
@@ -640,7 +641,7 @@ def _bar(total: int, completed: int) -> ProgressBar:
 
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
-    waiting: WaitingForAWorker | None = None, *, from_report: bool = False,
+    waiting: WaitingForAWorker | None = None, *, from_report: bool = False, silent: SilentWorker | None = None,
 ) -> Group:
     # Agents' and operators' words are shown as written, never obeyed by the terminal (bso.terminal_text).
     view = printable_model(view)
@@ -684,8 +685,9 @@ def _progress(
         *_status_file_waits(view),
         *_rejections(view, rejected_by_children or {}),
     ]
-    if waiting is not None:
-        parts.append(Text(waiting.describe(), style="bold yellow"))
+    for stalled in (waiting, silent):
+        if stalled is not None:
+            parts.append(Text(stalled.describe(), style="bold yellow"))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:
@@ -746,8 +748,7 @@ class WaitingForAWorker:
             start += f" --queue-prefix {self.queue.removesuffix(AGENTS_TASK_QUEUE)}"
         # A sprint queue named freely pairs with <name>-agents, which no `bso worker` option names.
         how = f"Start one: `{start}`" if self.queue.endswith(AGENTS_TASK_QUEUE) else f"Start a worker serving {self.queue}"
-        what = (f"agent {self.activity_id}" if self.activity_type == AGENT_ACTIVITY
-                else f"{self.activity_type} of {self.workflow_id}")
+        what = _work_named(self.activity_type, self.activity_id, self.workflow_id)
         return (
             f"{what} has waited {int(self.waited.total_seconds())} s for a worker of {self.queue}: "
             f"none polls it, or all their agent slots are busy (--max-concurrent-agents). {how}"
@@ -758,30 +759,87 @@ class WaitingForAWorker:
                 "queue": self.queue, "waited_seconds": round(self.waited.total_seconds(), 1), "message": self.describe()}
 
 
-async def _waiting_for_a_worker(
-    client: Client, desc: WorkflowExecutionDescription, view: SprintStatusView
-) -> WaitingForAWorker | None:
-    """Of the work the sprint's running children (batches, residents) have on the agents queue, what no worker
-    has started for the longest, past AGENT_START_PATIENCE; None when nothing waits that long. In-process agents
-    run on the sprint queue, whose worker answered the status query."""
-    on_agents_queue = set(AGENTS_QUEUE_ACTIVITIES)
-    if view.agent_backend is not None and view.agent_backend not in IN_PROCESS_AGENT_BACKENDS:
-        on_agents_queue.add(AGENT_ACTIVITY)
+def _work_named(activity_type: str, activity_id: str, workflow_id: str) -> str:
+    return f"agent {activity_id}" if activity_type == AGENT_ACTIVITY else f"{activity_type} of {workflow_id}"
 
-    async def pending(workflow_id: str) -> list:
+
+@dataclass(frozen=True)
+class SilentWorker:
+    """A started activity whose worker has not heartbeated for half its heartbeat timeout, the longest silent: the
+    worker was killed or lost (a laptop asleep), and the server starts the activity again on a live worker once
+    the timeout runs out. Until then the status showed it in flight as if nothing were wrong."""
+
+    activity_type: str
+    activity_id: str
+    workflow_id: str
+    silent: timedelta
+    heartbeat_timeout: timedelta
+
+    def describe(self) -> str:
+        left = max(0, int((self.heartbeat_timeout - self.silent).total_seconds()))
+        return (
+            f"{_work_named(self.activity_type, self.activity_id, self.workflow_id)}: no heartbeat from its worker "
+            f"for {int(self.silent.total_seconds())} s (the worker stopped?): a live worker starts it again once "
+            f"its heartbeat timeout ({int(self.heartbeat_timeout.total_seconds())} s) runs out, in ~{left} s"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {"activity_type": self.activity_type, "activity_id": self.activity_id, "workflow_id": self.workflow_id,
+                "silent_seconds": round(self.silent.total_seconds(), 1),
+                "heartbeat_timeout_seconds": self.heartbeat_timeout.total_seconds(), "message": self.describe()}
+
+
+SILENCE_NOTICED_AFTER = timedelta(seconds=10)  # at the least: a worker's heartbeats reach the server every few seconds
+
+
+def _silent_worker(pending: list[tuple[str, PendingActivityInfo]], now: datetime) -> SilentWorker | None:
+    """Of the sprint's started activities that heartbeat, the one silent longest, once silent for half its
+    heartbeat timeout (a live worker's heartbeats come at least every third of it); None when none is."""
+    silent = []
+    for workflow_id, activity in pending:
+        timeout = activity.activity_options.heartbeat_timeout.ToTimedelta()
+        if activity.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED or not timeout:
+            continue
+        last = activity.last_heartbeat_time if activity.HasField("last_heartbeat_time") else activity.last_started_time
+        quiet = now - last.ToDatetime(tzinfo=UTC)
+        if quiet >= max(timeout / 2, SILENCE_NOTICED_AFTER):
+            silent.append(SilentWorker(activity.activity_type.name, activity.activity_id, workflow_id, quiet, timeout))
+    return max(silent, key=lambda w: w.silent, default=None)
+
+
+async def _pending_activities(client: Client, desc: WorkflowExecutionDescription) -> list[tuple[str, PendingActivityInfo]]:
+    """The pending activities of the sprint's running children (batches, residents) and of the Master, with the
+    id of the workflow each belongs to."""
+
+    async def pending(workflow_id: str) -> list[PendingActivityInfo]:
         try:
             return list((await client.get_workflow_handle(workflow_id).describe()).raw_description.pending_activities)
         except RPCError:
             return []
 
     children = [child.workflow_id for child in desc.raw_description.pending_children]
+    found = await asyncio.gather(*(pending(w) for w in children))
+    return [(desc.id, a) for a in desc.raw_description.pending_activities] + [
+        (workflow_id, a) for workflow_id, activities in zip(children, found, strict=True) for a in activities
+    ]
+
+
+async def _waiting_for_a_worker(
+    client: Client, desc: WorkflowExecutionDescription, view: SprintStatusView,
+    pending: list[tuple[str, PendingActivityInfo]] | None = None,
+) -> WaitingForAWorker | None:
+    """Of the work the sprint's running children (batches, residents) have on the agents queue, what no worker
+    has started for the longest, past AGENT_START_PATIENCE; None when nothing waits that long. In-process agents
+    run on the sprint queue, whose worker answered the status query. `pending`: _pending_activities, if asked."""
+    on_agents_queue = set(AGENTS_QUEUE_ACTIVITIES)
+    if view.agent_backend is not None and view.agent_backend not in IN_PROCESS_AGENT_BACKENDS:
+        on_agents_queue.add(AGENT_ACTIVITY)
     queue = agents_task_queue_for(desc.task_queue or SPRINT_TASK_QUEUE)
     now = datetime.now(UTC)
     waiting = [
         WaitingForAWorker(activity.activity_type.name, activity.activity_id, workflow_id, queue,
                           now - activity.scheduled_time.ToDatetime(tzinfo=UTC))
-        for workflow_id, found in zip(children, await asyncio.gather(*(pending(w) for w in children)), strict=True)
-        for activity in found
+        for workflow_id, activity in (pending if pending is not None else await _pending_activities(client, desc))
         if activity.activity_type.name in on_agents_queue
         and activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
         and activity.HasField("scheduled_time")
@@ -1245,6 +1303,7 @@ def sprint_watch(
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
         waiting: WaitingForAWorker | None = None
+        silent: SilentWorker | None = None
         with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
             while True:
                 try:
@@ -1260,12 +1319,15 @@ def sprint_watch(
                     fresh, note = await _query_status(handle)
                     view = fresh or view
                     rejected = await _rejected_by_children(client, desc)
-                    waiting = await _waiting_for_a_worker(client, desc, view) if view else None
+                    pending = await _pending_activities(client, desc)
+                    waiting = await _waiting_for_a_worker(client, desc, view, pending) if view else None
+                    silent = _silent_worker(pending, datetime.now(UTC))
                 if note and note != last_note and not out.is_terminal:
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    live.update(_progress(view, note, "running", rejected, waiting), refresh=out.is_terminal)
+                    shown = _progress(view, note, "running", rejected, waiting, silent=silent)
+                    live.update(shown, refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
                 await asyncio.sleep(interval)
@@ -1312,7 +1374,9 @@ def sprint_status(
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
         rejected = await _rejected_by_children(client, desc) if running else {}
-        waiting = await _waiting_for_a_worker(client, desc, view) if running else None
+        pending = await _pending_activities(client, desc) if running else []
+        waiting = await _waiting_for_a_worker(client, desc, view, pending) if running else None
+        silent = _silent_worker(pending, datetime.now(UTC))
         if as_json:
             data = view.model_dump(mode="json")
             data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
@@ -1321,10 +1385,11 @@ def sprint_status(
             data["failure"] = reason
             data["from_report"] = from_report
             data["waiting_for_a_worker"] = waiting.as_json() if waiting else None
+            data["silent_worker"] = silent.as_json() if silent else None
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        shown = _progress(view, note, outcome, rejected, waiting, from_report=from_report)
+        shown = _progress(view, note, outcome, rejected, waiting, from_report=from_report, silent=silent)
         out.print(shown, soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())

@@ -458,6 +458,50 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     assert shown["stories"]["2-2-expiry-reminder-emails"]["state"] == "needs-intervention"
 
 
+def test_status_says_when_an_agents_worker_went_silent(cli_env, tmp_path: Path):
+    """The worker is killed (kill -9) with an agent in flight and started again at once: the agent stays in flight,
+    its dead worker's, until its heartbeat timeout runs out, and the status showed it as if all were well (a minute
+    that looked like a hang). It says the worker went silent and when the agent starts again, until it has."""
+    from tests.workflow.helpers import make_project
+
+    prefix = f"t-{uuid.uuid4().hex[:6]}-"
+    key = "1-1-login-form"
+    make_project(tmp_path, {key: "review"})
+    sim = tmp_path / "simulation.json"
+    sim.write_text(json.dumps({"default": {"duration_ms": 8000}}))
+    sprint_id = f"silent-{uuid.uuid4().hex[:6]}"
+
+    def start_worker(n: int) -> subprocess.Popen[bytes]:
+        with (tmp_path / f"worker-{n}.log").open("w") as fh:
+            return subprocess.Popen(
+                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    worker = start_worker(1)
+    try:
+        _wait_for(lambda: "worker polling" in (tmp_path / "worker-1.log").read_text(), "the worker to start")
+        started = bso(
+            cli_env, "sprint", "start", str(tmp_path), "--simulation", str(sim), "--id", sprint_id,
+            "--task-queue", f"{prefix}bso-sprint", "--set", "agent_retry.heartbeat_timeout_seconds=20",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        dispatched = _wait_for(lambda: _status(cli_env, sprint_id)["stories"][key]["dispatch_id"], "the agent in flight")
+        worker.kill()  # kill -9: no word to the server
+        worker.wait(timeout=30)
+        worker = start_worker(2)
+        silent = _wait_for(lambda: _status(cli_env, sprint_id)["silent_worker"], "the silent worker noticed", timeout=60)
+        assert (silent["activity_id"], silent["heartbeat_timeout_seconds"]) == (dispatched, 20), silent
+        assert 10 <= silent["silent_seconds"] < 30, silent
+        shown = " ".join(bso(cli_env, "sprint", "status", sprint_id).stdout.split())
+        assert f"agent {dispatched}: no heartbeat from its worker for " in shown, shown
+        assert "a live worker starts it again once its heartbeat timeout (20 s) runs out, in ~" in shown, shown
+        _wait_for(lambda: _status(cli_env, sprint_id)["phase"] == "completed", "the sprint to complete", timeout=120)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
 def test_course_correction_and_human_decision_commands(cli_env, tmp_path: Path):
     project, sim = _project(tmp_path, duration_ms=300)
     script = json.loads(sim.read_text())
