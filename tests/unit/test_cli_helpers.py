@@ -345,6 +345,44 @@ def test_what_waits_for_a_worker_names_the_worker_to_start():
     }
 
 
+def test_a_started_activity_is_told_silent_once_its_worker_missed_half_its_heartbeat_timeout():
+    from datetime import UTC, datetime, timedelta
+
+    from temporalio.api.enums.v1 import PendingActivityState
+    from temporalio.api.workflow.v1 import PendingActivityInfo
+
+    from bso.cli import _silent_worker
+
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+    def activity(activity_id: str, quiet_s: float | None, timeout_s: int = 60, started: bool = True, beat: bool = True):
+        info = PendingActivityInfo(activity_id=activity_id, state=(
+            PendingActivityState.PENDING_ACTIVITY_STATE_STARTED if started
+            else PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+        ))  # fmt: skip
+        info.activity_type.name = "run_agent"
+        info.activity_options.heartbeat_timeout.FromTimedelta(timedelta(seconds=timeout_s))
+        when = now - timedelta(seconds=quiet_s or 0)
+        (info.last_heartbeat_time if beat else info.last_started_time).FromDatetime(when)
+        return info
+
+    def silent(*activities):
+        return _silent_worker([("s/batch-1", a) for a in activities], now)
+
+    assert silent(activity("a", 5)) is None  # heartbeats come
+    assert silent(activity("a", 29)) is None  # under half the timeout
+    assert silent(activity("a", 40, timeout_s=0)) is None  # heartbeats nothing: no timeout to run out
+    assert silent(activity("a", 0, started=False)) is None  # not started: WaitingForAWorker's to say
+    assert silent(activity("a", 12, timeout_s=10)).silent == timedelta(seconds=12)  # past the timeout: still silent
+    assert silent(activity("a", 8, timeout_s=10)) is None  # under SILENCE_NOTICED_AFTER, whatever the timeout
+    told = silent(activity("a", 31), activity("b", 45, beat=False), activity("c", 35))
+    assert (told.activity_id, told.silent) == ("b", timedelta(seconds=45)), told  # no heartbeat yet: since its start
+    assert told.describe() == (
+        "agent b: no heartbeat from its worker for 45 s (the worker stopped?): a live worker starts it again once "
+        "its heartbeat timeout (60 s) runs out, in ~15 s"
+    )
+
+
 # An agent's error as test runners write it (colours, a screen clear), a carriage return, a NUL, Rich markup.
 HOSTILE_TEXT = "[/x] \x1b[2J\x1b[31mRED\x1b[0m \x00 nul\r [bold]b[/bold] \x07"
 
