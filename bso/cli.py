@@ -1274,7 +1274,9 @@ def sprint_start(
                 f"a sprint with id {sid!r} is running or completed; choose another --id "
                 "(a failed or cancelled sprint's id can be used again)"
             ) from None
-        if (refused := await _refused_at_its_claim(client, sid, root)) is not None:
+        # Without a worker nothing claims the project within the wait: it is not waited for (~3 s of silence).
+        polled = await _worker_polls(client, task_queue)
+        if polled and (refused := await _refused_at_its_claim(client, sid, root)) is not None:
             raise BsoError(f"sprint {sid} was refused: {refused}")
         out.print(f"started sprint {sid}", markup=False)
         out.print(f"  agents:   {AGENTS_SAID[AgentBackend(backend)]}", markup=False)
@@ -1282,7 +1284,7 @@ def sprint_start(
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)
         out.print(f"  temporal: {temporal_start_command(inp, sid, task_queue, target, namespace)}", markup=False)
         # Started all the same: a worker may come later. Without one, or on a mistyped queue, it would wait unsaid.
-        if not await _worker_polls(client, task_queue):
+        if not polled:
             err_console.print(no_worker_warning(task_queue, sid, target, namespace), markup=False)
 
     _run(go())

@@ -32,6 +32,7 @@ from bso.models import SlaveResult, SlaveResults, SprintReport, SprintStatusView
 from bso.states import BatchStatus, SprintPhase, SprintStatus
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo-project"
 SPRINT = "example-sprint"
 
 runner = CliRunner()
@@ -292,3 +293,34 @@ def test_a_closed_sprint_no_worker_answers_for_is_shown_from_its_report_after_a_
     assert row.split() == ["1-1-login", "1", "done", "1", "4", "4000"], row
     as_json = json.loads(runner.invoke(app, ["sprint", "status", "s-1", "--json"]).stdout)
     assert as_json["from_report"] is True and as_json["outcome"] == "sprint-complete"
+
+
+def test_a_sprint_started_where_no_worker_polls_is_not_held_for_its_claim(monkeypatch):
+    """Nothing claims the project without a worker: `bso sprint start` waited 3 s for the claim all the same,
+    saying nothing, before its warning."""
+    started: list[str] = []
+
+    class _Server:
+        async def start_workflow(self, workflow, arg, *, id, **kwargs):
+            started.append(id)
+
+    async def client():
+        return _Server()
+
+    async def nothing_running(*args):
+        return None
+
+    async def no_worker(client, task_queue):
+        return False
+
+    async def claim_waited(*args):
+        raise AssertionError("waited for the claim")
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    monkeypatch.setattr(bso.cli, "_sprint_running_on", nothing_running)
+    monkeypatch.setattr(bso.cli, "_worker_polls", no_worker)
+    monkeypatch.setattr(bso.cli, "_refused_at_its_claim", claim_waited)
+    result = runner.invoke(app, ["sprint", "start", str(EXAMPLE), "--id", "s-unserved"])
+    assert result.exit_code == 0, result.output
+    assert started == ["s-unserved"] and "started sprint s-unserved" in result.stdout
+    assert "bso: warning: no worker polls task queue bso-sprint: sprint s-unserved waits until one does" in result.stderr
