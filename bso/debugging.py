@@ -30,7 +30,7 @@ from bso.dispatch import (
 )
 from bso.messages import AgentComplete, Finding
 from bso.models import StoryProgress
-from bso.sprint_status import SHORT_KEY_RE, STORY_KEY_RE
+from bso.story_keys import SHORT_KEY_RE, STORY_KEY_RE
 from bso.states import AgentStatus, Severity, StoryState
 
 JOURNAL = "debug-journal.md"  # in .sprint-session/ (P49)

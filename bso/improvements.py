@@ -12,9 +12,8 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.messages import ImprovementRequestedPayload
+from bso.story_keys import STORY_KEY_RE
 
-# The BMAD story-key grammar (as bso.sprint_status.STORY_KEY_RE; not imported: that module imports bso.models).
-STORY_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)-([a-z0-9][a-z0-9-]*)\Z")
 
 MAX_SLUG_CHARS = 40
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.sprint_status import SHORT_KEY_RE, STORY_KEY_RE
+from bso.story_keys import SHORT_KEY_RE, STORY_KEY_RE
 
 CACHE_DIR = "knowledge-cache"
 INDEX_FILE = "index.yaml"

@@ -21,6 +21,7 @@ from ruamel.yaml.comments import TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from bso.models import TERMINAL_VALUES, short_key
+from bso.story_keys import EPIC_KEY_RE, MAX_NUMBER_DIGITS, RETRO_KEY_RE, SHORT_KEY_RE, STORY_KEY_RE
 
 __all__ = [
     "EPIC_KEY_RE",
@@ -54,14 +55,6 @@ __all__ = [
     "is_inside",
     "resolve_story_location",
 ]
-
-# --- key grammar --------------------------------------------------------------------------------
-
-# \Z, not $: `$` also matches before a final line break, and a quoted key "1-1-login\n" passed for a story.
-EPIC_KEY_RE = re.compile(r"^epic-(\d+)\Z")
-RETRO_KEY_RE = re.compile(r"^epic-(\d+)-retrospective\Z")
-STORY_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)-([a-z0-9][a-z0-9-]*)\Z")
-SHORT_KEY_RE = re.compile(r"^(\d+)-(\d+)([a-z]?)\Z")
 
 MAX_STATUS_BYTES = 5 * 1024 * 1024
 
@@ -403,7 +396,8 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
         if kind is None:
             raise _err(
                 source,
-                f"invalid key {k!r} in development_status (expected epic-N, epic-N-retrospective or N-M-slug)",
+                f"invalid key {k!r} in development_status (expected epic-N, epic-N-retrospective or N-M-slug, "
+                f"numbers of at most {MAX_NUMBER_DIGITS} digits)",
                 line,
                 col,
             )

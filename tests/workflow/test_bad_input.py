@@ -51,6 +51,11 @@ STATUS_CORPUS = {
     "not_a_mapping.yaml": "top level must be a mapping, got str",
     "empty.yaml": "top level must be a mapping, got an empty document",
     "story_location_outside.yaml": "path escapes the project: '../../outside'",
+    # A number Python refuses to read (over 4,300 digits) was a bare ValueError with no line; one of 10 digits
+    # made the story's dispatch ids too long for its agents' answers.
+    "story_number_too_long.yaml": "line 8, column 5007: YAML error: could not find expected ':'",
+    "story_number_of_ten_digits.yaml": "invalid key '1234567890-1-b' in development_status (expected epic-N, "
+    "epic-N-retrospective or N-M-slug, numbers of at most 9 digits)",
 }
 
 
