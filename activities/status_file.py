@@ -57,6 +57,7 @@ from bso.sprint_status import (
 from bso.temporal_client import is_running
 
 MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
+MAX_SNAPSHOT_BYTES = 1_900_000
 # The heartbeat timeout of the Master's file activities (the status load, the improvement stories, the summary):
 # a worker killed in the middle of one is noticed within it and the activity retried on another, where the server
 # waited for their 60 s start-to-close timeout (a restarted sprint stood still a minute). They heartbeat 5 times in it.
@@ -246,7 +247,7 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
                 files=files,
             )
         )
-    return StatusSnapshot(
+    snapshot = StatusSnapshot(
         status_file=status_real,
         story_location=story_rel,
         project=parsed.project,
@@ -254,6 +255,14 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
         epics=parsed.epics(),
         read_at=datetime.now(UTC),
     )
+    # Over it, the result could not be handed to the workflow at all (the SDK's bare TMPRL1103 at the start).
+    if (size := len(snapshot.model_dump_json())) > MAX_SNAPSHOT_BYTES:
+        raise _fail(
+            f"{status_real}: its {len(stories)} stories with their story files make {size / 1e6:.1f} MB, more than "
+            f"a read of the status file may hand on ({MAX_SNAPSHOT_BYTES / 1e6:.1f} MB; Temporal's payloads hold "
+            "2 MB): split it into several files (--status-file), each a sprint of its own"
+        )
+    return snapshot
 
 
 def _read_story_file(path: str, root_real: str):

@@ -114,6 +114,7 @@ from bso.sprint_status import (
     resolve_story_keys,
     shared_numbers,
     stories_to_run,
+    too_large_to_carry,
 )
 from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
@@ -1013,18 +1014,22 @@ def _check_selection(
     return to_run
 
 
-def _check_dependencies(root: Path, status_file: str | None, to_run: list[str]) -> None:
-    """The stories' `Depends on:` lines (their story files) planned as the sprint will: a cycle is refused here,
-    with the planner's message, instead of failing the sprint once started. A load problem is the sprint's to say."""
+def _check_stories(root: Path, status_file: str | None, to_run: list[str]) -> None:
+    """The stories with their story files, checked as the sprint will: their `Depends on:` lines planned (a cycle
+    is refused here, with the planner's message) and the state they make, instead of failing the sprint once
+    started. A load problem is the sprint's to say."""
     try:
         snapshot = read_snapshot(str(root), status_file)
     except ApplicationError:
         return
     chosen = set(to_run)
+    stories = [story for story in snapshot.stories if story.key in chosen]
     try:
-        dependency_order([story for story in snapshot.stories if story.key in chosen])
+        dependency_order(stories)
     except PlanningError as err:
         raise BsoError(f"{err} (fix their story files' `Depends on:` lines, or leave one out with --story)") from None
+    if (too_large := too_large_to_carry(stories)) is not None:
+        raise BsoError(too_large)
 
 
 def _check_agent_profiles(root: Path) -> None:
@@ -1233,7 +1238,7 @@ def sprint_start(
                 raise BsoError(f"--simulation {simulation}: {detail}") from None
         to_run = _check_selection(status_path, epic, story or [], named)
         if to_run is not None:
-            _check_dependencies(root, status_file, to_run)
+            _check_stories(root, status_file, to_run)
         sid = sprint_id or new_sprint_id()
         if (id_error := sprint_id_error(sid) or sprint_id_characters_error(sid)) is not None:
             raise BsoError(id_error)

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from bso.models import TERMINAL_VALUES, short_key
+from bso.models import TERMINAL_VALUES, StoryMeta, short_key
 from bso.story_keys import EPIC_KEY_RE, MAX_NUMBER_DIGITS, RETRO_KEY_RE, SHORT_KEY_RE, STORY_KEY_RE
 
 __all__ = [
@@ -190,6 +190,25 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
 SHARED_NUMBERS_AT_START = (
     "renumber one in the status file (and its story file), or leave all but one out of the sprint (--story)"
 )
+
+
+# The Master carries its stories (their metadata, views and batch results) through continue-as-new in one
+# payload, which Temporal caps at 2 MB: ~550 bytes a story of the example project, most of it its metadata.
+MAX_CARRIED_BYTES = 1_500_000
+CARRIED_BYTES_PER_STORY = 300  # a story's view and batch result, besides its metadata
+
+
+def too_large_to_carry(stories: list[StoryMeta]) -> str | None:
+    """Why a sprint of these stories could not carry them from one run to the next, or None. A sprint over it
+    ran until its first hand-over, whose workflow task then failed on every retry (the state over 2 MB)."""
+    size = sum(len(story.model_dump_json()) + CARRIED_BYTES_PER_STORY for story in stories)
+    if size <= MAX_CARRIED_BYTES:
+        return None
+    return (
+        f"{len(stories)} stories make ~{size / 1e6:.1f} MB of sprint state with their story files' titles, "
+        f"Depends on, Tags and Files: a sprint carries at most {MAX_CARRIED_BYTES / 1e6:.1f} MB (Temporal's "
+        "payloads hold 2 MB): run the stories in several sprints (--epic, --story)"
+    )
 
 
 def shared_numbers(keys: Iterable[str], fix: str = SHARED_NUMBERS_AT_START) -> str | None:
@@ -949,12 +968,12 @@ def _split_list(raw: str) -> list[str]:
         raw = raw[1:-1]
     if raw.strip().lower() in _NONE_WORDS:
         return []
-    out: list[str] = []
+    out: dict[str, None] = {}  # in order, each once (a list's `in` made a long line quadratic)
     for part in re.split(r"\s*,\s*" if "," in raw else r"\s+", raw):
         item = part.strip().strip("'\"`").strip()
-        if item and item.lower() not in _NONE_WORDS | _JOINING_WORDS and item not in out:
-            out.append(item)
-    return out
+        if item and item.lower() not in _NONE_WORDS | _JOINING_WORDS:
+            out.setdefault(item)
+    return list(out)
 
 
 def _field_items(text: str, pattern: re.Pattern[str]) -> list[str]:
@@ -975,12 +994,15 @@ def _field_items(text: str, pattern: re.Pattern[str]) -> list[str]:
     return _split_list(", ".join(bullets))
 
 
+MAX_TITLE_CHARS = 200  # a title is shown, not used: a longer one is cut (it travelled with the story in every payload)
+
+
 def parse_story_file(text: str) -> StoryFileInfo:
     """Lenient: title, Status, `Depends on:`, `Tags:` and `Files:` of a BMAD story file; missing parts are empty."""
     title_m = _TITLE_RE.search(text)
     status_m = _STATUS_RE.search(text)
     return StoryFileInfo(
-        title=title_m.group(1).strip() if title_m else "",
+        title=title_m.group(1).strip()[:MAX_TITLE_CHARS] if title_m else "",
         status=status_m.group(1).strip() if status_m else "",
         depends_on=_field_items(text, _DEPENDS_RE),
         tags=[t.lower() for t in _field_items(text, _TAGS_RE)],

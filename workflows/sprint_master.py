@@ -118,6 +118,7 @@ with workflow.unsafe.imports_passed_through():
         resolve_epic,
         resolve_story_keys,
         shared_numbers,
+        too_large_to_carry,
     )
     from bso.planning import startable_batch, still_on_its_files
     from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, SprintStatus, StoryState
@@ -223,6 +224,10 @@ HANDLERS_CANCEL_WAIT = timedelta(minutes=2)
 # the first one's answers for its own (their dispatch ids are named by the number) and ended done with no agent
 # of its own run. Patched only where it refuses.
 PATCH_SHARED_NUMBERS_REFUSED = "master-shared-story-numbers-refused"
+# A sprint whose stories would make its carried state too large for one payload is refused at the start
+# (bso.sprint_status.too_large_to_carry): 6,000 stories ran until the first hand-over, whose workflow task then
+# failed on every retry. Patched only where it refuses.
+PATCH_SPRINT_SIZE_BOUNDED = "master-sprint-size-bounded"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -986,6 +991,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         shared = shared_numbers(s.key for s in stories)
         if shared is not None and workflow.patched(PATCH_SHARED_NUMBERS_REFUSED):
             raise _invalid_input(shared)
+        too_large = too_large_to_carry(stories)
+        if too_large is not None and workflow.patched(PATCH_SPRINT_SIZE_BOUNDED):
+            raise _invalid_input(too_large)
         return stories
 
     async def _run_batches(self, inp: SprintInput, simulation: SimulationScript) -> bool:

@@ -36,6 +36,7 @@ from bso.sprint_status import (
     set_value,
     shared_numbers,
     short_key,
+    too_large_to_carry,
     title_from_slug,
 )
 
@@ -524,3 +525,26 @@ def test_story_file_fields_stay_on_their_line_or_their_list() -> None:
     assert parse_story_file("Files: src/a.py src/b.py\n").files == ["src/a.py", "src/b.py"]
     assert parse_story_file("Depends on: 1-1 and 1-2\n").depends_on == ["1-1", "1-2"]
     assert parse_story_file("- **Files:** src/a.py\n").files == ["src/a.py"]
+
+
+def test_a_sprint_carries_a_few_thousand_stories_of_the_usual_size():
+    from bso.models import StoryMeta
+
+    def stories(n: int) -> list[StoryMeta]:
+        return [
+            StoryMeta(key=f"1-{i}-pantry-item-model-and-storage", epic="epic-1", short_key=f"1-{i}", state="review",
+                      title="Pantry Item Model And Storage", depends_on=["1-1-project-scaffold-and-health-check"],
+                      story_path=f"_bmad-output/implementation-artifacts/1-{i}-pantry-item-model-and-storage.md")
+            for i in range(1, n + 1)
+        ]  # fmt: skip
+
+    assert too_large_to_carry(stories(2_000)) is None  # the long-sprint test's 1,000 and the benchmark's too
+    why = too_large_to_carry(stories(4_000))
+    assert why is not None and why.startswith("4000 stories make ~2.") and "run the stories in several sprints" in why
+
+
+def test_a_story_files_title_is_cut_and_a_long_list_read_in_linear_time():
+    text = "# Story 1.1: " + "T" * 100_000 + "\n\nTags: " + ", ".join(f"t{i % 50_000}" for i in range(100_000)) + "\n"
+    info = parse_story_file(text)
+    assert info.title == "T" * 200
+    assert info.tags == [f"t{i}" for i in range(50_000)]  # each once, in order

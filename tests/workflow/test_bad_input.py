@@ -17,6 +17,7 @@ from temporalio.service import RPCError
 
 from activities.session_files import SESSION_DIR
 from bso.constants import slave_workflow_id
+from bso.cli import BsoError, _check_stories
 from bso.message_flow import message_flow
 from bso.models import DEFAULT_STATUS_FILE
 from bso.summary import summary_filename
@@ -311,3 +312,32 @@ async def test_a_folder_where_the_status_files_lock_goes_is_refused_at_the_start
         message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path), "sprint-status.yaml.lock: Is a directory")
     assert "needed to claim the project at the sprint's start" in message
     assert status_values(tmp_path) == before
+
+
+def _story_file_listing_files(key: str, count: int) -> str:
+    number = key.split("-")[1]
+    return f"# Story 1.{number}: Big\n\nFiles: " + ", ".join(f"src/module_{i:06d}.py" for i in range(count)) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("stories", "expected"),
+    [
+        # Each story file names 24,000 files (~550 KB): three make more state than a sprint may carry; the
+        # sprint ran until its first hand-over, whose workflow task then failed on every retry.
+        (3, "3 stories make ~1.7 MB of sprint state with their story files' titles, Depends on, Tags and Files: "
+            "a sprint carries at most 1.5 MB"),
+        # Four are more than the first read may even hand on: the sprint failed with the SDK's bare TMPRL1103.
+        (4, "hand on (1.9 MB; Temporal's payloads hold 2 MB): split it into several files (--status-file)"),
+    ],
+    ids=["over-what-a-sprint-carries", "over-what-a-read-hands-on"],
+)
+async def test_stories_too_large_for_a_sprints_state_are_refused_at_the_start(ts_env, tmp_path: Path, stories, expected):
+    keys = [f"1-{n}-big" for n in range(1, stories + 1)]
+    status = make_project(tmp_path, dict.fromkeys(keys, "review"), {k: _story_file_listing_files(k, 24_000) for k in keys})
+    before = status.read_text(encoding="utf-8")
+    async with bso_worker(ts_env.client) as queue:
+        message = await _fails_with(ts_env.client, queue, sprint_input(tmp_path), expected)
+    assert status.read_text(encoding="utf-8") == before, message
+    if stories == 3:  # `bso sprint start` says it before it starts anything
+        with pytest.raises(BsoError, match=r"^3 stories make ~1\.7 MB of sprint state"):
+            _check_stories(tmp_path, None, keys)
