@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 MAX_STATUS_BYTES = 5 * 1024 * 1024
+MAX_VALUE_CHARS = 100  # of a development_status value (the longest state, needs-intervention, has 18)
 
 EntryKind = Literal["epic", "story", "retrospective"]
 
@@ -428,6 +429,12 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
         if "\n" in v or "\r" in v:
             vline, vcol = _lc_value(ds, k)
             raise _err(source, f"value of {k!r} spans several lines", vline or line, vcol or col)
+        if len(v) > MAX_VALUE_CHARS:  # a state is a word; this one would travel in every payload of the story
+            vline, vcol = _lc_value(ds, k)
+            raise _err(
+                source, f"value of {k!r} is {len(v)} characters long, {v[:40]!r}...: a state is a word such as "
+                f"ready-for-dev (at most {MAX_VALUE_CHARS} characters)", vline or line, vcol or col,
+            )  # fmt: skip
         entries.append(StatusEntry(key=k, kind=kind, value=str(v), line=line or 0))
     return ParsedStatus(
         project=_top_scalar(doc, "project", source),
@@ -780,6 +787,8 @@ def _scan_lines(text: str) -> _FastFile | None:
         indent = m["ind"]
         key, val = m["key"], m["val"]
         if key in entries or classify_key(key) is None or _FAST_DATE_KEY_RE.match(key) or val in _FAST_NOT_STRINGS:
+            return None
+        if len(val) > MAX_VALUE_CHARS:  # the YAML path says why
             return None
         entries[key] = (i, m.start("val"), m.end("val"), val)
     if not entries:

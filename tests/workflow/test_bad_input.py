@@ -57,6 +57,9 @@ STATUS_CORPUS = {
     "story_number_too_long.yaml": "line 8, column 5007: YAML error: could not find expected ':'",
     "story_number_of_ten_digits.yaml": "invalid key '1234567890-1-b' in development_status (expected epic-N, "
     "epic-N-retrospective or N-M-slug, numbers of at most 9 digits)",
+    # Two values of 900 KB: the batch was terminated (its workflow task's reply over 4 MB), then the Master's
+    # task failed on every retry.
+    "story_value_too_long.yaml": "line 8, column 15: value of '1-2-logout' is 6000 characters long, 'reviewreview",
 }
 
 
