@@ -74,7 +74,7 @@ def _journaled(text: str, entry_id: str, scheduled: datetime) -> dict[str, str] 
     """The fields of the last entry under `entry_id` written since `scheduled` (this activity's first attempt),
     or None: none, or only an earlier run's of the same debug id (its `when` is older; an entry without one
     counts as this activity's, as before)."""
-    heading = f"## {entry_id}\n"
+    heading = f"\n## {entry_id}\n"  # at a line's start: an error's text quoting a heading is no entry
     if heading not in text:
         return None
     body = text.rsplit(heading, 1)[1].split("\n## ", 1)[0]

@@ -396,10 +396,15 @@ def _rejections(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> l
 
 
 # What `bso sprint status` says of a closed sprint shown from its report (no worker replayed it for the query).
-FROM_REPORT_NOTE = (
-    "no worker answered the status query: shown from the sprint's report, which has no review rounds "
-    "(a running `bso worker` answers the query)"
-)
+FROM_REPORT_NOTE = "shown from the sprint's report, which has no review rounds (a running `bso worker` answers the query)"
+
+
+def _from_report_note(query_note: str | None) -> str:
+    """Why a closed sprint is shown from its report: the query's own failure, when it said one."""
+    if query_note is None or query_note.startswith(NO_WORKER_ANSWERED):
+        seconds = int(CLOSED_QUERY_TIMEOUT.total_seconds())
+        query_note = f"no worker answered the status query within {seconds} s (none runs, or one still replays the sprint)"
+    return f"{query_note}; {FROM_REPORT_NOTE}"
 
 
 def _view_from_report(report: SprintReport) -> SprintStatusView:
@@ -775,13 +780,15 @@ class SilentWorker:
     workflow_id: str
     silent: timedelta
     heartbeat_timeout: timedelta
+    last_attempt: bool = False  # its retries are spent: it fails once the timeout runs out
 
     def describe(self) -> str:
         left = max(0, int((self.heartbeat_timeout - self.silent).total_seconds()))
+        then = "it fails (its last attempt)" if self.last_attempt else "a live worker starts it again"
         return (
             f"{_work_named(self.activity_type, self.activity_id, self.workflow_id)}: no heartbeat from its worker "
-            f"for {int(self.silent.total_seconds())} s (the worker stopped?): a live worker starts it again once "
-            f"its heartbeat timeout ({int(self.heartbeat_timeout.total_seconds())} s) runs out, in ~{left} s"
+            f"for {int(self.silent.total_seconds())} s (the worker stopped?): {then} once its heartbeat timeout "
+            f"({int(self.heartbeat_timeout.total_seconds())} s) runs out, in ~{left} s"
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -801,10 +808,18 @@ def _silent_worker(pending: list[tuple[str, PendingActivityInfo]], now: datetime
         timeout = activity.activity_options.heartbeat_timeout.ToTimedelta()
         if activity.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED or not timeout:
             continue
-        last = activity.last_heartbeat_time if activity.HasField("last_heartbeat_time") else activity.last_started_time
-        quiet = now - last.ToDatetime(tzinfo=UTC)
+        # The server keeps an earlier attempt's last heartbeat: a retry just started is heard of since its start.
+        heard = max(
+            stamp.ToDatetime(tzinfo=UTC)
+            for field in ("last_heartbeat_time", "last_started_time")
+            if activity.HasField(field) and (stamp := getattr(activity, field))
+        )
+        quiet = now - heard
         if quiet >= max(timeout / 2, SILENCE_NOTICED_AFTER):
-            silent.append(SilentWorker(activity.activity_type.name, activity.activity_id, workflow_id, quiet, timeout))
+            last_attempt = 0 < activity.maximum_attempts <= activity.attempt
+            silent.append(
+                SilentWorker(activity.activity_type.name, activity.activity_id, workflow_id, quiet, timeout, last_attempt)
+            )
     return max(silent, key=lambda w: w.silent, default=None)
 
 
@@ -1375,7 +1390,7 @@ def sprint_status(
             report = await _cancelled_report(handle)
         from_report = view is None and report is not None
         if from_report:
-            view, note = _view_from_report(report), FROM_REPORT_NOTE
+            view, note = _view_from_report(report), _from_report_note(note)
         if view is None:
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from bso.course_correction import CCReason, CourseCorrection, impact_text, replan
 from bso.messages import BatchPlanReady, BatchSpec
@@ -57,14 +57,6 @@ class PlanRequest(_Model):
     course_correction: ReplanContext | None = None  # None: the sprint's first plan
     timeout_ms: int | None = Field(None, ge=1000, le=30000)  # message-schemas' query timeout (None: none)
 
-    @field_validator("stories")
-    @classmethod
-    def _each_story_once(cls, stories: list[StoryMeta]) -> list[StoryMeta]:
-        # The Master names each story once; a hand-sent request naming one twice failed the planner's task.
-        if repeated := sorted(key for key, times in Counter(s.key for s in stories).items() if times > 1):
-            raise ValueError(f"stories named more than once: {', '.join(repeated)}")
-        return stories
-
 
 class PlanAnswer(_Model):
     """Scrum-master -> Master: BATCH_PLAN_READY or COURSE_CORRECTION, or why it could not plan."""
@@ -93,6 +85,14 @@ def course_correction_plan(
     )
     cc.impact = impact_text(cc, list(ctx.old_batches))
     return cc
+
+
+def stories_named_twice(request: PlanRequest) -> str | None:
+    """Why the request cannot be planned as sent, or None: the Master names each story once; a hand-sent request
+    naming one twice could fail the planner (a KeyError in some shapes), so the resident refuses it."""
+    if repeated := sorted(key for key, times in Counter(s.key for s in request.stories).items() if times > 1):
+        return f"stories named more than once: {', '.join(repeated)}"
+    return None
 
 
 def answer(request: PlanRequest, planner: Planner = SCRUM_MASTER) -> PlanAnswer:

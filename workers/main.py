@@ -32,7 +32,7 @@ from activities.researcher import research
 from activities.status_file import load_sprint_status, wait_for_status_file, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
-from bso.temporal_client import address_from_env, connect, ensure_search_attributes, namespace_from_env
+from bso.temporal_client import connect, connect_config, ensure_search_attributes
 from workers.sandbox import workflow_runner
 from workers.telemetry import TelemetryInterceptor, configure_logging, worker_runtime
 from workflows.inbound_guard import InboundGuard
@@ -131,12 +131,14 @@ async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
             if isinstance(err, RPCError) and err.status not in _NOT_UP_YET:
                 raise
             if asyncio.get_running_loop().time() + delay > deadline:
+                used = connect_config()  # what connect() used: the environment's, or a profile file's
+                last = " ".join(str(err).split())[:300]
                 raise ServerUnreachable(
-                    f"cannot reach the Temporal server at {address_from_env()} (namespace {namespace_from_env()}) "
-                    f"after {CONNECT_PATIENCE_SECONDS:g} s: start it (`make server`, `bso server`) or set "
-                    "TEMPORAL_ADDRESS"
+                    f"cannot reach the Temporal server at {used['target_host']} (namespace {used['namespace']}) "
+                    f"after {CONNECT_PATIENCE_SECONDS:g} s (last: {last}): start it (`make server`, `bso server`), "
+                    "or point the worker at it (TEMPORAL_ADDRESS, a Temporal profile)"
                 ) from None
-            log.warning("Temporal server not reachable at %s yet (%s); retrying", address_from_env(), err)
+            log.warning("Temporal server not reachable at %s yet (%s); retrying", connect_config()["target_host"], err)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -160,8 +162,8 @@ async def run(
     log.info(
         "worker polling %s on %s (namespace %s)",
         ", ".join(w.task_queue for w in workers),  # the queues' real names, with their --queue-prefix
-        address_from_env(),
-        namespace_from_env(),
+        client.service_client.config.target_host,
+        client.namespace,
     )
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:

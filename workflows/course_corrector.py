@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error, story_key_too_long
     from bso.sprint_status import shared_numbers
-    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView
+    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView, short_key
     from bso.states import SprintPhase, StoryState
 
 _WRITE = {
@@ -109,7 +109,9 @@ class CourseCorrector:
         for key in add:  # (the validator only: a correction accepted before replays as it ran)
             if (why := story_key_too_long(key)) is not None:
                 raise _cc_rejected(f"CC_REJECTED: {why}")
-        if add and (why := shared_numbers(dict.fromkeys([*self._state.views, *add]), SHARED_NUMBER_ADDED)):
+        numbers = {short_key(key) for key in add}  # the added stories' own: two older ones sharing one are let be
+        sharing = [key for key in self._state.views if short_key(key) in numbers]
+        if add and (why := shared_numbers(dict.fromkeys([*sharing, *add]), SHARED_NUMBER_ADDED)):
             raise _cc_rejected(f"CC_REJECTED: {why}")
 
     def _cc_check(self, request: CourseCorrectionRequest) -> tuple[list[str], list[str]]:

@@ -86,7 +86,7 @@ with workflow.unsafe.imports_passed_through():
         handover_due,
         resident_handover_limit,
     )
-    from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer
+    from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, answer, stories_named_twice
     from bso.simulation import SimulationScript
     from workflows.delivery import deliver, hold
 
@@ -130,6 +130,9 @@ PATCH_CANCEL_STOPS_RESIDENT_STARTS = "master-cancel-stops-resident-starts"
 # them yet (it waited for the project's claim, say): it tells each resident id of the sprint stop_now, blindly.
 # Asked where it applies only.
 PATCH_STOPS_UNSEEN_LINGERING = "master-stops-unseen-lingering-residents"
+# A plan request naming a story twice (sent by hand: the Master names each once) is refused; planned, some such
+# requests failed the scrum-master's workflow task on every retry. Patched only where it refuses.
+PATCH_PLAN_STORIES_ONCE = "resident-plan-request-stories-once"
 
 
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
@@ -174,6 +177,9 @@ class ResidentWorkflow:
             request = PlanRequest.model_validate(payload)
         except ValidationError as err:
             self.record_rejected(rejected_invalid("PLAN_REQUEST", payload, err))
+            return
+        if (why := stories_named_twice(request)) is not None and workflow.patched(PATCH_PLAN_STORIES_ONCE):
+            self.record_rejected(RejectedMessage(msg_type="PLAN_REQUEST", reason=f"{request.request_id}: {why}"))
             return
         if self._dropped_after_stop_now("PLAN_REQUEST"):
             return

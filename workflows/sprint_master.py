@@ -217,7 +217,8 @@ PATCH_BATCH_END_SENDS_A_COMMAND = "master-batch-end-sends-a-command"
 # A cancelled sprint lets the updates it accepted before the cancel finish (a rearm's write, a course correction's
 # plan and writes) before it reports and stops its residents: it ended with them unanswered, and a rearm's write
 # landed after the sprint had ended, the file saying ready-for-dev where the report said needs-intervention.
-# Asked only where an update is pending; the wait is bounded (a decision whose batch did not end waits no more).
+# Asked only where a handler is still running (an update, or the shutdown signal's forwarding); the wait is bounded
+# (a decision whose batch did not end waits no more).
 PATCH_UPDATES_ANSWERED_ON_CANCEL = "master-updates-answered-on-cancel"
 HANDLERS_CANCEL_WAIT = timedelta(minutes=2)
 # Stories that share a number (`1-2-login`, `1-2-logout`) are refused at the start: in one batch the second took

@@ -490,7 +490,13 @@ def test_status_says_when_an_agents_worker_went_silent(cli_env, tmp_path: Path):
         worker.kill()  # kill -9: no word to the server
         worker.wait(timeout=30)
         worker = start_worker(2)
-        silent = _wait_for(lambda: _status(cli_env, sprint_id)["silent_worker"], "the silent worker noticed", timeout=60)
+        _wait_for(lambda: "worker polling" in (tmp_path / "worker-2.log").read_text(), "the new worker to start")
+
+        def silent_worker():  # (a query may still meet the dead worker's sticky queue, and time out)
+            answered = bso(cli_env, "sprint", "status", sprint_id, "--json")
+            return json.loads(answered.stdout)["silent_worker"] if answered.returncode == 0 else None
+
+        silent = _wait_for(silent_worker, "the silent worker noticed", timeout=60)
         assert (silent["activity_id"], silent["heartbeat_timeout_seconds"]) == (dispatched, 20), silent
         assert 10 <= silent["silent_seconds"] < 30, silent
         shown = " ".join(bso(cli_env, "sprint", "status", sprint_id).stdout.split())

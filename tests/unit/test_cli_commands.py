@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 from typer.testing import CliRunner
 
@@ -244,15 +244,17 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
 
 
 class _ClosedSprint:
-    """A completed sprint no worker replays: its status query runs out its deadline; its result is its report."""
+    """A completed sprint no worker replays: its status query runs out its deadline (or fails as `failure` says);
+    its result is its report."""
 
-    def __init__(self, report: SprintReport) -> None:
+    def __init__(self, report: SprintReport, failure: Exception | None = None) -> None:
         self.report = report
+        self.failure = failure or RPCError("context deadline exceeded", RPCStatusCode.DEADLINE_EXCEEDED, b"")
         self.query_deadlines: list[timedelta] = []
 
     async def query(self, name, *, result_type=None, rpc_timeout=None):
         self.query_deadlines.append(rpc_timeout)
-        raise RPCError("context deadline exceeded", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+        raise self.failure
 
     async def result(self, **kwargs):
         return self.report
@@ -291,8 +293,14 @@ def test_a_closed_sprint_no_worker_answers_for_is_shown_from_its_report_after_a_
     assert header.split() == ["story", "batch", "state", "fixes", "in", "flight", "agents", "tokens"], header
     (row,) = [line for line in shown.stdout.splitlines() if line.startswith("1-1-login ")]
     assert row.split() == ["1-1-login", "1", "done", "1", "4", "4000"], row
+    assert "no worker answered the status query within 2 s" in " ".join(shown.stdout.split()), shown.stdout
     as_json = json.loads(runner.invoke(app, ["sprint", "status", "s-1", "--json"]).stdout)
     assert as_json["from_report"] is True and as_json["outcome"] == "sprint-complete"
+    # A query that failed for another reason (a newer worker cannot replay it) says that reason, not "no worker".
+    handle.failure = WorkflowQueryFailedError("Nondeterminism error: activity type mismatch")
+    shown = " ".join(runner.invoke(app, ["sprint", "status", "s-1"], terminal_width=200).stdout.split())
+    assert "status query failed: Nondeterminism error: activity type mismatch; " + FROM_REPORT_NOTE in shown, shown
+    assert "no worker answered" not in shown
 
 
 def test_a_sprint_started_where_no_worker_polls_is_not_held_for_its_claim(monkeypatch):

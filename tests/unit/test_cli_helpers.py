@@ -355,15 +355,17 @@ def test_a_started_activity_is_told_silent_once_its_worker_missed_half_its_heart
 
     now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
-    def activity(activity_id: str, quiet_s: float | None, timeout_s: int = 60, started: bool = True, beat: bool = True):
-        info = PendingActivityInfo(activity_id=activity_id, state=(
+    def activity(activity_id: str, quiet_s: float, timeout_s: int = 60, started: bool = True, beat: bool = True,
+                 started_s_ago: float = 120, attempt: int = 1):
+        info = PendingActivityInfo(activity_id=activity_id, attempt=attempt, maximum_attempts=5, state=(
             PendingActivityState.PENDING_ACTIVITY_STATE_STARTED if started
             else PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
         ))  # fmt: skip
         info.activity_type.name = "run_agent"
         info.activity_options.heartbeat_timeout.FromTimedelta(timedelta(seconds=timeout_s))
-        when = now - timedelta(seconds=quiet_s or 0)
-        (info.last_heartbeat_time if beat else info.last_started_time).FromDatetime(when)
+        info.last_started_time.FromDatetime(now - timedelta(seconds=quiet_s if not beat else started_s_ago))
+        if beat:
+            info.last_heartbeat_time.FromDatetime(now - timedelta(seconds=quiet_s))
         return info
 
     def silent(*activities):
@@ -380,6 +382,11 @@ def test_a_started_activity_is_told_silent_once_its_worker_missed_half_its_heart
     assert told.describe() == (
         "agent b: no heartbeat from its worker for 45 s (the worker stopped?): a live worker starts it again once "
         "its heartbeat timeout (60 s) runs out, in ~15 s"
+    )
+    # A retry just started: the heartbeat the server still shows is its earlier attempt's.
+    assert silent(activity("a", 90, started_s_ago=2, attempt=2)) is None
+    assert silent(activity("a", 40, attempt=5)).describe().endswith(
+        "(the worker stopped?): it fails (its last attempt) once its heartbeat timeout (60 s) runs out, in ~20 s"
     )
 
 

@@ -83,3 +83,19 @@ async def test_a_debug_id_an_earlier_run_of_the_sprint_journaled_is_analysed_afr
     assert journal.read_text().count("## DBG-b1-1-1-001-s\n") == 2
     again = await env.run(analyze_failure, inp)  # its retry: the entry it wrote, nothing appended
     assert again == fresh and journal.read_text().count("## DBG-b1-1-1-001-s\n") == 2
+
+
+async def test_a_heading_quoted_in_an_errors_text_is_no_journal_entry(tmp_path: Path):
+    """An error summary ending in `## DBG-b1-1-1-002-s` is kept on its `error` line: the later request DBG-...-002
+    took that line for its own entry (no `when` there: taken for this activity's) and returned its empty fields."""
+    first = DebugRequest(
+        debug_id="DBG-b1-1-1-001", story_key="1-1-login", report_to="s/batch-1", session_id="s",
+        error_summary="AssertionError: expected ## DBG-b1-1-1-002-s",
+    )  # fmt: skip
+    second = DebugRequest(**{**first.model_dump(), "debug_id": "DBG-b1-1-1-002", "error_summary": "KeyError: 'id'"})
+    for request in (first, second):
+        result = await ActivityEnvironment().run(
+            analyze_failure, AnalyzeInput(project_root=str(tmp_path), request=request, scripted="fixable")
+        )
+    assert result.fixable and result.root_cause, result  # its own analysis
+    assert (tmp_path / ".sprint-session" / JOURNAL).read_text().count("\n## DBG-b1-1-1-002-s\n") == 1

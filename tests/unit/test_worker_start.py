@@ -58,9 +58,19 @@ async def test_a_refusal_that_no_wait_mends_is_raised_at_once(monkeypatch):
     assert server.connects == 1
 
 
-async def test_the_wait_has_an_end(monkeypatch):
-    server = _Server([RuntimeError("Failed client connect")] * 1000)
+async def test_the_wait_has_an_end_that_names_the_server_of_the_profile_and_the_last_error(monkeypatch, tmp_path):
+    """It named TEMPORAL_ADDRESS's server (localhost:7233 without one) where a profile file said another."""
+    profile = tmp_path / "temporal.toml"
+    profile.write_text('[profile.default]\naddress = "127.0.0.1:1"\nnamespace = "myns"\n')
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(profile))
+    for name in ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    server = _Server([RuntimeError("Failed client connect: tls handshake eof")] * 1000)
     _patched(monkeypatch, server)
     monkeypatch.setattr(workers.main, "CONNECT_PATIENCE_SECONDS", 0.0)
-    with pytest.raises(workers.main.ServerUnreachable, match=r"^cannot reach the Temporal server at .* after 0 s: "):
+    with pytest.raises(workers.main.ServerUnreachable) as told:
         await workers.main._connect_patiently(None)
+    assert str(told.value).startswith(
+        "cannot reach the Temporal server at 127.0.0.1:1 (namespace myns) after 0 s "
+        "(last: Failed client connect: tls handshake eof): start it"
+    ), told.value
