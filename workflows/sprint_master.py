@@ -225,6 +225,11 @@ HANDLERS_CANCEL_WAIT = timedelta(minutes=2)
 # the first one's answers for its own (their dispatch ids are named by the number) and ended done with no agent
 # of its own run. Patched only where it refuses.
 PATCH_SHARED_NUMBERS_REFUSED = "master-shared-story-numbers-refused"
+# A pause's reason is cut at MAX_PAUSE_REASON_CHARS: it is kept, shown and forwarded to every running batch, and
+# one of 1.5 MB forwarded to three made the workflow task's reply too large: the server terminated the sprint.
+# Patched only where it cuts.
+PATCH_PAUSE_REASON_CUT = "master-pause-reason-cut"
+MAX_PAUSE_REASON_CHARS = 2000  # as a decision's note
 # A sprint whose stories would make its carried state too large for one payload is refused at the start
 # (bso.sprint_status.too_large_to_carry): 6,000 stories ran until the first hand-over, whose workflow task then
 # failed on every retry. Patched only where it refuses.
@@ -400,6 +405,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
 
         `reason` is Any: with `str | None` the SDK dropped a pause whose reason was not a string."""
         reason = reason if isinstance(reason, str) and reason else "paused by operator"
+        if len(reason) > MAX_PAUSE_REASON_CHARS and workflow.patched(PATCH_PAUSE_REASON_CUT):
+            reason = f"{reason[:MAX_PAUSE_REASON_CHARS]}... (cut: {len(reason)} characters)"
         self._pause(reason)
         self._forward(SIGNAL_PAUSE, reason)
 

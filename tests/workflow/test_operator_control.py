@@ -170,6 +170,27 @@ async def test_pause_stops_new_dispatches_until_resume(ts_env, tmp_path: Path):
     assert len(started(tmp_path)) == 4
 
 
+async def test_a_pause_reason_of_megabytes_is_cut_not_forwarded_whole_to_every_batch(ts_env, tmp_path: Path):
+    """1.5 MB of reason, forwarded to three running batches, made the Master's workflow task reply over gRPC's
+    4 MB: the server terminated the sprint. It is cut, said so, and the sprint pauses and goes on."""
+    keys = [K1, K2, "1-3-profile"]
+    make_project(tmp_path, dict.fromkeys(keys, "review"))
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 3}
+    simulation = {"default": {"duration_ms": 3000}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(
+            tmp_path, session_id="pause-big", config_overrides=overrides, simulation=simulation
+        ))  # fmt: skip
+        await wait_status(handle, lambda s: len(s.running_batches) == 3, "three batches running")
+        await handle.signal(SprintMasterWorkflow.pause, "x" * 1_500_000)
+        status = await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED, "paused")
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+    assert status.pause_reason == "x" * 2000 + "... (cut: 1500000 characters)", status.pause_reason[-40:]
+    assert report.stories == dict.fromkeys(keys, "done")
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+
+
 async def test_a_paused_sprint_shut_down_ends_without_another_agent_and_says_no_more_paused(ts_env, tmp_path: Path):
     """A shutdown while paused starts nothing to finish the story in hand (the pause holds): it keeps the state it
     reached. The ended sprint's status no longer says paused (it showed `paused: lunch` after its end)."""
