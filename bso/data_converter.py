@@ -5,7 +5,11 @@ JSON may carry a lone UTF-16 surrogate (`"\\ud800"`, what a JavaScript agent wri
 the two halves of an emoji): valid JSON, but not valid Unicode, so pydantic's parser refuses the whole payload.
 For a signal the SDK then drops it with only a line in the worker's log: an agent's AGENT_COMPLETE was lost
 without a trace in the sprint's status. Such a payload is read with Python's own parser instead, each lone
-surrogate replaced by U+FFFD, and validated as usual."""
+surrogate replaced by U+FFFD, and validated as usual.
+
+JSON no parser here reads (nested deeper than pydantic's parser goes, a number of more than 4,300 digits) was
+dropped the same way. For a handler that takes Any (every BSO signal and update) it is handed on as an
+UnreadablePayload, which workflows.inbound_guard records as rejected."""
 
 from __future__ import annotations
 
@@ -40,6 +44,16 @@ def is_rescued(value: Any) -> bool:
     return isinstance(value, _RescuedDict | _RescuedList | _RescuedStr)
 
 
+class UnreadablePayload:
+    """A signal's or update's input no parser could read, with the parser's words."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<unreadable input: {self.reason}>"
+
+
 def _without_lone_surrogate(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
@@ -57,6 +71,8 @@ class LenientJSONPayloadConverter(PydanticJSONPlainPayloadConverter):
             return super().from_payload(payload, type_hint)
         except ValidationError as err:
             if not _bad_unicode(err):
+                if type_hint is Any and all(e["type"] == "json_invalid" for e in err.errors()):
+                    return UnreadablePayload(err.errors()[0]["msg"])
                 raise
             try:
                 value = json.loads(payload.data)  # Python's parser takes lone surrogates

@@ -29,11 +29,13 @@ from temporalio.worker import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from bso.data_converter import is_rescued
+    from bso.data_converter import UnreadablePayload, is_rescued
     from bso.messages import RejectedMessage, rejected_inputs
 
 # A signal whose JSON bso.data_converter read past a lone surrogate is handled (the SDK dropped it before).
 PATCH_RESCUED_SIGNALS = "signals-with-lone-surrogates-handled"
+# A signal whose input no parser could read is recorded as rejected (the SDK dropped it, said only in the log).
+PATCH_UNREADABLE_SIGNALS_RECORDED = "signals-unreadable-recorded"
 
 
 _SIGNATURES: dict[tuple[str, str, str, str], tuple[inspect.Signature, bool] | None] = {}
@@ -71,21 +73,34 @@ def _misfit(kind: str, name: str, args: list[Any]) -> str | None:
     return None
 
 
+def _unreadable(args: Any) -> str | None:
+    """Why an input could not be read (bso.data_converter.UnreadablePayload), or None."""
+    return next((f"its input could not be read as JSON: {arg.reason}" for arg in args if isinstance(arg, UnreadablePayload)), None)
+
+
+def _record_rejected(signal: str, reason: str) -> None:
+    record = getattr(workflow.instance(), "record_rejected", None)
+    if callable(record):
+        record(RejectedMessage(msg_type=signal.upper(), reason=reason))
+    else:
+        workflow.logger.warning(reason)
+
+
 class _GuardedInbound(WorkflowInboundInterceptor):
     async def handle_signal(self, input: HandleSignalInput) -> None:
         if any(is_rescued(arg) for arg in input.args) and not workflow.patched(PATCH_RESCUED_SIGNALS):
             workflow.logger.warning("signal %s dropped: its JSON has a lone surrogate (a run from before)", input.signal)
             return
+        if (unreadable := _unreadable(input.args)) is not None:
+            # Asked only for such a signal: before, the SDK dropped it with a line in the worker's log only.
+            if workflow.patched(PATCH_UNREADABLE_SIGNALS_RECORDED):
+                _record_rejected(input.signal, unreadable)
+            return
         problem = _misfit("signals", input.signal, list(input.args))
         if problem is None:
             await self.next.handle_signal(input)
             return
-        reason = rejected_inputs("signal", input.signal, len(input.args), problem)
-        record = getattr(workflow.instance(), "record_rejected", None)
-        if callable(record):
-            record(RejectedMessage(msg_type=input.signal.upper(), reason=reason))
-        else:
-            workflow.logger.warning(reason)
+        _record_rejected(input.signal, rejected_inputs("signal", input.signal, len(input.args), problem))
 
     def handle_update_validator(self, input: HandleUpdateInput) -> None:
         _refuse_misfit(input)  # before the update is accepted (a handler with a validator)
@@ -97,6 +112,8 @@ class _GuardedInbound(WorkflowInboundInterceptor):
 
 
 def _refuse_misfit(input: HandleUpdateInput) -> None:
+    if (unreadable := _unreadable(input.args)) is not None:
+        raise ApplicationError(f"update {input.update}: {unreadable}", type="InvalidInputs")
     problem = _misfit("updates", input.update, list(input.args))
     if problem is not None:
         raise ApplicationError(rejected_inputs("update", input.update, len(input.args), problem), type="InvalidInputs")

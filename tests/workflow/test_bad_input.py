@@ -203,7 +203,15 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await handle.signal("resume", [1, 2, 3])
         await handle.signal("pause", 12345)  # not a string: paused with the default reason
         await handle.signal("no_such_signal", {"x": 1})
+        # Valid JSON no parser here reads (a number of 5,000 digits): the SDK dropped it, said only in the log.
+        await handle.signal("resume", RawValue(Payload(
+            metadata={"encoding": b"json/plain"}, data=b'{"token_limit": ' + b"9" * 5000 + b"}"
+        )))  # fmt: skip
         status = await handle.query(SprintMasterWorkflow.status)
+        assert status.rejected_messages[-1].msg_type == "RESUME", status.rejected_messages[-1]
+        assert status.rejected_messages[-1].reason.startswith(
+            "its input could not be read as JSON: Invalid JSON: number out of range"
+        ), status.rejected_messages[-1]
         assert status.phase == "paused" and status.pause_reason == "paused by operator"
         assert "9-9-not-in-sprint" not in status.stories
         assert status.stories[K1].state != "done", "a story update no batch sent set the story's view"
@@ -221,6 +229,8 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))
         await slave.signal("agent_complete", _complete(dispatch_id, agent, mode))  # repeated
         await slave.signal("dependency_update", {"9-9-not-a-dependency": "done"})  # by hand: the batch has none
+        nested = b'{"msg_type": "AGENT_COMPLETE", "extra": ' + b"[" * 600 + b"]" * 600 + b"}"  # past the parser's depth
+        await slave.signal("agent_complete", RawValue(Payload(metadata={"encoding": b"json/plain"}, data=nested)))
         review_id, agent, mode = await _pending(client, slave_id, ts_env, after=dispatch_id)
         slave_status = await slave.query(SprintSlaveWorkflow.status)
         # The review's answer with half an emoji in its summary (a JS agent cutting a string): valid JSON that
@@ -239,6 +249,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
     assert reasons[5] == "already answered"
     unknown_dependency = "ignored for stories no story of this batch depends on: 9-9-not-a-dependency (it depends on: none)"
     assert reasons[6] == unknown_dependency
+    assert reasons[7].startswith("its input could not be read as JSON: Invalid JSON: recursion limit exceeded"), reasons
     assert report.stories == {K1: "done"}
     assert status_values(tmp_path)[K1] == "done"
     for workflow_id in (handle.id, slave_id):
