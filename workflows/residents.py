@@ -544,6 +544,7 @@ class RosterKeeper:
         self._resident_starting: str | None = None  # the workflow id of a resident being started, until taken in
         self._lingering_found = False  # an earlier run's resident was found running
         self._residents_tried = False  # the start of this run's first resident has had its answer
+        self._no_residents_under_this_id = False  # an id refused at the start: none could have been started
 
     @workflow.signal(name=SIGNAL_RESIDENT_STOPPED)
     def resident_stopped(self, role: Any) -> None:
@@ -665,7 +666,9 @@ class RosterKeeper:
             for role in enabled_roles(s.config.resident_slots):
                 if role not in s.residents:
                     await _stop_lingering(resident_workflow_id(s.session_id, role))
-        if not self._residents_tried and workflow.patched(PATCH_STOPS_UNSEEN_LINGERING):
+        if not self._residents_tried and not self._no_residents_under_this_id and workflow.patched(
+            PATCH_STOPS_UNSEEN_LINGERING
+        ):
             # Any role, enabled or not by this run's config; a signal only: one to a resident that is not there
             # fails at once, where the time-skipping test server never answers a cancel of one.
             ids = [resident_workflow_id(self._state.session_id, role) for role in RESIDENT_ROLES]

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_DECIDE,
         agents_task_queue_for,
         slave_workflow_id,
+        sprint_id_characters_error,
         sprint_id_collision,
         sprint_id_length_error,
     )
@@ -228,6 +229,7 @@ PATCH_SHARED_NUMBERS_REFUSED = "master-shared-story-numbers-refused"
 # A pause's reason is cut at MAX_PAUSE_REASON_CHARS: it is kept, shown and forwarded to every running batch, and
 # one of 1.5 MB forwarded to three made the workflow task's reply too large: the server terminated the sprint.
 # Patched only where it cuts.
+PATCH_SPRINT_ID_REFUSED_FIRST = "master-sprint-id-refused-first"
 PATCH_PAUSE_REASON_CUT = "master-pause-reason-cut"
 MAX_PAUSE_REASON_CHARS = 2000  # as a decision's note
 # A sprint whose stories would make its carried state too large for one payload is refused at the start
@@ -878,6 +880,13 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     async def _start(self, inp: SprintInput) -> list[StoryMeta]:
         """Validate the input, read the status file: the sprint's stories, to plan once the residents run."""
         s = self._state
+        # Before any command carries the id: one of 1,500 characters failed the first workflow task on every retry
+        # (its residents' ids, told to stop, too long for the server), one of 5,000 had the sprint terminated (its
+        # search attribute), and one with a line break was taken. Patched only where it refuses.
+        id_error = sprint_id_length_error(s.session_id) or sprint_id_characters_error(s.session_id)
+        if id_error is not None and workflow.patched(PATCH_SPRINT_ID_REFUSED_FIRST):
+            self._no_residents_under_this_id = True
+            raise _invalid_input(id_error)
         self._set_phase(SprintPhase.STARTING)
         s.config = self._validate(inp)
         s.token_limit = s.config.token_budget.limit

@@ -375,6 +375,46 @@ async def test_a_sprint_id_that_cannot_work_is_refused(ts_env, tmp_path: Path, s
     assert await workflow_task_failures(ts_env.client, handle.id) == []
 
 
+@pytest.mark.parametrize(
+    ("session_id", "why"),
+    [
+        # Its residents' ids, told to stop as the sprint failed, too long for the server: the first workflow task
+        # failed on every retry, and the sprint answered no query.
+        ("s" * 1500, "sprint id of 1500 characters: at most 100"),
+        # Its search attribute too long: the server terminated the sprint.
+        ("s" * 5000, "sprint id of 5000 characters: at most 100"),
+        # Taken: its workflows were named 'a\nb/batch-1' and so on (`bso sprint start` refuses such an id).
+        ("a\nb", "sprint id 'a\\nb': use no spaces, line breaks or other control characters"),
+    ],
+    ids=["1500-characters", "5000-characters", "line-break"],
+)
+async def test_a_session_id_given_in_the_input_that_cannot_work_is_refused_first(
+    ts_env, tmp_path: Path, session_id: str, why: str
+):
+    """`temporal workflow start --input '{"session_id": ...}'` under a workflow id of its own: refused before any
+    command carries the session id."""
+    make_project(tmp_path, {K1: "review"})
+    inp = sprint_input(tmp_path, session_id=session_id)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run, inp, id=f"by-hand-{uuid.uuid4().hex[:6]}", task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert failure.value.cause.type == "InvalidSprintInput"
+    assert why in failure.value.cause.message, failure.value.cause.message
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+    events = (await handle.fetch_history()).events
+    upserted = {
+        name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+        for name in e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+    }
+    assert upserted <= {"TemporalChangeVersion"}, upserted  # the patch's marker: no BsoSessionId
+    assert EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED not in [e.event_type for e in events]
+
+
 async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(ts_env, tmp_path: Path):
     """Started with the temporal CLI: the Slave would refuse each such answer, and the story waited out its
     agent's time."""
