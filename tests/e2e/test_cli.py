@@ -393,6 +393,14 @@ def test_status_of_a_sprint_that_failed_at_its_start(cli_env, tmp_path: Path):
         assert isinstance(json.loads(line), dict), line
 
 
+def _prefixed_worker(cli_env, tmp_path: Path, prefix: str, n: int) -> subprocess.Popen[bytes]:
+    """A `bso worker` of its own queues (`prefix`), its log in worker-<n>.log."""
+    with (tmp_path / f"worker-{n}.log").open("w") as fh:
+        return subprocess.Popen(
+            [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh, stderr=subprocess.STDOUT
+        )
+
+
 def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     """Its own worker on its own queues: while it is down, watch notes that it waits, then goes on."""
     prefix = f"t-{uuid.uuid4().hex[:6]}-"
@@ -400,14 +408,7 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
     project, sim = _project(tmp_path, duration_ms=400)
     sprint_id = f"restart-{uuid.uuid4().hex[:6]}"
 
-    def start_worker(n: int) -> subprocess.Popen[bytes]:
-        with (tmp_path / f"worker-{n}.log").open("w") as fh:
-            return subprocess.Popen(
-                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    worker = start_worker(1)
+    worker = _prefixed_worker(cli_env, tmp_path, prefix, 1)
     watch = None
     try:
         # The worker names the queues it really polls, prefix and all.
@@ -435,7 +436,7 @@ def test_watch_survives_a_worker_restart(cli_env, tmp_path: Path):
             timeout=90,
         )
         assert watch.poll() is None  # still waiting
-        worker = start_worker(2)
+        worker = _prefixed_worker(cli_env, tmp_path, prefix, 2)
         assert watch.wait(timeout=240) == 0, (tmp_path / "watch.err").read_text()
     finally:
         for proc in (worker, watch):
@@ -471,14 +472,7 @@ def test_status_says_when_an_agents_worker_went_silent(cli_env, tmp_path: Path):
     sim.write_text(json.dumps({"default": {"duration_ms": 8000}}))
     sprint_id = f"silent-{uuid.uuid4().hex[:6]}"
 
-    def start_worker(n: int) -> subprocess.Popen[bytes]:
-        with (tmp_path / f"worker-{n}.log").open("w") as fh:
-            return subprocess.Popen(
-                [BSO, "worker", "--queue-prefix", prefix], cwd=REPO, env=cli_env["env"], stdout=fh,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    worker = start_worker(1)
+    worker = _prefixed_worker(cli_env, tmp_path, prefix, 1)
     try:
         _wait_for(lambda: "worker polling" in (tmp_path / "worker-1.log").read_text(), "the worker to start")
         started = bso(
@@ -489,7 +483,7 @@ def test_status_says_when_an_agents_worker_went_silent(cli_env, tmp_path: Path):
         dispatched = _wait_for(lambda: _status(cli_env, sprint_id)["stories"][key]["dispatch_id"], "the agent in flight")
         worker.kill()  # kill -9: no word to the server
         worker.wait(timeout=30)
-        worker = start_worker(2)
+        worker = _prefixed_worker(cli_env, tmp_path, prefix, 2)
         _wait_for(lambda: "worker polling" in (tmp_path / "worker-2.log").read_text(), "the new worker to start")
 
         def silent_worker():  # (a query may still meet the dead worker's sticky queue, and time out)
