@@ -226,10 +226,12 @@ HANDLERS_CANCEL_WAIT = timedelta(minutes=2)
 # the first one's answers for its own (their dispatch ids are named by the number) and ended done with no agent
 # of its own run. Patched only where it refuses.
 PATCH_SHARED_NUMBERS_REFUSED = "master-shared-story-numbers-refused"
+# A sprint id too long or with control characters is refused before any command carries it (_start). Patched
+# only where it refuses.
+PATCH_SPRINT_ID_REFUSED_FIRST = "master-sprint-id-refused-first"
 # A pause's reason is cut at MAX_PAUSE_REASON_CHARS: it is kept, shown and forwarded to every running batch, and
 # one of 1.5 MB forwarded to three made the workflow task's reply too large: the server terminated the sprint.
 # Patched only where it cuts.
-PATCH_SPRINT_ID_REFUSED_FIRST = "master-sprint-id-refused-first"
 PATCH_PAUSE_REASON_CUT = "master-pause-reason-cut"
 MAX_PAUSE_REASON_CHARS = 2000  # as a decision's note
 # A sprint whose stories would make its carried state too large for one payload is refused at the start
@@ -882,7 +884,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         # Before any command carries the id: one of 1,500 characters failed the first workflow task on every retry
         # (its residents' ids, told to stop, too long for the server), one of 5,000 had the sprint terminated (its
-        # search attribute), and one with a line break was taken. Patched only where it refuses.
+        # search attribute), and one with a line break was taken.
         id_error = sprint_id_length_error(s.session_id) or sprint_id_characters_error(s.session_id)
         if id_error is not None and workflow.patched(PATCH_SPRINT_ID_REFUSED_FIRST):
             self._no_residents_under_this_id = True
