@@ -810,10 +810,10 @@ def _silent_worker(pending: list[tuple[str, PendingActivityInfo]], now: datetime
             continue
         # The server keeps an earlier attempt's last heartbeat: a retry just started is heard of since its start.
         heard = max(
-            stamp.ToDatetime(tzinfo=UTC)
-            for field in ("last_heartbeat_time", "last_started_time")
-            if activity.HasField(field) and (stamp := getattr(activity, field))
-        )
+            (getattr(activity, field).ToDatetime(tzinfo=UTC)
+             for field in ("last_heartbeat_time", "last_started_time") if activity.HasField(field)),
+            default=now,
+        )  # fmt: skip
         quiet = now - heard
         if quiet >= max(timeout / 2, SILENCE_NOTICED_AFTER):
             last_attempt = 0 < activity.maximum_attempts <= activity.attempt
@@ -844,9 +844,9 @@ async def _waiting_for_a_worker(
     client: Client, desc: WorkflowExecutionDescription, view: SprintStatusView,
     pending: list[tuple[str, PendingActivityInfo]] | None = None,
 ) -> WaitingForAWorker | None:
-    """Of the work the sprint's running children (batches, residents) have on the agents queue, what no worker
-    has started for the longest, past AGENT_START_PATIENCE; None when nothing waits that long. In-process agents
-    run on the sprint queue, whose worker answered the status query. `pending`: _pending_activities, if asked."""
+    """Of the work the sprint (its running batches and residents, and the Master) has on the agents queue, what no
+    worker has started for the longest, past AGENT_START_PATIENCE; None when nothing waits that long. In-process
+    agents run on the sprint queue, whose worker answered the status query. `pending`: _pending_activities."""
     on_agents_queue = set(AGENTS_QUEUE_ACTIVITIES)
     if view.agent_backend is not None and view.agent_backend not in IN_PROCESS_AGENT_BACKENDS:
         on_agents_queue.add(AGENT_ACTIVITY)
