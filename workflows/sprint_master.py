@@ -286,7 +286,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
             running_batches=sorted(self._running_batches),
-            finished_batches={r.batch_id: _settled_of(r) for r in s.results},
+            finished_batches={r.batch_id: _settled_of(r, s.views) for r in s.results},
             batch_held=self._next_batch()[1],
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),
@@ -1409,11 +1409,18 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         )
 
 
-def _settled_of(result: SlaveResult) -> tuple[int, int]:
+def _settled_of(result: SlaveResult, views: dict[str, StoryView]) -> tuple[int, int]:
     """A finished batch's bar: its stories that reached a final state, of all. Not its `stories_skipped`, which
-    also counts the stories a shutdown or a cancel left unstarted (the report lists them as not run)."""
+    also counts the stories a shutdown or a cancel left unstarted (the report lists them as not run). A story it
+    left unstarted that a later batch took on (a budget stop queues them again) is that batch's: the bar stayed
+    short for good (`1/3` beside every story done)."""
     counts = result.results
-    return sum(r.final_state in TERMINAL_VALUES for r in counts.story_results), counts.stories_total
+    moved = sum(
+        r.final_state not in TERMINAL_VALUES and (view := views.get(r.story_key)) is not None
+        and view.batch_id != result.batch_id
+        for r in counts.story_results
+    )  # fmt: skip
+    return sum(r.final_state in TERMINAL_VALUES for r in counts.story_results), counts.stories_total - moved
 
 
 def _progress_from_view(key: str, view: StoryView) -> StoryProgress:

@@ -242,8 +242,11 @@ async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
         assert status.stories[K2].state == "review"
         await handle.signal("resume", {"token_limit": 10_000})
         report = await sprint_result(handle)
+        final = await handle.query(SprintMasterWorkflow.status)
     assert report.stories == {K1: "done", K2: "done"}
     assert report.status is SprintStatus.COMPLETE
+    # K2, never started in batch 1, ran in batch 2: batch 1's bar stayed at 1/2 beside every story done.
+    assert final.finished_batches == {1: (1, 1), 2: (1, 1)}, final.finished_batches
     assert report.token_limit == 10_000  # the execution summary's tokens line shows it
 
 
