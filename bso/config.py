@@ -7,6 +7,8 @@ a typo must not silently fall back to a default.
 
 from __future__ import annotations
 
+import copy
+
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -205,10 +207,12 @@ def _expand_dotted(overrides: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(target, dict):
                 raise ConfigError(f"config_overrides: {key!r} conflicts with another override")
         leaf = parts[-1]
+        # Only the top level's keys are dotted paths: inside a value, a key is the knob's own (a story key of
+        # story_priorities, split at its dots, was refused as `story_priorities.: ...`).
         if isinstance(value, dict) and isinstance(target.get(leaf), dict):
-            target[leaf] = _deep_merge(target[leaf], _expand_dotted(value))
+            target[leaf] = _deep_merge(target[leaf], value)
         else:
-            target[leaf] = _expand_dotted(value) if isinstance(value, dict) else value
+            target[leaf] = copy.deepcopy(value)  # a later dotted key may write into it: never the caller's
     return expanded
 
 

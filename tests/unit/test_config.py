@@ -393,3 +393,12 @@ def test_agent_po_names_of_the_gate_limits_are_accepted() -> None:
     assert resolve_config({"po_max_revisions": 4}).po_max_revisions == 4
     with pytest.raises(ConfigError, match="max_revisions and po_max_revisions name the same knob"):
         resolve_config({"max_revisions": 1, "po_max_revisions": 2})
+
+
+def test_a_key_inside_a_knobs_value_is_the_knobs_own_not_a_dotted_path():
+    """A story key of story_priorities was split at its dots: `{"../x": "high"}` was refused as
+    `story_priorities.: Input should be 'critical', ...`, naming neither the key nor what was wrong with it."""
+    assert resolve_config({"story_priorities": {"1.2": "high", "../x": "low"}}).story_priorities == {
+        "1.2": "high", "../x": "low"
+    }
+    assert resolve_config({"token_budget.limit": 7, "token_budget": {"enabled": False}}).token_budget.limit == 7
