@@ -234,8 +234,9 @@ def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
     epic = f"epic-{str(requested).removeprefix('epic-')}"
     known = sorted({epic_key_of(k) for k in known_full_keys}, key=lambda e: int(e.removeprefix("epic-")))
     if epic not in known:
+        shown = epic if epic.isprintable() else repr(epic)  # `epic-1\n` said it had no story of epic-1
         raise UnknownEpicError(
-            f"unknown epic {requested!r}: the status file has no story of {epic} "
+            f"unknown epic {requested!r}: the status file has no story of {shown} "
             f"(its epics with stories: {', '.join(known) or 'none'})"
         )
     return epic

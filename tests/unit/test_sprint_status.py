@@ -397,6 +397,8 @@ def test_resolve_epic() -> None:
         resolve_epic(7, KNOWN)
     with pytest.raises(UnknownEpicError, match="epics with stories: none"):
         resolve_epic("1", [])
+    with pytest.raises(UnknownEpicError, match=r"no story of 'epic-1\\n' \(its epics with stories: epic-1, "):
+        resolve_epic("epic-1\n", KNOWN)  # it said it had no story of epic-1, listing epic-1
 
 
 # --- paths ---------------------------------------------------------------------------------------
