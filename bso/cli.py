@@ -963,7 +963,7 @@ def worker(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except worker_main.ServerUnreachable as e:
-        raise _fail(str(e)) from None
+        worker_main.exit_unreachable(f"bso: error: {e}")
     except Exception as e:  # noqa: BLE001
         raise _fail(f"{type(e).__name__}: {e}") from None
 

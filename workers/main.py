@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import NoReturn
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
@@ -117,6 +118,14 @@ class ServerUnreachable(Exception):
     """No Temporal server answered within CONNECT_PATIENCE_SECONDS: said in one line, not a traceback."""
 
 
+def exit_unreachable(message: str) -> NoReturn:
+    """Say it and end the process at once. The SDK runtime's log-forwarding thread may still call into Python:
+    an interpreter finalizing under it aborted now and then (SIGABRT, `PyGILState_Release`) instead of exiting 1."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
 async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
     """A client, with BSO's search attributes registered (those it added): a worker started while the server is
     (re)starting waits for it instead of dying, at the connect or at its first call (a crash trial's server
@@ -192,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         asyncio.run(run(queues, args.max_concurrent_agents, metrics, args.queue_prefix))
     except ServerUnreachable as err:
-        sys.exit(f"worker: error: {err}")
+        exit_unreachable(f"worker: error: {err}")
     except KeyboardInterrupt:  # while it still waited for the server (then SIGINT stops it gracefully)
         sys.exit(130)
 
