@@ -19,9 +19,11 @@ from bso.debugging import (
     JOURNAL,
     DebugRequest,
     DebugResult,
+    journal_entries,
     journal_entry_id,
     known_result,
     render_entry,
+    result_of_entry,
     simulated_analysis,
 )
 
@@ -48,7 +50,8 @@ async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
         # U+FFFD, matches no signature, and the journal goes on.
         text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
         if (journaled := _journaled(text, entry_id, activity.info().scheduled_time)) is not None:
-            return _result_of(journaled, entry_id, inp.request)  # a retry: this analysis is journaled already
+            # a retry: this analysis is journaled already
+            return result_of_entry(entry_id, journaled, inp.request, known_pattern=journaled.get("known_pattern") == "yes")
         result = known_result(text, inp.request)
         if result is None:
             if inp.backend != "simulated":
@@ -71,31 +74,14 @@ async def analyze_failure(inp: AnalyzeInput) -> DebugResult:
 
 
 def _journaled(text: str, entry_id: str, scheduled: datetime) -> dict[str, str] | None:
-    """The fields of the last entry under `entry_id` written since `scheduled` (this activity's first attempt),
-    or None: none, or only an earlier run's of the same debug id (its `when` is older; an entry without one
+    """The fields of the last section under `entry_id` written since `scheduled` (this activity's first attempt),
+    or None: none, or only an earlier run's of the same debug id (its `when` is older; a section without one
     counts as this activity's, as before)."""
-    heading = f"\n## {entry_id}\n"  # at a line's start: an error's text quoting a heading is no entry
-    if heading not in text:
+    fields = next((f for entry, f in reversed(list(journal_entries(text))) if entry == entry_id), None)
+    if fields is None:
         return None
-    body = text.rsplit(heading, 1)[1].split("\n## ", 1)[0]
-    fields = dict(line[2:].split(": ", 1) for line in body.splitlines() if line.startswith("- ") and ": " in line)
     try:
         written = datetime.strptime(fields["when"], WHEN_FORMAT).replace(tzinfo=timezone.utc)
     except (KeyError, ValueError):
         return fields
     return fields if written >= scheduled.replace(microsecond=0) else None
-
-
-def _result_of(fields: dict[str, str], entry_id: str, request: DebugRequest) -> DebugResult:
-    """The result recorded in a journal entry's fields (a retried activity)."""
-    confidence = fields.get("confidence", "low")
-    return DebugResult(
-        debug_id=request.debug_id,
-        story_key=request.story_key,
-        root_cause=fields.get("root_cause", ""),
-        fix_suggestion=fields.get("fix_suggestion", ""),
-        confidence=confidence if confidence in ("high", "medium", "low", "none") else "low",
-        severity=fields.get("severity", "HIGH"),
-        known_pattern=fields.get("known_pattern") == "yes",
-        journal_entry_id=entry_id,
-    )

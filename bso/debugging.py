@@ -11,6 +11,7 @@ story; after that, or when the debugger finds no fix or is unavailable, the stor
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -246,27 +247,36 @@ def render_entry(entry_id: str, request: DebugRequest, result: DebugResult, when
     return "\n".join(lines) + "\n"
 
 
-def known_result(journal_text: str, request: DebugRequest) -> DebugResult | None:
-    """The latest analysis in the journal of an error with the same signature, as this request's result."""
-    signature = error_signature(request.error_summary)
-    found: dict[str, str] | None = None
+def journal_entries(journal_text: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """Each section of the journal, oldest first: its heading's entry id and its fields. A heading counts only at
+    a line's start (an error's text that quotes one stays on its `error` line)."""
     for match in _ENTRY_RE.finditer(journal_text):
-        fields = {m.group("key"): m.group("value").strip() for m in _FIELD_RE.finditer(match.group("body"))}
-        if fields.get("signature") == signature and fields.get("known_pattern") == "no":
-            found = fields | {"entry": match.group("entry")}
-    if found is None:
-        return None
-    confidence = found.get("confidence", "low")
+        yield match.group("entry"), {m.group("key"): m.group("value").strip() for m in _FIELD_RE.finditer(match.group("body"))}
+
+
+def result_of_entry(entry_id: str, fields: dict[str, str], request: DebugRequest, *, known_pattern: bool) -> DebugResult:
+    """A journal section's analysis as the answer to `request`."""
+    confidence = fields.get("confidence", "low")
     return DebugResult(
         debug_id=request.debug_id,
         story_key=request.story_key,
-        root_cause=found.get("root_cause", ""),
-        fix_suggestion=found.get("fix_suggestion", ""),
-        severity=Severity(found.get("severity", "HIGH")),
+        root_cause=fields.get("root_cause", ""),
+        fix_suggestion=fields.get("fix_suggestion", ""),
+        severity=Severity(fields.get("severity", "HIGH")),
         confidence=confidence if confidence in ("high", "medium", "low", "none") else "low",  # type: ignore[arg-type]
-        known_pattern=True,
-        journal_entry_id=found["entry"],
+        known_pattern=known_pattern,
+        journal_entry_id=entry_id,
     )
+
+
+def known_result(journal_text: str, request: DebugRequest) -> DebugResult | None:
+    """The latest analysis in the journal of an error with the same signature, as this request's result."""
+    signature = error_signature(request.error_summary)
+    found = None
+    for entry_id, fields in journal_entries(journal_text):
+        if fields.get("signature") == signature and fields.get("known_pattern") == "no":
+            found = entry_id, fields
+    return None if found is None else result_of_entry(*found, request, known_pattern=True)
 
 
 def simulated_analysis(request: DebugRequest, outcome: Literal["fixable", "unfixable"]) -> DebugResult:
