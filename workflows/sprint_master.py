@@ -930,6 +930,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         sprint_id = self._state.session_id
         if (error := sprint_id_collision(sprint_id)) is not None and workflow.patched(PATCH_SPRINT_ID_CHECKED):
             raise _invalid_input(error)
+        # (A run since PATCH_SPRINT_ID_REFUSED_FIRST refused such an id in _start: this one is its recorded runs'.)
         if (error := sprint_id_length_error(sprint_id)) is not None and workflow.patched(PATCH_SPRINT_ID_LENGTH):
             raise _invalid_input(error)
         try:
