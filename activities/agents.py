@@ -35,6 +35,7 @@ from activities.session_files import (
     recorded_dispatch_answer,
 )
 from bso.agent_progress import progress_update
+from bso.answer_size import fit_for_history
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
 
@@ -125,7 +126,7 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
 
     async with one_attempt_at_a_time(assignment):
         if (answer := recorded_answer()) is not None:
-            recorded = AgentComplete.model_validate(answer)
+            recorded = fit_for_history(AgentComplete.model_validate(answer), str(answer_file))
             if assignment.answer_in_result:
                 return _in_result(assignment, recorded, replayed_from_ledger=True)
             delivered = await _deliver(assignment, recorded)
@@ -140,6 +141,7 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
             await asyncio.to_thread(
                 record_dispatch_answer, answer_file, complete.model_dump(mode="json"), info.workflow_run_id
             )
+    complete = fit_for_history(complete, str(answer_file))  # the whole answer stays in the file
     if assignment.answer_in_result:
         return _in_result(assignment, complete)
     delivered = await _deliver(assignment, complete)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bso.messages import MAX_TOKENS_PER_ANSWER, FeedbackItem, Finding, ImprovementRequestedPayload
+from bso.messages import MAX_SUMMARY_CHARS, MAX_TOKENS_PER_ANSWER, FeedbackItem, Finding, ImprovementRequestedPayload
 from bso.models import short_key
 from bso.states import AgentStatus, Severity, Verdict
 
@@ -154,7 +154,12 @@ def scripted_answer(script: StoryScript, key: ScriptKey, mode_round: int, story_
         issue = script.blocking[mode_round - 1] if 0 < mode_round <= len(script.blocking) else None
         blocking = [issue] if issue else []
         feedback = [
-            FeedbackItem(severity="blocking", category="review", issue=issue, suggestion=f"address: {issue}")
+            FeedbackItem(  # cut as bso.answer_size cuts a blocking issue: the fix's feedback tells them apart
+                severity="blocking",
+                category="review",
+                issue=issue[:MAX_SUMMARY_CHARS],
+                suggestion=f"address: {issue}"[:MAX_SUMMARY_CHARS],
+            )
             for issue in blocking
         ]
         if score is not None and score < 100:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.git_ops import FINISH_GIT_HEARTBEAT, finish_story_git
     from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
     from activities.status_file import UNREADABLE_ERROR_TYPE, load_sprint_status, wait_for_status_file, write_story_status
+    from bso.answer_size import fit_for_history
     from bso.constants import (
         QUERY_STATUS,
         SIGNAL_AGENT_COMPLETE,
@@ -265,6 +266,10 @@ SLAVE_PATCHES = PatchRollup(
 # Since the second rollup, patches are asked one by one, each only where it applies (a Slave that never meets
 # one records no marker for it): a cancelled batch answers the `decide` updates it still holds before it ends.
 PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
+# An answer goes into the batch's state as bso.answer_size fits it: the fix's input no longer carries megabytes of
+# findings again (the agent activity fits what it returns itself; this is for answers sent by signal), and a blank
+# or over-long blocking issue no longer fails the batch (the fix's feedback could not carry it).
+PATCH_ANSWER_FITS_HISTORY = "slave-answer-fits-history"
 
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
@@ -379,6 +384,9 @@ class SprintSlaveWorkflow:
             self.record_rejected(checked)  # recorded, never acted on
             return
         del self._open_dispatches[checked.dispatch_id]
+        fitted = fit_for_history(checked, f"the AGENT_COMPLETE signal in the history of {workflow.info().workflow_id}")
+        if fitted is not checked and SLAVE_PATCHES.patched(PATCH_ANSWER_FITS_HISTORY):
+            checked = fitted
         self._answers[checked.dispatch_id] = checked
 
     def _agent_error(self, payload: dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commits, then
-sleeps 300 s), no-result-file, garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), shared-file (also appends
+sleeps 300 s), no-result-file, garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
+(the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its child's.
@@ -209,6 +210,11 @@ def main():
         result["findings"] = [{"severity": "LOW", "summary": f"token {secret} is hard-coded"}]
     if "many-findings" in behavior:  # as many findings as an answer may carry
         result["findings"] = [{"severity": "LOW", "summary": f"nit {n}"} for n in range(200)]
+    if "huge-findings" in behavior and agent == "review-runner":  # megabytes: 200 long findings, deep paths
+        result["findings"] = [
+            {"severity": "HIGH", "summary": f"finding {n} " + "s" * 1900, "file": "src/" + "deep/" * 1400 + "x.py"}
+            for n in range(200)
+        ]
     if "no-result-file" in behavior:
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
     else:

@@ -135,6 +135,28 @@ async def test_the_uncounted_tokens_finding_survives_an_answer_full_of_findings(
     assert len(done.findings) == 200 and done.findings[0].summary.endswith("not counted"), done.findings[:2]
 
 
+async def test_an_answer_of_megabytes_goes_into_history_fitted_and_stays_whole_on_disk(tmp_path: Path) -> None:
+    """A review of 200 long findings with 7,000-character paths (1.8 MB): the agent activity returns it fitted
+    (bso.answer_size), the most severe findings and a note naming the file that holds the whole answer. Every
+    review round of a fix loop put the whole answer in the batch's history, and each fix's input its findings
+    again: a few rounds took the batch past Temporal's history limit."""
+    from activities.agents import run_agent
+    from activities.session_files import dispatch_answer_path
+    from bso.answer_size import MAX_ANSWER_HISTORY_BYTES
+    from bso.messages import AgentComplete
+
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="huge-findings")
+    a = assignment(root, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW, answer_in_result=True)
+    receipt = await ActivityEnvironment().run(run_agent, a)
+    assert len(json.dumps(receipt.model_dump(mode="json"))) <= MAX_ANSWER_HISTORY_BYTES + 500
+    answer = AgentComplete.model_validate(receipt.answer)
+    whole = json.loads(dispatch_answer_path(str(root), a.dispatch_id).read_text())["answer"]
+    assert len(whole["findings"]) == 200 and len(json.dumps(whole)) > 1_500_000
+    *kept, note = answer.findings
+    assert [f.summary for f in kept] == [f["summary"] for f in whole["findings"][: len(kept)]]
+    assert note.summary.endswith(f"the whole answer: {dispatch_answer_path(str(root), a.dispatch_id)}")
+
+
 PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nkey-body-with-é-and-more-secret\n-----END PRIVATE KEY-----"
 
 

@@ -1,0 +1,125 @@
+"""An agent's answer as it goes into a workflow's history: bounded, with nothing the Slave decides on lost.
+
+An AGENT_COMPLETE may carry 200 findings, 200 blocking issues and 200 feedback items of thousands of characters
+each: megabytes. The Slave's history holds each review's answer, and the next fix's input its findings again, so a
+few such review-fix rounds took a batch past Temporal's history limit, where the server terminates the workflow.
+`fit_for_history` keeps what a decision reads (status, verdict, score, the most severe finding, a blocking issue)
+and as much more as fits `MAX_ANSWER_HISTORY_BYTES`, most severe first; what it leaves out, it names in one more
+item of the same list, pointing at the whole answer. It also makes every blocking issue one the fix's feedback can
+carry (bso.dispatch turns each into a FeedbackItem): blank ones dropped, long ones cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from bso.messages import MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
+
+MAX_ANSWER_HISTORY_BYTES = 64_000
+MAX_PATH_CHARS = 1_000  # a finding's or feedback item's `file`
+# Room kept for the notes naming what was left out (three at most, each at most MAX_SUMMARY_CHARS).
+_NOTES_ROOM = 3 * (MAX_SUMMARY_CHARS + 200)
+
+Item = TypeVar("Item")
+
+
+def _size(value: Any) -> int:
+    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    return len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _file_cut(item: Finding | FeedbackItem) -> Finding | FeedbackItem:
+    if item.file is None or len(item.file) <= MAX_PATH_CHARS:
+        return item
+    return item.model_copy(update={"file": item.file[: MAX_PATH_CHARS - 3] + "..."})
+
+
+def _cleaned(answer: AgentComplete) -> AgentComplete:
+    issues = [i[:MAX_SUMMARY_CHARS] for i in answer.blocking_issues if i.strip()]
+    findings = [_file_cut(f) for f in answer.findings]
+    feedback = [_file_cut(f) for f in answer.feedback]
+    if (
+        issues == answer.blocking_issues
+        and all(a is b for a, b in zip(findings, answer.findings))
+        and all(a is b for a, b in zip(feedback, answer.feedback))
+    ):
+        return answer
+    return answer.model_copy(update={"blocking_issues": issues, "findings": findings, "feedback": feedback})
+
+
+def _prefix(items: Sequence[Item], room: int, at_least_one: bool) -> list[Item]:
+    """The longest prefix of `items` that fits `room` bytes (the first item always, when asked)."""
+    kept: list[Item] = []
+    used = 0
+    for item in items:
+        size = _size(item) + 1
+        if used + size > room and (kept or not at_least_one):
+            break
+        kept.append(item)
+        used += size
+    return kept
+
+
+def _note(left_out: int, total: int, what: str, whole_answer_at: str) -> str:
+    return (
+        f"{left_out} more {what} of this answer ({total} in all) are left out of the workflow's history; "
+        f"the whole answer: {whole_answer_at[:MAX_PATH_CHARS]}"
+    )[:MAX_SUMMARY_CHARS]
+
+
+def fit_for_history(answer: AgentComplete, whole_answer_at: str) -> AgentComplete:
+    """The answer to put in history: `answer` itself when it fits and is clean, else a copy that does.
+
+    Kept, in this order, while they fit: the blocking issues, the blocking feedback items, the findings most severe
+    first (the answer's order within a severity), the other feedback items; the first of each blocking kind and the
+    most severe finding always. A note item stands for the rest of a list: a finding of the most severe level left
+    out, a blocking issue, a feedback item (blocking if a blocking one was left out). So the verdict, whether
+    anything blocks, the most severe finding, and which findings a strictness asks to fix (the note among them
+    exactly when one it left out is) are the same as the whole answer's.
+    """
+    if not (answer.findings or answer.blocking_issues or answer.feedback):
+        return answer  # the rest of an answer is bounded by its model
+    cleaned = _cleaned(answer)
+    if _size(cleaned) <= MAX_ANSWER_HISTORY_BYTES:
+        return cleaned
+    bare = cleaned.model_copy(update={"findings": [], "blocking_issues": [], "feedback": []})
+    room = MAX_ANSWER_HISTORY_BYTES - _size(bare) - _NOTES_ROOM
+
+    issues = _prefix(cleaned.blocking_issues, room, at_least_one=True)
+    room -= sum(_size(i) + 1 for i in issues)
+    blocking_feedback = [f for f in cleaned.feedback if f.severity == "blocking"]
+    kept_blocking_feedback = _prefix(blocking_feedback, room, at_least_one=True)
+    room -= sum(_size(f) + 1 for f in kept_blocking_feedback)
+    by_severity = sorted(cleaned.findings, key=lambda f: -f.severity.rank)
+    findings = _prefix(by_severity, room, at_least_one=True)
+    room -= sum(_size(f) + 1 for f in findings)
+    suggestions = [f for f in cleaned.feedback if f.severity != "blocking"]
+    kept_suggestions = _prefix(suggestions, room, at_least_one=False)
+
+    if len(issues) < len(cleaned.blocking_issues):
+        left = len(cleaned.blocking_issues) - len(issues)
+        issues.append(_note(left, len(cleaned.blocking_issues), "blocking issues", whole_answer_at))
+    if len(findings) < len(by_severity):
+        dropped = by_severity[len(findings):]
+        findings.append(
+            Finding(
+                severity=dropped[0].severity,  # the most severe left out: no more than any kept
+                summary=_note(len(dropped), len(by_severity), "findings", whole_answer_at),
+            )
+        )
+    feedback = [*kept_blocking_feedback, *kept_suggestions]
+    if len(feedback) < len(cleaned.feedback):
+        blocking_dropped = len(kept_blocking_feedback) < len(blocking_feedback)
+        feedback.append(
+            FeedbackItem(
+                severity="blocking" if blocking_dropped else "suggestion",
+                category="bso",
+                issue=_note(len(cleaned.feedback) - len(feedback), len(cleaned.feedback), "feedback items",
+                            whole_answer_at),
+            )
+        )
+    return cleaned.model_copy(update={"findings": findings, "blocking_issues": issues, "feedback": feedback})

@@ -1,0 +1,110 @@
+"""bso.answer_size: an answer put in history fits its budget and decides as the whole answer would."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bso.answer_size import MAX_ANSWER_HISTORY_BYTES, MAX_PATH_CHARS, _size, fit_for_history
+from bso.config import SprintConfig
+from bso.dispatch import _fix_feedback, findings_needing_fix, review_shortfalls
+from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
+from bso.states import Severity, Strictness
+
+WHERE = "/p/.sprint-session/dispatches/d-1.json"
+
+
+def _review(**fields) -> AgentComplete:
+    return AgentComplete(
+        dispatch_id="d-1", story_key="1-1-a", agent_type="review-runner", mode="review", status="success", **fields
+    )
+
+
+def test_a_small_clean_answer_is_returned_as_it_is():
+    answer = _review(findings=[Finding(severity="HIGH", summary="x", file="a.py")], blocking_issues=["no tests"])
+    assert fit_for_history(answer, WHERE) is answer
+    bare = _review()
+    assert fit_for_history(bare, WHERE) is bare
+
+
+def test_blank_blocking_issues_are_dropped_and_long_ones_cut_so_the_fix_feedback_can_carry_them():
+    answer = _review(blocking_issues=["", "   ", "x" * 3_000, "real issue"])
+    fitted = fit_for_history(answer, WHERE)
+    assert fitted.blocking_issues == ["x" * MAX_SUMMARY_CHARS, "real issue"]
+    # The fix's feedback is made of them: every one a valid FeedbackItem (it raised for both before).
+    issues = [f.issue for f in _fix_feedback(fitted, SprintConfig())]
+    assert issues == fitted.blocking_issues
+
+
+def test_a_megabyte_review_keeps_the_most_severe_findings_and_names_where_the_rest_are():
+    findings = [
+        Finding(severity="LOW" if n % 2 else "HIGH", summary=f"finding {n} " + "s" * 1_900, file="f" * 7_000)
+        for n in range(MAX_FINDINGS)
+    ]
+    feedback = [FeedbackItem(severity="suggestion", category="style", issue="i" * 2_000) for _ in range(MAX_FINDINGS)]
+    answer = _review(findings=findings, blocking_issues=["b" * 2_000] * MAX_FINDINGS, feedback=feedback)
+    assert _size(answer) > 2_500_000
+
+    fitted = fit_for_history(answer, WHERE)
+
+    assert _size(fitted) <= MAX_ANSWER_HISTORY_BYTES
+    assert all(len(f.file or "") <= MAX_PATH_CHARS for f in fitted.findings)
+    *kept, note = fitted.findings
+    assert kept and all(f.severity == Severity.HIGH for f in kept)  # the HIGH ones first
+    assert [int(f.summary.split()[1]) for f in kept] == list(range(0, 2 * len(kept), 2))  # in the answer's order
+    assert note.severity == Severity.HIGH  # HIGH ones were left out too
+    assert note.summary.startswith(f"{MAX_FINDINGS - len(kept)} more findings of this answer ({MAX_FINDINGS} in all)")
+    assert note.summary.endswith(WHERE)
+    assert fitted.blocking_issues[-1].endswith(WHERE)
+    assert fitted.feedback[-1].issue.endswith(WHERE) and fitted.feedback[-1].severity == "suggestion"
+
+
+severities = st.sampled_from(list(Severity))
+texts = st.text(min_size=0, max_size=40) | st.builds(lambda n, c: c * n, st.integers(0, 6_000), st.sampled_from("ab "))
+finding_lists = st.lists(
+    st.builds(
+        Finding,
+        severity=severities,
+        summary=st.builds(lambda n: "s" * n, st.integers(0, MAX_SUMMARY_CHARS)),
+        file=st.none() | texts,
+    ),
+    max_size=MAX_FINDINGS,
+)
+feedback_lists = st.lists(
+    st.builds(
+        FeedbackItem,
+        severity=st.sampled_from(["blocking", "suggestion"]),
+        category=st.just("c"),
+        issue=st.builds(lambda n: "i" * n, st.integers(1, MAX_SUMMARY_CHARS)),
+        file=st.none() | texts,
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(findings=finding_lists, issues=st.lists(texts, max_size=MAX_FINDINGS), feedback=feedback_lists,
+       score=st.none() | st.integers(0, 100))
+def test_any_answer_fits_and_decides_as_the_whole_answer(findings, issues, feedback, score):
+    answer = _review(findings=findings, blocking_issues=issues, feedback=feedback, score=score)
+    fitted = fit_for_history(answer, WHERE)
+    assert _size(fitted) <= MAX_ANSWER_HISTORY_BYTES
+    assert (fitted.status, fitted.verdict, fitted.score, fitted.summary) == (
+        answer.status, answer.verdict, answer.score, answer.summary
+    )
+    # Whether anything blocks, and which strictness asks for a fix.
+    assert bool(fitted.blocking) == (
+        any(i.strip() for i in answer.blocking_issues) or any(f.severity == "blocking" for f in answer.feedback)
+    )
+    config = SprintConfig()
+    assert bool(review_shortfalls(fitted, config)) == bool(
+        [i for i in answer.blocking_issues if i.strip()] or [f for f in answer.feedback if f.severity == "blocking"]
+        or (answer.score is not None and answer.score < config.approval_score)
+    )
+    for strictness in Strictness:
+        assert bool(findings_needing_fix(fitted.findings, strictness)) == bool(
+            findings_needing_fix(answer.findings, strictness)
+        )
+    if answer.findings:
+        assert max(f.severity.rank for f in fitted.findings) == max(f.severity.rank for f in answer.findings)
+    _fix_feedback(fitted, config)  # never raises
