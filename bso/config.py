@@ -143,6 +143,10 @@ class SprintConfig(_Knobs):
     # The same for each resident (bso/resident_state.py); None: continue_as_new_after_events, else
     # only when Temporal suggests it. Low values (tests) force hand-overs mid-sprint.
     resident_continue_as_new_after_events: int | None = Field(None, ge=20)
+    # A batch whose history grows long (Temporal suggests continuing as new, or this many events) ends after the
+    # story in hand, and the Master gives its stories not started to a new batch: a batch_size of hundreds of
+    # stories never takes one workflow's history to Temporal's limit. None: only when Temporal suggests it.
+    batch_hand_over_after_events: int | None = Field(None, ge=50)
     resident_slots: ResidentSlots = ResidentSlots()
     # Agents made by AGENT_CREATE_REQUEST and not destroyed yet: each is on the roster every broadcast carries, and a
     # client that never destroys its agents would grow it (and the Master's carried state) without end.

@@ -206,6 +206,8 @@ class SlaveResult(_Model):
     tokens_used: int = 0
     budget_exhausted: bool = False
     fatal_error: str | None = None  # fail_fast: an unrecoverable agent error stopped the batch
+    # Its history grew long (bso.config batch_hand_over_after_events): the stories it did not start go to a new batch.
+    handed_over: bool = False
     # Agent-PO gates: GO_DIRECTIVEs and NEXT_DIRECTIVEs issued in this batch (GO >= NEXT).
     gates_go_issued: int = 0
     gates_next_issued: int = 0

@@ -49,6 +49,7 @@ def build_slave_result(
     errors: list[str],
     budget_exhausted: bool,
     fatal_error: str | None = None,
+    handed_over: bool = False,
 ) -> SlaveResult:
     completed = sum(p.state == StoryState.DONE for p in progress)
     failed = sum(p.state == StoryState.NEEDS_INTERVENTION for p in progress)
@@ -75,6 +76,7 @@ def build_slave_result(
         tokens_used=sum(p.tokens_used for p in progress),
         budget_exhausted=budget_exhausted,
         fatal_error=fatal_error,
+        handed_over=handed_over,
     )
 
 

@@ -88,6 +88,12 @@ def render_summary(
         f"| skipped | {count[StoryState.SKIPPED]} |",
         f"| other (not finished) | {len(stories) - count[StoryState.DONE] - count[StoryState.NEEDS_INTERVENTION] - count[StoryState.SKIPPED]} |",
         f"| batches | {len(report.batches)} |",
+        *(
+            [f"| batches handed over | {handed} (their history grew long: the stories they had not started went to a "
+             "new batch) |"]
+            if (handed := sum(b.handed_over for b in report.batches))
+            else []
+        ),
         f"| tokens used | {report.tokens_used} / {report.token_limit or config.token_budget.limit} |",
     ]
     g = report.po_gates

@@ -1121,7 +1121,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         )
 
     def _settle(self, result: SlaveResult) -> None:
-        """A batch ended: count its tokens and apply the budget rule (P26)."""
+        """A batch ended: count its tokens, apply the budget rule (P26), and queue again what it did not start
+        (a batch whose history grew long, or the sprint paused on its budget)."""
         s = self._state
         s.results.append(result)
         s.tokens_used += result.tokens_used
@@ -1129,14 +1130,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             s.errors.append(f"{result.fatal_error}: sprint stopped (fail_fast)")
             s.stopped_early = True
             return
-        if not result.budget_exhausted and budget_level(s.tokens_used, self._config_now()) is not BudgetLevel.EXHAUSTED:
-            return
+        exhausted = result.budget_exhausted or budget_level(s.tokens_used, self._config_now()) is BudgetLevel.EXHAUSTED
         budget_note = f"token budget exhausted ({s.tokens_used}/{s.token_limit})"
-        if s.config.token_budget.action == "stop":
+        if exhausted and s.config.token_budget.action == "stop":
             s.errors.append(f"{budget_note}: sprint stopped")
             s.stopped_early = True
             return
-        self._pause(f"{budget_note}; resume (optionally with a higher token_limit) to go on")
+        if exhausted:
+            self._pause(f"{budget_note}; resume (optionally with a higher token_limit) to go on")
+        if not (exhausted or result.handed_over):
+            return
         never_started = [
             r.story_key
             for r in result.results.story_results

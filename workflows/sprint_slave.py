@@ -270,6 +270,9 @@ PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
 # findings again (the agent activity fits what it returns itself; this is for answers sent by signal), and a blank
 # or over-long blocking issue no longer fails the batch (the fix's feedback could not carry it).
 PATCH_ANSWER_FITS_HISTORY = "slave-answer-fits-history"
+# A batch whose history grows long ends after the story in hand; the Master gives the rest to a new batch. Asked
+# only once the history is long: a batch recorded before ran all its stories.
+PATCH_HANDS_OVER_WHEN_LONG = "slave-hands-over-when-long"
 
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
@@ -322,6 +325,7 @@ class SprintSlaveWorkflow:
         self._rejected: list[RejectedMessage] = []
         self._rejected_total = 0
         self._shutdown = False
+        self._handed_over = False  # its history grew long: the stories not started yet go to a new batch
         self._paused = False
         self._closing = False
         self._updates_in_result = False  # set when closing: the last updates go with the result
@@ -589,6 +593,9 @@ class SprintSlaveWorkflow:
             if self._out_of_time is not None:
                 workflow.logger.warning("[Slave] out of time: %s not started", meta.key)
                 continue
+            if self._handed_over:
+                workflow.logger.info("[Slave] history long: %s left to a new batch", meta.key)
+                continue
             self._current = meta.key
             if is_terminal(self._progress[meta.key]) or await self._await_dependencies(meta):
                 await self._drive_story(meta)
@@ -603,6 +610,12 @@ class SprintSlaveWorkflow:
             if budget_level(inp.tokens_used_before + self._tokens_used(), self._input.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
+            if meta is not inp.stories[-1] and self._history_is_long() and SLAVE_PATCHES.patched(PATCH_HANDS_OVER_WHEN_LONG):
+                self._handed_over = True
+                workflow.logger.info(
+                    "[Slave] history at %d events after %s: the stories not started go to a new batch",
+                    workflow.info().get_current_history_length(), meta.key,
+                )
 
         if self._out_of_time is not None:
             errors.append(self._out_of_time)
@@ -649,10 +662,16 @@ class SprintSlaveWorkflow:
             errors=errors if self._fatal is None else [*errors, self._fatal],
             budget_exhausted=budget_exhausted,
             fatal_error=self._fatal,
+            handed_over=self._handed_over,
         )
 
     def _tokens_used(self) -> int:
         return sum(p.tokens_used for p in self._progress.values())
+
+    def _history_is_long(self) -> bool:
+        info = workflow.info()
+        limit = self._input.config.batch_hand_over_after_events
+        return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
 
     async def _refresh_states(self, keys: list[str] | None = None) -> None:
         """Step 2 of the spec: the status file, not the plan, says where each story stands now (`keys`: only

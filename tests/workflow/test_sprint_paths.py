@@ -20,6 +20,7 @@ from bso.states import BatchStatus, SprintStatus
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, StoryMeta
 from bso.sprint_status import NO_STORIES, NOTHING_TO_RUN
+from bso.summary import render_summary
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
@@ -248,6 +249,41 @@ async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
     # K2, never started in batch 1, ran in batch 2: batch 1's bar stayed at 1/2 beside every story done.
     assert final.finished_batches == {1: (1, 1), 2: (1, 1)}, final.finished_batches
     assert report.token_limit == 10_000  # the execution summary's tokens line shows it
+
+
+async def test_a_batch_whose_history_grows_long_hands_its_unstarted_stories_to_a_new_batch(ts_env, tmp_path: Path):
+    """A batch_size of hundreds put every story's events in one Slave's history, which no run ever continued:
+    past Temporal's limit the server terminates the batch. A batch now ends after the story in hand once its
+    history is long (Temporal's suggestion, or batch_hand_over_after_events), and the Master queues the stories it
+    did not start as a new batch."""
+    keys = [f"1-{n}-story-{n}" for n in range(1, 7)]
+    make_project(tmp_path, dict.fromkeys(keys, "ready-for-dev"))
+    overrides = {"batch_size": 6, "batch_hand_over_after_events": 50}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides))
+        report = await sprint_result(handle)
+        final = await handle.query(SprintMasterWorkflow.status)
+        lengths = {
+            r.batch_id: len((await ts_env.client.get_workflow_handle(slave_workflow_id(handle.id, r.batch_id))
+                             .fetch_history()).events)
+            for r in report.batches
+        }
+    assert report.status is SprintStatus.COMPLETE
+    assert report.stories == dict.fromkeys(keys, "done")
+    assert all(status_values(tmp_path)[key] == "done" for key in keys)
+    assert len(report.batches) > 1 and all(r.handed_over for r in report.batches[:-1])
+    assert not report.batches[-1].handed_over
+    # Each story ran in one batch only, its agents once (dev, code review).
+    ran = [r.story_key for b in report.batches for r in b.results.story_results if r.agents_dispatched]
+    assert sorted(ran) == keys
+    assert all(r.agents_dispatched == 2 for b in report.batches for r in b.results.story_results if r.agents_dispatched)
+    # A batch's bar counts the stories it ran, not those it handed over.
+    assert all(done == total for done, total in final.finished_batches.values()), final.finished_batches
+    # One story more than the line at most: ~20 events a story here.
+    assert max(lengths.values()) < 50 + 40, lengths
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+    handed = sum(r.handed_over for r in report.batches)
+    assert f"| batches handed over | {handed} (their history grew long" in render_summary(report)
 
 
 async def test_filters_epic_and_short_story_keys(ts_env, tmp_path: Path):
