@@ -408,6 +408,17 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
         line, col = _lc_key(doc, "development_status")
         got = _type_name(ds)
         raise _err(source, f"development_status must be a mapping, got {got}", line, col)
+    if merged := [k for k in ds if _lc_key(ds, k)[0] is None]:
+        # A key with no line of its own under development_status came from a merge key (an anchor's map): BSO
+        # writes each story's state on its own line, so the first write failed, after the story's agent had run.
+        line, col = _lc_key(doc, "development_status")
+        raise _err(
+            source,
+            f"development_status takes {', '.join(map(repr, merged[:5]))}{' ...' if len(merged) > 5 else ''} from a "
+            "YAML merge key (<<): BSO writes each story's state on its own line; list them under development_status",
+            line,
+            col,
+        )
     entries: list[StatusEntry] = []
     for k in ds:
         line, col = _lc_key(ds, k)

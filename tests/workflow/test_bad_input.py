@@ -60,6 +60,8 @@ STATUS_CORPUS = {
     # Two values of 900 KB: the batch was terminated (its workflow task's reply over 4 MB), then the Master's
     # task failed on every retry.
     "story_value_too_long.yaml": "line 8, column 15: value of '1-2-logout' is 6000 characters long, 'reviewreview",
+    # A story taken from an anchor's map: its agent ran, then the write of its state (on a line of its own) failed.
+    "merge_key.yaml": "line 7, column 1: development_status takes '1-1-login' from a YAML merge key (<<)",
 }
 
 
