@@ -326,6 +326,7 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 
 
 NO_WORKER_ANSWERED = "no worker answered the status query"
+SERVER_DID_NOT_ANSWER = "the Temporal server did not answer the status query"
 
 
 async def _query_status(
@@ -339,10 +340,10 @@ async def _query_status(
         return None, f"status query failed: {e}"
     except RPCError as e:
         # The server says it one way or the other: the query timed out, or it saw no poller on the queue lately.
-        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED) or (
-            "no poller seen" in e.message
-        ):
+        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED) or "no poller seen" in e.message:
             return None, f"{NO_WORKER_ANSWERED} (start one with `bso worker`; {e.message or e.status})"
+        if e.status == RPCStatusCode.UNAVAILABLE:  # no connection to the server (`tcp connect error`): not the worker
+            return None, f"{SERVER_DID_NOT_ANSWER} ({e.message or e.status}): restarting? retrying"
         if e.status == RPCStatusCode.NOT_FOUND:
             return None, "workflow not found (continuing as new?): waiting"
         return None, f"status query: {e.message}"

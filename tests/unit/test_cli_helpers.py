@@ -137,8 +137,9 @@ def test_connect_config_from_the_environment(monkeypatch, tmp_path):
     [
         RPCError("no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b""),
         RPCError("Timeout expired", RPCStatusCode.DEADLINE_EXCEEDED, b""),
+        RPCError("Timeout expired", RPCStatusCode.CANCELLED, b""),  # what the dev server answers (2026-11-27)
     ],
-    ids=["no-poller", "deadline"],
+    ids=["no-poller", "deadline", "cancelled"],
 )
 def test_a_status_query_nobody_answers_reads_the_same_however_the_server_says_it(error):
     class Unanswered:
@@ -147,6 +148,18 @@ def test_a_status_query_nobody_answers_reads_the_same_however_the_server_says_it
 
     view, note = asyncio.run(_query_status(Unanswered()))
     assert view is None and note.startswith("no worker answered the status query (start one with `bso worker`")
+
+
+def test_a_status_query_the_server_does_not_take_says_the_server_not_the_worker():
+    """With the server down (or restarting) the query fails with UNAVAILABLE, `tcp connect error`: `watch` told
+    the user to start a worker."""
+
+    class ServerDown:
+        async def query(self, *args, **kwargs):
+            raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+
+    view, note = asyncio.run(_query_status(ServerDown()))
+    assert view is None and note == "the Temporal server did not answer the status query (tcp connect error): restarting? retrying"
 
 
 def _rendered(view: SprintStatusView) -> str:
