@@ -6,7 +6,7 @@ few such review-fix rounds took a batch past Temporal's history limit, where the
 `fit_for_history` keeps what a decision reads (status, verdict, score, the most severe finding, a blocking issue)
 and as much more as fits `MAX_ANSWER_HISTORY_BYTES`, most severe first; what it leaves out, it names in one more
 item of the same list, pointing at the whole answer. It also makes every blocking issue one the fix's feedback can
-carry (bso.dispatch turns each into a FeedbackItem): blank ones dropped, long ones cut.
+carry (bso.dispatch turns each into a FeedbackItem): an empty one named as such, long ones cut.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from bso.messages import MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
+from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
 
 MAX_ANSWER_HISTORY_BYTES = 64_000
 MAX_PATH_CHARS = 1_000  # a finding's or feedback item's `file`
-# Room kept for the notes naming what was left out (three at most, each at most MAX_SUMMARY_CHARS).
-_NOTES_ROOM = 3 * (MAX_SUMMARY_CHARS + 200)
+# An empty blocking issue still blocks (one of spaces did, as a valid feedback item): it is named, not dropped.
+EMPTY_BLOCKING_ISSUE = "(the review named a blocking issue without text)"
 
 Item = TypeVar("Item")
 
@@ -39,7 +39,7 @@ def _file_cut(item: Finding | FeedbackItem) -> Finding | FeedbackItem:
 
 
 def _cleaned(answer: AgentComplete) -> AgentComplete:
-    issues = [i[:MAX_SUMMARY_CHARS] for i in answer.blocking_issues if i.strip()]
+    issues = [i[:MAX_SUMMARY_CHARS] if i else EMPTY_BLOCKING_ISSUE for i in answer.blocking_issues]
     findings = [_file_cut(f) for f in answer.findings]
     feedback = [_file_cut(f) for f in answer.feedback]
     if (
@@ -72,7 +72,8 @@ def _note(left_out: int, total: int, what: str, whole_answer_at: str) -> str:
 
 
 def fit_for_history(answer: AgentComplete, whole_answer_at: str) -> AgentComplete:
-    """The answer to put in history: `answer` itself when it fits and is clean, else a copy that does.
+    """The answer to put in history: `answer` itself when it fits and is clean, else a copy that does (when the
+    rest of the answer leaves room: its other fields are bounded by their models, but for `po_message`).
 
     Kept, in this order, while they fit: the blocking issues, the blocking feedback items, the findings most severe
     first (the answer's order within a severity), the other feedback items; the first of each blocking kind and the
@@ -87,18 +88,25 @@ def fit_for_history(answer: AgentComplete, whole_answer_at: str) -> AgentComplet
     if _size(cleaned) <= MAX_ANSWER_HISTORY_BYTES:
         return cleaned
     bare = cleaned.model_copy(update={"findings": [], "blocking_issues": [], "feedback": []})
-    room = MAX_ANSWER_HISTORY_BYTES - _size(bare) - _NOTES_ROOM
-
-    issues = _prefix(cleaned.blocking_issues, room, at_least_one=True)
-    room -= sum(_size(i) + 1 for i in issues)
     blocking_feedback = [f for f in cleaned.feedback if f.severity == "blocking"]
-    kept_blocking_feedback = _prefix(blocking_feedback, room, at_least_one=True)
-    room -= sum(_size(f) + 1 for f in kept_blocking_feedback)
-    by_severity = sorted(cleaned.findings, key=lambda f: -f.severity.rank)
-    findings = _prefix(by_severity, room, at_least_one=True)
-    room -= sum(_size(f) + 1 for f in findings)
     suggestions = [f for f in cleaned.feedback if f.severity != "blocking"]
-    kept_suggestions = _prefix(suggestions, room, at_least_one=False)
+    by_severity = sorted(cleaned.findings, key=lambda f: -f.severity.rank)
+    always = [items[0] for items in (cleaned.blocking_issues, blocking_feedback, by_severity) if items]
+    # The notes' room (three at most, each with its JSON around it) and the items always kept are paid first.
+    note_bytes = len(_note(MAX_FINDINGS, MAX_FINDINGS, "blocking issues", whole_answer_at).encode()) + 200
+    room = MAX_ANSWER_HISTORY_BYTES - _size(bare) - 3 * note_bytes - sum(_size(item) + 1 for item in always)
+
+    def kept_of(items: Sequence[Item], always_kept: bool) -> list[Item]:
+        nonlocal room
+        paid = _size(items[0]) + 1 if always_kept and items else 0
+        kept = _prefix(items, room + paid, at_least_one=always_kept)
+        room -= sum(_size(item) + 1 for item in kept) - paid
+        return kept
+
+    issues = kept_of(cleaned.blocking_issues, always_kept=True)
+    kept_blocking_feedback = kept_of(blocking_feedback, always_kept=True)
+    findings = kept_of(by_severity, always_kept=True)
+    kept_suggestions = kept_of(suggestions, always_kept=False)
 
     if len(issues) < len(cleaned.blocking_issues):
         left = len(cleaned.blocking_issues) - len(issues)

@@ -267,7 +267,7 @@ SLAVE_PATCHES = PatchRollup(
 # one records no marker for it): a cancelled batch answers the `decide` updates it still holds before it ends.
 PATCH_DECIDE_ANSWERED_ON_CANCEL = "slave-decide-answered-on-cancel"
 # An answer goes into the batch's state as bso.answer_size fits it: the fix's input no longer carries megabytes of
-# findings again (the agent activity fits what it returns itself; this is for answers sent by signal), and a blank
+# findings again (the agent activity fits what it returns itself; this is for answers sent by signal), and an empty
 # or over-long blocking issue no longer fails the batch (the fix's feedback could not carry it).
 PATCH_ANSWER_FITS_HISTORY = "slave-answer-fits-history"
 # A batch whose history grows long ends after the story in hand; the Master gives the rest to a new batch. Asked
@@ -365,7 +365,7 @@ class SprintSlaveWorkflow:
         """AGENT_COMPLETE. Malformed, unknown or repeated answers are recorded and ignored."""
         self._receive_answer(payload)
 
-    def _receive_answer(self, payload: Any) -> None:
+    def _receive_answer(self, payload: Any, came_as: str = "the AGENT_COMPLETE signal") -> None:
         """An AGENT_COMPLETE, by signal or as the agent activity's result: validated, matched to its open
         dispatch and deduplicated the same way either way (check_agent_complete, which `bso messages` shares)."""
         if is_agent_error(payload):
@@ -388,7 +388,7 @@ class SprintSlaveWorkflow:
             self.record_rejected(checked)  # recorded, never acted on
             return
         del self._open_dispatches[checked.dispatch_id]
-        fitted = fit_for_history(checked, f"the AGENT_COMPLETE signal in the history of {workflow.info().workflow_id}")
+        fitted = fit_for_history(checked, f"{came_as} in the history of {workflow.info().workflow_id}")
         if fitted is not checked and SLAVE_PATCHES.patched(PATCH_ANSWER_FITS_HISTORY):
             checked = fitted
         self._answers[checked.dispatch_id] = checked
@@ -581,7 +581,7 @@ class SprintSlaveWorkflow:
                 errors.append(f"sprint-status.yaml unreadable: {problem}")
                 return self._result(errors, budget_exhausted)
 
-        for meta in inp.stories:
+        for position, meta in enumerate(inp.stories):
             if self._shutdown:
                 workflow.logger.info("[Slave] shutdown requested: %s not started", meta.key)
                 continue
@@ -610,7 +610,7 @@ class SprintSlaveWorkflow:
             if budget_level(inp.tokens_used_before + self._tokens_used(), self._input.config) is BudgetLevel.EXHAUSTED:
                 budget_exhausted = True
                 workflow.logger.warning("[Slave] token budget exhausted after %s: batch stops", meta.key)
-            if meta is not inp.stories[-1] and self._history_is_long() and SLAVE_PATCHES.patched(PATCH_HANDS_OVER_WHEN_LONG):
+            if self._hands_over(inp.stories[position + 1:], budget_exhausted):
                 self._handed_over = True
                 workflow.logger.info(
                     "[Slave] history at %d events after %s: the stories not started go to a new batch",
@@ -667,6 +667,16 @@ class SprintSlaveWorkflow:
 
     def _tokens_used(self) -> int:
         return sum(p.tokens_used for p in self._progress.values())
+
+    def _hands_over(self, later: list[StoryMeta], budget_exhausted: bool) -> bool:
+        """Whether the batch leaves `later` to a new batch, its history long: only stories the batch would still
+        start (not after a shutdown, a budget stop, fail_fast or its working time, which leave them as they are)."""
+        return (
+            not (self._shutdown or budget_exhausted or self._fatal is not None or self._out_of_time is not None)
+            and any(not is_terminal(self._progress[m.key]) for m in later)
+            and self._history_is_long()
+            and SLAVE_PATCHES.patched(PATCH_HANDS_OVER_WHEN_LONG)
+        )
 
     def _history_is_long(self) -> bool:
         info = workflow.info()
@@ -1134,7 +1144,7 @@ class SprintSlaveWorkflow:
                     return no_answer if _deadline_passed(failure) else f"agent activity failed: {_cause(failure)}"
                 receipt = handle.result()
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
-                    self._receive_answer(receipt.answer)
+                    self._receive_answer(receipt.answer, came_as="the agent activity's result")
             if dispatch_id not in self._answers:
                 # The agent answers by itself (external backend) within what is left of its time.
                 left = deadline - workflow.now()
@@ -1170,7 +1180,7 @@ class SprintSlaveWorkflow:
         if not (dispatch_id in self._answers or in_result) or not SLAVE_PATCHES.patched(PATCH_WRITE_SURVIVES_CANCEL):
             return False
         if dispatch_id not in self._answers and receipt is not None:
-            self._receive_answer(receipt.answer)
+            self._receive_answer(receipt.answer, came_as="the agent activity's result")
         return dispatch_id in self._answers
 
     async def _finish_story_git(self, meta: StoryMeta) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bso.answer_size import MAX_ANSWER_HISTORY_BYTES, MAX_PATH_CHARS, _size, fit_for_history
+from bso.answer_size import EMPTY_BLOCKING_ISSUE, MAX_ANSWER_HISTORY_BYTES, MAX_PATH_CHARS, _size, fit_for_history
 from bso.config import SprintConfig
 from bso.dispatch import _fix_feedback, findings_needing_fix, review_shortfalls
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
@@ -27,13 +27,29 @@ def test_a_small_clean_answer_is_returned_as_it_is():
     assert fit_for_history(bare, WHERE) is bare
 
 
-def test_blank_blocking_issues_are_dropped_and_long_ones_cut_so_the_fix_feedback_can_carry_them():
+def test_an_empty_blocking_issue_is_named_and_long_ones_cut_so_the_fix_feedback_can_carry_them():
+    """The fix's feedback item (1 to 2,000 characters) of an empty or a 3,000-character blocking issue raised in the
+    Slave. One of spaces was a valid item that asked for a fix: so does an empty one now."""
     answer = _review(blocking_issues=["", "   ", "x" * 3_000, "real issue"])
     fitted = fit_for_history(answer, WHERE)
-    assert fitted.blocking_issues == ["x" * MAX_SUMMARY_CHARS, "real issue"]
-    # The fix's feedback is made of them: every one a valid FeedbackItem (it raised for both before).
+    assert fitted.blocking_issues == [EMPTY_BLOCKING_ISSUE, "   ", "x" * MAX_SUMMARY_CHARS, "real issue"]
     issues = [f.issue for f in _fix_feedback(fitted, SprintConfig())]
     assert issues == fitted.blocking_issues
+    assert fit_for_history(_review(blocking_issues=[""]), WHERE).blocking == [EMPTY_BLOCKING_ISSUE]
+
+
+def test_the_items_always_kept_and_the_notes_fit_the_budget_with_everything_at_its_largest():
+    """Blocking issues filling the room left the first blocking feedback item and the most severe finding (always
+    kept) over the budget; a path of non-ASCII characters made the notes longer in bytes than in characters."""
+    issues = ["b" * MAX_SUMMARY_CHARS] * MAX_FINDINGS
+    feedback = [FeedbackItem(severity="blocking", category="c" * 100, issue="i" * 2_000, suggestion="s" * 2_000,
+                             file="f" * 1_000)] * MAX_FINDINGS
+    findings = [Finding(severity="HIGH", summary="x" * 2_000, file="f" * 1_000)] * MAX_FINDINGS
+    answer = _review(findings=findings, blocking_issues=issues, feedback=feedback, summary="é" * MAX_SUMMARY_CHARS)
+    for where in (WHERE, "/é" * 500):
+        fitted = fit_for_history(answer, where)
+        assert _size(fitted) <= MAX_ANSWER_HISTORY_BYTES
+        assert fitted.findings[0].severity == Severity.HIGH and fitted.blocking_issues and fitted.blocking
 
 
 def test_a_megabyte_review_keeps_the_most_severe_findings_and_names_where_the_rest_are():
@@ -84,23 +100,18 @@ feedback_lists = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(findings=finding_lists, issues=st.lists(texts, max_size=MAX_FINDINGS), feedback=feedback_lists,
-       score=st.none() | st.integers(0, 100))
-def test_any_answer_fits_and_decides_as_the_whole_answer(findings, issues, feedback, score):
+       score=st.none() | st.integers(0, 100), where=st.sampled_from([WHERE, "/é" * 500, "x" * 5_000]))
+def test_any_answer_fits_and_decides_as_the_whole_answer(findings, issues, feedback, score, where):
     answer = _review(findings=findings, blocking_issues=issues, feedback=feedback, score=score)
-    fitted = fit_for_history(answer, WHERE)
+    fitted = fit_for_history(answer, where)
     assert _size(fitted) <= MAX_ANSWER_HISTORY_BYTES
     assert (fitted.status, fitted.verdict, fitted.score, fitted.summary) == (
         answer.status, answer.verdict, answer.score, answer.summary
     )
     # Whether anything blocks, and which strictness asks for a fix.
-    assert bool(fitted.blocking) == (
-        any(i.strip() for i in answer.blocking_issues) or any(f.severity == "blocking" for f in answer.feedback)
-    )
     config = SprintConfig()
-    assert bool(review_shortfalls(fitted, config)) == bool(
-        [i for i in answer.blocking_issues if i.strip()] or [f for f in answer.feedback if f.severity == "blocking"]
-        or (answer.score is not None and answer.score < config.approval_score)
-    )
+    assert bool(fitted.blocking) == bool(answer.blocking)
+    assert bool(review_shortfalls(fitted, config)) == bool(review_shortfalls(answer, config))
     for strictness in Strictness:
         assert bool(findings_needing_fix(fitted.findings, strictness)) == bool(
             findings_needing_fix(answer.findings, strictness)

@@ -61,9 +61,9 @@ async def test_a_blocking_issue_longer_than_feedback_holds_is_cut_not_fatal(ts_e
 
 
 async def test_a_signalled_answer_of_megabytes_reaches_the_fix_bounded(ts_env, tmp_path: Path):
-    """An external review answer of 200 findings with 7,000-character paths and a blank blocking issue: the
+    """An external review answer of 200 findings with 7,000-character paths and an empty blocking issue: the
     Slave takes it fitted (the most severe findings, a note naming the signal for the rest), so the fix's input
-    stays small, and the blank blocking issue no longer fails the batch."""
+    stays small, and the empty blocking issue no longer fails the batch."""
     make_project(tmp_path, {K1: "review"})
     client = ts_env.client
     findings = [

@@ -231,7 +231,7 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-rearm-cancel/rearm-cancel.json", PATCH_UPDATES_ANSWERED_ON_CANCEL),
         # Two of its stories shared a number (1-2-login, 1-2-logout): it ran them in one batch.
         ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
-        # A review's blank blocking issue failed it (the fix's feedback could not carry it).
+        # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
         ("before-2026-11-25-parallel/rv7-chain-False.json", PATCH_BATCH_END_SENDS_A_COMMAND),

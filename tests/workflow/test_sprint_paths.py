@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -284,6 +285,39 @@ async def test_a_batch_whose_history_grows_long_hands_its_unstarted_stories_to_a
     assert await workflow_task_failures(ts_env.client, handle.id) == []
     handed = sum(r.handed_over for r in report.batches)
     assert f"| batches handed over | {handed} (their history grew long" in render_summary(report)
+
+
+async def test_a_batch_stopped_by_fail_fast_or_its_working_time_hands_nothing_over(own_ts_env, tmp_path: Path):
+    """A batch whose history was long when fail_fast or its working time stopped it said it handed its stories over
+    (the summary counted it), and one out of time had the Master queue them as a new batch with fresh working time:
+    stories that must keep their state ran."""
+    env = own_ts_env
+    make_project(tmp_path, {K1: "review", K2: "ready-for-dev", K3: "ready-for-dev"})
+    simulation = {"stories": {"1-1": {"blocking": ["a", "b"]}, "1-2": {"fail": {"dev": "fatal"}}}}
+    overrides = {"fail_fast": True, "batch_size": 3, "batch_hand_over_after_events": 50}
+    async with bso_worker(env.client) as queue:
+        report = await run_sprint(env.client, queue, sprint_input(tmp_path, simulation=simulation,
+                                                                  config_overrides=overrides))
+    assert report.stories[K3] == "ready-for-dev" and not any(b.handed_over for b in report.batches)
+    assert "batches handed over" not in render_summary(report)
+
+    late = tmp_path / "late"
+    make_project(late, {K1: "ready-for-dev", K2: "review"})
+    overrides = {"slave_timeout_seconds": 60, "batch_hand_over_after_events": 50}
+    async with bso_worker(env.client) as queue:
+        handle = await start_sprint(env.client, queue, sprint_input(
+            late, session_id="late-long", agent_backend="external", config_overrides=overrides
+        ))
+        slave = env.client.get_workflow_handle(slave_workflow_id("late-long", 1))
+        status = await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's dev dispatched")
+        answer = {"story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
+        for n in range(20):  # answers to no open dispatch, recorded and ignored: the history grows long
+            await slave.signal("agent_complete", {**answer, "dispatch_id": f"nope-{n}"})
+        await env.sleep(timedelta(minutes=2))
+        await slave.signal("agent_complete", {**answer, "dispatch_id": status.stories[K1].dispatch_id})
+        report = await sprint_result(handle)
+    assert "out of time" in report.batches[0].errors[0] and not report.batches[0].handed_over
+    assert len(report.batches) == 1 and report.stories[K2] == "review"
 
 
 async def test_filters_epic_and_short_story_keys(ts_env, tmp_path: Path):
