@@ -5,7 +5,6 @@ does not, max_debug_attempts caps the rounds, known error patterns come from the
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from tests.conftest import bso_worker
 from tests.workflow.holds import SignalDeliveredFirst, in_the_hold, replay_with, workers_with
 from tests.workflow.resident_host import HostInput, ResidentHost
 from tests.workflow.helpers import (
+    fix_assignments,
     ledger,
     poll_until,
     make_project,
@@ -56,19 +56,6 @@ def journal(root: Path) -> str:
 
 def story_error(report, key):
     return next(r.error for b in report.batches for r in b.results.story_results if r.story_key == key)
-
-
-async def fix_assignments(client, slave_id: str) -> list[dict]:
-    history = await client.get_workflow_handle(slave_id).fetch_history()
-    out = []
-    for e in history.events:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = e.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == "run_agent":
-                assignment = json.loads(attrs.input.payloads[0].data)
-                if assignment["mode"] == "fix":
-                    out.append(assignment)
-    return out
 
 
 async def test_a_fixable_analysis_rescues_the_story(ts_env, tmp_path: Path):

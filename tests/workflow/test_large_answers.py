@@ -14,6 +14,7 @@ from bso.constants import slave_workflow_id
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
+    fix_assignments,
     make_project,
     run_sprint,
     sprint_input,
@@ -33,18 +34,6 @@ async def _history_bytes(client: Client, workflow_id: str) -> int:
     return len(history.to_json().encode())
 
 
-async def _fix_assignments(client: Client, slave_id: str) -> list[dict]:
-    fixes = []
-    async for event in client.get_workflow_handle(slave_id).fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == "run_agent":
-                assignment = json.loads(attrs.input.payloads[0].data)
-                if assignment["mode"] == "fix":
-                    fixes.append(assignment)
-    return fixes
-
-
 async def test_a_blocking_issue_longer_than_feedback_holds_is_cut_not_fatal(ts_env, tmp_path: Path):
     """A review naming a 3,000-character blocking issue: the fix's feedback item (at most 2,000) raised a
     ValidationError in the Slave, which failed the batch and left the story where it was."""
@@ -55,7 +44,7 @@ async def test_a_blocking_issue_longer_than_feedback_holds_is_cut_not_fatal(ts_e
         report = await run_sprint(ts_env.client, queue, inp)
     assert report.stories == {K1: "done"}, report
     assert status_values(tmp_path)[K1] == "done"
-    (fix,) = await _fix_assignments(ts_env.client, slave_workflow_id("long-issue", 1))
+    (fix,) = await fix_assignments(ts_env.client, slave_workflow_id("long-issue", 1))
     assert [f["issue"] for f in fix["fix_feedback"]] == ["x" * MAX_SUMMARY_CHARS]
     assert await workflow_task_failures(ts_env.client, "long-issue") == []
 

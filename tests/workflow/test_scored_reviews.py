@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input
+from tests.workflow.helpers import fix_assignments, make_project, run_sprint, sprint_input
 
 K1 = "1-1-login-form"
 K2 = "1-2-logout"
@@ -34,15 +33,7 @@ async def test_scored_review_fix_loop_and_scores_in_the_report(ts_env, tmp_path:
     assert "max_review_rounds (1)" in (_story(report, K2).error or "")
 
     # The fix assignment carried the review's feedback: read the Slave's scheduled activities.
-    slave = ts_env.client.get_workflow_handle(slave_workflow_id(report.session_id, 1))
-    fixes = []
-    async for event in slave.fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == "run_agent":
-                assignment = json.loads(attrs.input.payloads[0].data)
-                if assignment["mode"] == "fix":
-                    fixes.append(assignment)
+    fixes = await fix_assignments(ts_env.client, slave_workflow_id(report.session_id, 1))
     k1_fix = next(a for a in fixes if a["story_key"] == K1)
     issues = [(f["severity"], f["issue"]) for f in k1_fix["fix_feedback"]]
     assert ("blocking", "Missing unit tests for error handling") in issues
