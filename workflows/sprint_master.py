@@ -28,6 +28,7 @@ from temporalio.exceptions import (
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows.history import history_is_long_now
     from workflows.inputs import RawInput, required_input
 
     from activities.improvements import add_improvement_stories, propose_improvements
@@ -1163,9 +1164,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 workflow.logger.info("fail_fast: %s not signalled (%s)", slave_id, err)
 
     def _history_is_long(self) -> bool:
-        info = workflow.info()
-        limit = self._state.config.continue_as_new_after_events
-        return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
+        return history_is_long_now(self._state.config.continue_as_new_after_events)
 
     async def _continue_as_new(self, inp: SprintInput) -> SprintReport:
         self._handing_over = True  # an update accepted now could be dropped with this run

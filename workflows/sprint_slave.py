@@ -20,6 +20,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from workflows.history import history_is_long_now
     from workflows.inputs import RawInput, required_input
     from workflows.patches import PatchRollup
 
@@ -679,9 +680,7 @@ class SprintSlaveWorkflow:
         )
 
     def _history_is_long(self) -> bool:
-        info = workflow.info()
-        limit = self._input.config.batch_hand_over_after_events
-        return info.is_continue_as_new_suggested() or (limit is not None and info.get_current_history_length() >= limit)
+        return history_is_long_now(self._input.config.batch_hand_over_after_events)
 
     async def _refresh_states(self, keys: list[str] | None = None) -> None:
         """Step 2 of the spec: the status file, not the plan, says where each story stands now (`keys`: only
