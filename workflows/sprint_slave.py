@@ -274,6 +274,10 @@ PATCH_ANSWER_FITS_HISTORY = "slave-answer-fits-history"
 # A batch whose history grows long ends after the story in hand; the Master gives the rest to a new batch. Asked
 # only once the history is long: a batch recorded before ran all its stories.
 PATCH_HANDS_OVER_WHEN_LONG = "slave-hands-over-when-long"
+# An agent activity no worker started before the agent's deadline (the server's SCHEDULE_TO_START, which defaults
+# to the deadline) is out of time like one still running then: it was reported "agent activity failed: Timeout".
+# Asked only when that timeout comes.
+PATCH_UNSTARTED_AGENT_OUT_OF_TIME = "slave-unstarted-agent-out-of-time"
 
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
@@ -1546,9 +1550,14 @@ def _consume_outcome(task: asyncio.Task[Any]) -> None:
 
 
 def _deadline_passed(err: BaseException) -> bool:
-    """The agent activity ran out of its schedule-to-close time: the agent's deadline."""
+    """The agent activity ran out of its schedule-to-close time, the agent's deadline, or was not started
+    within it (no separate schedule-to-start time is set, so the server's default is the deadline)."""
     cause = err.__cause__
-    return isinstance(cause, ActivityTimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_CLOSE
+    if not isinstance(cause, ActivityTimeoutError):
+        return False
+    if cause.type is TimeoutType.SCHEDULE_TO_CLOSE:
+        return True
+    return cause.type is TimeoutType.SCHEDULE_TO_START and SLAVE_PATCHES.patched(PATCH_UNSTARTED_AGENT_OUT_OF_TIME)
 
 
 def _error_type(err: BaseException) -> str | None:

@@ -27,6 +27,7 @@ from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
+    run_sprint,
     poll_until,
     sprint_input,
     sprint_result,
@@ -346,3 +347,32 @@ async def _task_after(handle, event_type: EventType.ValueType) -> bool:
     return first is not None and any(
         e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and e.event_id > first for e in events
     )
+
+
+
+async def _agent_unstarted_past_its_deadline(client: Client, tmp_path: Path) -> None:
+    """No agents worker for the whole of the agent's time: the server times the activity out before it starts
+    (SCHEDULE_TO_START, which defaults to the deadline). The story was reported "agent activity failed:
+    Timeout", as if the agent had broken; it is the agent's deadline passing, said as such. (A busy worker
+    that starts a simulated agent only after its deadline meets the same.)"""
+    make_project(tmp_path, {K1: "review"})
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    (sprint_worker,) = build_workers(client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
+    overrides = {"agent_timeout_seconds": {"code_review": 2}}
+    async with sprint_worker:
+        report = await run_sprint(client, prefix + SPRINT_TASK_QUEUE, sprint_input(
+            tmp_path, agent_backend="external", config_overrides=overrides
+        ))
+    assert report.stories == {K1: "needs-intervention"}
+    errors = [r.error for b in report.batches for r in b.results.story_results if r.story_key == K1]
+    assert errors and "no AGENT_COMPLETE within 2s" in (errors[0] or ""), errors
+
+
+async def test_an_agent_no_worker_starts_before_its_deadline_is_out_of_time(ts_env, tmp_path: Path):
+    await _agent_unstarted_past_its_deadline(ts_env.client, tmp_path)
+
+
+async def test_an_agent_no_worker_starts_before_its_deadline_is_out_of_time_on_the_dev_server(
+    local_env, tmp_path: Path
+):
+    await _agent_unstarted_past_its_deadline(local_env.client, tmp_path)
