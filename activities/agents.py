@@ -22,6 +22,7 @@ import fcntl
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -35,7 +36,7 @@ from activities.session_files import (
     recorded_dispatch_answer,
 )
 from bso.agent_progress import progress_update
-from bso.answer_size import fit_for_history
+from bso.answer_size import fit_for_history, without_oversized_po_message
 from bso.constants import SIGNAL_AGENT_COMPLETE
 from bso.messages import AgentComplete, DispatchReceipt, TaskAssignment
 
@@ -126,7 +127,7 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
 
     async with one_attempt_at_a_time(assignment):
         if (answer := recorded_answer()) is not None:
-            recorded = fit_for_history(AgentComplete.model_validate(answer), str(answer_file))
+            recorded = _fitted(AgentComplete.model_validate(answer), answer_file)
             if assignment.answer_in_result:
                 return _in_result(assignment, recorded, replayed_from_ledger=True)
             delivered = await _deliver(assignment, recorded)
@@ -141,11 +142,16 @@ async def run_agent(assignment: TaskAssignment) -> DispatchReceipt:
             await asyncio.to_thread(
                 record_dispatch_answer, answer_file, complete.model_dump(mode="json"), info.workflow_run_id
             )
-    complete = fit_for_history(complete, str(answer_file))  # the whole answer stays in the file
+    complete = _fitted(complete, answer_file)  # the whole answer stays in the file
     if assignment.answer_in_result:
         return _in_result(assignment, complete)
     delivered = await _deliver(assignment, complete)
     return DispatchReceipt(dispatch_id=assignment.dispatch_id, delivered=delivered)
+
+
+def _fitted(answer: AgentComplete, answer_file: Path) -> AgentComplete:
+    """The answer as it goes into the batch's history (bso.answer_size), pointing at the file with all of it."""
+    return fit_for_history(without_oversized_po_message(answer, str(answer_file)), str(answer_file))
 
 
 def _in_result(assignment: TaskAssignment, complete: AgentComplete, replayed_from_ledger: bool = False) -> DispatchReceipt:

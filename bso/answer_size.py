@@ -20,6 +20,11 @@ from pydantic import BaseModel
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
 
 MAX_ANSWER_HISTORY_BYTES = 64_000
+# An Agent-PO plan or completion report (`po_message`) is checked whole by its gate, so it is not cut: one over
+# this (a plan of ~20,000 words; a report whose real diff lists thousands of files) is refused, as an invalid one
+# is. Each revision's and attempt's message stays in the batch's history, and one past Temporal's 2 MB payload
+# limit failed the agent activity's every attempt.
+MAX_PO_MESSAGE_BYTES = 128_000
 MAX_PATH_CHARS = 1_000  # a finding's or feedback item's `file`
 # An empty blocking issue still blocks (one of spaces did, as a valid feedback item): it is named, not dropped.
 EMPTY_BLOCKING_ISSUE = "(the review named a blocking issue without text)"
@@ -71,9 +76,24 @@ def _note(left_out: int, total: int, what: str, whole_answer_at: str) -> str:
     )[:MAX_SUMMARY_CHARS]
 
 
+def without_oversized_po_message(answer: AgentComplete, whole_answer_at: str) -> AgentComplete:
+    """`answer`, or when its `po_message` is over MAX_PO_MESSAGE_BYTES, a copy without it that says why, as
+    bso.po_agent answers an invalid message: the PO gate finds no valid message and reports this error."""
+    if answer.po_message is None or (size := _size(answer.po_message)) <= MAX_PO_MESSAGE_BYTES:
+        return answer
+    error = (
+        f"validation_failed: po_message: {size:,} bytes, over the {MAX_PO_MESSAGE_BYTES:,} a workflow's history "
+        f"takes; the whole answer: {whole_answer_at[:MAX_PATH_CHARS]}"
+    )
+    return answer.model_copy(
+        update={"po_message": None, "error": error[:MAX_SUMMARY_CHARS], "error_type": "validation_failed"}
+    )
+
+
 def fit_for_history(answer: AgentComplete, whole_answer_at: str) -> AgentComplete:
     """The answer to put in history: `answer` itself when it fits and is clean, else a copy that does (when the
-    rest of the answer leaves room: its other fields are bounded by their models, but for `po_message`).
+    rest of the answer leaves room: its other fields are bounded by their models, but for `po_message`, which
+    `without_oversized_po_message` bounds).
 
     Kept, in this order, while they fit: the blocking issues, the blocking feedback items, the findings most severe
     first (the answer's order within a severity), the other feedback items; the first of each blocking kind and the

@@ -17,7 +17,7 @@ a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 Agent-PO gates ($BSO_PO_PHASE set): in the plan phase it changes nothing and writes a PLAN_SUBMISSION; in
 the completion phases (implement / fix) it implements as above and writes a COMPLETION_REPORT. What kind,
 per attempt ($BSO_PO_ATTEMPT; the last entry repeats), from $FAKE_AGENT_PO_PLAN (good, missing-ac,
-out-of-scope, invalid) and $FAKE_AGENT_PO_REPORT (good, missing-ac, out-of-scope, fewer-files: changes
+out-of-scope, invalid, huge) and $FAKE_AGENT_PO_REPORT (good, missing-ac, out-of-scope, fewer-files: changes
 docs/notes.md but claims only the planned files, invalid). The AC ids and authorized files come from the
 prompt's PO section, as a real agent would read them. A fix attempt removes docs/notes.md.
 """
@@ -71,6 +71,8 @@ def po_plan(kind, prompt, key, module, attempt):
             "test_approach": {"unit_tests": [files[2]]}}
     if kind == "invalid":
         del plan["ac_mapping"]
+    if kind == "huge":  # a valid plan of 300 KB: its approach written out at length
+        plan["approach"] += " " + "step by step. " * 21_500
     return {"message_type": "PLAN_SUBMISSION", "timestamp": now(), "agent_id": "dev-runner", "task_id": key,
             "revision": attempt, "plan": plan}
 

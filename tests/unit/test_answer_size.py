@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bso.answer_size import EMPTY_BLOCKING_ISSUE, MAX_ANSWER_HISTORY_BYTES, MAX_PATH_CHARS, _size, fit_for_history
+from bso.answer_size import (
+    EMPTY_BLOCKING_ISSUE,
+    MAX_ANSWER_HISTORY_BYTES,
+    MAX_PATH_CHARS,
+    MAX_PO_MESSAGE_BYTES,
+    _size,
+    fit_for_history,
+    without_oversized_po_message,
+)
 from bso.config import SprintConfig
 from bso.dispatch import _fix_feedback, findings_needing_fix, review_shortfalls
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
@@ -25,6 +33,22 @@ def test_a_small_clean_answer_is_returned_as_it_is():
     assert fit_for_history(answer, WHERE) is answer
     bare = _review()
     assert fit_for_history(bare, WHERE) is bare
+
+
+def test_a_po_message_over_its_bound_is_refused_naming_its_size_and_the_whole_answer():
+    """A plan or report is checked whole by its gate: never cut, refused as an invalid message is (no po_message,
+    error_type validation_failed), which the gate reports as "no valid PLAN_SUBMISSION (...)"."""
+    plan = {"approach": "x" * (MAX_PO_MESSAGE_BYTES - 20)}
+    within = _review(po_message=plan)
+    assert _size(plan) <= MAX_PO_MESSAGE_BYTES and without_oversized_po_message(within, WHERE) is within
+    over = _review(po_message={"approach": "x" * MAX_PO_MESSAGE_BYTES}, summary="plan submitted")
+    refused = without_oversized_po_message(over, WHERE)
+    assert refused.po_message is None and refused.error_type == "validation_failed"
+    assert refused.error == (
+        f"validation_failed: po_message: {MAX_PO_MESSAGE_BYTES + 15:,} bytes, over the {MAX_PO_MESSAGE_BYTES:,} "
+        f"a workflow's history takes; the whole answer: {WHERE}"
+    )
+    assert (refused.status, refused.summary) == (over.status, over.summary)
 
 
 def test_an_empty_blocking_issue_is_named_and_long_ones_cut_so_the_fix_feedback_can_carry_them():

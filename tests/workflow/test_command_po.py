@@ -11,6 +11,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.backends import command
 from activities.git_ops import worktree_path
+from activities.session_files import dispatch_answer_path
+from bso.answer_size import MAX_ANSWER_HISTORY_BYTES
+from bso.constants import slave_workflow_id
 from bso.messages import CompletionReportPayload, PlanSubmissionPayload
 from bso.po_gates import StoryScope, gates_active, go_gate, next_gate
 from bso.states import AgentStatus
@@ -163,3 +166,25 @@ async def test_a_command_sprint_runs_the_gates_by_default(ts_env, tmp_path: Path
     files = git(root, "diff", "--name-only", base, "HEAD").split()
     assert sorted(files) == sorted(PLANNED)  # the unauthorized file never reached main
     assert await workflow_task_failures(ts_env.client, "cmd-po") == []
+
+
+async def test_a_plan_too_large_for_history_is_refused_by_the_gate_and_kept_whole_on_disk(ts_env, tmp_path: Path) -> None:
+    """A valid plan of 300 KB: the agent activity returned it whole, into the batch's history, once per revision
+    (a plan or report of megabytes, a completion report's real diff of thousands of files, had no bound; past
+    2 MB every attempt of the activity failed). It is refused as an invalid plan is, saying why and where the
+    whole answer is; the story needs intervention."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_PO_PLAN="huge")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-po-huge", agent_backend="command")
+        )
+    assert report.stories == {STORY: "needs-intervention"}, report
+    (error,) = [r.error for b in report.batches for r in b.results.story_results if r.story_key == STORY]
+    answer_file = dispatch_answer_path(str(root), "cmd-po-huge/batch-1/1-1/3/plan-1")
+    assert error is not None and "PO gate: no valid PLAN_SUBMISSION (validation_failed: po_message: " in error
+    assert f"bytes, over the 128,000 a workflow's history takes; the whole answer: {answer_file}" in error
+    whole = json.loads(answer_file.read_text())["answer"]["po_message"]
+    assert len(json.dumps(whole)) > 300_000
+    history = await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-po-huge", 1)).fetch_history()
+    assert max(e.ByteSize() for e in history.events) < MAX_ANSWER_HISTORY_BYTES
+    assert await workflow_task_failures(ts_env.client, "cmd-po-huge") == []
