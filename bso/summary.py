@@ -89,8 +89,9 @@ def render_summary(
         f"| other (not finished) | {len(stories) - count[StoryState.DONE] - count[StoryState.NEEDS_INTERVENTION] - count[StoryState.SKIPPED]} |",
         f"| batches | {len(report.batches)} |",
         *(
-            [f"| batches handed over | {handed} (their history grew long: the stories they had not started went to a "
-             "new batch) |"]
+            # Left for a new batch: a sprint stopped meanwhile (fail_fast, a budget stop) starts none.
+            [f"| batches handed over | {handed} (their history grew long: they left the stories they had not started "
+             "to a new batch) |"]
             if (handed := sum(b.handed_over for b in report.batches))
             else []
         ),
