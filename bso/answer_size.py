@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
+from bso.po_agent import po_message_refused
 
 MAX_ANSWER_HISTORY_BYTES = 64_000
 # An Agent-PO plan or completion report (`po_message`) is checked whole by its gate, so it is not cut: one over
@@ -77,16 +78,14 @@ def _note(left_out: int, total: int, what: str, whole_answer_at: str) -> str:
 
 
 def without_oversized_po_message(answer: AgentComplete, whole_answer_at: str) -> AgentComplete:
-    """`answer`, or when its `po_message` is over MAX_PO_MESSAGE_BYTES, a copy without it that says why, as
-    bso.po_agent answers an invalid message: the PO gate finds no valid message and reports this error."""
+    """`answer`, or when its `po_message` is over MAX_PO_MESSAGE_BYTES, a copy without it; a successful answer's
+    error then says why (bso.po_agent.po_message_refused), a failed one keeps its own."""
     if answer.po_message is None or (size := _size(answer.po_message)) <= MAX_PO_MESSAGE_BYTES:
         return answer
-    error = (
-        f"validation_failed: po_message: {size:,} bytes, over the {MAX_PO_MESSAGE_BYTES:,} a workflow's history "
-        f"takes; the whole answer: {whole_answer_at[:MAX_PATH_CHARS]}"
-    )
-    return answer.model_copy(
-        update={"po_message": None, "error": error[:MAX_SUMMARY_CHARS], "error_type": "validation_failed"}
+    return po_message_refused(
+        answer,
+        f"po_message: {size:,} bytes, over the {MAX_PO_MESSAGE_BYTES:,} a workflow's history takes; "
+        f"the whole answer: {whole_answer_at[:MAX_PATH_CHARS]}",
     )
 
 

@@ -226,9 +226,16 @@ def po_complete(a: TaskAssignment, answer: PoAnswer, summary: str) -> AgentCompl
                     "error_type": "blocked"}
         )
     assert answer.failure is not None
-    # No po_message: the Slave's gate finds no valid message and reports this error (never acted on).
-    return base.model_copy(
-        update={"error": f"validation_failed: {answer.failure.describe()}"[:1900], "error_type": "validation_failed"}
+    return po_message_refused(base, answer.failure.describe())
+
+
+def po_message_refused(answer: AgentComplete, why: str) -> AgentComplete:
+    """A successful answer whose PO message is refused: without it, the Slave's gate finds no valid message and
+    reports this error (never acted on). A failed answer keeps its own error (the gate reports the failure)."""
+    if answer.status is not AgentStatus.SUCCESS:
+        return answer.model_copy(update={"po_message": None})
+    return answer.model_copy(
+        update={"po_message": None, "error": f"validation_failed: {why}"[:1900], "error_type": "validation_failed"}
     )
 
 

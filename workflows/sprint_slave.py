@@ -1114,10 +1114,11 @@ class SprintSlaveWorkflow:
         activity_deadline = timeout
         if self._input.agent_backend == "command":
             activity_deadline += AGENT_ACTIVITY_GRACE + COMMAND_CHECKS_ALLOWANCE
+        agent_queue = agent_task_queue(self._input.agent_backend, workflow.info().task_queue)
         handle = workflow.start_activity(
             run_agent,
             assignment,
-            task_queue=agent_task_queue(self._input.agent_backend, workflow.info().task_queue),
+            task_queue=agent_queue,
             activity_id=dispatch_id,
             # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
             # running then is timed out and answered as "no AGENT_COMPLETE". The command backend enforces the
@@ -1144,7 +1145,9 @@ class SprintSlaveWorkflow:
                     self._open_dispatches.pop(dispatch_id, None)
                     if _error_type(failure) == AGENT_CONFIG_ERROR:  # the agent cannot start at all
                         return setup_failure(dispatch_id, step, meta.key, f"agent setup: {_cause(failure)}")
-                    return no_answer if _deadline_passed(failure) else f"agent activity failed: {_cause(failure)}"
+                    if not _deadline_passed(failure):
+                        return f"agent activity failed: {_cause(failure)}"
+                    return f"{no_answer} (no worker of {agent_queue} started it)" if _unstarted(failure) else no_answer
                 receipt = handle.result()
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
                     self._receive_answer(receipt.answer, came_as="the agent activity's result")
@@ -1557,7 +1560,12 @@ def _deadline_passed(err: BaseException) -> bool:
         return False
     if cause.type is TimeoutType.SCHEDULE_TO_CLOSE:
         return True
-    return cause.type is TimeoutType.SCHEDULE_TO_START and SLAVE_PATCHES.patched(PATCH_UNSTARTED_AGENT_OUT_OF_TIME)
+    return _unstarted(err) and SLAVE_PATCHES.patched(PATCH_UNSTARTED_AGENT_OUT_OF_TIME)
+
+
+def _unstarted(err: BaseException) -> bool:
+    cause = err.__cause__
+    return isinstance(cause, ActivityTimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
 
 
 def _error_type(err: BaseException) -> str | None:

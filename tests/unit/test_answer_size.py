@@ -17,7 +17,7 @@ from bso.answer_size import (
 from bso.config import SprintConfig
 from bso.dispatch import _fix_feedback, findings_needing_fix, review_shortfalls
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete, FeedbackItem, Finding
-from bso.states import Severity, Strictness
+from bso.states import AgentStatus, Severity, Strictness
 
 WHERE = "/p/.sprint-session/dispatches/d-1.json"
 
@@ -49,6 +49,12 @@ def test_a_po_message_over_its_bound_is_refused_naming_its_size_and_the_whole_an
         f"a workflow's history takes; the whole answer: {WHERE}"
     )
     assert (refused.status, refused.summary) == (over.status, over.summary)
+    # A failed answer keeps its own error: a verification failure still asks for its fix round.
+    failed = over.model_copy(
+        update={"status": AgentStatus.FAILURE, "error": "3 tests fail", "error_type": "verification_failed"}
+    )
+    dropped = without_oversized_po_message(failed, WHERE)
+    assert dropped.po_message is None and (dropped.error, dropped.error_type) == ("3 tests fail", "verification_failed")
 
 
 def test_an_empty_blocking_issue_is_named_and_long_ones_cut_so_the_fix_feedback_can_carry_them():

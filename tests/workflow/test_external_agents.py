@@ -353,8 +353,8 @@ async def _task_after(handle, event_type: EventType.ValueType) -> bool:
 async def _agent_unstarted_past_its_deadline(client: Client, tmp_path: Path) -> None:
     """No agents worker for the whole of the agent's time: the server times the activity out before it starts
     (SCHEDULE_TO_START, which defaults to the deadline). The story was reported "agent activity failed:
-    Timeout", as if the agent had broken; it is the agent's deadline passing, said as such. (A busy worker
-    that starts a simulated agent only after its deadline meets the same.)"""
+    Timeout", as if the agent had broken; it is the agent's deadline passing, said as such, naming the queue no
+    worker took it from. (A busy worker that starts a simulated agent only after its deadline meets the same.)"""
     make_project(tmp_path, {K1: "review"})
     prefix = f"t-{uuid.uuid4().hex[:8]}-"
     (sprint_worker,) = build_workers(client, (SPRINT_TASK_QUEUE,), queue_prefix=prefix)
@@ -365,7 +365,7 @@ async def _agent_unstarted_past_its_deadline(client: Client, tmp_path: Path) -> 
         ))
     assert report.stories == {K1: "needs-intervention"}
     errors = [r.error for b in report.batches for r in b.results.story_results if r.story_key == K1]
-    assert errors and "no AGENT_COMPLETE within 2s" in (errors[0] or ""), errors
+    assert errors and f"no AGENT_COMPLETE within 2s (no worker of {prefix}bso-agents started it)" in (errors[0] or ""), errors
 
 
 async def test_an_agent_no_worker_starts_before_its_deadline_is_out_of_time(ts_env, tmp_path: Path):
