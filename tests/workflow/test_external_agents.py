@@ -27,8 +27,8 @@ from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
-    run_sprint,
     poll_until,
+    run_sprint,
     sprint_input,
     sprint_result,
     start_sprint,
@@ -347,7 +347,6 @@ async def _task_after(handle, event_type: EventType.ValueType) -> bool:
     return first is not None and any(
         e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and e.event_id > first for e in events
     )
-
 
 
 async def _agent_unstarted_past_its_deadline(client: Client, tmp_path: Path) -> None:
