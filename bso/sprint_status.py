@@ -64,8 +64,9 @@ EntryKind = Literal["epic", "story", "retrospective"]
 # A value we may write as a plain (unquoted) YAML scalar.
 _PLAIN_SAFE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:-]*$")
 _DATE_ONLY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-# The line breaks ruamel counts (so our line numbers agree with its marks).
-_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n|\x85|\u2028|\u2029")
+# The line breaks ruamel counts (so our line numbers agree with its marks); the Unicode ones are refused (_load).
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
+_UNICODE_LINE_BREAK_RE = re.compile("[\x85\u2028\u2029]")
 
 
 class StatusFileError(ValueError):
@@ -304,6 +305,18 @@ def _load(text: str, source: str) -> Any:
         raise _err(source, f"expected text, got {type(text).__name__}")
     if len(text) > MAX_STATUS_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
         raise _err(source, f"file too large (over {MAX_STATUS_BYTES} bytes)")
+    if (odd := _UNICODE_LINE_BREAK_RE.search(text)) is not None:
+        # ruamel breaks lines at them in some places and not in others (a quoted value): the edit found the wrong
+        # line, and wrote over another field.
+        line = text.count("\n", 0, odd.start()) + 1
+        column = odd.start() - (text.rfind("\n", 0, odd.start()) + 1) + 1
+        raise _err(
+            source,
+            f"a Unicode line break (U+{ord(odd.group()):04X}), which YAML readers split lines at differently: "
+            "BSO cannot edit the file safely; remove it (in a double-quoted value it can be written as an escape)",
+            line,
+            column,
+        )
     try:
         return _yaml().load(text)
     except MarkedYAMLError as exc:
@@ -544,6 +557,11 @@ def _plain_reads_as_string(token: str, value: str) -> bool:
     return isinstance(got, Mapping) and isinstance(got.get("v"), str) and got["v"] == value
 
 
+def _offset_in_line(text: str, line: int, column: int) -> int:
+    """Where ruamel's (1-based) column is in the line's text: on the first line it does not count a BOM."""
+    return column - 1 + (1 if line == 1 and text.startswith("\ufeff") else 0)
+
+
 def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, str]:
     """(start offset, end offset, raw token) of the value of `key` in `mapping`."""
     vline, vcol = _lc_value(mapping, key)
@@ -559,10 +577,11 @@ def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, s
         flow = bool(mapping.fa.flow_style())
     except Exception:  # noqa: BLE001
         flow = False
-    end = _token_end(line, vcol - 1, flow)
+    col = _offset_in_line(text, vline, vcol)
+    end = _token_end(line, col, flow)
     if end is None:
         raise _err(source, f"cannot edit the value of {key!r} in place (not a one-line scalar)", vline, vcol)
-    return lstart + vcol - 1, lstart + end, line[vcol - 1 : end]
+    return lstart + col, lstart + end, line[col:end]
 
 
 def _replace(text: str, start: int, end: int, token: str) -> str:
@@ -614,7 +633,7 @@ def insert_story_entry(text: str, after_key: str, new_key: str, value: str, sour
     spans = _line_spans(text)
     lstart, lend = spans[kline - 1]
     newline = "\r\n" if "\r\n" in text else "\n"
-    indent = text[lstart : lstart + kcol - 1]
+    indent = text[lstart : lstart + _offset_in_line(text, kline, kcol)]
     if indent.strip():
         raise _err(source, f"cannot add a story after {after_key!r} (not in block style)")
     line_break = text[lend : lend + len(newline)] if text[lend:].startswith(newline) else ""
@@ -646,7 +665,11 @@ def set_top_level_value(text: str, key: str, new_value: str, source: str) -> str
     token = _render_token(old_token, new_value)
     new_text = _replace(text, start, end, token)
     new_doc, after = _parse_doc(new_text, source)
-    if after.entries != before.entries or list(new_doc.keys()) != list(doc.keys()):
+    if (
+        after.entries != before.entries
+        or list(new_doc.keys()) != list(doc.keys())
+        or any(new_doc[k] != doc[k] for k in doc if k != key)
+    ):
         raise _err(source, f"editing {key!r} in place changed more than its value")
     _, _, check = _locate(new_text, new_doc, key, source)
     if check != token:
@@ -711,6 +734,7 @@ _FAST_TOP_RE = re.compile(
 _FAST_ENTRY_RE = re.compile(r"(?P<ind>[ ]+)(?P<key>[0-9a-z][a-z0-9-]*):[ ]+(?P<val>[a-z][a-z0-9-]*)(?:[ ]+#.*)?[ ]*")
 _FAST_VALUE_RE = re.compile(r"[a-z][a-z0-9-]*")
 _FAST_NOT_STRINGS = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n"})
+_YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})  # a last_updated the YAML path reads as none: left alone
 _FAST_DATE_KEY_RE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}")  # YAML would read such a key as a date
 _FAST_ODD_CHARS_RE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
 
@@ -788,7 +812,7 @@ def _scan_lines(text: str) -> _FastFile | None:
             in_block = key == "development_status"
             if in_block and val is not None:
                 return None
-            if key == "last_updated" and val is not None and val not in ("null", "~"):
+            if key == "last_updated" and val is not None and val not in _YAML_NULLS:
                 last_updated = (i, m.start("val"), m.end("val"))
             continue
         if not in_block:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bso import sprint_status
 from bso.sprint_status import (
     UnknownEpicError,
     EPIC_KEY_RE,
@@ -236,6 +237,59 @@ def test_set_value_preserves_crlf_and_other_bytes() -> None:
     old = "# head\r\ndevelopment_status:\r\n  epic-1: backlog\r\n  1-1-a: backlog  # c\r\n"
     new = set_value(old, "1-1-a", "done", SRC)
     assert new == "# head\r\ndevelopment_status:\r\n  epic-1: backlog\r\n  1-1-a: done  # c\r\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (
+            "\ufefflast_updated: 2025-01-05\nproject: P\ndevelopment_status:\n  epic-1: backlog\n  1-1-a: review\n",
+            "\ufefflast_updated: 2026-03-04\nproject: P\ndevelopment_status:\n  epic-1: done\n  1-1-a: done\n",
+        ),
+        ("\ufeffdevelopment_status: {1-1-a: review, 1-2-b: backlog}\n", "\ufeffdevelopment_status: {1-1-a: done, 1-2-b: backlog}\n"),
+        ("\ufeffdevelopment_status: {1-1-a:  review}\n", "\ufeffdevelopment_status: {1-1-a:  done}\n"),
+    ],
+    ids=["block", "flow", "flow-two-spaces"],
+)
+def test_a_file_that_starts_with_a_bom_is_edited_in_place(old: str, new: str) -> None:
+    """ruamel does not count a UTF-8 BOM in its columns: every write to a file whose first line holds a value (as
+    Windows editors save it) edited one character early and failed, or dropped a byte."""
+    r = apply_story_transition(old, "1-1-a", "review", "done", NOW, SRC)
+    assert (r.outcome, r.text) == ("written", new)
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+@pytest.mark.parametrize("stories_first", [True, False])
+def test_a_unicode_line_break_is_refused_naming_where_it_is(char: str, stories_first: bool) -> None:
+    """ruamel breaks lines at U+2028, U+2029 and U+0085 outside quotes but not in a quoted value, so the edit
+    found the wrong line: `last_updated` was written over `project_name` with no error, or every write failed
+    with a made-up YAML error."""
+    stories = "development_status:\n  epic-1: backlog\n  1-1-a: review\n"
+    top = f"project: 'Acme{char}Portal'\nproject_name: Foo\nlast_updated: 2026-01-05\n"
+    text = stories + top if stories_first else top + stories
+    line = 4 if stories_first else 1
+    hex_code = f"{ord(char):04X}"
+    with pytest.raises(StatusFileError, match=rf"line {line}, column 15: a Unicode line break \(U\+{hex_code}\)"):
+        parse_status_text(text, SRC)
+    with pytest.raises(StatusFileError, match="a Unicode line break"):
+        apply_story_transition(text, "1-1-a", "review", "done", NOW, SRC)
+
+
+def test_a_top_level_edit_that_changes_another_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check after an in-place edit compared the stories and the keys only: a value located one line off (as a
+    Unicode line break made it) was written over the next key's, and the check's own look, one line off too,
+    found the new value and let it through."""
+
+    def one_line_off(text: str, mapping, key: str, source: str) -> tuple[int, int, str]:
+        lines = text.split("\n")
+        below = next(i for i, line in enumerate(lines) if line.startswith(f"{key}: ")) + 1
+        start = sum(len(line) + 1 for line in lines[:below]) + lines[below].index(": ") + 2
+        end = start + len(lines[below]) - lines[below].index(": ") - 2
+        return start, end, text[start:end]
+
+    monkeypatch.setattr(sprint_status, "_locate", one_line_off)
+    with pytest.raises(StatusFileError, match="changed more than its value"):
+        set_top_level_value("a: x\nb: y\ndevelopment_status:\n  1-1-a: review\n", "a", "z", SRC)
 
 
 def test_set_value_value_on_next_line_and_flow_style() -> None:

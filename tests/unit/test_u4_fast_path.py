@@ -207,3 +207,13 @@ def test_a_file_changed_by_someone_else_is_scanned_afresh(tmp_path: Path):
     edited = written.replace("1-2-story-2: review", "1-2-story-2: in-progress")
     assert story_value(edited, "1-2-story-2", "s.yaml") == "in-progress"
     assert story_value(written, "1-2-story-2", "s.yaml") == "review"
+
+
+@pytest.mark.parametrize("null", ["null", "Null", "NULL", "~"])
+def test_a_null_last_updated_is_left_alone_on_both_paths(null: str):
+    """The fast path wrote a date over `Null` and `NULL`, which the YAML path reads as none and leaves."""
+    text = f"last_updated: {null}\ndevelopment_status:\n  epic-1: backlog\n  1-1-a: review\n"
+    fast, slow = both(text, "1-1-a", "review", "done")
+    assert fast is None or fast == slow  # `~` takes the YAML path
+    assert slow.text == f"last_updated: {null}\ndevelopment_status:\n  epic-1: done\n  1-1-a: done\n"
+

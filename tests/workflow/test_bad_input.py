@@ -62,6 +62,9 @@ STATUS_CORPUS = {
     "story_value_too_long.yaml": "line 8, column 15: value of '1-2-logout' is 6000 characters long, 'reviewreview",
     # A story taken from an anchor's map: its agent ran, then the write of its state (on a line of its own) failed.
     "merge_key.yaml": "line 7, column 1: development_status takes '1-1-login' from a YAML merge key (<<)",
+    # A line separator in a quoted value: the edit of `last_updated` found the wrong line, or every write failed.
+    "unicode_line_break.yaml": "line 3, column 15: a Unicode line break (U+2028), which YAML readers split lines at "
+    "differently: BSO cannot edit the file safely",
 }
 
 
