@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import posixpath
 import re
 import threading
@@ -66,7 +67,7 @@ _PLAIN_SAFE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:-]*$")
 _DATE_ONLY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 # The line breaks ruamel counts (so our line numbers agree with its marks); the Unicode ones are refused (_load).
 _LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
-_UNICODE_LINE_BREAK_RE = re.compile("[\x85\u2028\u2029]")
+_UNEDITABLE_CHAR_RE = re.compile("[\x85\u2028\u2029\ufeff]")
 
 
 class StatusFileError(ValueError):
@@ -305,15 +306,19 @@ def _load(text: str, source: str) -> Any:
         raise _err(source, f"expected text, got {type(text).__name__}")
     if len(text) > MAX_STATUS_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_STATUS_BYTES:
         raise _err(source, f"file too large (over {MAX_STATUS_BYTES} bytes)")
-    if (odd := _UNICODE_LINE_BREAK_RE.search(text)) is not None:
-        # ruamel breaks lines at them in some places and not in others (a quoted value): the edit found the wrong
-        # line, and wrote over another field.
-        line = text.count("\n", 0, odd.start()) + 1
-        column = odd.start() - (text.rfind("\n", 0, odd.start()) + 1) + 1
+    if (odd := _UNEDITABLE_CHAR_RE.search(text, 1 if text.startswith("\ufeff") else 0)) is not None:
+        # ruamel breaks lines at the Unicode line breaks outside quotes but not inside, and leaves a BOM out of its
+        # columns: where its marks point, the in-place edit found another line or column, and wrote over another
+        # field. A BOM that starts the file is allowed (_offset_in_line counts it).
+        char = odd.group()
+        what = "a byte order mark (U+FEFF) after the file's start" if char == "\ufeff" else (
+            f"a Unicode line break (U+{ord(char):04X}), which YAML readers split lines at differently"
+        )
+        line, column = _line_and_column(text, odd.start())
         raise _err(
             source,
-            f"a Unicode line break (U+{ord(odd.group()):04X}), which YAML readers split lines at differently: "
-            "BSO cannot edit the file safely; remove it (in a double-quoted value it can be written as an escape)",
+            f"{what}: BSO cannot edit the file safely; remove it (in a double-quoted value it can be written as an "
+            "escape)",
             line,
             column,
         )
@@ -557,6 +562,26 @@ def _plain_reads_as_string(token: str, value: str) -> bool:
     return isinstance(got, Mapping) and isinstance(got.get("v"), str) and got["v"] == value
 
 
+def _line_and_column(text: str, offset: int) -> tuple[int, int]:
+    """The 1-based line and column of `offset`, as ruamel counts them (a BOM that starts the file not counted)."""
+    breaks = list(_LINE_BREAK_RE.finditer(text, 0, offset))
+    line_start = breaks[-1].end() if breaks else (1 if text.startswith("\ufeff") else 0)
+    return len(breaks) + 1, offset - line_start + 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as values, for the check after an edit: NaN equals NaN, a tagged scalar compares by tag and value."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, TaggedScalar) and isinstance(b, TaggedScalar):
+        return (str(a.tag), a.value) == (str(b.tag), b.value)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a is b or a == b)
+
+
 def _offset_in_line(text: str, line: int, column: int) -> int:
     """Where ruamel's (1-based) column is in the line's text: on the first line it does not count a BOM."""
     return column - 1 + (1 if line == 1 and text.startswith("\ufeff") else 0)
@@ -668,7 +693,7 @@ def set_top_level_value(text: str, key: str, new_value: str, source: str) -> str
     if (
         after.entries != before.entries
         or list(new_doc.keys()) != list(doc.keys())
-        or any(new_doc[k] != doc[k] for k in doc if k != key)
+        or not all(_same(new_doc[k], doc[k]) for k in doc if k != key)
     ):
         raise _err(source, f"editing {key!r} in place changed more than its value")
     _, _, check = _locate(new_text, new_doc, key, source)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -273,6 +274,32 @@ def test_a_unicode_line_break_is_refused_naming_where_it_is(char: str, stories_f
         parse_status_text(text, SRC)
     with pytest.raises(StatusFileError, match="a Unicode line break"):
         apply_story_transition(text, "1-1-a", "review", "done", NOW, SRC)
+
+
+@pytest.mark.parametrize("other", ["x: .nan", "x: !foo bar", "x: {a: !foo b, b: [.NaN, !bar c]}"])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])  # CRLF takes the YAML path
+def test_values_that_never_compare_equal_do_not_stop_a_write(other: str, newline: str) -> None:
+    """The check after an edit compares the other top-level values: a NaN or a custom-tagged value is never `==`
+    to itself, and every write to such a file was refused."""
+    old = newline.join([other, "last_updated: 2025-01-05", "development_status:", "  1-1-a: review", ""])
+    r = apply_story_transition(old, "1-1-a", "review", "done", NOW, SRC)
+    assert r.outcome == "written" and r.text == old.replace("2025-01-05", "2026-03-04").replace("review", "done")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("a: 1\rb: 2\rproject: 'x\u2028y'\rdevelopment_status: {}\r", "line 3, column 12: a Unicode line break"),
+        ("\ufeffproject: 'x\u2029y'\ndevelopment_status: {}\n", "line 1, column 12: a Unicode line break"),
+        ("a: 1\ndevelopment_status: {1-1-a: 'in\ufeffx'}\n", "line 2, column 32: a byte order mark (U+FEFF) after"),
+    ],
+    ids=["cr-only", "after-a-bom", "bom-inside"],
+)
+def test_a_character_the_editor_cannot_place_is_refused_where_ruamel_would_say(text: str, where: str) -> None:
+    """A BOM inside the file (ruamel skips it in its columns) made the edit land one character off; the line and
+    column named count lines as ruamel does (CR-only too) and leave out a BOM that starts the file."""
+    with pytest.raises(StatusFileError, match=re.escape(where)):
+        parse_status_text(text, SRC)
 
 
 def test_a_top_level_edit_that_changes_another_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
