@@ -86,6 +86,7 @@ async def test_an_agent_past_its_deadline_is_timed_out_by_the_server(ts_env, tmp
     assert report.stories == {K1: "needs-intervention", K2: "done"}
     errors = [r.error for b in report.batches for r in b.results.story_results if r.story_key == K1]
     assert errors and "no AGENT_COMPLETE within 2s" in errors[0]
+    assert "started it" not in errors[0]  # its worker did: only an agent no worker took is said so
 
 
 def _assignment(root: Path, answer_in_result: bool) -> TaskAssignment:
