@@ -1147,7 +1147,9 @@ class SprintSlaveWorkflow:
                         return setup_failure(dispatch_id, step, meta.key, f"agent setup: {_cause(failure)}")
                     if not _deadline_passed(failure):
                         return f"agent activity failed: {_cause(failure)}"
-                    return f"{no_answer} (no worker of {agent_queue} started it)" if _unstarted(failure) else no_answer
+                    if _timeout_type(failure) is TimeoutType.SCHEDULE_TO_START:
+                        return f"{no_answer} (no worker of {agent_queue} started it)"
+                    return no_answer
                 receipt = handle.result()
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
                     self._receive_answer(receipt.answer, came_as="the agent activity's result")
@@ -1552,20 +1554,19 @@ def _consume_outcome(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def _timeout_type(err: BaseException) -> TimeoutType | None:
+    """The kind of timeout that ended the activity, if a timeout did."""
+    cause = err.__cause__
+    return cause.type if isinstance(cause, ActivityTimeoutError) else None
+
+
 def _deadline_passed(err: BaseException) -> bool:
     """The agent activity ran out of its schedule-to-close time, the agent's deadline, or was not started
     within it (no separate schedule-to-start time is set, so the server's default is the deadline)."""
-    cause = err.__cause__
-    if not isinstance(cause, ActivityTimeoutError):
-        return False
-    if cause.type is TimeoutType.SCHEDULE_TO_CLOSE:
-        return True
-    return _unstarted(err) and SLAVE_PATCHES.patched(PATCH_UNSTARTED_AGENT_OUT_OF_TIME)
-
-
-def _unstarted(err: BaseException) -> bool:
-    cause = err.__cause__
-    return isinstance(cause, ActivityTimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
+    kind = _timeout_type(err)
+    return kind is TimeoutType.SCHEDULE_TO_CLOSE or (
+        kind is TimeoutType.SCHEDULE_TO_START and SLAVE_PATCHES.patched(PATCH_UNSTARTED_AGENT_OUT_OF_TIME)
+    )
 
 
 def _error_type(err: BaseException) -> str | None:
