@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import TaggedScalar
+from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from bso.models import TERMINAL_VALUES, StoryMeta, short_key
@@ -288,8 +289,30 @@ def title_from_slug(story_key: str) -> str:
 # --- parsing -------------------------------------------------------------------------------------
 
 
+class _LenientNumberConstructor(RoundTripConstructor):
+    """ruamel 0.19 resolves a few plain words as numbers (`._`, `+_`, `0x_`: its patterns let `_` stand for digits)
+    and then fails to convert them, so a valid file failed with no line. YAML 1.2 reads them as strings; so do we."""
+
+    def _number_or_word(self, construct: Any, node: Any) -> Any:
+        try:
+            return construct(self, node)
+        except (ValueError, IndexError):
+            return self.construct_yaml_str(node)
+
+    def construct_lenient_int(self, node: Any) -> Any:
+        return self._number_or_word(RoundTripConstructor.construct_yaml_int, node)
+
+    def construct_lenient_float(self, node: Any) -> Any:
+        return self._number_or_word(RoundTripConstructor.construct_yaml_float, node)
+
+
+_LenientNumberConstructor.add_constructor("tag:yaml.org,2002:int", _LenientNumberConstructor.construct_lenient_int)
+_LenientNumberConstructor.add_constructor("tag:yaml.org,2002:float", _LenientNumberConstructor.construct_lenient_float)
+
+
 def _yaml() -> YAML:
     y = YAML(typ="rt")
+    y.Constructor = _LenientNumberConstructor
     y.allow_duplicate_keys = False
     return y
 

@@ -217,3 +217,14 @@ def test_a_null_last_updated_is_left_alone_on_both_paths(null: str):
     assert fast is None or fast == slow  # `~` takes the YAML path
     assert slow.text == f"last_updated: {null}\ndevelopment_status:\n  epic-1: done\n  1-1-a: done\n"
 
+
+
+@pytest.mark.parametrize("word", ["._", "+_", "-_", "+._", "0x_", "0o_", "0b_"])
+def test_a_plain_word_ruamel_takes_for_a_number_is_read_as_a_word_on_both_paths(word: str):
+    """ruamel 0.19 resolves these as numbers and fails converting them: the YAML path refused a valid file (a
+    ValueError, no line) that the fast path read and wrote. YAML 1.2 reads them as strings."""
+    text = f"project: {word}\nlast_updated: 2026-11-20\ndevelopment_status:\n  epic-1: backlog\n  1-1-a: review\n"
+    assert parse_status_text(text, "s.yaml").project == word
+    fast, slow = both(text, "1-1-a", "review", "done")
+    assert fast is None or fast == slow
+    assert slow.text == text.replace("2026-11-20", "2026-11-22").replace(": backlog", ": done").replace(": review", ": done")
