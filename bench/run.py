@@ -434,9 +434,10 @@ def markdown(result: dict[str, Any]) -> str:
         "(range) | skeleton P stories/s | ratio BSO/skeleton (range) | ready->agent started p50 range ms "
         "| answer->state written p50 range ms | ready->agent started p50/p95 ms | answer->state written "
         "p50/p95 ms | answer->state recorded in history p50/p95 ms | answer->next agent started p50/p95 ms "
-        "| baseline step p50/p95 ms | events/story (Master/Slave/residents) | workflow tasks/story "
-        "| CPU ms/story BSO | CPU ms/activity baseline P | Master runs | load avg (1 min, before/after) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| baseline step p50/p95 ms | skeleton step p50/p95 ms | events/story (Master/Slave/residents) "
+        "| workflow tasks/story | CPU ms/story BSO | CPU ms/activity baseline P | Master runs "
+        "| load avg (1 min, before/after) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         b, s, p = r["bso"], r["baseline_sequential"], r["baseline_parallel"]
@@ -450,6 +451,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{b['answer_to_state_recorded_ms']['p50']}/{b['answer_to_state_recorded_ms']['p95']} | "
             f"{b['answer_to_next_agent_started_ms']['p50']}/"
             f"{b['answer_to_next_agent_started_ms']['p95']} | {p['step_ms']['p50']}/{p['step_ms']['p95']} | "
+            f"{r['skeleton']['step_ms']['p50']}/{r['skeleton']['step_ms']['p95']} | "
             f"{b['events_per_story']} ({b['master_events_per_story']}/{b['slave_events_per_story']}/"
             f"{b['resident_events_per_story']}) | {sum(b['workflow_tasks_per_story'].values()):.2f} | "
             f"{b['cpu_ms_per_story']} | {p['cpu_ms_per_activity']} | {b['master_runs']} | "
