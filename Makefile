@@ -11,7 +11,8 @@ STAMP       := $(VENV)/.bso-installed
 PYTHON_BOOT ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
 
 BSO_DEMO_PORT    ?= 7233
-BSO_DEMO_UI_PORT ?= 8233
+# The dev server's own default, where `bso sprint start` links to (BSO_DEMO_PORT=7451 alone: the UI on 8451).
+BSO_DEMO_UI_PORT ?= $(shell expr $(BSO_DEMO_PORT) + 1000)
 RUN_DIR          := .run
 
 .PHONY: help venv demo test server worker stop clean bench crash-trials long-sprint

@@ -8,7 +8,7 @@
    of the rewritten sprint-status.yaml;
 6. stop the worker it started (the server keeps running: `make stop` stops it).
 
-Environment: BSO_DEMO_PORT (7233), BSO_DEMO_UI_PORT (8233), BSO_DEMO_TIMEOUT (300 seconds),
+Environment: BSO_DEMO_PORT (7233), BSO_DEMO_UI_PORT (the port + 1000, where `bso` links to), BSO_DEMO_TIMEOUT (300 seconds),
 BSO_DEMO_HOME (where .run/, .demo/ and .temporal/ go; the repository by default, a scratch directory in tests).
 """
 
@@ -50,7 +50,7 @@ WORKFLOW_TYPE = "SprintMasterWorkflow"
 TASK_QUEUE = "bso-sprint"
 
 PORT = int(os.environ.get("BSO_DEMO_PORT", "7233"))
-UI_PORT = int(os.environ.get("BSO_DEMO_UI_PORT", "8233"))
+UI_PORT = int(os.environ.get("BSO_DEMO_UI_PORT") or PORT + 1000)  # the dev server's own default, which `bso` links to
 TIMEOUT_S = float(os.environ.get("BSO_DEMO_TIMEOUT", "300"))
 ADDRESS = f"127.0.0.1:{PORT}"
 POLL_S = 0.5

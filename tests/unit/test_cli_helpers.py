@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import shlex
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
 from pydantic import ValidationError
@@ -19,6 +23,7 @@ from rich.live import Live
 from temporalio.service import RPCError, RPCStatusCode
 
 from bench.infra import DevServer
+from tests.conftest import REPO
 from bso.dev_server import dynamic_config_args
 import bso.cli
 from bso.cli import (
@@ -93,6 +98,24 @@ def test_ui_link(monkeypatch):
     assert ui_link("ns.acct.tmprl.cloud:7233", "ns.acct", "x").startswith("https://cloud.temporal.io/namespaces/ns.acct/")
     monkeypatch.setenv("BSO_UI_URL", "https://ui.example/")
     assert ui_link("x:7233", "default", "s") == "https://ui.example/namespaces/default/workflows/s"
+
+
+@pytest.mark.parametrize("ui_port", [None, "9000"])
+def test_the_demo_and_make_server_put_the_web_ui_where_bso_links_to(ui_port: str | None, monkeypatch):
+    """`BSO_DEMO_PORT=7451 make server` (or `make demo`) put the Web UI on 8233 while `bso sprint start` linked to
+    8451: the UI port follows the server's unless BSO_DEMO_UI_PORT says otherwise."""
+    monkeypatch.delenv("BSO_UI_URL", raising=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BSO_")} | {"BSO_DEMO_PORT": "7451"}
+    if ui_port:
+        env["BSO_DEMO_UI_PORT"] = ui_port
+    expected = ui_port or urlsplit(ui_link("localhost:7451", "default", "s")).port
+    made = subprocess.run(["make", "-n", "server"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert f"--port 7451 --ui-port {expected}\n" in made.stdout
+    demo = subprocess.run(
+        [sys.executable, "-c", "import demo; print(demo.PORT, demo.UI_PORT)"],
+        cwd=REPO / "scripts", env=env, capture_output=True, text=True, check=True,
+    )
+    assert demo.stdout.split() == ["7451", str(expected)]
 
 
 def test_server_command_registers_the_search_attributes():
