@@ -330,9 +330,10 @@ SERVER_DID_NOT_ANSWER = "the Temporal server did not answer the status query"
 
 
 async def _query_status(
-    handle: WorkflowHandle[Any, Any], timeout: timedelta = QUERY_TIMEOUT
+    handle: WorkflowHandle[Any, Any], timeout: timedelta = QUERY_TIMEOUT, worker_hint: str = "start one with `bso worker`"
 ) -> tuple[SprintStatusView | None, str | None]:
-    """The Master's status query, or why there is no answer (no worker, server away)."""
+    """The Master's status query, or why there is no answer (no worker, server away); `worker_hint` says how to
+    get a worker to the sprint (`_worker_hint`)."""
     try:
         view = await handle.query(QUERY_STATUS, result_type=SprintStatusView, rpc_timeout=timeout)
         return view, None
@@ -341,7 +342,7 @@ async def _query_status(
     except RPCError as e:
         # The server says it one way or the other: the query timed out, or it saw no poller on the queue lately.
         if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED) or "no poller seen" in e.message:
-            return None, f"{NO_WORKER_ANSWERED} (start one with `bso worker`; {e.message or e.status})"
+            return None, f"{NO_WORKER_ANSWERED} ({worker_hint}; {e.message or e.status})"
         if e.status == RPCStatusCode.UNAVAILABLE:  # no connection to the server (`tcp connect error`): not the worker
             return None, f"{SERVER_DID_NOT_ANSWER} ({e.message or e.status}): restarting? retrying"
         if e.status == RPCStatusCode.NOT_FOUND:
@@ -1161,17 +1162,29 @@ def sprint_worker_command(task_queue: str, target: str = "localhost:7233", names
     return shlex.join(command)
 
 
+def worker_hint(task_queue: str, sprint_id: str, target: str, namespace: str) -> str:
+    """How to get a worker to a sprint on this task queue: the `bso worker` that serves it, or, for a queue no
+    `bso worker` serves (a mistyped --task-queue), how to end the sprint and start it again."""
+    if (command := sprint_worker_command(task_queue, target, namespace)) is not None:
+        return f"start one with `{command}`"
+    terminate = shlex.join([*_temporal_workflow("terminate", target, namespace), "--workflow-id", sprint_id])
+    return (
+        f"its task queue {task_queue} is not a sprint queue of any `bso worker` (`bso worker` runs sprints on "
+        f"{SPRINT_TASK_QUEUE}, `bso worker --queue-prefix P` on P{SPRINT_TASK_QUEUE}): a mistyped --task-queue? "
+        f"End the sprint with `{terminate}` and start it again"
+    )
+
+
+def _worker_hint_of(desc: WorkflowExecutionDescription) -> str:
+    _, target, namespace = _target()
+    return worker_hint(desc.task_queue or SPRINT_TASK_QUEUE, desc.id, target, namespace)
+
+
 def no_worker_warning(task_queue: str, sprint_id: str, target: str, namespace: str) -> str:
     """What `bso sprint start` says when no worker polls the sprint's task queue: the sprint waits for one."""
     said = f"bso: warning: no worker polls task queue {task_queue}: sprint {sprint_id} waits until one does"
-    if (command := sprint_worker_command(task_queue, target, namespace)) is not None:
-        return f"{said}; start one with `{command}`"
-    terminate = shlex.join([*_temporal_workflow("terminate", target, namespace), "--workflow-id", sprint_id])
-    return (
-        f"{said}: it is not a sprint queue of any `bso worker` (`bso worker` runs sprints on {SPRINT_TASK_QUEUE}, "
-        f"`bso worker --queue-prefix P` on P{SPRINT_TASK_QUEUE}): a mistyped --task-queue? "
-        f"End the sprint with `{terminate}` and start it again"
-    )
+    hint = worker_hint(task_queue, sprint_id, target, namespace)
+    return f"{said}; {hint}" if sprint_worker_command(task_queue, target, namespace) is not None else f"{said}: {hint}"
 
 
 async def _worker_polls(client: Client, task_queue: str) -> bool:
@@ -1339,7 +1352,7 @@ def sprint_watch(
                 if desc is not None and desc.status != WorkflowExecutionStatus.RUNNING:
                     break
                 if desc is not None:
-                    fresh, note = await _query_status(handle)
+                    fresh, note = await _query_status(handle, worker_hint=_worker_hint_of(desc))
                     view = fresh or view
                     rejected = await _rejected_by_children(client, desc)
                     pending = await _pending_activities(client, desc)
@@ -1382,7 +1395,7 @@ def sprint_status(
         refused_input = failure_type in (FAILURE_MISSING_INPUT, FAILURE_INVALID_INPUT)  # no state: nothing to ask
         running = desc.status == WorkflowExecutionStatus.RUNNING
         timeout = QUERY_TIMEOUT if running else CLOSED_QUERY_TIMEOUT
-        view, note = (None, None) if refused_input else await _query_status(handle, timeout)
+        view, note = (None, None) if refused_input else await _query_status(handle, timeout, _worker_hint_of(desc))
         if reason is not None and (view is None or not view.stories):
             # Failed at its start (no input, a wrong one, no status file): the failure is all there is to say.
             view = None
@@ -1615,15 +1628,15 @@ async def _note_no_worker(handle: WorkflowHandle[Any, Any], update: asyncio.Futu
     """One note on stderr when no worker answers the status query (as `bso sprint status` tells it) while
     `update` waits; only a note: whatever goes wrong here leaves the update to decide the command's outcome."""
     try:
+        desc = await handle.describe()
         _, note = await _query_status(handle)
         if update.done() or note is None or not note.startswith(NO_WORKER_ANSWERED):
             return
-        queue = (await handle.describe()).task_queue
+        hint = _worker_hint_of(desc)
     except Exception:  # noqa: BLE001
         return
     err_console.print(
-        f"waiting for a worker to take the update (no worker polls {queue}? start one with `bso worker`) ...",
-        markup=False,
+        f"waiting for a worker to take the update (no worker polls {desc.task_queue}? {hint}) ...", markup=False
     )
 
 

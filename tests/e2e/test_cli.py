@@ -631,12 +631,17 @@ def test_start_on_a_queue_no_worker_polls_says_so(cli_env, tmp_path: Path, misty
         said = f"bso: warning: no worker polls task queue {queue}: sprint {sprint_id} waits until one does"
         assert started.stderr.startswith(said) and started.stderr.count("\n") == 1, started.stderr
         if mistyped:
-            assert "it is not a sprint queue of any `bso worker`" in started.stderr and "a mistyped --task-queue?" in started.stderr
+            hint = f"its task queue {queue} is not a sprint queue of any `bso worker`"
+            assert hint in started.stderr and "a mistyped --task-queue?" in started.stderr
             assert f"temporal workflow terminate --address {cli_env['address']}" in started.stderr, started.stderr
             assert f"--workflow-id {sprint_id}` and start it again" in started.stderr, started.stderr
         else:
             # The worker of that server: it is not the default one here.
-            assert started.stderr == f"{said}; start one with `bso --address {cli_env['address']} worker --queue-prefix {prefix}`\n"
+            hint = f"start one with `bso --address {cli_env['address']} worker --queue-prefix {prefix}`"
+            assert started.stderr == f"{said}; {hint}\n"
+        # `bso sprint status` said "start one with `bso worker`" even with a worker running, on another queue.
+        status = bso(cli_env, "sprint", "status", sprint_id)
+        assert f"no worker answered the status query ({hint}" in " ".join(status.stderr.split()), status.stderr
     finally:
         _terminate(cli_env, sprint_id)
 

@@ -481,7 +481,7 @@ def test_the_worker_a_sprint_queue_waits_for_is_named():
     said = "bso: warning: no worker polls task queue bso-sprint: sprint s-1 waits until one does"
     assert no_worker_warning("bso-sprint", "s-1", "localhost:7233", "default") == f"{said}; start one with `bso worker`"
     typo = no_worker_warning("bso-sprnt", "s-1", "tq.example:7233", "team")
-    assert typo.startswith("bso: warning: no worker polls task queue bso-sprnt: sprint s-1 waits until one does: it is not ")
+    assert typo.startswith("bso: warning: no worker polls task queue bso-sprnt: sprint s-1 waits until one does: its task queue bso-sprnt is not ")
     assert "a mistyped --task-queue?" in typo and "\n" not in typo
     assert typo.endswith(
         "End the sprint with `temporal workflow terminate --address tq.example:7233 --namespace team "
