@@ -705,7 +705,11 @@ def budget_level(tokens_used: int, config: SprintConfig) -> BudgetLevel:
         return BudgetLevel.OK
     if tokens_used >= budget.limit:
         return BudgetLevel.EXHAUSTED
-    if tokens_used >= budget.warning_threshold * budget.limit:
+    try:
+        warning_line = budget.warning_threshold * budget.limit
+    except OverflowError:  # a limit past what a float holds (10**309): no count of tokens comes near its warning
+        return BudgetLevel.OK
+    if tokens_used >= warning_line:
         return BudgetLevel.WARNING
     return BudgetLevel.OK
 

@@ -820,6 +820,14 @@ def test_budget_warning_threshold_is_configurable():
     assert budget_level(500, cfg) is BudgetLevel.WARNING
 
 
+def test_a_limit_past_what_a_float_holds_is_a_budget_never_reached():
+    """`--set token_budget.limit=1000...0` (309 zeros) passed every check, then the warning line's float overflowed
+    in every Slave workflow task: the batch's task failed on every retry and the sprint hung."""
+    cfg = config(**{"token_budget.limit": 10**309})
+    assert budget_level(10**12, cfg) is BudgetLevel.OK
+    assert budget_level(10**309, cfg) is BudgetLevel.EXHAUSTED
+
+
 @pytest.mark.parametrize("used", [0, 999, 1000, 10**12])
 def test_budget_disabled_is_always_ok(used):
     assert budget_level(used, config(**{"token_budget.enabled": False, "token_budget.limit": 1000})) is BudgetLevel.OK
