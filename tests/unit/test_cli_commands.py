@@ -221,7 +221,7 @@ class _PendingUpdate:
         raise RPCError("no poller seen for task queue recently, worker may be down", RPCStatusCode.FAILED_PRECONDITION, b"")
 
     async def describe(self):
-        return SimpleNamespace(task_queue="tq-bso-sprint")
+        return SimpleNamespace(task_queue="tq-bso-sprint", id="op1")
 
 
 @pytest.mark.parametrize("worker_answers", [False, True], ids=["no-worker", "busy-worker"])
@@ -239,7 +239,7 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
         return await update
 
     assert asyncio.run(scenario()) == {"state": "done"}  # applied once a worker comes back
-    expected = "waiting for a worker to take the update (no worker polls tq-bso-sprint? start one with `bso worker`) ...\n"
+    expected = "waiting for a worker to take the update (no worker polls tq-bso-sprint? start one with `bso worker --queue-prefix tq-`) ...\n"
     assert notes.getvalue() == ("" if worker_answers else expected)
 
 
@@ -280,7 +280,7 @@ def test_a_closed_sprint_no_worker_answers_for_is_shown_from_its_report_after_a_
         return object()
 
     async def describe(client, sprint_id):
-        return handle, SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED)
+        return handle, SimpleNamespace(status=WorkflowExecutionStatus.COMPLETED, task_queue="bso-sprint", id="op1")
 
     monkeypatch.setattr(bso.cli, "_client", client)
     monkeypatch.setattr(bso.cli, "_describe", describe)
