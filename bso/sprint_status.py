@@ -258,18 +258,25 @@ NO_STORIES = (
 )
 
 
+def stories_outside_epic_error(epic: str, wanted: Iterable[str]) -> str | None:
+    """Both an epic and stories given, the sprint takes the named stories of the epic: the named stories outside
+    it, which would be dropped in silence, or None."""
+    if outside := sorted(k for k in set(wanted) if epic_key_of(k) != epic):
+        return (
+            f"{', '.join(outside)} not in {epic}: with an epic, the stories named are picked among its own "
+            "(name the epic's stories, or leave the epic out)"
+        )
+    return None
+
+
 def stories_to_run(stories: list[tuple[str, str]], epic: int | str | None, story_keys: list[str]) -> list[str]:
     """The keys (file order) a sprint on these (key, state) stories would take on, by the Master's selection:
     its epic's and its requested stories, not settled. Raises UnknownEpicError / StoryKeyError."""
     known = [key for key, _ in stories]
     chosen = resolve_epic(epic, known) if epic is not None else None
     wanted = set(resolve_story_keys(story_keys, known)) if story_keys else None
-    # Both given, the sprint takes the named stories of the epic: one outside it would be dropped in silence.
-    if chosen is not None and wanted and (outside := sorted(k for k in wanted if epic_key_of(k) != chosen)):
-        raise StoryKeyError(
-            f"{', '.join(outside)} not in {chosen}: with an epic, the stories named are picked among its own "
-            "(name the epic's stories, or leave the epic out)"
-        )
+    if chosen is not None and wanted and (error := stories_outside_epic_error(chosen, wanted)) is not None:
+        raise StoryKeyError(error)
     return [
         key
         for key, state in stories

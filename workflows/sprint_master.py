@@ -119,6 +119,7 @@ with workflow.unsafe.imports_passed_through():
         project_root_error,
         resolve_epic,
         resolve_story_keys,
+        stories_outside_epic_error,
         shared_numbers,
         too_large_to_carry,
     )
@@ -203,6 +204,9 @@ PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
 # A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
 # start: each such story waited out its agent's time.
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
+# An epic and stories outside it, both given (the temporal CLI), are refused at the start as `bso sprint start`
+# refuses them: the sprint ran the epic's and dropped the others in silence.
+PATCH_STORIES_OUTSIDE_EPIC_REFUSED = "master-stories-outside-epic-refused"
 # A cancel cancels the Slaves that have started; one still starting is cancelled once it has. The server refuses a
 # workflow task that starts a child and requests its cancel together: a cancel that came in the task that started
 # a batch failed the Master's task on every retry (the sprint never ended).
@@ -994,6 +998,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 wanted = resolve_story_keys(inp.story_keys, [s.key for s in snapshot.stories])
             except ValueError as err:
                 raise _invalid_input(str(err)) from None
+            if (
+                inp.epic is not None
+                and (outside := stories_outside_epic_error(epic, wanted)) is not None
+                and workflow.patched(PATCH_STORIES_OUTSIDE_EPIC_REFUSED)
+            ):
+                raise _invalid_input(outside)
             stories = [s for s in stories if s.key in wanted]
         too_long = [(s.key, why) for s in stories if (why := story_key_too_long(s.key)) is not None]
         if too_long and workflow.patched(PATCH_LONG_KEYS_LEFT_OUT):  # patched only where it leaves one out

@@ -32,6 +32,7 @@ from workflows.sprint_master import (
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_SHARED_NUMBERS_REFUSED,
+    PATCH_STORIES_OUTSIDE_EPIC_REFUSED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
     PATCH_UPDATES_ANSWERED_ON_CANCEL,
 )
@@ -231,6 +232,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-rearm-cancel/rearm-cancel.json", PATCH_UPDATES_ANSWERED_ON_CANCEL),
         # Two of its stories shared a number (1-2-login, 1-2-logout): it ran them in one batch.
         ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
+        # An epic and a story outside it (`{"epic": 1, "story_keys": ["1-1", "2-1"]}`): it ran 1-1 alone.
+        ("before-2026-11-28-outside-epic/outside-epic.json", PATCH_STORIES_OUTSIDE_EPIC_REFUSED),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.

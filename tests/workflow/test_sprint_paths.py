@@ -425,6 +425,23 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
     assert await workflow_task_failures(ts_env.client, handle.id) == []
 
 
+async def test_an_epic_with_stories_outside_it_fails_the_sprint_as_bso_refuses_it(ts_env, tmp_path: Path):
+    """`{"epic": 1, "story_keys": ["1-1", "2-1"]}` with the temporal CLI ran 1-1 and dropped 2-1 in silence;
+    `bso sprint start --epic 1 --story 1-1 --story 2-1` refuses it."""
+    other = "2-1-profile"
+    make_project(tmp_path, {K1: "review", other: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, epic=1, story_keys=["1-1", "2-1"]))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert (
+        "2-1-profile not in epic-1: with an epic, the stories named are picked among its own (name the epic's "
+        "stories, or leave the epic out)"
+    ) in str(failure.value.cause)
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+    assert status_values(tmp_path)[other] == "review" and status_values(tmp_path)[K1] == "review"
+
+
 @pytest.mark.parametrize(
     ("sprint_id", "why"),
     [
