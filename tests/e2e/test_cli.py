@@ -581,7 +581,7 @@ def test_an_update_without_a_worker_says_what_it_waits_for(cli_env, tmp_path: Pa
         _wait_for(lambda: "waiting for a worker" in err.read_text(), "the note", timeout=30)
         assert err.read_text() == (
             f"waiting for a worker to take the update (no worker polls {prefix}bso-sprint? start one with "
-            "`bso worker`) ...\n"
+            f"`bso --address {cli_env['address']} worker --queue-prefix {prefix}`) ...\n"
         )
         assert decide.poll() is None  # still waiting
         with (tmp_path / "worker.log").open("w") as fh:
