@@ -1081,6 +1081,8 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
     command += ["--type", MASTER_TYPE, "--task-queue", task_queue, "--workflow-id", sprint_id]
     command += ["--id-reuse-policy", "AllowDuplicateFailedOnly"]
     payload = inp.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
+    if payload.get("session_id") == sprint_id:  # the default: given, it would outlive an edit of --workflow-id
+        del payload["session_id"]
     command += ["--input", json.dumps(payload, separators=(",", ":"))]
     return shlex.join(command)
 

@@ -84,6 +84,16 @@ def sprint_id_collision(sprint_id: str) -> str | None:
             f"workflow: choose an id that does not end in /batch-<n> or /resident-<role>")
 
 
+def session_id_error(session_id: str, workflow_id: str) -> str | None:
+    """A sprint's batches and residents take their ids from its session id: one other than its workflow id may be
+    another sprint's, whose residents it would talk to and stop (the input `bso sprint start` prints, its
+    --workflow-id changed and not its session_id). Refused, saying why; None when they are the same."""
+    if session_id == workflow_id:
+        return None
+    return (f"session_id {session_id!r} is not the sprint's workflow id {workflow_id!r}: its batches and residents "
+            f"would take the ids of sprint {session_id!r}'s; leave session_id out (it is the workflow id)")
+
+
 # Every dispatch id is `<sprint id>/batch-<n>/<story>/<n>[/impl-<n>]` and an answer's dispatch id holds at most
 # 200 characters (bso.messages.AgentComplete): a longer sprint id failed every story of the sprint.
 MAX_SPRINT_ID_CHARS = 100

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         SLAVE_CANCEL_WAIT,
         UPDATE_DECIDE,
         agents_task_queue_for,
+        session_id_error,
         slave_workflow_id,
         sprint_id_characters_error,
         sprint_id_collision,
@@ -201,6 +202,9 @@ PATCH_SPRINT_ID_CHECKED = "master-sprint-id-not-a-childs"
 # A sprint id too long for its agents' dispatch ids (bso.constants.MAX_SPRINT_ID_CHARS) is refused at the start:
 # every story of the sprint failed, on a validation error of its agent's answer.
 PATCH_SPRINT_ID_LENGTH = "master-sprint-id-length"
+# A session_id other than the workflow id is refused at the start: a sprint given another running sprint's id
+# talked to that sprint's residents and, failing, stopped them.
+PATCH_SESSION_ID_IS_WORKFLOW_ID = "master-session-id-is-workflow-id"
 # A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
 # start: each such story waited out its agent's time.
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
@@ -893,6 +897,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         id_error = sprint_id_length_error(s.session_id) or sprint_id_characters_error(s.session_id)
         if id_error is not None and workflow.patched(PATCH_SPRINT_ID_REFUSED_FIRST):
             self._no_residents_under_this_id = True
+            raise _invalid_input(id_error)
+        if (id_error := session_id_error(s.session_id, workflow.info().workflow_id)) is not None and workflow.patched(
+            PATCH_SESSION_ID_IS_WORKFLOW_ID
+        ):
+            self._no_residents_under_this_id = True  # the residents under that id are another sprint's
             raise _invalid_input(id_error)
         self._set_phase(SprintPhase.STARTING)
         s.config = self._validate(inp)

@@ -31,6 +31,7 @@ from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
+    PATCH_SESSION_ID_IS_WORKFLOW_ID,
     PATCH_SHARED_NUMBERS_REFUSED,
     PATCH_STORIES_OUTSIDE_EPIC_REFUSED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
@@ -234,6 +235,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
         # An epic and a story outside it (`{"epic": 1, "story_keys": ["1-1", "2-1"]}`): it ran 1-1 alone.
         ("before-2026-11-28-outside-epic/outside-epic.json", PATCH_STORIES_OUTSIDE_EPIC_REFUSED),
+        # Its session_id was another running sprint's (sess-a): it ran, talking to that sprint's residents.
+        ("before-2026-11-28-session-id/sess-b.json", PATCH_SESSION_ID_IS_WORKFLOW_ID),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.

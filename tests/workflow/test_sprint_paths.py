@@ -17,7 +17,7 @@ from activities.session_files import recorded_running_sprint
 from bso.cli import BsoError, _check_selection, _refused_at_its_claim, _sprint_running_on, _status_file_waits
 from bso.config import resolve_config
 from bso.message_flow import message_flow
-from bso.states import BatchStatus, SprintStatus
+from bso.states import BatchStatus, SprintPhase, SprintStatus
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, StoryMeta
 from bso.sprint_status import NO_STORIES, NOTHING_TO_RUN
@@ -440,6 +440,35 @@ async def test_an_epic_with_stories_outside_it_fails_the_sprint_as_bso_refuses_i
     ) in str(failure.value.cause)
     assert await workflow_task_failures(ts_env.client, handle.id) == []
     assert status_values(tmp_path)[other] == "review" and status_values(tmp_path)[K1] == "review"
+
+
+async def test_a_session_id_other_than_the_workflow_id_is_refused_before_it_reaches_another_sprint(
+    ts_env, tmp_path: Path
+):
+    """The input `bso sprint start` printed, with its --workflow-id changed and not its session_id, named a
+    running sprint's session: the new sprint talked to that sprint's residents and, failing, stopped them."""
+    running_id = f"first-{uuid.uuid4().hex[:6]}"
+    make_project(tmp_path / "a", {K1: "review"})
+    make_project(tmp_path / "b", {K1: "review"})
+    slow = {"default": {"duration_ms": 3000}}
+    async with bso_worker(ts_env.client) as queue:
+        first = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "a", session_id=running_id, simulation=slow))
+        await wait_status(first, lambda v: v.phase == SprintPhase.RUNNING, "the first sprint's residents")
+        second = await ts_env.client.start_workflow(
+            SprintMasterWorkflow.run, sprint_input(tmp_path / "b", session_id=running_id), id=f"second-{running_id}",
+            task_queue=queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(second)
+        assert (await sprint_result(first)).status == SprintStatus.COMPLETE
+    assert (
+        f"session_id '{running_id}' is not the sprint's workflow id 'second-{running_id}': its batches and residents "
+        f"would take the ids of sprint '{running_id}''s; leave session_id out (it is the workflow id)"
+    ) in str(failure.value.cause)
+    events = [e.event_type for e in (await second.fetch_history()).events]
+    assert EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED not in events  # no stop to its residents
+    assert EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED not in events
+    assert await workflow_task_failures(ts_env.client, second.id) == []
 
 
 @pytest.mark.parametrize(
