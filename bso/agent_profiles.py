@@ -84,6 +84,10 @@ class AgentProfileError(ValueError):
     """An agents file or profile that cannot be used; the message names the profile or the key."""
 
 
+# A cache write costs at most a few input tokens' worth (1.25 at Anthropic's prices): more is a typo.
+MAX_CACHE_WRITE_WEIGHT = 10
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,7 +99,7 @@ class AgentProfile(_Strict):
     prompt_via: Literal["arg", "stdin", "file"] = "arg"
     env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None  # None: the agent type's default
-    timeout_seconds: int | None = Field(default=None, gt=0)
+    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
     output: Literal["json", "jsonl", "text"] = "json"
 
     @model_validator(mode="after")
@@ -116,7 +120,7 @@ class ProfilePatch(_Strict):
     prompt_via: Literal["arg", "stdin", "file"] | None = None
     env: dict[str, ProcessText] | None = None
     workdir: Literal["worktree", "project"] | None = None
-    timeout_seconds: int | None = Field(default=None, gt=0)
+    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
     output: Literal["json", "jsonl", "text"] | None = None
 
 
@@ -126,7 +130,7 @@ class AgentChoice(_Strict):
     profile: str | None = None
     env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None
-    timeout_seconds: int | None = Field(default=None, gt=0)
+    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
 
 
 class AgentSettings(AgentChoice):
@@ -139,8 +143,8 @@ class Verification(_Strict):
     commands: list[list[ProcessText]] = Field(default_factory=list)
     # For all the commands together, at most 900: the Slave's deadline for a command agent's activity leaves
     # 2 x 900 s for BSO's checks (the fix snapshot, then the verification).
-    timeout_seconds: int = Field(900, gt=0, le=900)
-    output_tail_chars: int = Field(4000, gt=0)
+    timeout_seconds: int = Field(900, gt=0, le=900, strict=True)
+    output_tail_chars: int = Field(4000, gt=0, strict=True)
     # P20 fix snapshot: how passing tests are counted in the commands' output (the numbers are summed).
     passed_pattern: str = r"(\d+) passed"
     fix_snapshot: bool = True
@@ -172,8 +176,9 @@ class GitSettings(_Strict):
 
 
 class TokenSettings(_Strict):
-    cache_read_weight: float = Field(0.1, ge=0, le=1)
-    cache_write_weight: float = Field(1.0, ge=0)
+    cache_read_weight: float = Field(0.1, ge=0, le=1, strict=True, allow_inf_nan=False)
+    # Bounded and finite: `inf` failed every agent's answer after its work was done, so each ran again.
+    cache_write_weight: float = Field(1.0, ge=0, le=MAX_CACHE_WRITE_WEIGHT, strict=True, allow_inf_nan=False)
 
 
 class AgentsFile(_Strict):
@@ -184,8 +189,8 @@ class AgentsFile(_Strict):
     git: GitSettings = GitSettings()
     tokens: TokenSettings = TokenSettings()
     # Finite and bounded: an infinite grace never sends the SIGKILL.
-    kill_grace_seconds: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
-    heartbeat_seconds: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
+    kill_grace_seconds: float = Field(5.0, gt=0, le=3600, strict=True, allow_inf_nan=False)
+    heartbeat_seconds: float = Field(5.0, gt=0, le=3600, strict=True, allow_inf_nan=False)
 
 
 BUILTIN_PROFILES: dict[str, AgentProfile] = {

@@ -101,6 +101,15 @@ def test_yaml_file_is_accepted() -> None:
         ('[verification]\ncommands = [["pytest", "\\u0000"]]', "NUL"),
         ("kill_grace_seconds = inf", "kill_grace_seconds"),
         ("heartbeat_seconds = 1e9", "heartbeat_seconds"),
+        # A hunt, 2026-11-28: `inf` failed every agent's answer after its work (each ran again, up to 5 times);
+        # `true` was read as 1 (a one-second agent timeout).
+        ("[tokens]\ncache_write_weight = inf", "tokens.cache_write_weight"),
+        ("[tokens]\ncache_write_weight = 1e6", "tokens.cache_write_weight"),
+        ("[tokens]\ncache_read_weight = nan", "tokens.cache_read_weight"),
+        ("[agents.dev-runner]\ntimeout_seconds = true", "agents.dev-runner.timeout_seconds"),
+        ("[profiles.x]\nextends='claude'\ntimeout_seconds = true", "profiles.x.timeout_seconds"),
+        ("heartbeat_seconds = true", "heartbeat_seconds"),
+        ("[verification]\ntimeout_seconds = true", "verification.timeout_seconds"),
     ],
 )
 def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
