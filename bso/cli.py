@@ -1260,7 +1260,7 @@ def sprint_start(
                 script = json.loads(simulation.read_text(encoding="utf-8"))
                 scripted = SimulationScript.model_validate(script)
                 named[f"--simulation {simulation}"] = list(scripted.stories)
-                if (problem := scripted.tokens_error()) is not None:
+                if (problem := scripted.tokens_error() or scripted.size_error()) is not None:
                     raise BsoError(f"--simulation {simulation}: {problem}")
             except OSError as e:
                 raise BsoError(f"--simulation {simulation}: {e.strerror or e}") from None

@@ -52,6 +52,9 @@ class StoryScript(_Script):
     po: PoScript = PoScript()
 
 
+MAX_SIMULATION_BYTES = 256_000
+
+
 class ScriptDefaults(_Script):
     tokens: int = Field(1000, ge=0)
     duration_ms: int = Field(0, ge=0)
@@ -81,6 +84,16 @@ class SimulationScript(_Script):
         if not named:
             return None
         return f"tokens of {', '.join(named)}: at most {MAX_TOKENS_PER_ANSWER:,} (no agent run uses more)"
+
+    def size_error(self) -> str | None:
+        """A script too large to copy: the sprint's input carries it, and so does the start of each resident and
+        batch. At ~1.4 MB those copies alone made the Master's history long before its first batch: it continued
+        as new, started its residents again, and so on for ever. Checked at the start, as tokens_error."""
+        size = len(self.model_dump_json())
+        if size <= MAX_SIMULATION_BYTES:
+            return None
+        return (f"{size:,} bytes, over the {MAX_SIMULATION_BYTES:,} a script may take (each of the sprint's "
+                "residents and batches gets a copy in its history): script fewer stories, or shorter texts")
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

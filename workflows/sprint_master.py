@@ -208,6 +208,9 @@ PATCH_SESSION_ID_IS_WORKFLOW_ID = "master-session-id-is-workflow-id"
 # A simulation script with a token count the Slave refuses (bso.dispatch.implausible_tokens) is refused at the
 # start: each such story waited out its agent's time.
 PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
+# A simulation script too large to copy into each resident's and batch's start is refused at the start: its copies
+# made the history long before the first batch, and the Master continued as new for ever.
+PATCH_SIMULATION_SIZE_BOUNDED = "master-simulation-size-bounded"
 # An epic and stories outside it, both given (the temporal CLI), are refused at the start as `bso sprint start`
 # refuses them: the sprint ran the epic's and dropped the others in silence.
 PATCH_STORIES_OUTSIDE_EPIC_REFUSED = "master-stories-outside-epic-refused"
@@ -958,6 +961,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         except ValidationError as err:
             raise _invalid_input(f"invalid simulation script: {describe_validation_error(err)}") from None
         if (error := script.tokens_error()) is not None and workflow.patched(PATCH_SIMULATION_TOKENS_BOUNDED):
+            raise _invalid_input(f"invalid simulation script: {error}")
+        if (error := script.size_error()) is not None and workflow.patched(PATCH_SIMULATION_SIZE_BOUNDED):
             raise _invalid_input(f"invalid simulation script: {error}")
         if inp.agent_backend not in {b.value for b in AgentBackend}:
             raise _invalid_input(

@@ -299,6 +299,10 @@ def test_error_paths(cli_env, tmp_path: Path):
     greedy.write_text(json.dumps({"default": {"tokens": 10**30}}))
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(greedy)))
     assert line.endswith("greedy.json: tokens of default: at most 1,000,000,000 (no agent run uses more)"), line
+    huge = tmp_path / "huge.json"  # its copies made the sprint continue as new for ever before its first batch
+    huge.write_text(json.dumps({"stories": {"1-1": {"blocking": ["x" * 1000] * 300}}}))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(huge)))
+    assert "huge.json: 301,227 bytes, over the 256,000 a script may take" in line, line
     # A story the script or a knob names that the file does not have: a typo, which would be ignored silently.
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"stories": {"1-2": {"duration_ms": 5}, "9-9": {"fail": {"dev": "error"}}}}))

@@ -857,6 +857,16 @@ def test_a_simulation_script_claiming_implausible_tokens_is_named_at_the_start()
     assert script.tokens_error() == f"tokens of default, {KEY}: at most 1,000,000,000 (no agent run uses more)"
 
 
+def test_a_simulation_script_too_large_to_copy_is_named_at_the_start():
+    fits = SimulationScript.model_validate({"stories": {"1-1": {"blocking": ["x" * 1000] * 200}}})
+    assert fits.size_error() is None
+    script = SimulationScript.model_validate({"stories": {"1-1": {"blocking": ["x" * 1000] * 300}}})
+    assert script.size_error() == (
+        f"{len(script.model_dump_json()):,} bytes, over the 256,000 a script may take (each of the sprint's residents "
+        "and batches gets a copy in its history): script fewer stories, or shorter texts"
+    )
+
+
 # --- properties of the review-fix loop -------------------------------------------------------------
 
 SEVERITY_LISTS = st.lists(st.lists(st.sampled_from(list(Severity)), max_size=4), max_size=30)

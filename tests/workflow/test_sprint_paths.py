@@ -549,6 +549,25 @@ async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(
     assert status_values(tmp_path)[K1] == "review"
 
 
+async def test_a_simulation_too_large_to_copy_is_refused_at_the_start(ts_env, tmp_path: Path):
+    """A script of ~1.4 MB, copied into each resident's start, made the Master's history long before its first
+    batch: it continued as new, started its residents again, and so on for ever, no story run."""
+    make_project(tmp_path, {K1: "review"})
+    big = {"stories": {"1-1": {"blocking": ["x" * 1000] * 300}}}
+    inp = sprint_input(tmp_path, session_id=f"big-sim-{uuid.uuid4().hex[:6]}", simulation=big)
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert failure.value.cause.type == "InvalidSprintInput"
+    assert failure.value.cause.message.startswith("invalid simulation script: 301,227 bytes"), failure.value.cause.message
+    assert "bytes, over the 256,000 a script may take" in failure.value.cause.message
+    events = [e.event_type for e in (await handle.fetch_history()).events]
+    assert EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED not in events
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW not in events
+    assert status_values(tmp_path)[K1] == "review"
+
+
 async def test_missing_project_root_is_a_clear_error(ts_env, tmp_path: Path):
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path / "nowhere"))
