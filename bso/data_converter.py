@@ -9,14 +9,15 @@ surrogate replaced by U+FFFD, and validated as usual.
 
 JSON no parser here reads (nested deeper than pydantic's parser goes, a number of more than 4,300 digits) was
 dropped the same way. For a handler that takes Any (every BSO signal and update) it is handed on as an
-UnreadablePayload, which workflows.inbound_guard records as rejected."""
+UnreadablePayload, which workflows.inbound_guard records as rejected; for a workflow's input, which
+workflows.inputs refuses in one line (it failed the workflow with pydantic's report of the whole union)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import JsonValue, TypeAdapter, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter
 from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter, JSONPlainPayloadConverter
@@ -65,13 +66,19 @@ def _bad_unicode(err: ValidationError) -> bool:
     )
 
 
+def _takes_any_json(type_hint: Any) -> bool:
+    """A handler that takes Any (BSO's signals and updates), or a workflow input that keeps JSON fitting no model
+    (workflows.inputs.RawInput): what it cannot read reaches it as an UnreadablePayload, to refuse in one line."""
+    return type_hint is Any or JsonValue in get_args(type_hint)
+
+
 class LenientJSONPayloadConverter(PydanticJSONPlainPayloadConverter):
     def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
         try:
             return super().from_payload(payload, type_hint)
         except ValidationError as err:
             if not _bad_unicode(err):
-                if type_hint is Any and all(e["type"] == "json_invalid" for e in err.errors()):
+                if _takes_any_json(type_hint) and all(e["type"] == "json_invalid" for e in err.errors()):
                     return UnreadablePayload(err.errors()[0]["msg"])
                 raise
             try:

@@ -16,6 +16,9 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from bso.constants import FAILURE_INVALID_INPUT, FAILURE_MISSING_INPUT
+
+with workflow.unsafe.imports_passed_through():  # the converter's class, not a sandbox copy of it
+    from bso.data_converter import UnreadablePayload
 from bso.messages import describe_validation_error
 
 InputT = TypeVar("InputT", bound=BaseModel)
@@ -24,7 +27,7 @@ InputT = TypeVar("InputT", bound=BaseModel)
 RawInput = JsonValue
 
 
-def required_input(inp: InputT | RawInput | None, model: type[InputT]) -> InputT:
+def required_input(inp: InputT | RawInput | UnreadablePayload | None, model: type[InputT]) -> InputT:
     name = workflow.info().workflow_type
     if inp is None:
         raise ApplicationError(
@@ -35,6 +38,12 @@ def required_input(inp: InputT | RawInput | None, model: type[InputT]) -> InputT
         )
     if isinstance(inp, model):
         return inp
+    if isinstance(inp, UnreadablePayload):  # nested too deep, a number of thousands of digits
+        raise ApplicationError(
+            f"{name}: invalid input ({model.__name__}): its JSON could not be read: {inp.reason}",
+            type=FAILURE_INVALID_INPUT,
+            non_retryable=True,
+        )
     try:
         return model.model_validate(inp)
     except ValidationError as err:
