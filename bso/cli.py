@@ -118,7 +118,7 @@ from bso.sprint_status import (
 )
 from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
-from bso.temporal_client import connect_config, fetch_sprint_histories, is_running
+from bso.temporal_client import connect_config, connect_failure_reason, fetch_sprint_histories, is_running
 from bso.terminal_text import printable, printable_model
 
 T = TypeVar("T")
@@ -250,9 +250,7 @@ async def _client() -> Client:
             CONNECT_TIMEOUT_SECONDS,
         )
     except (RuntimeError, TimeoutError, OSError) as e:
-        reason = str(e).split("(", 1)[0].strip() or type(e).__name__
-        if "Connection refused" in str(e):
-            reason = "connection refused"
+        reason = connect_failure_reason(e)
         # A server that listens but does not speak TLS (an API key turns TLS on) is no refusal: say what to check.
         secured = config.get("tls") or config.get("api_key")
         unreached = isinstance(e, TimeoutError) or any(

@@ -78,7 +78,8 @@ def validate(
     try:
         raw = _load(file)
     except (OSError, UnicodeDecodeError, YAMLError, ValueError) as err:
-        typer.echo(f"bso: error: cannot read {file}: {err}", err=True)  # as every `bso` error
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err  # not `[Errno 2] ...: 'file'` again
+        typer.echo(f"bso: error: cannot read {file}: {why}", err=True)  # as every `bso` error
         raise typer.Exit(2) from None
     # As the sprint reads an agent's answer: a missing timestamp is the time it is read.
     read = with_read_time(raw, datetime.now(UTC)) if isinstance(raw, dict) else raw

@@ -27,6 +27,14 @@ def namespace_from_env() -> str:
     return os.environ.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE
 
 
+def connect_failure_reason(err: BaseException) -> str:
+    """A failed connection in a few words: the SDK's text ends in the transport's nested debug form
+    (`tonic::transport::Error(Transport, ConnectError(...))`), which tells a user nothing more."""
+    if "Connection refused" in str(err):
+        return "connection refused"
+    return str(err).split("(", 1)[0].strip() or type(err).__name__
+
+
 def connect_config(
     address: str | None = None, namespace: str | None = None, profile: str | None = None
 ) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from activities.researcher import research
 from activities.status_file import load_sprint_status, wait_for_status_file, write_story_status
 from activities.summary import write_execution_summary
 from bso.constants import AGENTS_TASK_QUEUE, SPRINT_TASK_QUEUE, agents_task_queue_for
-from bso.temporal_client import connect, connect_config, ensure_search_attributes
+from bso.temporal_client import connect, connect_config, connect_failure_reason, ensure_search_attributes
 from workers.sandbox import workflow_runner
 from workers.telemetry import TelemetryInterceptor, configure_logging, worker_runtime
 from workflows.inbound_guard import InboundGuard
@@ -147,7 +147,10 @@ async def _connect_patiently(runtime) -> tuple[Client, list[str]]:
                     f"after {CONNECT_PATIENCE_SECONDS:g} s (last: {last}): start it (`make server`, `bso server`), "
                     "or point the worker at it (TEMPORAL_ADDRESS, a Temporal profile)"
                 ) from None
-            log.warning("Temporal server not reachable at %s yet (%s); retrying", connect_config()["target_host"], err)
+            log.warning(
+                "Temporal server not reachable at %s yet (%s); retrying",
+                connect_config()["target_host"], connect_failure_reason(err),
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -25,6 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from bench.infra import DevServer
 from tests.conftest import REPO
 from bso.dev_server import dynamic_config_args
+from bso.temporal_client import connect_failure_reason
 import bso.cli
 from bso.cli import (
     BsoError,
@@ -118,6 +119,19 @@ def test_the_demo_and_make_server_put_the_web_ui_where_bso_links_to(ui_port: str
         cwd=REPO / "scripts", env=env, capture_output=True, text=True, check=True,
     )
     assert demo.stdout.split() == ["7451", str(expected)]
+
+
+def test_a_failed_connection_is_said_in_a_few_words():
+    """The worker's warning while the server is away carried the SDK's whole transport error."""
+    tonic = RuntimeError(
+        'Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(ConnectError('
+        '"tcp connect error", 127.0.0.1:1, Os { code: 111, kind: ConnectionRefused, message: "Connection refused" })))'
+    )
+    assert connect_failure_reason(tonic) == "connection refused"
+    assert connect_failure_reason(RuntimeError("Failed client connect: dns error (no such host)")) == (
+        "Failed client connect: dns error"
+    )
+    assert connect_failure_reason(TimeoutError()) == "TimeoutError"
 
 
 def test_server_command_registers_the_search_attributes():

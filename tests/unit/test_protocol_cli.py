@@ -133,4 +133,5 @@ def test_validate_takes_an_agent_po_answer_without_timestamp_as_the_sprint_does(
 def test_validate_a_file_that_cannot_be_read_says_so_as_every_bso_error(tmp_path: Path) -> None:
     result = runner.invoke(protocol_app, ["validate", str(tmp_path / "nope.json")])
     assert result.exit_code == 2 and result.stdout == "", result.output
-    assert result.stderr.startswith(f"bso: error: cannot read {tmp_path / 'nope.json'}: "), result.stderr
+    # The OS's words once, not Python's `[Errno 2] No such file or directory: '<the path again>'`.
+    assert result.stderr == f"bso: error: cannot read {tmp_path / 'nope.json'}: No such file or directory\n", result.stderr
