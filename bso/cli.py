@@ -679,7 +679,7 @@ def _progress(
     # The workflow's own status only when it says more than the phase (a finished sprint: its outcome).
     state = view.phase.value if desc_status in (view.phase.value, "running") else f"{view.phase.value} ({desc_status})"
     header = Text(
-        f"sprint {view.session_id}: {state}, batches {view.batches_done}/{view.batches_total}"
+        f"sprint {view.session_id}: {state}, batches ended {view.batches_done}/{view.batches_total}"
         + (f", run {view.runs}" if view.runs > 1 else "")
     )
     parts: list[Any] = [

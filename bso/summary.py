@@ -7,6 +7,7 @@ Pure: the `write_execution_summary` activity writes it into the project; `bso sp
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from temporalio.client import WorkflowHistory
 from bso.config import ConfigError, SprintConfig, resolve_config
 from bso.course_correction import dropped_stories
 from bso.message_flow import AgentStats, agent_performance, decode, file_safe_unique, message_flow
-from bso.models import SprintInput, SprintReport
+from bso.models import SlaveResult, SprintInput, SprintReport
 from bso.report import planned_batches, work_per_story
 from bso.states import TERMINAL_STATES, StoryState
 from bso.terminal_text import printable
@@ -42,6 +43,12 @@ def _cell(value: Any) -> str:
     (`printable`: a NUL made the file binary to grep and git), `|` escaped."""
     one_line = " ".join(str(value).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
     return printable(one_line).replace("|", "\\|")
+
+
+def _by_outcome(batches: list[SlaveResult]) -> str:
+    """` (complete 1, failed 1)`: a cancelled sprint's batch counted among the sprint's batches read as run."""
+    counts = Counter(b.status.value.removeprefix("batch-") for b in batches)
+    return f" ({', '.join(f'{outcome} {n}' for outcome, n in counts.items())})" if counts else ""
 
 
 def render_summary(
@@ -87,7 +94,7 @@ def render_summary(
         f"| needs intervention | {count[StoryState.NEEDS_INTERVENTION]} |",
         f"| skipped | {count[StoryState.SKIPPED]} |",
         f"| other (not finished) | {len(stories) - count[StoryState.DONE] - count[StoryState.NEEDS_INTERVENTION] - count[StoryState.SKIPPED]} |",
-        f"| batches | {len(report.batches)} |",
+        f"| batches | {len(report.batches)}{_by_outcome(report.batches)} |",
         *(
             # Left for a new batch: a sprint stopped meanwhile (fail_fast, a budget stop) starts none.
             [f"| batches handed over | {handed} (their history grew long: they left the stories they had not started "

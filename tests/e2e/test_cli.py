@@ -109,7 +109,7 @@ def test_start_watch_status_list_report_messages(cli_env, tmp_path: Path):
     assert status["stories"]["1-3-add-and-list-items-api"]["fix_rounds"] == 2
     table = bso(cli_env, "sprint", "status", sprint_id)
     assert table.returncode == 0 and "1-2-pantry-item-model-and-storage" in table.stdout
-    assert f"sprint {sprint_id}: completed (sprint-partial), batches 2/2" in table.stdout
+    assert f"sprint {sprint_id}: completed (sprint-partial), batches ended 2/2" in table.stdout
     assert "2-2-expiry-reminder-emails: needs-intervention: " in table.stdout  # why, under the table
     # A completed sprint's id is its own: starting again under it would overwrite its summary.
     fresh, _ = _project(tmp_path / "fresh", duration_ms=20)

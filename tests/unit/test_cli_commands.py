@@ -287,7 +287,7 @@ def test_a_closed_sprint_no_worker_answers_for_is_shown_from_its_report_after_a_
     shown = runner.invoke(app, ["sprint", "status", "s-1"], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     assert handle.query_deadlines == [CLOSED_QUERY_TIMEOUT] and CLOSED_QUERY_TIMEOUT < QUERY_TIMEOUT
-    assert "sprint s-1: completed (sprint-complete), batches 1/1" in shown.stdout
+    assert "sprint s-1: completed (sprint-complete), batches ended 1/1" in shown.stdout
     assert FROM_REPORT_NOTE in " ".join(shown.stdout.split()), shown.stdout
     (header,) = [line for line in shown.stdout.splitlines() if line.startswith("story ")]
     assert header.split() == ["story", "batch", "state", "fixes", "in", "flight", "agents", "tokens"], header

@@ -47,6 +47,8 @@ def test_content():
     assert "| status | sprint-partial |" in overview
     assert "| done | 4 |" in overview and "| needs intervention | 1 |" in overview
     assert "| tokens used | 27800 / 2000000 |" in overview
+    # How each batch ended: a cancelled sprint's failed batch counted among its batches read as run.
+    assert "| batches | 2 (complete 1, partial 1) |" in overview, overview
     details = _section(text, "Story Details")
     assert "| 1-3-add-and-list-items-api | 1 | done | 2 |" in details
     failures = _section(text, "Failures")
