@@ -1493,7 +1493,9 @@ def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
     start, terminated, timed out) shows where it was, not `planning` as if it still were. (A run that continued
     as new did not end the sprint: its next run carries on.)"""
     going_on = status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
-    return phase if not phase or going_on or phase in ENDED_PHASES else f"ended in {phase}"
+    if not phase:  # none said yet: not taken up by a worker yet, or refused before (a bad input)
+        return "" if going_on else "ended at its start"
+    return phase if going_on or phase in ENDED_PHASES else f"ended in {phase}"
 
 
 async def _outcome(client: Client, wf: WorkflowExecution) -> str:

@@ -334,7 +334,8 @@ def test_sprint_list_says_where_a_sprint_that_ended_early_was():
     assert _phase_shown("running", S.CONTINUED_AS_NEW) == "running"  # its next run carries on
     assert _phase_shown("completed", S.COMPLETED) == "completed"
     assert _phase_shown("canceled", S.CANCELED) == "canceled"
-    assert _phase_shown("", S.FAILED) == ""
+    assert _phase_shown("", S.FAILED) == "ended at its start"  # a bad input: it was blank, beside `ended in starting`
+    assert _phase_shown("", S.RUNNING) == ""  # no worker has taken it up yet
 
 
 def test_the_bars_give_way_on_a_narrow_terminal_and_the_counts_stay_whole():
