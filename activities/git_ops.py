@@ -237,6 +237,27 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
         return Worktree(str(path), branch, base)
 
 
+async def back_on_story_branch(wt: Worktree) -> str | None:
+    """An agent that switched the worktree off its story branch (`git checkout -b feature`, a detached HEAD, as
+    coding agents do) left its work where the merge never looks: the story ended done, its work unmerged. When
+    the agent's HEAD holds the story branch's commits, the branch is moved up to it and checked out again,
+    uncommitted changes and all (the agent's own branch stays as it is). Otherwise the agent's work is named, to
+    fail the dispatch. None when the worktree is on its branch (again)."""
+    on = (await git(wt.path, "symbolic-ref", "-q", "--short", "HEAD", check=False)).strip()
+    if on == wt.branch:
+        return None
+    agent_head = await head(wt.path)
+    if await _is_ancestor(wt.path, f"refs/heads/{wt.branch}", agent_head):
+        await git(wt.path, "checkout", "-q", "-B", wt.branch, agent_head)
+        return None
+    where = f"branch {on}" if on else "a detached HEAD"
+    return (
+        f"the agent left the story branch {wt.branch} for {where} at {agent_head[:12]}, which does not hold the "
+        f"branch's commits: BSO merges only the story branch (bring the work onto it in {wt.path}, then rearm the "
+        "story)"
+    )
+
+
 async def changed_paths(wt: str) -> list[str]:
     out = await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
     return parse_porcelain(out)
@@ -334,12 +355,14 @@ async def cleanup_stale_worktrees(project_root: str, current_session: str) -> li
         for wt in session_dir.iterdir():
             if not (wt / ".git").exists():
                 continue
-            branch = (await git(str(wt), "rev-parse", "--abbrev-ref", "HEAD", check=False)).strip()
+            # Its commit, not its branch's name: a detached worktree's was `HEAD`, the project's own, always merged,
+            # and its commits were removed with it.
+            commit = (await git(str(wt), "rev-parse", "--verify", "--quiet", "HEAD", check=False)).strip()
             merged = await run_command(
-                git_argv(project_root, "merge-base", "--is-ancestor", branch, "HEAD"), cwd=project_root
+                git_argv(project_root, "merge-base", "--is-ancestor", commit, "HEAD"), cwd=project_root
             )
             dirty = (await git(str(wt), "status", "--porcelain", check=False)).strip()
-            if branch and merged.returncode == 0 and not dirty:
+            if commit and merged.returncode == 0 and not dirty:
                 await git(project_root, "worktree", "remove", "--force", str(wt), check=False)
                 removed.append(str(wt))
     await git(project_root, "worktree", "prune", check=False)

@@ -46,6 +46,7 @@ from activities.agent_config import config_error, load_agents_file, load_templat
 from activities.agent_launcher import CANCELLED_FILE
 from activities.git_ops import (
     Worktree,
+    back_on_story_branch,
     changed_paths,
     committed_paths,
     ensure_worktree,
@@ -809,7 +810,12 @@ async def _checked(
     failure: str | None = None
     failure_type: str | None = None
 
-    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None and not po_command.is_plan(a):
+    astray = None
+    if wt is not None and a.agent_type is AgentType.DEV_RUNNER and not po_command.is_plan(a):
+        astray = await back_on_story_branch(wt)  # before the gate commits anything, on the branch the merge reads
+    if astray is not None:
+        failure = astray
+    elif wt is not None and a.agent_type is AgentType.DEV_RUNNER and before is not None and not po_command.is_plan(a):
         gate = await exit_gate(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,

@@ -151,6 +151,10 @@ def main():
         Path(os.environ["FAKE_AGENT_PIDS"]).write_text(json.dumps([os.getpid(), child.pid]))
         print("working very hard", flush=True)
         time.sleep(300)
+    if dev and "own-branch" in behavior:  # as coding agents do: their work on a branch of their own
+        git("checkout", "-q", "-b", f"agent-feature-{os.getpid()}")
+    if dev and "detach" in behavior:
+        git("checkout", "-q", "--detach")
     if dev and "crash" in behavior:
         print("Traceback: fake crash", file=sys.stderr)
         sys.exit(3)

@@ -21,7 +21,7 @@ from tests.workflow.helpers import (
     status_values,
     workflow_task_failures,
 )
-from activities.git_ops import worktree_path
+from activities.git_ops import back_on_story_branch, ensure_worktree, worktree_path
 from bso.constants import slave_workflow_id
 
 
@@ -155,6 +155,35 @@ async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
     assert (wt / ".env").exists() and ".env" not in git(wt, "ls-files")
 
 
+@pytest.mark.parametrize("behavior", ["own-branch", "detach"])
+async def test_an_agent_that_leaves_the_story_branch_still_has_its_work_merged(
+    ts_env, tmp_path: Path, behavior: str
+) -> None:
+    """A dev agent that made a branch of its own (or detached HEAD) and worked there, as coding agents do: the
+    story ended `done` and the sprint complete, its work on a branch the merge never looks at."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR=behavior)
+    base = git(root, "rev-parse", "HEAD").strip()
+    session = f"cmd-{behavior}"
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(root, session_id=session, agent_backend="command"))
+    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
+    merged = git(root, "diff", "--name-only", base, "HEAD").split()
+    assert "src/story_1_1_hello_world.py" in merged and "src/story_1_1_hello_world_extra.py" in merged, merged
+    assert await workflow_task_failures(ts_env.client, session) == []
+
+
+async def test_an_agent_branch_that_does_not_hold_the_story_branch_fails_the_dispatch_naming_it(tmp_path: Path):
+    root = make_git_project(tmp_path / "proj")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(Path(wt.path), "commit", "-q", "--allow-empty", "-m", "on the story branch")
+    git(Path(wt.path), "checkout", "-q", "-b", "elsewhere", wt.base)  # from before the branch's commit
+    said = await back_on_story_branch(wt)
+    assert said is not None and said.startswith(
+        f"the agent left the story branch {wt.branch} for branch elsewhere at "
+    ), said
+    assert "which does not hold the branch's commits" in said
+
+
 async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_env, tmp_path: Path) -> None:
     k2 = "1-2-second-story"
     root = make_git_project(tmp_path / "proj", stories={STORY: "ready-for-dev", k2: "ready-for-dev"})
@@ -171,6 +200,11 @@ async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_e
     git(root, "worktree", "add", "-q", "-b", "bso/old/x", str(stale_merged), base)
     git(root, "worktree", "add", "-q", "-b", "bso/old/y", str(stale_failed), base)
     (stale_failed / ".env").write_text("LEAK=1\n")
+    # A clean one on a detached HEAD holding commits not merged: its branch's name read `HEAD`, the project's own,
+    # always merged, and it was removed, commits and all.
+    stale_detached = root / ".sprint-session" / "worktrees" / "old-sprint" / "z"
+    git(root, "worktree", "add", "-q", "--detach", str(stale_detached), base)
+    git(stale_detached, "commit", "-q", "--allow-empty", "-m", "work on a detached HEAD")
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(
             ts_env.client, queue, sprint_input(root, session_id="cmd-two", agent_backend="command")
@@ -181,7 +215,7 @@ async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_e
     assert subjects[0] in ("feat: Story 1.2: Second", "Merge feat: Story 1.2: Second")
     tracked = git(root, "ls-files", "src").split()
     assert "src/story_1_1_hello_world.py" in tracked and "src/story_1_2_second_story.py" in tracked
-    assert not stale_merged.exists() and stale_failed.exists()
+    assert not stale_merged.exists() and stale_failed.exists() and stale_detached.exists()
 
 
 async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_env, tmp_path: Path) -> None:
