@@ -383,7 +383,7 @@ def _title(inp: FinishStoryInput) -> str:
         except ValueError:
             return inp.story_title
         if path.is_file():
-            return parse_story_file(path.read_text(encoding="utf-8")).title or inp.story_title
+            return parse_story_file(path.read_text(encoding="utf-8", errors="replace")).title or inp.story_title
     return inp.story_title
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from activities.agent_config import load_template
 from activities.git_ops import git
 from activities.session_files import safe_name, write_json_atomic
+from bso.agent_output import UnreadableResultFile, read_result_file
 from bso.agent_progress import percent_of, progress_update
 from bso.messages import AgentComplete, Finding, TaskAssignment
 from bso.po_agent import (
@@ -68,8 +69,8 @@ def read_answer(a: TaskAssignment, result_file: Path, run_dir: Path, timed_out: 
     if phase is None or timed_out or not result_file.exists():
         return None
     try:
-        raw = json.loads(result_file.read_text(encoding="utf-8"))
-    except ValueError:
+        raw = read_result_file(result_file)
+    except UnreadableResultFile:  # read again as an AGENT_COMPLETE, which says why
         return None
     if not is_po_answer(raw):
         return None

@@ -59,7 +59,13 @@ from activities.git_ops import (
 )
 from activities.process import group_alive, heartbeating, kill_group, kill_group_now, machine_id
 from activities.session_files import SESSION_DIR, file_written_at, safe_name, session_path, write_json_atomic
-from bso.agent_output import cli_reported_error, complete_from_output, token_use
+from bso.agent_output import (
+    UnreadableResultFile,
+    cli_reported_error,
+    complete_from_output,
+    read_result_file,
+    token_use,
+)
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,
@@ -618,9 +624,9 @@ def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentR
     raw = None
     if result_file.exists():
         try:
-            raw = json.loads(result_file.read_text(encoding="utf-8"))
-        except ValueError as err:
-            return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"BSO_RESULT_FILE is not JSON: {err}")
+            raw = read_result_file(result_file)
+        except UnreadableResultFile as err:
+            return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"BSO_RESULT_FILE {err}")
     if raw is None:
         raw = complete_from_output(stdout)
     if not isinstance(raw, dict):
@@ -692,7 +698,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
             snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
         passing_before = count_passed(snapshot.output, checks.passed_pattern)
 
-    story_text = Path(story_file).read_text(encoding="utf-8") if Path(story_file).is_file() else ""
+    # Bytes that are not UTF-8 (a cp1252 editor) failed every attempt; the scope lines are ASCII either way.
+    story_text = Path(story_file).read_text(encoding="utf-8", errors="replace") if Path(story_file).is_file() else ""
     scope = parse_file_scope(story_text)
     verification_file = _verification_file(root, a.story_key)
     result_file = run_dir / "result.json"

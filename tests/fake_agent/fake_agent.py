@@ -8,7 +8,9 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commits, then
-sleeps 300 s), no-result-file, garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
+sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
+file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
+garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
@@ -221,7 +223,13 @@ def main():
             {"severity": "HIGH", "summary": f"finding {n} " + "s" * 1900, "file": "src/" + "deep/" * 1400 + "x.py"}
             for n in range(200)
         ]
-    if "no-result-file" in behavior:
+    if "result-dir" in behavior:  # the result file's path taken by a directory
+        Path(os.environ["BSO_RESULT_FILE"]).mkdir()
+        text = "Done."
+    elif "result-deep" in behavior:
+        Path(os.environ["BSO_RESULT_FILE"]).write_text("[" * 100_000)
+        text = "[" * 100_000
+    elif "no-result-file" in behavior:
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
     else:
         Path(os.environ["BSO_RESULT_FILE"]).write_text(json.dumps(result))

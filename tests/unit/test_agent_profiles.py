@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.agent_config import load_agents_file, load_templates
 
-from bso.agent_output import TokenUse, complete_from_output, token_use
+from bso.agent_output import TokenUse, UnreadableResultFile, complete_from_output, read_result_file, token_use
 from bso.agent_profiles import (
     AgentProfileError,
     AgentsFile,
@@ -190,6 +190,25 @@ def test_agent_complete_found_in_cli_output() -> None:
     codex = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": json.dumps(inner)}})
     assert complete_from_output(codex) == inner
     assert complete_from_output("I did nothing useful") is None
+
+
+def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Path) -> None:
+    """A result file that is a directory, not UTF-8 or nested deeper than the parser goes failed the agent's
+    activity on every attempt (the story ended with a raw Python error); deep JSON on stdout did too."""
+    result = tmp_path / "result.json"
+    result.mkdir()
+    with pytest.raises(UnreadableResultFile, match="^cannot be read: Is a directory$"):
+        read_result_file(result)
+    result.rmdir()
+    result.write_text("[" * 100_000)
+    with pytest.raises(UnreadableResultFile, match="^is not JSON: nested too deep$"):
+        read_result_file(result)
+    result.write_bytes(b'{"summary": "caf\xe9"}')
+    with pytest.raises(UnreadableResultFile, match="^is not JSON: 'utf-8' codec can't decode"):
+        read_result_file(result)
+    result.write_text('{"status": "success"}')
+    assert read_result_file(result) == {"status": "success"}
+    assert complete_from_output("[" * 100_000) is None and token_use("[" * 100_000 + "\n{}") == TokenUse()
 
 
 def test_git_rules() -> None:

@@ -657,6 +657,28 @@ async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp
     assert done2.summary.startswith("fake dev-runner/dev")
 
 
+@pytest.mark.parametrize(
+    ("behavior", "said"),
+    [("result-dir", "BSO_RESULT_FILE cannot be read: Is a directory"), ("result-deep", "BSO_RESULT_FILE is not JSON: nested too deep")],
+)
+async def test_an_unreadable_result_file_is_the_agents_failure_said_in_a_few_words(
+    tmp_path: Path, behavior: str, said: str
+) -> None:
+    """It failed the activity on every attempt, and the story ended with a raw Python error."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR=behavior)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and done.error == said, done.error
+
+
+async def test_a_story_file_saved_in_another_encoding_is_read_past_its_odd_bytes(tmp_path: Path) -> None:
+    """A story file a cp1252 editor saved (`Caf\\xe9`) failed the dev agent's activity on every attempt with
+    "'utf-8' codec can't decode byte 0xe9", naming no file."""
+    root = dev_project(tmp_path)
+    (root / STORY_PATH).write_bytes(STORY_TEXT.encode().replace(b"\n", b"\nCaf\xe9 notes\n", 1))
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+
+
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids.json"
     root = dev_project(  # 4 s: the launcher and the agent (two Python start-ups) speak first on a busy machine
