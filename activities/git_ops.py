@@ -19,7 +19,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.process import heartbeating, run_command
+from activities.process import Finished, heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
 from bso.sprint_status import parse_story_file, resolve_inside
@@ -539,6 +539,24 @@ async def _checkout_unfit_for_merge(root: str) -> str | None:
     return None
 
 
+# A user's own git (an IDE's `git status`) holds the checkout's index.lock for a moment: BSO's merge waits it out.
+INDEX_LOCK_PATIENCE_SECONDS = 10.0
+
+
+async def _past_index_lock(root: str, *args: str) -> Finished:
+    """`git <args>` in the user's checkout, run again while another git holds its index.lock (up to
+    INDEX_LOCK_PATIENCE_SECONDS). Refused for the lock, the ff merge fell through to a merge commit that stopped
+    half-way ("fix conflicts" where there were none) and the abort failed on the same lock: MERGE_HEAD stayed,
+    and every later story said the checkout was in the middle of a merge."""
+    waited = 0.0
+    while True:
+        done = await run_command(git_argv(root, *args), cwd=root)
+        if done.returncode == 0 or "index.lock" not in done.output or waited >= INDEX_LOCK_PATIENCE_SECONDS:
+            return done
+        await asyncio.sleep(0.25)
+        waited += 0.25
+
+
 async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     """Safe to retry after a failure at any step: the squash commit is built aside (commit-tree) and the
     branch moves to it in one ref update, so the branch always holds the story's whole work."""
@@ -604,15 +622,14 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     new_tip = (await git(root, "rev-parse", branch)).strip()
     merged_ff = False
     if settings.merge == "ff":
-        ff = await run_command(git_argv(root, "merge", "--ff-only", "-q", branch), cwd=root)
+        ff = await _past_index_lock(root, "merge", "--ff-only", "-q", branch)
         merged_ff = ff.returncode == 0
     if not merged_ff:  # `merge`, or histories diverged (another story merged first): a merge commit
-        merge = await run_command(
-            git_argv(root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch),
-            cwd=root,
+        merge = await _past_index_lock(
+            root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch
         )
         if merge.returncode != 0:
-            await git(root, "merge", "--abort", check=False)
+            await _past_index_lock(root, "merge", "--abort")
             if squashed:  # the original commits stay (P28)
                 await git(root, "update-ref", f"refs/heads/{branch}", restore_on_conflict, new_tip)
             return FinishStoryResult(

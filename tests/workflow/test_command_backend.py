@@ -679,6 +679,28 @@ async def test_a_story_file_saved_in_another_encoding_is_read_past_its_odd_bytes
     assert done.status is AgentStatus.SUCCESS, done.error
 
 
+async def test_the_merge_waits_out_a_moment_of_the_users_own_git(tmp_path: Path) -> None:
+    """An IDE's `git status` held the checkout's index.lock for a second: the merge stopped half-way with "fix
+    conflicts" (there were none), its abort failed on the same lock, and MERGE_HEAD stayed in the user's checkout,
+    so every later story said it was in the middle of a merge."""
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    lock = root / ".git" / "index.lock"
+    lock.write_text("")
+
+    async def release() -> None:
+        await asyncio.sleep(1.0)
+        lock.unlink()
+
+    released = asyncio.create_task(release())
+    result = await finish(root)
+    await released
+    assert result.merged, result.note
+    assert not (root / ".git" / "MERGE_HEAD").exists()
+    assert "src/story_1_1_hello_world.py" in git(root, "ls-files", "src").split()
+
+
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids.json"
     root = dev_project(  # 4 s: the launcher and the agent (two Python start-ups) speak first on a busy machine
