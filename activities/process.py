@@ -67,10 +67,17 @@ class Finished:
     timed_out: bool
 
 
+# How long output is read after the command exited: a child it left running (a test server, a watcher) keeps its
+# output open, and waiting for the end of it held a verification for its whole timeout.
+OUTPUT_AFTER_EXIT_SECONDS = 2.0
+
+
 async def run_command(
     argv: list[str], cwd: str, env: dict[str, str] | None = None, timeout: float = 900, grace: float = 5.0
 ) -> Finished:
-    """Run a short command (git, a verification command) in its own group, output merged."""
+    """Run a short command (git, a verification command) in its own group, output merged. It is done when the
+    command exits; children it left holding the output open are killed after OUTPUT_AFTER_EXIT_SECONDS. A
+    command out of time is killed, group and all, and what it printed is kept."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -80,22 +87,44 @@ async def run_command(
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
     )
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.read(1 << 16):
+            chunks.append(chunk)
+
+    reader = asyncio.create_task(read())
+    deadline = time.monotonic() + timeout
+    timed_out = False
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout)
-    except asyncio.TimeoutError:
-        await kill_group(proc.pid, grace)
-        out = b""
-        if proc.stdout is not None:
-            try:
-                out = await asyncio.wait_for(proc.stdout.read(), timeout=2)
-            except (asyncio.TimeoutError, ValueError):
-                pass
-        await proc.wait()
-        return Finished(None, out.decode(errors="replace"), True)
+        # Until the command exited and its output ended. asyncio's wait() also waits for the end of the output,
+        # which a child the command left running holds open: the exit is read from the return code.
+        while not (reader.done() and proc.returncode is not None):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                await kill_group(proc.pid, grace)
+                break
+            if proc.returncode is not None:  # exited, its output held open by what it left running
+                await asyncio.wait({reader}, timeout=OUTPUT_AFTER_EXIT_SECONDS)
+                if not reader.done():
+                    await kill_group(proc.pid, grace)
+                break
+            if reader.done():  # the output closed, the command runs on: its exit (the output is no more)
+                exited = asyncio.ensure_future(proc.wait())
+                await asyncio.wait({exited}, timeout=left)
+                exited.cancel()
+            else:
+                await asyncio.wait({reader}, timeout=min(0.25, left))
+        await asyncio.wait({reader}, timeout=2)
+        reader.cancel()  # (ended already, unless what holds the output is outside the group)
     except asyncio.CancelledError:
         kill_group_now(proc.pid)
+        reader.cancel()
         raise
-    return Finished(proc.returncode, out.decode(errors="replace"), False)
+    output = b"".join(chunks).decode(errors="replace")
+    return Finished(None if timed_out else proc.returncode, output, timed_out)
 
 
 @asynccontextmanager

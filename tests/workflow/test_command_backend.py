@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 import activities.git_ops as git_ops
 from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
-from activities.process import machine_id
+from activities.process import machine_id, run_command
 from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
 from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome
@@ -699,6 +699,25 @@ async def test_the_merge_waits_out_a_moment_of_the_users_own_git(tmp_path: Path)
     assert result.merged, result.note
     assert not (root / ".git" / "MERGE_HEAD").exists()
     assert "src/story_1_1_hello_world.py" in git(root, "ls-files", "src").split()
+
+
+async def test_a_check_that_leaves_a_child_running_is_done_when_it_exits(tmp_path: Path) -> None:
+    """A verification command that left a server or a watcher running held the check for its whole timeout
+    (up to 900 s), then reported it timed out; the child is killed, the command's output and exit code kept."""
+    pid_file = tmp_path / "child.pid"
+    began = time.monotonic()
+    done = await run_command(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo '3 passed'"], cwd=str(tmp_path), timeout=30)
+    assert (done.returncode, done.output, done.timed_out) == (0, "3 passed\n", False)
+    assert time.monotonic() - began < 15
+    assert await gone(int(pid_file.read_text()), seconds=5)
+
+
+async def test_a_check_out_of_time_keeps_what_it_printed(tmp_path: Path) -> None:
+    """It was thrown away: the fix agent and the user saw an empty output."""
+    done = await run_command(["sh", "-c", "echo '2 passed, 1 hanging'; sleep 60"], cwd=str(tmp_path), timeout=1, grace=1)
+    assert done.timed_out and done.returncode is None and done.output == "2 passed, 1 hanging\n", done
+    quiet = await run_command(["sh", "-c", "exec >/dev/null 2>&1; sleep 60"], cwd=str(tmp_path), timeout=1, grace=1)
+    assert quiet.timed_out and quiet.output == "", quiet  # its output closed, it is still held to its time
 
 
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
