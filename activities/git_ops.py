@@ -317,29 +317,48 @@ async def verify(wt: str, verification: Verification, env: dict[str, str]) -> Ve
     `timeout_seconds` is for all the commands together: the Slave's deadline for a command agent's activity
     leaves that much for one run of them (and as much for the fix snapshot), however many there are."""
     chunks: list[str] = []
-    ok = True
     deadline = time.monotonic() + verification.timeout_seconds
+    left_before = set(await changed_paths(wt))
+    ok = await _run_checks(wt, verification, env, deadline, chunks)
+    await _undo_what_checks_left(wt, left_before)
+    text = "\n\n".join(chunks)
+    return VerificationResult(ok, text[-verification.output_tail_chars:])
+
+
+async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:
+    """The checks' own files (a junit or coverage report) are not the agent's work: left in the worktree, the
+    next Exit Gate committed and merged them, and the PO gate blocked the story for a change nobody authorized."""
+    new = [path for path in await changed_paths(wt) if path not in left_before]
+    if not new:
+        return
+    tracked = [p for p in (await git(wt, "--literal-pathspecs", "ls-files", "-z", "--", *new)).split("\x00") if p]
+    if tracked:
+        await git(wt, "--literal-pathspecs", "checkout", "-q", "HEAD", "--", *tracked)
+    if untracked := [p for p in new if p not in set(tracked)]:
+        await git(wt, "--literal-pathspecs", "clean", "-fq", "--", *untracked)
+
+
+async def _run_checks(
+    wt: str, verification: Verification, env: dict[str, str], deadline: float, chunks: list[str]
+) -> bool:
+    """Each command in turn until one fails or the time is spent, its output in `chunks`; whether all passed."""
     for argv in verification.commands:
         if not argv:
             continue
         left = deadline - time.monotonic()
         if left <= 0:
             chunks.append(f"$ {' '.join(argv)}  (not run: the checks' {verification.timeout_seconds} s were spent)")
-            ok = False
-            break
+            return False
         exe = argv[0]
         if shutil.which(exe, path=env.get("PATH")) is None and not Path(wt, exe).is_file():
             chunks.append(f"$ {' '.join(argv)}\n{exe}: command not found")
-            ok = False
-            break
+            return False
         done = await run_command(argv, cwd=wt, env=env, timeout=left)
         status = "timed out" if done.timed_out else f"exit {done.returncode}"
         chunks.append(f"$ {' '.join(argv)}  ({status})\n{done.output.strip()}")
         if done.timed_out or done.returncode != 0:
-            ok = False
-            break
-    text = "\n\n".join(chunks)
-    return VerificationResult(ok, text[-verification.output_tail_chars:])
+            return False
+    return True
 
 
 async def cleanup_stale_worktrees(project_root: str, current_session: str) -> list[str]:

@@ -246,6 +246,32 @@ async def test_failed_verification_goes_to_a_fix_that_makes_the_story_done(ts_en
     assert await workflow_task_failures(ts_env.client, "cmd-verify") == []
 
 
+async def test_files_the_checks_write_are_not_taken_for_the_agents_work(ts_env, tmp_path: Path) -> None:
+    """A verification that also writes a report (junit, coverage) and touches a tracked file: the next Exit Gate
+    committed them as the fix's work, the PO gate blocked the story for changes nobody authorized (with gates
+    off, they were merged into the project)."""
+    checks = [["sh", "-c", "echo '<testsuite/>' > test-report.xml; echo stamp >> README.md; python3 run_checks.py"]]
+    root = make_git_project(
+        tmp_path / "proj", stories={STORY: "ready-for-dev"}, verification=checks, FAKE_AGENT_BEHAVIOR="break-tests-in-dev",
+    )
+    (root / "README.md").write_text("the project\n")
+    git(root, "add", "README.md")
+    git(root, "commit", "-qm", "readme")
+    (root / "_bmad-output" / "implementation-artifacts" / f"{STORY}.md").write_text(
+        "# Story 1.1: Hello\n\nFile scope: src/**, tests/**\n"
+    )
+    base = git(root, "rev-parse", "HEAD").strip()
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-artifacts", agent_backend="command")
+        )
+    assert report.stories == {STORY: "done"}, report
+    assert report.batches[0].results.review_fix_rounds == {STORY: 1}  # the fix round ran
+    merged = git(root, "diff", "--name-only", base, "HEAD").split()
+    assert "test-report.xml" not in merged and "README.md" not in merged, merged
+    assert "src/story_1_1_hello_world.py" in merged
+
+
 MISSING_CLI = '\n[profiles.fake-missing]\nextends = "generic"\nargv = ["/nonexistent/agent-cli", "{prompt}"]\n' \
     '\n[agents.story-creator]\nprofile = "fake-missing"\n'
 SECOND = "1-2-second-story"
