@@ -4,28 +4,38 @@ commands together, so that the Slave's deadline for the activity holds however m
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from activities.git_ops import verify
 from bso.agent_profiles import Verification
+
+
+@pytest.fixture
+def worktree(tmp_path: Path) -> str:
+    """verify runs in a story's worktree: a git repository (it undoes what the checks change there)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    return str(tmp_path)
 
 
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-async def test_passing_commands_pass_with_their_output(tmp_path: Path):
+async def test_passing_commands_pass_with_their_output(worktree: str):
     checks = Verification(commands=[py("print('3 passed')"), py("print('clean')")], timeout_seconds=30)
-    result = await verify(str(tmp_path), checks, dict(os.environ))
+    result = await verify(worktree, checks, dict(os.environ))
     assert result.ok and "3 passed" in result.output and "clean" in result.output
 
 
-async def test_the_time_is_for_all_the_commands_together(tmp_path: Path):
+async def test_the_time_is_for_all_the_commands_together(worktree: str):
     """Each command alone fits in the time, together they do not: the second one is stopped when it is spent."""
     slow = py("import time; time.sleep(1.2); print('done')")
     checks = Verification(commands=[slow, slow, py("print('never')")], timeout_seconds=2)
-    result = await verify(str(tmp_path), checks, dict(os.environ))
+    result = await verify(worktree, checks, dict(os.environ))
     assert not result.ok
     assert "(exit 0)" in result.output and "(timed out)" in result.output, result.output
     assert "never" not in result.output
