@@ -256,6 +256,15 @@ def test_prompt_rendering_carries_the_assignment() -> None:
     assert '"msg_type": "AGENT_COMPLETE"' in out and "$unknown_name" in out
 
 
+def test_the_shipped_prompts_keep_agents_off_the_status_file_and_on_the_story_branch() -> None:
+    """BMAD agents update sprint-status.yaml themselves, and coding agents make branches of their own: each broke
+    the sprint (a status changed under it, work left unmerged) and no prompt said not to."""
+    common = (Path(__file__).resolve().parents[2] / "bso" / "prompts" / "_common.md").read_text()
+    dev = (Path(__file__).resolve().parents[2] / "bso" / "prompts" / "dev-runner.md").read_text()
+    assert "do not edit `sprint-status.yaml`" in common and "$common" in dev
+    assert "merges only that branch: make no branch of your own" in dev
+
+
 def test_count_passed() -> None:
     from bso.git_rules import count_passed
 
