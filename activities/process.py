@@ -101,15 +101,15 @@ async def run_command(
         # Until the command exited and its output ended. asyncio's wait() also waits for the end of the output,
         # which a child the command left running holds open: the exit is read from the return code.
         while not (reader.done() and proc.returncode is not None):
+            if proc.returncode is not None:  # exited (in time), its output held open by what it left running
+                await asyncio.wait({reader}, timeout=OUTPUT_AFTER_EXIT_SECONDS)
+                if not reader.done():
+                    await kill_group(proc.pid, grace)
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 await kill_group(proc.pid, grace)
-                break
-            if proc.returncode is not None:  # exited, its output held open by what it left running
-                await asyncio.wait({reader}, timeout=OUTPUT_AFTER_EXIT_SECONDS)
-                if not reader.done():
-                    await kill_group(proc.pid, grace)
                 break
             if reader.done():  # the output closed, the command runs on: its exit (the output is no more)
                 exited = asyncio.ensure_future(proc.wait())

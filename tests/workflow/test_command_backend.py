@@ -712,6 +712,12 @@ async def test_a_check_that_leaves_a_child_running_is_done_when_it_exits(tmp_pat
     assert await gone(int(pid_file.read_text()), seconds=5)
 
 
+async def test_a_check_that_exits_just_in_time_is_not_out_of_time(tmp_path: Path) -> None:
+    """Its exit was looked at after the deadline: one that exited at 0.85 s of 1 s, leaving a child, timed out."""
+    done = await run_command(["sh", "-c", "sleep 30 & sleep 0.85; echo done"], cwd=str(tmp_path), timeout=1, grace=1)
+    assert (done.returncode, done.output, done.timed_out) == (0, "done\n", False), done
+
+
 async def test_a_check_out_of_time_keeps_what_it_printed(tmp_path: Path) -> None:
     """It was thrown away: the fix agent and the user saw an empty output."""
     done = await run_command(["sh", "-c", "echo '2 passed, 1 hanging'; sleep 60"], cwd=str(tmp_path), timeout=1, grace=1)
