@@ -243,11 +243,16 @@ async def back_on_story_branch(wt: Worktree) -> str | None:
     the agent's HEAD holds the story branch's commits, the branch is moved up to it and checked out again,
     uncommitted changes and all (the agent's own branch stays as it is). Otherwise the agent's work is named, to
     fail the dispatch. None when the worktree is on its branch (again)."""
-    on = (await git(wt.path, "symbolic-ref", "-q", "--short", "HEAD", check=False)).strip()
-    if on == wt.branch:
+    on = (await git(wt.path, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+    if on == f"refs/heads/{wt.branch}":
         return None
-    agent_head = await head(wt.path)
-    if await _is_ancestor(wt.path, f"refs/heads/{wt.branch}", agent_head):
+    on = on.removeprefix("refs/heads/")
+    agent_head = await _commit_of(wt.path, "HEAD")
+    if agent_head is None:  # `git checkout --orphan`: nothing committed there
+        return f"the agent left the story branch {wt.branch} for {on or 'a detached HEAD'}, which has no commit"
+    story_tip = await _commit_of(wt.path, f"refs/heads/{wt.branch}")
+    # (A story branch the agent deleted or renamed: made again where its work is.)
+    if story_tip is None or await _is_ancestor(wt.path, story_tip, agent_head):
         await git(wt.path, "checkout", "-q", "-B", wt.branch, agent_head)
         return None
     where = f"branch {on}" if on else "a detached HEAD"
@@ -329,13 +334,17 @@ async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:
     """The checks' own files (a junit or coverage report) are not the agent's work: left in the worktree, the
     next Exit Gate committed and merged them, and the PO gate blocked the story for a change nobody authorized."""
     new = [path for path in await changed_paths(wt) if path not in left_before]
-    if not new:
-        return
-    tracked = [p for p in (await git(wt, "--literal-pathspecs", "ls-files", "-z", "--", *new)).split("\x00") if p]
-    if tracked:
-        await git(wt, "--literal-pathspecs", "checkout", "-q", "HEAD", "--", *tracked)
-    if untracked := [p for p in new if p not in set(tracked)]:
-        await git(wt, "--literal-pathspecs", "clean", "-fq", "--", *untracked)
+    for start in range(0, len(new), _PATHS_PER_CALL):  # a folder of thousands of files: within the argv limit
+        paths = new[start:start + _PATHS_PER_CALL]
+        await git(wt, "--literal-pathspecs", "reset", "-q", "--", *paths, check=False)  # what a check staged
+        in_head = (await git(wt, "--literal-pathspecs", "ls-tree", "-z", "--name-only", "HEAD", "--", *paths)).split("\x00")
+        if tracked := [p for p in in_head if p]:
+            await git(wt, "--literal-pathspecs", "checkout", "-q", "HEAD", "--", *tracked)
+        if untracked := [p for p in paths if p not in set(tracked)]:
+            await git(wt, "--literal-pathspecs", "clean", "-fq", "--", *untracked)
+
+
+_PATHS_PER_CALL = 500
 
 
 async def _run_checks(

@@ -39,3 +39,16 @@ async def test_the_time_is_for_all_the_commands_together(worktree: str):
     assert not result.ok
     assert "(exit 0)" in result.output and "(timed out)" in result.output, result.output
     assert "never" not in result.output
+
+
+async def test_what_the_checks_leave_is_undone_staged_or_many(worktree: str):
+    """A check that staged a new file (lint-staged, a generator) failed the undo (`checkout HEAD --` of a path
+    not in HEAD); thousands of new files (a coverage folder) overran the argument list."""
+    subprocess.run(["git", "-C", worktree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "base"], check=True)
+    Path(worktree, "mine.txt").write_text("the agent's, not committed\n")
+    write = "import pathlib, subprocess; pathlib.Path('gen').mkdir(); [pathlib.Path(f'gen/f{i}.txt').write_text('x') for i in range(3000)]; pathlib.Path('staged.txt').write_text('s'); subprocess.run(['git', 'add', 'staged.txt'], check=True)"
+    result = await verify(worktree, Verification(commands=[py(write)], timeout_seconds=60), dict(os.environ))
+    assert result.ok, result.output
+    left = subprocess.run(["git", "-C", worktree, "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert left == "?? mine.txt\n", left  # what was there before the checks stays; theirs is gone

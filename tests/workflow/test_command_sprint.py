@@ -182,6 +182,14 @@ async def test_an_agent_branch_that_does_not_hold_the_story_branch_fails_the_dis
         f"the agent left the story branch {wt.branch} for branch elsewhere at "
     ), said
     assert "which does not hold the branch's commits" in said
+    # One that deleted the story branch has it made again where its work is; an orphan branch is named.
+    git(Path(wt.path), "checkout", "-q", "-b", "renamed", wt.base)
+    git(Path(wt.path), "commit", "-q", "--allow-empty", "-m", "the agent's work")
+    git(Path(wt.path), "branch", "-q", "-D", wt.branch)
+    assert await back_on_story_branch(wt) is None
+    assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == wt.branch
+    git(Path(wt.path), "checkout", "-q", "--orphan", "fresh")
+    assert await back_on_story_branch(wt) == f"the agent left the story branch {wt.branch} for fresh, which has no commit"
 
 
 async def test_two_stories_merge_one_after_the_other_and_stale_worktrees_go(ts_env, tmp_path: Path) -> None:
