@@ -34,7 +34,7 @@ import tomllib
 from io import StringIO
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # The launcher redacts the agent's transcript standalone (stdlib only, isolated mode): the forms a secret takes
 # are defined there, once, for it and for BSO's texts.
@@ -88,6 +88,16 @@ class AgentProfileError(ValueError):
 MAX_CACHE_WRITE_WEIGHT = 10
 
 
+def _refuse_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a number, not true/false")
+    return value
+
+
+# A whole number (`600.0` too, as before) but not a boolean, which pydantic reads as 1 or 0.
+_NOT_A_BOOL = BeforeValidator(_refuse_bool)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -99,7 +109,7 @@ class AgentProfile(_Strict):
     prompt_via: Literal["arg", "stdin", "file"] = "arg"
     env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None  # None: the agent type's default
-    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
+    timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
     output: Literal["json", "jsonl", "text"] = "json"
 
     @model_validator(mode="after")
@@ -120,7 +130,7 @@ class ProfilePatch(_Strict):
     prompt_via: Literal["arg", "stdin", "file"] | None = None
     env: dict[str, ProcessText] | None = None
     workdir: Literal["worktree", "project"] | None = None
-    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
+    timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
     output: Literal["json", "jsonl", "text"] | None = None
 
 
@@ -130,7 +140,7 @@ class AgentChoice(_Strict):
     profile: str | None = None
     env: dict[str, ProcessText] = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None
-    timeout_seconds: int | None = Field(default=None, gt=0, strict=True)  # strict: `true` was read as 1 second
+    timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
 
 
 class AgentSettings(AgentChoice):
@@ -143,8 +153,8 @@ class Verification(_Strict):
     commands: list[list[ProcessText]] = Field(default_factory=list)
     # For all the commands together, at most 900: the Slave's deadline for a command agent's activity leaves
     # 2 x 900 s for BSO's checks (the fix snapshot, then the verification).
-    timeout_seconds: int = Field(900, gt=0, le=900, strict=True)
-    output_tail_chars: int = Field(4000, gt=0, strict=True)
+    timeout_seconds: Annotated[int, _NOT_A_BOOL] = Field(900, gt=0, le=900)
+    output_tail_chars: Annotated[int, _NOT_A_BOOL] = Field(4000, gt=0)
     # P20 fix snapshot: how passing tests are counted in the commands' output (the numbers are summed).
     passed_pattern: str = r"(\d+) passed"
     fix_snapshot: bool = True

@@ -82,6 +82,15 @@ def test_yaml_file_is_accepted() -> None:
     assert dev.prompt_via == "file" and "{prompt_file}" in dev.argv
 
 
+def test_whole_numbers_written_as_floats_are_still_taken() -> None:
+    """Refusing `true` for a number must not refuse `600.0`, which files written before took."""
+    agents = parse_agents_file(
+        "[agents.dev-runner]\ntimeout_seconds = 600.0\n[verification]\ntimeout_seconds = 300.0\n"
+        "[tokens]\ncache_read_weight = 0\n", "agents.toml",
+    )
+    assert agents.agents[AgentType.DEV_RUNNER].timeout_seconds == 600 and agents.verification.timeout_seconds == 300
+
+
 @pytest.mark.parametrize(
     "text, needle",
     [
