@@ -89,7 +89,7 @@ class SimulationScript(_Script):
         """A script too large to copy: the sprint's input carries it, and so does the start of each resident and
         batch. At ~1.4 MB those copies alone made the Master's history long before its first batch: it continued
         as new, started its residents again, and so on for ever. Checked at the start, as tokens_error."""
-        size = len(self.model_dump_json())
+        size = len(self.model_dump_json().encode())  # as copied: with its defaults filled in
         if size <= MAX_SIMULATION_BYTES:
             return None
         return (f"{size:,} bytes, over the {MAX_SIMULATION_BYTES:,} a script may take (each of the sprint's "
