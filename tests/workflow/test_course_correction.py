@@ -416,6 +416,6 @@ async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_en
     assert {k: v.batch_id for k, v in view.stories.items()} == {K1: 4, K2: None, K3: 5}
     shown = io.StringIO()
     Console(file=shown, width=120, color_system=None).print(_progress(view, None, report.status.value))
-    assert "batches 2/2" in shown.getvalue() and "batch 2 " not in shown.getvalue(), shown.getvalue()
+    assert "batches ended 2/2" in shown.getvalue() and "batch 2 " not in shown.getvalue(), shown.getvalue()
     details = render_summary(report).split("## Story Details", 1)[1]
     assert f"| {K2} |  | skipped |" in details and f"| {K1} | 4 | done |" in details, details
