@@ -338,9 +338,9 @@ async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:
         paths = new[start:start + _PATHS_PER_CALL]
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *paths, check=False)  # what a check staged
         in_head = (await git(wt, "--literal-pathspecs", "ls-tree", "-z", "--name-only", "HEAD", "--", *paths)).split("\x00")
-        if tracked := [p for p in in_head if p]:
-            await git(wt, "--literal-pathspecs", "checkout", "-q", "HEAD", "--", *tracked)
-        if untracked := [p for p in paths if p not in set(tracked)]:
+        if tracked := {p for p in in_head if p}:
+            await git(wt, "--literal-pathspecs", "checkout", "-q", "HEAD", "--", *sorted(tracked))
+        if untracked := [p for p in paths if p not in tracked]:
             await git(wt, "--literal-pathspecs", "clean", "-fq", "--", *untracked)
 
 

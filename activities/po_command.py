@@ -17,8 +17,7 @@ from pathlib import Path
 
 from activities.agent_config import load_template
 from activities.git_ops import git
-from activities.session_files import safe_name, write_json_atomic
-from bso.agent_output import UnreadableResultFile, read_result_file
+from activities.session_files import UnreadableResultFile, read_result_file, safe_name, write_json_atomic
 from bso.agent_progress import percent_of, progress_update
 from bso.messages import AgentComplete, Finding, TaskAssignment
 from bso.po_agent import (

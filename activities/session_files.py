@@ -214,3 +214,21 @@ def recorded_dispatch_answer(path: Path, run_id: str, first_scheduled_at: dateti
 def dispatch_lock_path(project_root: str, dispatch_id: str) -> Path:
     """The lock an attempt of one dispatch holds while it runs (activities.agents.one_attempt_at_a_time)."""
     return session_path(project_root, "dispatches", f"{safe_name(dispatch_id)}.lock")
+
+
+class UnreadableResultFile(ValueError):
+    """An agent's result file that holds no JSON BSO can read, and why."""
+
+
+def read_result_file(path: Path) -> Any:
+    """The JSON an agent wrote to its result file. Raises UnreadableResultFile, saying why in a few words: a
+    directory, bytes that are not UTF-8, JSON nested deeper than a parser goes (each failed the activity on every
+    attempt, and the story ended with a raw Python error)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UnreadableResultFile(f"cannot be read: {err.strerror or err}") from None
+    except RecursionError:
+        raise UnreadableResultFile("is not JSON: nested too deep") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise UnreadableResultFile(f"is not JSON: {err}") from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 
@@ -46,25 +45,7 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-class UnreadableResultFile(ValueError):
-    """An agent's result file that holds no JSON BSO can read, and why."""
-
-
-def read_result_file(path: Path) -> Any:
-    """The JSON an agent wrote to its result file. Raises UnreadableResultFile, saying why in a few words: a
-    directory, bytes that are not UTF-8, JSON nested deeper than a parser goes (each failed the activity on every
-    attempt, and the story ended with a raw Python error)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise UnreadableResultFile(f"cannot be read: {err.strerror or err}") from None
-    except RecursionError:
-        raise UnreadableResultFile("is not JSON: nested too deep") from None
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise UnreadableResultFile(f"is not JSON: {err}") from None
-
-
-def _json_or_none(text: str) -> Any:
+def _parsed_or_not_json(text: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
@@ -79,10 +60,10 @@ def json_documents(text: str) -> list[Any]:
     text = text.strip()
     if not text:
         return []
-    if (whole := _json_or_none(text)) is not _NOT_JSON:
+    if (whole := _parsed_or_not_json(text)) is not _NOT_JSON:
         return [whole]
     lines = (line.strip() for line in text.splitlines())
-    return [doc for line in lines if line.startswith(("{", "[")) and (doc := _json_or_none(line)) is not _NOT_JSON]
+    return [doc for line in lines if line.startswith(("{", "[")) and (doc := _parsed_or_not_json(line)) is not _NOT_JSON]
 
 
 def _usage_of(doc: dict[str, Any]) -> TokenUse:

@@ -58,14 +58,16 @@ from activities.git_ops import (
     verify,
 )
 from activities.process import group_alive, heartbeating, kill_group, kill_group_now, machine_id
-from activities.session_files import SESSION_DIR, file_written_at, safe_name, session_path, write_json_atomic
-from bso.agent_output import (
+from activities.session_files import (
+    SESSION_DIR,
     UnreadableResultFile,
-    cli_reported_error,
-    complete_from_output,
+    file_written_at,
     read_result_file,
-    token_use,
+    safe_name,
+    session_path,
+    write_json_atomic,
 )
+from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,

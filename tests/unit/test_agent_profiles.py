@@ -10,7 +10,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.agent_config import load_agents_file, load_templates
 
-from bso.agent_output import TokenUse, UnreadableResultFile, complete_from_output, read_result_file, token_use
+from activities.session_files import UnreadableResultFile, read_result_file
+from bso.agent_output import TokenUse, complete_from_output, token_use
 from bso.agent_profiles import (
     AgentProfileError,
     AgentsFile,
