@@ -22,7 +22,8 @@ from temporalio.exceptions import ApplicationError
 from activities.process import Finished, heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
-from bso.sprint_status import parse_story_file, resolve_inside
+from bso.models import DEFAULT_STATUS_FILE
+from bso.sprint_status import is_inside, parse_story_file, resolve_inside
 from bso.git_rules import (
     FinishStoryInput,
     FinishStoryResult,
@@ -309,6 +310,30 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         if is_secret_path(path, settings.secret_patterns) and path not in result.refused:
             result.refused.append(path)
     return result
+
+
+def status_file_in_project(project_root: str, status_file: str | None) -> str | None:
+    """The sprint's status file, relative to the project (the repository's top level); None outside it."""
+    given = status_file or DEFAULT_STATUS_FILE
+    root_real = os.path.realpath(project_root)
+    real = os.path.realpath(given if os.path.isabs(given) else os.path.join(project_root, given))
+    return Path(os.path.relpath(real, root_real)).as_posix() if is_inside(root_real, real) else None
+
+
+async def undo_status_file_change(wt: Worktree, status_file: str, *, agent_type: str, dispatch_id: str) -> bool:
+    """BSO alone writes the status file (U4); BMAD's dev agents set their story's status in it themselves. Their
+    change, committed in the worktree (by them or the Exit Gate), would be merged into the project's checkout,
+    where BSO's own writes wait uncommitted: the merge would fail and the story's work stay unmerged. It is
+    undone by a commit of its own, back to the file as the story's branch began. True when there was one."""
+    if not (await git(wt.path, "--literal-pathspecs", "diff", "--name-only", wt.base, "HEAD", "--", status_file)).strip():
+        return False
+    if (await git(wt.path, "ls-tree", "--name-only", wt.base, "--", status_file)).strip():
+        await git(wt.path, "--literal-pathspecs", "checkout", wt.base, "--", status_file)
+    else:  # the agent added it: the project does not track it
+        await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", status_file)
+    message = f"bso: {status_file} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})"
+    await git(wt.path, *await identity_args(wt.path), "commit", "-q", "--no-verify", "-m", message)
+    return True
 
 
 @dataclass

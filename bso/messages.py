@@ -281,6 +281,8 @@ class TaskAssignment(_Message):
     project_root: str
     resident_contacts: dict[str, str] = Field(default_factory=dict)
     config_overrides: dict[str, Any] = Field(default_factory=dict)
+    # The sprint's status file (as the sprint was given it; None: the default): agents must not change it.
+    status_file: str | None = None
     # Which call of this mode this is for the story (1-based): the simulated agents' script index.
     mode_round: int = 1
     fix_findings: list[Finding] = Field(default_factory=list)

@@ -1095,6 +1095,7 @@ class SprintSlaveWorkflow:
             project_root=self._input.project_root,
             resident_contacts=self._input.resident_contacts,
             config_overrides=self._input.config_overrides,
+            status_file=self._input.status_file,
             mode_round=mode_round(progress, step),
             fix_findings=list(progress.fix_findings) if step.mode.value == "fix" else [],
             fix_feedback=list(progress.fix_feedback) if step.mode.value == "fix" else [],

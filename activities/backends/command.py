@@ -54,6 +54,8 @@ from activities.git_ops import (
     git,
     head,
     identity_args,
+    status_file_in_project,
+    undo_status_file_change,
     unmerged_commits,
     verify,
 )
@@ -829,6 +831,14 @@ async def _checked(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,
         )
+        status_file = status_file_in_project(root, a.status_file)
+        if status_file is not None and await undo_status_file_change(
+            wt, status_file, agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
+        ):
+            findings.append(Finding(
+                severity=Severity.LOW, summary="changed the status file, which BSO alone writes: the change was undone",
+                file=status_file,
+            ))
         changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19
             findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))

@@ -21,7 +21,7 @@ from tests.workflow.helpers import (
     status_values,
     workflow_task_failures,
 )
-from activities.git_ops import back_on_story_branch, ensure_worktree, worktree_path
+from activities.git_ops import back_on_story_branch, ensure_worktree, status_file_in_project, worktree_path
 from bso.constants import slave_workflow_id
 
 
@@ -170,6 +170,37 @@ async def test_an_agent_that_leaves_the_story_branch_still_has_its_work_merged(
     merged = git(root, "diff", "--name-only", base, "HEAD").split()
     assert "src/story_1_1_hello_world.py" in merged and "src/story_1_1_hello_world_extra.py" in merged, merged
     assert await workflow_task_failures(ts_env.client, session) == []
+
+
+@pytest.mark.parametrize("behavior", ["edit-status", "commit-status"])
+async def test_an_agent_that_edits_the_status_file_has_its_change_undone_and_the_story_merged(
+    ts_env, tmp_path: Path, behavior: str
+) -> None:
+    """BMAD's dev agents set their story to `review` in sprint-status.yaml themselves. In the worktree, that change
+    was committed and merged into the project's checkout, where BSO's own status writes wait uncommitted: the
+    merge failed and the story was never merged. BSO alone writes the file; the agent's change is undone."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR=behavior)
+    status = "_bmad-output/implementation-artifacts/sprint-status.yaml"
+    base = git(root, "rev-parse", "HEAD").strip()
+    session = f"cmd-{behavior}"
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(root, session_id=session, agent_backend="command"))
+    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
+    merged = git(root, "diff", "--name-only", base, "HEAD").split()
+    assert "src/story_1_1_hello_world.py" in merged and status not in merged, merged
+    assert status_values(root)[STORY] == "done"
+    assert await workflow_task_failures(ts_env.client, session) == []
+
+
+def test_the_status_file_agents_must_leave_is_found_however_the_sprint_was_given_it(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    (root / "docs").mkdir(parents=True)
+    assert status_file_in_project(str(root), None) == "_bmad-output/implementation-artifacts/sprint-status.yaml"
+    assert status_file_in_project(str(root), "docs/../status.yaml") == "status.yaml"
+    assert status_file_in_project(str(root), str(root / "docs" / "s.yaml")) == "docs/s.yaml"
+    (tmp_path / "alias").symlink_to(root)
+    assert status_file_in_project(str(tmp_path / "alias"), str(root / "s.yaml")) == "s.yaml"
+    assert status_file_in_project(str(root), "../elsewhere.yaml") is None
 
 
 async def test_an_agent_branch_that_does_not_hold_the_story_branch_fails_the_dispatch_naming_it(tmp_path: Path):
