@@ -37,6 +37,48 @@ CANCELLED_FILE = "cancelled.json"  # stop_sprint_agents (activities/backends/com
 CANCEL_POLL_SECONDS = 1.0  # how soon a cancelled sprint's request to stop is seen
 
 
+# In the environment of everything the agent starts: `<process group>:<dispatch id>`. A child started in a session
+# of its own (`setsid`, Node's `detached: true`) has left the group and outlives its kill, but keeps the mark.
+GROUP_MARK = "BSO_PROCESS_GROUP"
+
+
+def group_mark(pgid: int, dispatch_id: object) -> str:
+    return f"{pgid}:{dispatch_id}"
+
+
+def marked_pids(mark: str) -> list[int]:
+    """The processes whose environment carries GROUP_MARK=mark, by procfs (none where there is none, as on macOS;
+    another user's processes are unreadable, and never ours)."""
+    needle = f"{GROUP_MARK}={mark}\0".encode()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:  # gone, or not ours
+            continue
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found.append(int(name))
+    return found
+
+
+def signal_marked(mark: str, sig: int) -> bool:
+    """Send `sig` to the processes carrying the mark; False when there were none."""
+    pids = marked_pids(mark)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return bool(pids)
+
+
 def write_json_atomic(path: Path, data: object) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -86,15 +128,18 @@ def pump(stream, path: Path, redact, last: list[str]) -> None:
                 last[0] = text.strip()[:LAST_LINE_CHARS]
 
 
-def stop_agent(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM to the group (the launcher itself ignores it), up to `grace` for the agent to exit, then SIGKILL."""
+def stop_agent(proc: subprocess.Popen, grace: float, mark: str) -> None:
+    """SIGTERM to the group (the launcher itself ignores it) and to what left it, up to `grace` for the agent to
+    exit, then SIGKILL; what left the group is killed too (the group goes with the launcher)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(os.getpgrp(), signal.SIGTERM)
+    signal_marked(mark, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    signal_marked(mark, signal.SIGKILL)
 
 
 def cancel_requested(run_dir: Path, record: dict) -> bool:
@@ -129,11 +174,13 @@ def main(argv: list[str]) -> int:
     started = time.time()
     pid_record = {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
     write_json_atomic(run_dir / "pid.json", pid_record)
+    mark = group_mark(os.getpgrp(), record.get("dispatch_id"))
     last = [""]
     timed_out = False
     stdin = open(spec["stdin"], "rb") if spec.get("stdin") else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, GROUP_MARK: mark})
     except OSError as err:  # the worker checked the command; it may have gone since
         (run_dir / "stdout.log").write_text("", encoding="utf-8")
         (run_dir / "stderr.log").write_text(f"cannot start the agent: {err}\n", encoding="utf-8")
@@ -153,11 +200,11 @@ def main(argv: list[str]) -> int:
                 write_json_atomic(run_dir / "pid.json", {**pid_record, "killed": True})
             except OSError:  # the agent is stopped all the same
                 pass
-            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
+            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)), mark)
             os.killpg(os.getpgrp(), signal.SIGKILL)  # the launcher too: nothing of the group stays
         timed_out = outcome == "timed_out"
         if timed_out:
-            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)))
+            stop_agent(proc, float(spec.get("kill_grace_seconds", 5)), mark)
         returncode = outcome if isinstance(outcome, int) else None
         deadline = time.monotonic() + (0 if timed_out else 10)  # a child the agent left behind may hold its output open
         for t in pumps:

@@ -1,5 +1,6 @@
 """Child processes in their own process group: started with create_subprocess_exec (never a shell),
-killed as a whole group (SIGTERM, then SIGKILL) so no grandchild outlives a timeout or a cancellation."""
+killed as a whole group (SIGTERM, then SIGKILL) so no grandchild outlives a timeout or a cancellation; a
+grandchild that left the group (`setsid`) is found by the mark in its environment (agent_launcher.GROUP_MARK)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio import activity
+
+from activities.agent_launcher import GROUP_MARK, marked_pids, signal_marked
 
 
 def machine_id() -> str:
@@ -33,29 +37,33 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-async def kill_group(pgid: int, grace_seconds: float = 5.0) -> None:
-    """SIGTERM the group, wait up to `grace_seconds`, then SIGKILL what is left."""
+def _signal_group(pgid: int, mark: str | None, sig: int) -> bool:
+    """`sig` to the group and to what carries its mark; False when neither has a process left."""
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, sig)
+        alive = True
     except ProcessLookupError:
+        alive = False
+    return (signal_marked(mark, sig) if mark is not None else False) or alive
+
+
+async def kill_group(pgid: int, grace_seconds: float = 5.0, mark: str | None = None) -> None:
+    """SIGTERM the group, wait up to `grace_seconds`, then SIGKILL what is left. With a mark (GROUP_MARK in the
+    environment the group was started with), what left the group (`setsid`) goes too."""
+    if not _signal_group(pgid, mark, signal.SIGTERM):
         return
     deadline = time.monotonic() + grace_seconds
     while time.monotonic() < deadline:
-        if not group_alive(pgid):
+        if not group_alive(pgid) and not (mark is not None and marked_pids(mark)):
             return
         await asyncio.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _signal_group(pgid, mark, signal.SIGKILL)
 
 
-def kill_group_now(pgid: int) -> None:
+def kill_group_now(pgid: int, mark: str | None = None) -> None:
     """Synchronous last resort (cancellation cleanup, a previous attempt's orphan)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
+        if not _signal_group(pgid, mark, sig):
             return
         time.sleep(0.2)
 
@@ -78,10 +86,11 @@ async def run_command(
     """Run a short command (git, a verification command) in its own group, output merged. It is done when the
     command exits; children it left holding the output open are killed after OUTPUT_AFTER_EXIT_SECONDS. A
     command out of time is killed, group and all, and what it printed is kept."""
+    mark = f"command:{uuid.uuid4().hex}"  # what it starts in a session of its own is killed with it
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
-        env=env,
+        env={**(os.environ if env is None else env), GROUP_MARK: mark},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -104,12 +113,12 @@ async def run_command(
             if proc.returncode is not None:  # exited (in time), its output held open by what it left running
                 await asyncio.wait({reader}, timeout=OUTPUT_AFTER_EXIT_SECONDS)
                 if not reader.done():
-                    await kill_group(proc.pid, grace)
+                    await kill_group(proc.pid, grace, mark)
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
-                await kill_group(proc.pid, grace)
+                await kill_group(proc.pid, grace, mark)
                 break
             if reader.done():  # the output closed, the command runs on: its exit (the output is no more)
                 exited = asyncio.ensure_future(proc.wait())
@@ -118,9 +127,9 @@ async def run_command(
             else:
                 await asyncio.wait({reader}, timeout=min(0.25, left))
         await asyncio.wait({reader}, timeout=2)
-        reader.cancel()  # (ended already, unless what holds the output is outside the group)
+        reader.cancel()  # (ended already, unless what holds the output is another user's)
     except asyncio.CancelledError:
-        kill_group_now(proc.pid)
+        kill_group_now(proc.pid, mark)
         reader.cancel()
         raise
     output = b"".join(chunks).decode(errors="replace")

@@ -43,7 +43,7 @@ from temporalio.exceptions import ApplicationError
 from activities import po_command
 from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
-from activities.agent_launcher import CANCELLED_FILE
+from activities.agent_launcher import CANCELLED_FILE, group_mark, marked_pids
 from activities.git_ops import (
     Worktree,
     back_on_story_branch,
@@ -224,19 +224,19 @@ async def _run_process(
             if elapsed >= timeout:
                 timed_out = True
                 reaper = asyncio.ensure_future(_reaped(proc))  # a zombie leader would keep its group "alive"
-                await kill_group(pgid, agents.kill_grace_seconds)
+                await kill_group(pgid, agents.kill_grace_seconds, group_mark(pgid, dispatch_id))
                 await reaper
                 break
     except asyncio.CancelledError:
         left_running = _leave_to_next_worker(pgid, dispatch_id)
         if not left_running:  # TERMINATE (the Slave cancelled): no orphan agent may remain
             _mark_killed(run_dir)
-            kill_group_now(pgid)
+            kill_group_now(pgid, group_mark(pgid, dispatch_id))
         raise
     finally:
         proc.poll()  # reaps a launcher that has ended
-        if not left_running and group_alive(pgid):  # the agent exited but left children behind
-            kill_group_now(pgid)
+        if not left_running:  # the agent exited but left children behind (in its group, or in a session of their own)
+            kill_group_now(pgid, group_mark(pgid, dispatch_id))
     exited = None if timed_out else _exit_record(run_dir, dispatch_id)
     if exited is not None:  # the launcher's record of the agent's exit
         return exited[0]
@@ -393,7 +393,7 @@ async def _adopt(
             last = _last_line(run_dir / "stdout.log")
             activity.heartbeat(heartbeat_detail(env, dispatch_id, pgid, elapsed, timeout, last))
             if elapsed >= timeout:
-                await kill_group(pgid, agents.kill_grace_seconds)
+                await kill_group(pgid, agents.kill_grace_seconds, group_mark(pgid, dispatch_id))
                 keep = ("dispatch_id", "run_id", "attempt", "before", "passing_before")
                 write_json_atomic(
                     run_dir / "exit.json",
@@ -405,7 +405,7 @@ async def _adopt(
     except asyncio.CancelledError:
         if not _leave_to_next_worker(pgid, dispatch_id):
             _mark_killed(run_dir)
-            kill_group_now(pgid)
+            kill_group_now(pgid, group_mark(pgid, dispatch_id))
         raise
 
 
@@ -426,9 +426,10 @@ def _kill_previous_attempt(run_dir: Path) -> None:
             # (A record of a worker from before the launcher has no machine: its group was led by the agent.)
             activity.logger.warning("process group %s is not the previous attempt's any more: left alone", pgid)
             return
-        if group_alive(pgid):  # its launcher, or what an exited launcher's agent left behind
+        mark = group_mark(pgid, data.get("dispatch_id"))
+        if group_alive(pgid) or marked_pids(mark):  # its launcher, or what an exited launcher's agent left behind
             activity.logger.warning("killing the previous attempt's agent (process group %s)", pgid)
-            kill_group_now(pgid)
+            kill_group_now(pgid, mark)
 
 
 def _unfinished_launches(project_root: str) -> list[tuple[Path, dict, int]]:
@@ -462,7 +463,7 @@ def _kill_other_dispatches(project_root: str, story_key: str, dispatch_id: str) 
         if data.get("story_key") == story_key and data.get("dispatch_id") != dispatch_id:
             activity.logger.warning("killing the agent of dispatch %s of %s, still running (process group %s)",
                                     data.get("dispatch_id"), story_key, pgid)
-            kill_group_now(pgid)
+            kill_group_now(pgid, group_mark(pgid, data.get("dispatch_id")))
 
 
 @activity.defn
@@ -487,7 +488,7 @@ async def stop_sprint_agents(inp: StopAgentsInput) -> list[str]:
             activity.logger.warning("sprint cancelled: killing the agent of dispatch %s (process group %s)",
                                     data["dispatch_id"], pgid)
             _mark_killed(run_dir)  # a retry waiting on another host stops waiting
-            await asyncio.to_thread(kill_group_now, pgid)  # it sleeps: the other agents' heartbeats go on
+            await asyncio.to_thread(kill_group_now, pgid, group_mark(pgid, data["dispatch_id"]))  # it sleeps: the other agents' heartbeats go on
         else:
             activity.logger.warning("sprint cancelled: the agent of dispatch %s runs on %s: its launcher stops it",
                                     data["dispatch_id"], data.get("machine"))

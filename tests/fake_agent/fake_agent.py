@@ -15,7 +15,7 @@ dev-story does, and leaves the change / commits it), garbled-usage (reports 10^3
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
-`hang` records its own pid and its child's.
+`hang` records its own pid and its two children's (one started in a session of its own).
 
 Agent-PO gates ($BSO_PO_PHASE set): in the plan phase it changes nothing and writes a PLAN_SUBMISSION; in
 the completion phases (implement / fix) it implements as above and writes a COMPLETION_REPORT. What kind,
@@ -151,7 +151,9 @@ def main():
         time.sleep(float(os.environ.get("FAKE_AGENT_SLEEP", "3")))
     if dev and "hang" in behavior:
         child = subprocess.Popen(["sleep", "300"])
-        Path(os.environ["FAKE_AGENT_PIDS"]).write_text(json.dumps([os.getpid(), child.pid]))
+        # and one in a session of its own (as Node's `detached: true` does): out of the agent's process group
+        escaped = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path(os.environ["FAKE_AGENT_PIDS"]).write_text(json.dumps([os.getpid(), child.pid, escaped.pid]))
         print("working very hard", flush=True)
         time.sleep(300)
     if dev and "own-branch" in behavior:  # as coding agents do: their work on a branch of their own

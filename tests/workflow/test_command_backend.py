@@ -712,6 +712,20 @@ async def test_a_check_that_leaves_a_child_running_is_done_when_it_exits(tmp_pat
     assert await gone(int(pid_file.read_text()), seconds=5)
 
 
+async def test_a_child_a_check_started_in_a_session_of_its_own_goes_with_it(tmp_path: Path) -> None:
+    """`setsid server &`, a daemon holding the check's output: out of the command's process group, it outlived
+    the kill and held the output (and the worker's pipe) for its whole life."""
+    started = "import subprocess, sys; print(subprocess.Popen(['sleep', '60'], start_new_session=True).pid)"
+    done = await run_command([sys.executable, "-c", started], cwd=str(tmp_path), timeout=30)
+    assert done.returncode == 0 and not done.timed_out, done
+    assert await gone(int(done.output), seconds=5)
+    out_of_time = await run_command(
+        ["sh", "-c", f"{sys.executable} -c \"{started}\"; sleep 60"], cwd=str(tmp_path), timeout=2, grace=1
+    )
+    assert out_of_time.timed_out, out_of_time
+    assert await gone(int(out_of_time.output), seconds=5)
+
+
 async def test_a_check_that_exits_just_in_time_is_not_out_of_time(tmp_path: Path) -> None:
     """Its exit was looked at after the deadline: one that exited at 0.85 s of 1 s, leaving a child, timed out."""
     done = await run_command(["sh", "-c", "sleep 30 & sleep 0.85; echo done"], cwd=str(tmp_path), timeout=1, grace=1)
@@ -742,7 +756,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert beats[-1].get("phase") == "checking"
     assert any(b.get("last_line") == "working very hard" for b in beats)  # (the worktree's beats come first)
     recorded = json.loads(pids.read_text())
-    assert len(recorded) == 2
+    assert len(recorded) == 3
     assert await gone(*recorded), recorded
 
 

@@ -120,8 +120,8 @@ async def test_agent_hanging_past_its_timeout_is_killed_with_its_group(local_env
     report = await sprint(local_env, root, f"cmd-hang-{uuid.uuid4().hex[:6]}")
     assert report.stories == {STORY: "needs-intervention"}, report
     assert "timed out after 3s; process group killed" in story_error(report)
-    recorded = json.loads(pids.read_text())  # the agent and the child it started
-    assert len(recorded) == 2
+    recorded = json.loads(pids.read_text())  # the agent and the children it started
+    assert len(recorded) == 3
     assert await gone(*recorded), recorded  # killed: gone once the kernel has reaped them
     assert git(root, "rev-parse", "HEAD").strip() == base
 
@@ -136,8 +136,8 @@ async def test_a_cancelled_sprint_stops_its_agent_within_seconds(local_env, tmp_
         handle = await start_sprint(local_env.client, queue, sprint_input(
             root, session_id=session, agent_backend="command", config_overrides={"po_gates_enabled": False}
         ))
-        for _ in range(600):  # the agent and the child it started are up
-            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 2:
+        for _ in range(600):  # the agent and the children it started are up
+            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 3:
                 break
             await asyncio.sleep(0.1)
         recorded = json.loads(pids.read_text())
@@ -171,8 +171,8 @@ async def test_a_sprint_cancelled_while_its_worker_is_down_stops_its_agent(local
     first_worker.start()
     try:
         handle = await start_sprint(local_env.client, prefix + SPRINT_TASK_QUEUE, inp)
-        for _ in range(1800):  # the agent and the child it started are up
-            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 2:
+        for _ in range(1800):  # the agent and the children it started are up
+            if pids.exists() and len(json.loads(pids.read_text() or "[]")) == 3:
                 break
             await asyncio.sleep(0.1)
         else:
