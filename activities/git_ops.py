@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agent_launcher import signal_marked
 from activities.process import Finished, heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
@@ -349,10 +352,40 @@ async def verify(wt: str, verification: Verification, env: dict[str, str]) -> Ve
     chunks: list[str] = []
     deadline = time.monotonic() + verification.timeout_seconds
     left_before = set(await changed_paths(wt))
-    ok = await _run_checks(wt, verification, env, deadline, chunks)
+    mark = f"checks:{uuid.uuid4().hex}"
+    # Kept while the checks run: a worker killed during them leaves their files and processes to the retry.
+    record = await _checks_record(wt)
+    write_json_atomic(record, {"left_before": sorted(left_before), "mark": mark})
+    ok = await _run_checks(wt, verification, env, deadline, chunks, mark)
     await _undo_what_checks_left(wt, left_before)
+    record.unlink(missing_ok=True)
     text = "\n\n".join(chunks)
     return VerificationResult(ok, text[-verification.output_tail_chars:])
+
+
+async def _checks_record(wt: str) -> Path:
+    """In the worktree's own git folder: nothing the agent sees or the Exit Gate could commit."""
+    return Path(wt, (await git(wt, "rev-parse", "--git-path", "bso-checks-running.json")).strip())
+
+
+async def undo_interrupted_checks(wt: str) -> bool:
+    """Checks cut short by a worker killed during them: what they still run is killed and what they left is
+    undone, before anything else works in the worktree (the next Exit Gate would commit it as the agent's work).
+    True when there were such checks."""
+    record = await _checks_record(wt)
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # (written atomically: only a hand-edited one)
+        data = {}
+    if isinstance(data, dict) and isinstance(data.get("mark"), str):
+        signal_marked(data["mark"], signal.SIGKILL)
+    left_before = data.get("left_before") if isinstance(data, dict) else None
+    if isinstance(left_before, list):  # otherwise which files were the agent's is not known: all are kept
+        await _undo_what_checks_left(wt, {str(p) for p in left_before})
+    record.unlink(missing_ok=True)
+    return True
 
 
 async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:
@@ -373,7 +406,7 @@ _PATHS_PER_CALL = 500
 
 
 async def _run_checks(
-    wt: str, verification: Verification, env: dict[str, str], deadline: float, chunks: list[str]
+    wt: str, verification: Verification, env: dict[str, str], deadline: float, chunks: list[str], mark: str
 ) -> bool:
     """Each command in turn until one fails or the time is spent, its output in `chunks`; whether all passed."""
     for argv in verification.commands:
@@ -387,7 +420,7 @@ async def _run_checks(
         if shutil.which(exe, path=env.get("PATH")) is None and not Path(wt, exe).is_file():
             chunks.append(f"$ {' '.join(argv)}\n{exe}: command not found")
             return False
-        done = await run_command(argv, cwd=wt, env=env, timeout=left)
+        done = await run_command(argv, cwd=wt, env=env, timeout=left, mark=mark)
         status = "timed out" if done.timed_out else f"exit {done.returncode}"
         chunks.append(f"$ {' '.join(argv)}  ({status})\n{done.output.strip()}")
         if done.timed_out or done.returncode != 0:

@@ -81,12 +81,14 @@ OUTPUT_AFTER_EXIT_SECONDS = 2.0
 
 
 async def run_command(
-    argv: list[str], cwd: str, env: dict[str, str] | None = None, timeout: float = 900, grace: float = 5.0
+    argv: list[str], cwd: str, env: dict[str, str] | None = None, timeout: float = 900, grace: float = 5.0,
+    mark: str | None = None,
 ) -> Finished:
     """Run a short command (git, a verification command) in its own group, output merged. It is done when the
     command exits; children it left holding the output open are killed after OUTPUT_AFTER_EXIT_SECONDS. A
-    command out of time is killed, group and all, and what it printed is kept."""
-    mark = f"command:{uuid.uuid4().hex}"  # what it starts in a session of its own is killed with it
+    command out of time is killed, group and all, and what it printed is kept. What it starts in a session of
+    its own is killed with it, found by `mark` (GROUP_MARK in its environment; one of its own if not given)."""
+    mark = mark or f"command:{uuid.uuid4().hex}"
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,

@@ -55,6 +55,7 @@ from activities.git_ops import (
     head,
     identity_args,
     status_file_in_project,
+    undo_interrupted_checks,
     undo_status_file_change,
     unmerged_commits,
     verify,
@@ -679,6 +680,9 @@ async def run(a: TaskAssignment) -> AgentComplete:
         await _await_other_host(elsewhere, run_dir, agents, beat_env, a.dispatch_id, timeout)
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
+    if wt is not None and await undo_interrupted_checks(wt.path):
+        activity.logger.warning("dispatch %s: BSO's checks were cut short in %s; what they left is undone",
+                                a.dispatch_id, wt.path)
     if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):
         raise _sprint_cancelled(a.dispatch_id)
     started = None

@@ -311,6 +311,57 @@ async def test_files_the_checks_write_are_not_taken_for_the_agents_work(ts_env, 
     assert "src/story_1_1_hello_world.py" in merged
 
 
+CHECKER = """
+import asyncio, sys
+from activities.git_ops import verify
+from bso.agent_profiles import Verification
+checks = [["sh", "-c", "echo '<testsuite/>' > test-report.xml; python3 -c 'import subprocess; "
+           "subprocess.Popen([\\"sleep\\", \\"300\\"], start_new_session=True)'; echo started > started; sleep 300"]]
+asyncio.run(verify(sys.argv[1], Verification(commands=checks), {"PATH": "/usr/bin:/bin"}))
+"""
+
+
+async def test_checks_cut_short_by_a_worker_killed_hard_are_undone_before_the_retry_works(tmp_path: Path) -> None:
+    """A worker killed during BSO's checks left their report in the worktree, for the retry's Exit Gate to commit
+    as the agent's work, and their processes running, a server started with `setsid` among them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from activities.git_ops import changed_paths, undo_interrupted_checks
+    from tests.workflow.test_command_backend import gone
+
+    root = make_git_project(tmp_path / "proj")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "agent_work.py").write_text("the agent's\n")  # left for the Exit Gate, before the checks
+    assert await undo_interrupted_checks(wt.path) is False  # no checks ran
+    checker = subprocess.Popen([sys.executable, "-c", CHECKER, wt.path], cwd=Path(__file__).parents[2])
+    try:
+        async def started() -> bool:
+            return (Path(wt.path) / "started").exists()
+
+        await poll_until(started, "the checks started")
+    finally:
+        checker.send_signal(signal.SIGKILL)
+        checker.wait()
+    left = set(await changed_paths(wt.path))
+    assert {"agent_work.py", "test-report.xml", "started"} <= left, left
+    marked = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_checks_mark(int(p))]
+    assert marked, "the checks' processes outlive their worker"
+    assert await undo_interrupted_checks(wt.path) is True
+    assert await changed_paths(wt.path) == ["agent_work.py"]
+    assert await gone(*marked, seconds=5), marked
+    assert await undo_interrupted_checks(wt.path) is False  # done once
+
+
+def _has_checks_mark(pid: int) -> bool:
+    try:
+        return b"BSO_PROCESS_GROUP=checks:" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 MISSING_CLI = '\n[profiles.fake-missing]\nextends = "generic"\nargv = ["/nonexistent/agent-cli", "{prompt}"]\n' \
     '\n[agents.story-creator]\nprofile = "fake-missing"\n'
 SECOND = "1-2-second-story"
