@@ -441,6 +441,26 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         os.close(lock_fd)
 
 
+def story_value_now(project_root: str, status_file: str | None, story_key: str) -> str | None:
+    """The story's value in the status file as it is now; None when the file or the story cannot be read."""
+    try:
+        root, root_real = _project_root(project_root)
+        target = _status_path(root, root_real, status_file)
+        return story_value(_read_text(target), story_key, target)
+    except (ApplicationError, StatusFileError, StoryKeyError):
+        return None
+
+
+def set_back_story_value(project_root: str, status_file: str | None, story_key: str, found: str, value: str) -> bool:
+    """U4: the story's value back from `found` to `value` (one story's line, under the lock: the other Slaves'
+    writes stay); False when the file holds something else by now."""
+    result = _write_sync(StatusWriteInput(
+        project_root=project_root, status_file=status_file or DEFAULT_STATUS_FILE, story_key=story_key,
+        expected=found, new=value,
+    ))
+    return result.outcome == "written"
+
+
 @activity.defn
 async def write_story_status(inp: StatusWriteInput) -> StatusWriteResult:
     """U4: compare-and-swap one story's value in sprint-status.yaml (atomic, verified, idempotent)."""

@@ -70,6 +70,7 @@ from activities.session_files import (
     session_path,
     write_json_atomic,
 )
+from activities.status_file import set_back_story_value, story_value_now
 from bso.agent_output import cli_reported_error, complete_from_output, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
@@ -98,7 +99,7 @@ from bso.git_rules import (
 from bso.messages import MAX_FINDINGS, MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
-from bso.states import AgentMode, AgentStatus, AgentType, Severity
+from bso.states import BMAD_AGENT_STORY_VALUES, AgentMode, AgentStatus, AgentType, Severity
 
 LAST_LINE_CHARS = 300
 LAUNCHER = Path(__file__).resolve().parents[1] / "agent_launcher.py"
@@ -510,6 +511,44 @@ def _sprint_cancelled(dispatch_id: str) -> ApplicationError:
     )
 
 
+STORY_VALUE_FILE = "story-value.json"  # the story's value in the status file before the dispatch's agent ran
+
+
+async def _note_story_value(run_dir: Path, a: TaskAssignment) -> None:
+    """Before the agent runs (its first run in this workflow run: a rerun after a crash keeps the first value)."""
+    path = run_dir / STORY_VALUE_FILE
+    if (data := _read_record(path)) is not None and data.get("dispatch_id") == a.dispatch_id and _this_runs(data, path):
+        return
+    value = await asyncio.to_thread(story_value_now, a.project_root, a.status_file, a.story_key)
+    write_json_atomic(path, {"dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id, "value": value})
+
+
+async def _story_value_set_back(run_dir: Path, a: TaskAssignment) -> Finding | None:
+    """BMAD's agent workflows set their story's value in sprint-status.yaml themselves (create-story: ready-for-dev),
+    where BSO alone writes it: the Slave's next write, expecting the value it left, found another and stopped the
+    story (`changed under the Slave`). Such a change made while the agent ran is set back, and said."""
+    path = run_dir / STORY_VALUE_FILE
+    data = _read_record(path)
+    if data is None or data.get("dispatch_id") != a.dispatch_id or not _this_runs(data, path):
+        return None
+    before = data.get("value")
+    now = await asyncio.to_thread(story_value_now, a.project_root, a.status_file, a.story_key)
+    if not isinstance(before, str) or now is None or now == before or now not in BMAD_AGENT_STORY_VALUES:
+        return None
+    try:
+        if not await asyncio.to_thread(set_back_story_value, a.project_root, a.status_file, a.story_key, now, before):
+            return None
+    except ApplicationError as err:  # the file is being saved by hand, say: the Slave's own write will tell
+        activity.logger.warning("%s: could not set the story's value back to %r: %s", a.story_key, before, err)
+        return None
+    activity.logger.warning("%s: the %s set its story to %r in the status file; set back to %r",
+                            a.story_key, a.agent_type.value, now, before)
+    return Finding(
+        severity=Severity.LOW,
+        summary=f"set the story to {now!r} in the status file, which BSO alone writes: set back to {before!r}",
+    )
+
+
 def _keep_earlier_transcript(run_dir: Path) -> None:
     """The agent runs again: the earlier run's transcript moves to `previous/<n>/`, its process files go."""
     found = [run_dir / name for name in TRANSCRIPT_FILES if (run_dir / name).exists()]
@@ -690,6 +729,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
         _kill_other_dispatches(root, a.story_key, a.dispatch_id)
         started = _earlier_start(run_dir, a.dispatch_id)
         _keep_earlier_transcript(run_dir)
+        await _note_story_value(run_dir, a)
         # An attempt killed mid-run (a worker stopped or crashed with its agent) may have committed: the diff
         # and the P20 rollback count from where the dispatch began, not from that commit.
         before = started[0] if started else (await head(wt.path) if wt else None)
@@ -823,6 +863,8 @@ async def _checked(
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = list(complete.findings)
+    if (set_back := await _story_value_set_back(run_dir, a)) is not None:
+        findings.append(set_back)
     failure: str | None = None
     failure_type: str | None = None
 

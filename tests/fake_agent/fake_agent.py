@@ -11,7 +11,8 @@ dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commit
 sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
-dev-story does, and leaves the change / commits it), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
+dev-story does, and leaves the change / commits it), creator-sets-status (the story-creator sets its story to
+`ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
@@ -202,6 +203,8 @@ def main():
                 git("commit", "-q", "-m", f"implement {key}")
             Path(f"src/{module}_extra.py").write_text("EXTRA = 1\n")  # left for BSO's exit gate
     status_file = Path("_bmad-output/implementation-artifacts/sprint-status.yaml")
+    if agent == "story-creator" and "creator-sets-status" in behavior:  # BMAD's create-story does
+        status_file.write_text(re.sub(rf"^(\s*{re.escape(key)}:).*$", r"\1 ready-for-dev", status_file.read_text(), flags=re.M))
     if dev and behavior & {"edit-status", "commit-status"} and status_file.exists():
         status_file.write_text(re.sub(rf"^(\s*{re.escape(key)}:).*$", r"\1 review", status_file.read_text(), flags=re.M))
         if "commit-status" in behavior:

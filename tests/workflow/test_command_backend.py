@@ -1380,3 +1380,30 @@ async def test_an_agent_another_hosts_worker_killed_is_run_again_here_at_once(tm
     done = await asyncio.wait_for(ActivityEnvironment().run(command.run, a), 30)
     assert done.status is AgentStatus.SUCCESS, done.error
     assert len(runs(tmp_path)) == 1
+
+
+async def test_only_a_value_bmads_agents_write_is_set_back(tmp_path: Path) -> None:
+    """An agent's `ready-for-dev` (BMAD's create-story) is set back; a person's `skipped` is theirs: the Slave
+    meets it and stops the story, as it does for any change made by hand."""
+    from activities.status_file import story_value_now
+
+    root = dev_project(tmp_path)
+    a = assignment(root, agent=AgentType.STORY_CREATOR, mode=AgentMode.CREATE)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    status = root / "_bmad-output" / "implementation-artifacts" / "sprint-status.yaml"
+    env = ActivityEnvironment()
+    await env.run(command._note_story_value, run_dir, a)
+
+    def set_story(value: str) -> None:
+        status.write_text(re.sub(rf"^(\s*{STORY}:).*$", rf"\1 {value}", status.read_text(), flags=re.M))
+
+    set_story("skipped")
+    assert await env.run(command._story_value_set_back, run_dir, a) is None
+    assert story_value_now(str(root), None, STORY) == "skipped"
+    set_story("ready-for-dev")
+    said = await env.run(command._story_value_set_back, run_dir, a)
+    assert said is not None and said.summary == (
+        "set the story to 'ready-for-dev' in the status file, which BSO alone writes: set back to 'backlog'"
+    )
+    assert story_value_now(str(root), None, STORY) == "backlog"
+    assert await env.run(command._story_value_set_back, run_dir, a) is None  # nothing left to set back

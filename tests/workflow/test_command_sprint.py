@@ -4,6 +4,7 @@ story, implements it in the story's worktree, BSO verifies, squashes and merges 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from pathlib import Path
 
@@ -190,6 +191,21 @@ async def test_an_agent_that_edits_the_status_file_has_its_change_undone_and_the
     assert "src/story_1_1_hello_world.py" in merged and status not in merged, merged
     assert status_values(root)[STORY] == "done"
     assert await workflow_task_failures(ts_env.client, session) == []
+
+
+async def test_a_story_creator_that_sets_its_story_ready_in_the_status_file_is_set_back(ts_env, tmp_path: Path) -> None:
+    """BMAD's create-story sets the story to `ready-for-dev` in sprint-status.yaml: the Slave's next write, expecting
+    the value it left, found another, and the story stopped (`changed under the Slave`) after its first agent."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="creator-sets-status")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-creator-status", agent_backend="command")
+        )
+    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
+    assert status_values(root)[STORY] == "done"
+    [created] = [p for p in (root / ".sprint-session" / "agents").glob("*/complete.json") if "create" in p.read_text()]
+    findings = json.loads(created.read_text())["findings"]
+    assert any("set the story to 'ready-for-dev' in the status file" in f["summary"] for f in findings), findings
 
 
 def test_the_status_file_agents_must_leave_is_found_however_the_sprint_was_given_it(tmp_path: Path) -> None:
