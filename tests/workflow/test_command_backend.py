@@ -213,6 +213,30 @@ async def test_a_file_named_like_a_pathspec_stages_only_itself(tmp_path: Path) -
     assert ".env" not in git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split()
 
 
+async def test_thousands_of_files_left_are_committed_at_once_secrets_still_refused(tmp_path: Path) -> None:
+    """A node_modules the .gitignore misses: one commit per file rewrote git's whole index every time (~30 ms a
+    file at 3,000 files, growing with their number: hours for 30,000)."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    many = git_ops.GATE_COMMITS_PER_FILE_UP_TO + 100
+    for n in range(many):
+        path = Path(wt.path, "node_modules", f"pkg{n % 7}", f"index {n}.js")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"module.exports = {n}\n")
+    (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
+    (Path(wt.path) / ":(top)").write_text("odd name\n")
+    began = time.monotonic()
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    took = time.monotonic() - began
+    assert gate.refused == [".env"] and len(gate.committed) == many + 1 and ":(top)" in gate.committed
+    assert git(wt.path, "log", "--format=%s", f"{wt.base}..HEAD").splitlines() == [
+        f"bso(dev-runner): {STORY}: {many + 1} files"
+    ]
+    assert git(wt.path, "status", "--porcelain").splitlines() == ["?? .env"]
+    print(f"{many + 1} files committed in {took:.1f} s")
+
+
 async def test_a_prompt_too_long_for_an_argument_is_a_setup_error_saying_what_to_change(tmp_path: Path) -> None:
     """A story long enough (or fix findings long enough) made the prompt, given as an argument, over what one
     argument can carry: the agent's start failed with "Argument list too long", retried five times."""
