@@ -331,27 +331,42 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     return result
 
 
-def status_file_in_project(project_root: str, status_file: str | None) -> str | None:
-    """The sprint's status file, relative to the project (the repository's top level); None outside it."""
+def status_file_in_project(project_root: str, status_file: str | None) -> list[str]:
+    """The sprint's status file, relative to the project (the repository's top level): its path as given and,
+    when that is a symlink, where it leads (an agent's save may replace the link or write through it); the
+    ones outside the project left out."""
     given = status_file or DEFAULT_STATUS_FILE
     root_real = os.path.realpath(project_root)
-    real = os.path.realpath(given if os.path.isabs(given) else os.path.join(project_root, given))
-    return Path(os.path.relpath(real, root_real)).as_posix() if is_inside(root_real, real) else None
+    path = given if os.path.isabs(given) else os.path.join(project_root, given)
+    # As given: the root resolved, the file's own name not (a symlink stays itself).
+    lexical = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    found = [
+        Path(os.path.relpath(p, root_real)).as_posix()
+        for p in (lexical, os.path.realpath(path)) if is_inside(root_real, p)
+    ]
+    return list(dict.fromkeys(found))
 
 
-async def undo_status_file_change(wt: Worktree, status_file: str, *, agent_type: str, dispatch_id: str) -> bool:
+async def undo_status_file_change(wt: Worktree, status_files: list[str], *, agent_type: str, dispatch_id: str) -> bool:
     """BSO alone writes the status file (U4); BMAD's dev agents set their story's status in it themselves. Their
     change, committed in the worktree (by them or the Exit Gate), would be merged into the project's checkout,
     where BSO's own writes wait uncommitted: the merge would fail and the story's work stay unmerged. It is
-    undone by a commit of its own, back to the file as the story's branch began. True when there was one."""
-    if not (await git(wt.path, "--literal-pathspecs", "diff", "--name-only", wt.base, "HEAD", "--", status_file)).strip():
+    undone by a commit of its own (of those paths only: a secret the gate refused may be staged), back to the
+    file as the story's branch began. True when there was one."""
+    changed = (await git(
+        wt.path, "--literal-pathspecs", "diff", "--name-only", "-z", wt.base, "HEAD", "--", *status_files
+    )).split("\x00")
+    changed = [p for p in changed if p]
+    if not changed:
         return False
-    if (await git(wt.path, "ls-tree", "--name-only", wt.base, "--", status_file)).strip():
-        await git(wt.path, "--literal-pathspecs", "checkout", wt.base, "--", status_file)
-    else:  # the agent added it: the project does not track it
-        await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", status_file)
-    message = f"bso: {status_file} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})"
-    await git(wt.path, *await identity_args(wt.path), "commit", "-q", "--no-verify", "-m", message)
+    for path in changed:
+        if (await git(wt.path, "ls-tree", "--name-only", wt.base, "--", path)).strip():
+            await git(wt.path, "--literal-pathspecs", "checkout", wt.base, "--", path)
+        else:  # the agent added it: the project does not track it
+            await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", path)
+    message = f"bso: {', '.join(changed)} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})"
+    await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",
+              message, "--", *changed)
     return True
 
 
@@ -361,20 +376,23 @@ class VerificationResult:
     output: str
 
 
-async def verify(wt: str, verification: Verification, env: dict[str, str]) -> VerificationResult:
+async def verify(wt: str, verification: Verification, env: dict[str, str], owner: str = "") -> VerificationResult:
     """Trust nothing: run the project's own checks in the worktree; any failing command fails the dispatch.
     `timeout_seconds` is for all the commands together: the Slave's deadline for a command agent's activity
-    leaves that much for one run of them (and as much for the fix snapshot), however many there are."""
+    leaves that much for one run of them (and as much for the fix snapshot), however many there are. What the
+    checks leave is undone after them, also when they are cut short; `owner` (the dispatch, its workflow run and
+    host) names them in their record, for the retry of a worker killed during them."""
     chunks: list[str] = []
     deadline = time.monotonic() + verification.timeout_seconds
     left_before = set(await changed_paths(wt))
     mark = f"checks:{uuid.uuid4().hex}"
-    # Kept while the checks run: a worker killed during them leaves their files and processes to the retry.
     record = await _checks_record(wt)
-    write_json_atomic(record, {"left_before": sorted(left_before), "mark": mark})
-    ok = await _run_checks(wt, verification, env, deadline, chunks, mark)
-    await _undo_what_checks_left(wt, left_before)
-    record.unlink(missing_ok=True)
+    write_json_atomic(record, {"owner": owner, "left_before": sorted(left_before), "mark": mark})
+    try:
+        ok = await _run_checks(wt, verification, env, deadline, chunks, mark)
+    finally:  # (a cancel too: its commands are killed by then)
+        await _undo_what_checks_left(wt, left_before)
+        record.unlink(missing_ok=True)
     text = "\n\n".join(chunks)
     return VerificationResult(ok, text[-verification.output_tail_chars:])
 
@@ -384,10 +402,11 @@ async def _checks_record(wt: str) -> Path:
     return Path(wt, (await git(wt, "rev-parse", "--git-path", "bso-checks-running.json")).strip())
 
 
-async def undo_interrupted_checks(wt: str) -> bool:
-    """Checks cut short by a worker killed during them: what they still run is killed and what they left is
-    undone, before anything else works in the worktree (the next Exit Gate would commit it as the agent's work).
-    True when there were such checks."""
+async def undo_interrupted_checks(wt: str, owner: str) -> bool:
+    """Checks cut short by a worker killed during them: what they still run on this host is killed and, for the
+    retry of the same dispatch (`owner`), what they left is undone before anything else works in the worktree
+    (the next Exit Gate would commit it as the agent's work). Another dispatch's record is only dropped: a
+    person may have worked in the worktree since. True when there was a record."""
     record = await _checks_record(wt)
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
@@ -395,10 +414,11 @@ async def undo_interrupted_checks(wt: str) -> bool:
         return False
     except (OSError, ValueError):  # (written atomically: only a hand-edited one)
         data = {}
-    if isinstance(data, dict) and isinstance(data.get("mark"), str):
+    data = data if isinstance(data, dict) else {}
+    if isinstance(data.get("mark"), str):
         signal_marked(data["mark"], signal.SIGKILL)
-    left_before = data.get("left_before") if isinstance(data, dict) else None
-    if isinstance(left_before, list):  # otherwise which files were the agent's is not known: all are kept
+    left_before = data.get("left_before")
+    if owner and data.get("owner") == owner and isinstance(left_before, list):
         await _undo_what_checks_left(wt, {str(p) for p in left_before})
     record.unlink(missing_ok=True)
     return True

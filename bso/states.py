@@ -29,11 +29,10 @@ LEGACY_STORY_VALUES: dict[str, StoryState] = {
 }
 
 # The values BMAD's own agent workflows give their story in sprint-status.yaml (create-story: ready-for-dev;
-# dev-story: in-progress, review; code-review: done). An agent that does so under BSO, which alone writes the
-# file, has its story's value set back; any other change (`backlog`, `skipped`, `blocked`) is a person's.
-BMAD_AGENT_STORY_VALUES: frozenset[str] = frozenset(
-    {StoryState.READY_FOR_DEV, StoryState.REVIEW, StoryState.DONE, *LEGACY_STORY_VALUES}
-)
+# dev-story: in-progress, review). An agent that does so under BSO, which alone writes the file, has its story's
+# value set back. Any other change is a person's: `done` or `skipped` settles the story by hand (its agent's
+# answer is set aside), `backlog` or `blocked` stops it.
+BMAD_AGENT_STORY_VALUES: frozenset[str] = frozenset({StoryState.READY_FOR_DEV, StoryState.REVIEW, *LEGACY_STORY_VALUES})
 
 # States a Slave never dispatches from: the story's journey is over for this sprint.
 TERMINAL_STATES: frozenset[StoryState] = frozenset(

@@ -237,8 +237,10 @@ async def _run_process(
         raise
     finally:
         proc.poll()  # reaps a launcher that has ended
-        if not left_running:  # the agent exited but left children behind (in its group, or in a session of their own)
-            kill_group_now(pgid, group_mark(pgid, dispatch_id))
+        if not left_running and group_alive(pgid):  # the agent exited but left children behind
+            # (In its group only: what left it on purpose, a Gradle or Kotlin daemon say, may serve other
+            # stories' builds. Killed with the group on a timeout or a cancel.)
+            kill_group_now(pgid)
     exited = None if timed_out else _exit_record(run_dir, dispatch_id)
     if exited is not None:  # the launcher's record of the agent's exit
         return exited[0]
@@ -511,6 +513,11 @@ def _sprint_cancelled(dispatch_id: str) -> ApplicationError:
     )
 
 
+def _checks_owner(a: TaskAssignment) -> str:
+    """Whose checks a record in the worktree is: only this dispatch's retry, here, undoes what they left."""
+    return f"{a.dispatch_id} {activity.info().workflow_run_id} {machine_id()}"
+
+
 STORY_VALUE_FILE = "story-value.json"  # the story's value in the status file before the dispatch's agent ran
 
 
@@ -719,7 +726,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
         await _await_other_host(elsewhere, run_dir, agents, beat_env, a.dispatch_id, timeout)
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
-    if wt is not None and await undo_interrupted_checks(wt.path):
+    checks_owner = _checks_owner(a)
+    if wt is not None and await undo_interrupted_checks(wt.path, checks_owner):
         activity.logger.warning("dispatch %s: BSO's checks were cut short in %s; what they left is undone",
                                 a.dispatch_id, wt.path)
     if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):
@@ -744,7 +752,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
     if exited is None and passing_before is None and wt is not None and a.mode is AgentMode.FIX and checks.commands and checks.fix_snapshot:
         # P20: the fix snapshot: how many tests pass before the fix.
         async with _beating(a, FIX_SNAPSHOT_PHASE, "BSO counting the passing tests before the fix", _beat_every(agents)):
-            snapshot = await verify(wt.path, checks, {**os.environ, **profile.env})
+            snapshot = await verify(wt.path, checks, {**os.environ, **profile.env}, checks_owner)
         passing_before = count_passed(snapshot.output, checks.passed_pattern)
 
     # Bytes that are not UTF-8 (a cp1252 editor) failed every attempt; the scope lines are ASCII either way.
@@ -878,13 +886,13 @@ async def _checked(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,
         )
-        status_file = status_file_in_project(root, a.status_file)
-        if status_file is not None and await undo_status_file_change(
-            wt, status_file, agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
+        status_files = status_file_in_project(root, a.status_file)
+        if status_files and await undo_status_file_change(
+            wt, status_files, agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
         ):
             findings.append(Finding(
                 severity=Severity.LOW, summary="changed the status file, which BSO alone writes: the change was undone",
-                file=status_file,
+                file=status_files[0],
             ))
         changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19
@@ -898,7 +906,7 @@ async def _checked(
         elif agents.verification.commands and (
             complete.status is AgentStatus.SUCCESS or (passing_before is not None and changed)
         ):  # a success is verified; a failed fix that committed something is still held to P20
-            checked = await verify(wt.path, agents.verification, env)
+            checked = await verify(wt.path, agents.verification, env, _checks_owner(a))
             if complete.status is AgentStatus.SUCCESS and checked.ok:
                 verification_file.unlink(missing_ok=True)
             elif complete.status is AgentStatus.SUCCESS:

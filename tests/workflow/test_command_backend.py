@@ -1407,8 +1407,8 @@ async def test_an_agent_another_hosts_worker_killed_is_run_again_here_at_once(tm
 
 
 async def test_only_a_value_bmads_agents_write_is_set_back(tmp_path: Path) -> None:
-    """An agent's `ready-for-dev` (BMAD's create-story) is set back; a person's `skipped` is theirs: the Slave
-    meets it and stops the story, as it does for any change made by hand."""
+    """An agent's `ready-for-dev` (BMAD's create-story) is set back; a person's `skipped` or `done` is theirs: the
+    Slave takes it as it takes any change made by hand."""
     from activities.status_file import story_value_now
 
     root = dev_project(tmp_path)
@@ -1421,9 +1421,10 @@ async def test_only_a_value_bmads_agents_write_is_set_back(tmp_path: Path) -> No
     def set_story(value: str) -> None:
         status.write_text(re.sub(rf"^(\s*{STORY}:).*$", rf"\1 {value}", status.read_text(), flags=re.M))
 
-    set_story("skipped")
-    assert await env.run(command._story_value_set_back, run_dir, a) is None
-    assert story_value_now(str(root), None, STORY) == "skipped"
+    for by_hand in ("skipped", "done"):  # settled by hand, as the README says
+        set_story(by_hand)
+        assert await env.run(command._story_value_set_back, run_dir, a) is None
+        assert story_value_now(str(root), None, STORY) == by_hand
     set_story("ready-for-dev")
     said = await env.run(command._story_value_set_back, run_dir, a)
     assert said is not None and said.summary == (

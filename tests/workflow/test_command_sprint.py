@@ -211,12 +211,44 @@ async def test_a_story_creator_that_sets_its_story_ready_in_the_status_file_is_s
 def test_the_status_file_agents_must_leave_is_found_however_the_sprint_was_given_it(tmp_path: Path) -> None:
     root = tmp_path / "proj"
     (root / "docs").mkdir(parents=True)
-    assert status_file_in_project(str(root), None) == "_bmad-output/implementation-artifacts/sprint-status.yaml"
-    assert status_file_in_project(str(root), "docs/../status.yaml") == "status.yaml"
-    assert status_file_in_project(str(root), str(root / "docs" / "s.yaml")) == "docs/s.yaml"
+    assert status_file_in_project(str(root), None) == ["_bmad-output/implementation-artifacts/sprint-status.yaml"]
+    assert status_file_in_project(str(root), "docs/../status.yaml") == ["status.yaml"]
+    assert status_file_in_project(str(root), str(root / "docs" / "s.yaml")) == ["docs/s.yaml"]
     (tmp_path / "alias").symlink_to(root)
-    assert status_file_in_project(str(tmp_path / "alias"), str(root / "s.yaml")) == "s.yaml"
-    assert status_file_in_project(str(root), "../elsewhere.yaml") is None
+    assert status_file_in_project(str(tmp_path / "alias"), str(root / "s.yaml")) == ["s.yaml"]
+    assert status_file_in_project(str(root), "../elsewhere.yaml") == []
+    (root / "docs" / "link.yaml").symlink_to("../status.yaml")  # the link, and where it leads
+    assert status_file_in_project(str(root), "docs/link.yaml") == ["docs/link.yaml", "status.yaml"]
+
+
+async def test_the_status_files_undo_commits_it_alone_and_mends_a_link_the_agent_replaced(tmp_path: Path) -> None:
+    """The undo's commit took the whole index: a secret the agent staged, which the Exit Gate refuses and leaves
+    uncommitted, went onto the branch with it. A status file kept as a link to another file was not looked at
+    by its own path: an agent's save that replaced the link with a file was merged."""
+    from activities.git_ops import undo_status_file_change
+
+    root = make_git_project(tmp_path / "proj")
+    status = "_bmad-output/implementation-artifacts/sprint-status.yaml"
+    (root / "status.yaml").write_bytes((root / status).read_bytes())
+    (root / status).unlink()
+    (root / status).symlink_to("../../status.yaml")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "the status file kept at the top, linked from where BMAD looks")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    agent_copy = Path(wt.path, status)
+    text = agent_copy.read_text()
+    agent_copy.unlink()
+    agent_copy.write_text(text.replace(f"{STORY}: backlog", f"{STORY}: review"))  # saved aside, then renamed over
+    git(Path(wt.path), "add", "-A")
+    git(Path(wt.path), "commit", "-qm", "status review")
+    (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
+    git(Path(wt.path), "add", "-f", ".env")
+    files = status_file_in_project(str(root), None)
+    assert await undo_status_file_change(wt, files, agent_type="dev-runner", dispatch_id="d1") is True
+    assert git(Path(wt.path), "diff", "--name-only", wt.base, "HEAD").split() == []
+    assert Path(wt.path, status).is_symlink()
+    assert git(Path(wt.path), "diff", "--cached", "--name-only").split() == [".env"]  # staged, never committed
+    assert await undo_status_file_change(wt, files, agent_type="dev-runner", dispatch_id="d1") is False
 
 
 async def test_an_agent_branch_that_does_not_hold_the_story_branch_fails_the_dispatch_naming_it(tmp_path: Path):
@@ -327,19 +359,20 @@ async def test_files_the_checks_write_are_not_taken_for_the_agents_work(ts_env, 
     assert "src/story_1_1_hello_world.py" in merged
 
 
-CHECKER = """
+CHECKS = [["sh", "-c", "echo '<testsuite/>' > test-report.xml; python3 -c 'import subprocess; "
+           "subprocess.Popen([\"sleep\", \"300\"], start_new_session=True)'; echo started > started; sleep 300"]]
+CHECKER = f"""
 import asyncio, sys
 from activities.git_ops import verify
 from bso.agent_profiles import Verification
-checks = [["sh", "-c", "echo '<testsuite/>' > test-report.xml; python3 -c 'import subprocess; "
-           "subprocess.Popen([\\"sleep\\", \\"300\\"], start_new_session=True)'; echo started > started; sleep 300"]]
-asyncio.run(verify(sys.argv[1], Verification(commands=checks), {"PATH": "/usr/bin:/bin"}))
+asyncio.run(verify(sys.argv[1], Verification(commands={CHECKS!r}), {{"PATH": "/usr/bin:/bin"}}, sys.argv[2]))
 """
 
 
 async def test_checks_cut_short_by_a_worker_killed_hard_are_undone_before_the_retry_works(tmp_path: Path) -> None:
     """A worker killed during BSO's checks left their report in the worktree, for the retry's Exit Gate to commit
-    as the agent's work, and their processes running, a server started with `setsid` among them."""
+    as the agent's work, and their processes running, a server started with `setsid` among them. Only the same
+    dispatch's retry undoes the files: a later dispatch of the story would undo a person's work since."""
     import os
     import signal
     import subprocess
@@ -351,24 +384,57 @@ async def test_checks_cut_short_by_a_worker_killed_hard_are_undone_before_the_re
     root = make_git_project(tmp_path / "proj")
     wt = await ensure_worktree(str(root), "s1", STORY)
     (Path(wt.path) / "agent_work.py").write_text("the agent's\n")  # left for the Exit Gate, before the checks
-    assert await undo_interrupted_checks(wt.path) is False  # no checks ran
-    checker = subprocess.Popen([sys.executable, "-c", CHECKER, wt.path], cwd=Path(__file__).parents[2])
-    try:
-        async def started() -> bool:
-            return (Path(wt.path) / "started").exists()
+    assert await undo_interrupted_checks(wt.path, "d1 run-1 host") is False  # no checks ran
 
-        await poll_until(started, "the checks started")
-    finally:
-        checker.send_signal(signal.SIGKILL)
-        checker.wait()
-    left = set(await changed_paths(wt.path))
-    assert {"agent_work.py", "test-report.xml", "started"} <= left, left
-    marked = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_checks_mark(int(p))]
-    assert marked, "the checks' processes outlive their worker"
-    assert await undo_interrupted_checks(wt.path) is True
+    async def checks_killed_hard() -> list[int]:
+        checker = subprocess.Popen([sys.executable, "-c", CHECKER, wt.path, "d1 run-1 host"], cwd=Path(__file__).parents[2])
+        try:
+            async def started() -> bool:
+                return (Path(wt.path) / "started").exists()
+
+            await poll_until(started, "the checks started")
+        finally:
+            checker.send_signal(signal.SIGKILL)
+            checker.wait()
+        left = set(await changed_paths(wt.path))
+        assert {"agent_work.py", "test-report.xml", "started"} <= left, left
+        marked = [int(p) for p in os.listdir("/proc") if p.isdigit() and _has_checks_mark(int(p))]
+        assert marked, "the checks' processes outlive their worker"
+        return marked
+
+    marked = await checks_killed_hard()
+    assert await undo_interrupted_checks(wt.path, "d2 run-1 host") is True  # another dispatch
+    assert await gone(*marked, seconds=5), marked
+    assert {"test-report.xml", "started"} <= set(await changed_paths(wt.path))  # kept: not its to judge
+    for name in ("test-report.xml", "started"):
+        (Path(wt.path) / name).unlink()
+    marked = await checks_killed_hard()
+    assert await undo_interrupted_checks(wt.path, "d1 run-1 host") is True  # the dispatch's retry
     assert await changed_paths(wt.path) == ["agent_work.py"]
     assert await gone(*marked, seconds=5), marked
-    assert await undo_interrupted_checks(wt.path) is False  # done once
+    assert await undo_interrupted_checks(wt.path, "d1 run-1 host") is False  # done once
+
+
+async def test_checks_cut_short_by_a_cancel_leave_nothing(tmp_path: Path) -> None:
+    """Cancelled (the Slave's deadline, a TERMINATE), the checks left their files and their record: a later
+    dispatch of the story found them."""
+    from activities.git_ops import changed_paths, undo_interrupted_checks, verify
+    from bso.agent_profiles import Verification
+
+    root = make_git_project(tmp_path / "proj")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "agent_work.py").write_text("the agent's\n")
+    checks = asyncio.create_task(verify(wt.path, Verification(commands=CHECKS), {"PATH": "/usr/bin:/bin"}, "d1"))
+
+    async def started() -> bool:
+        return (Path(wt.path) / "started").exists()
+
+    await poll_until(started, "the checks started")
+    checks.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await checks
+    assert await changed_paths(wt.path) == ["agent_work.py"]
+    assert await undo_interrupted_checks(wt.path, "d1") is False  # no record left
 
 
 def _has_checks_mark(pid: int) -> bool:
