@@ -287,6 +287,7 @@ async def committed_paths(wt: str, since: str) -> list[str]:
 class GateResult:
     committed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    repositories: list[str] = field(default_factory=list)  # git repositories of their own, never committed
 
 
 # Git rewrites its whole index for every commit: one commit per file cost ~30 ms a file at 3,000 files and grew
@@ -297,13 +298,21 @@ GATE_COMMITS_PER_FILE_UP_TO = 500
 async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: str, story_key: str,
                     dispatch_id: str) -> GateResult:
     """P32: commit what the agent left, file by file (past GATE_COMMITS_PER_FILE_UP_TO files, all in one
-    commit); P21: refuse secret-looking files (left uncommitted, and reported also when the agent committed
-    them itself)."""
+    commit); P21: refuse secret-looking files (left uncommitted and unstaged, and reported also when the agent
+    committed them itself; deleting one is fine). A git repository the agent left inside the worktree (a clone)
+    is not committed: it would be a gitlink without its files, which go with the worktree."""
     result = GateResult()
     identity = await identity_args(wt)
     left = []
     for path in await changed_paths(wt):
-        (result.refused if is_secret_path(path, settings.secret_patterns) else left).append(path)
+        if path.endswith("/"):  # how git lists a repository of its own, untracked
+            result.repositories.append(path.rstrip("/"))
+        elif is_secret_path(path, settings.secret_patterns) and os.path.lexists(os.path.join(wt, path)):
+            result.refused.append(path)
+        else:
+            left.append(path)
+    for start in range(0, len(result.refused), _PATHS_PER_CALL):  # one the agent staged stays out of every commit
+        await git(wt, "--literal-pathspecs", "reset", "-q", "--", *result.refused[start:start + _PATHS_PER_CALL])
 
     async def commit(path: str) -> None:
         message = commit_message(
@@ -314,19 +323,32 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     if len(left) <= GATE_COMMITS_PER_FILE_UP_TO:
         for path in left:
             # Literal: a file the agent named `:(top)` or `*` must not stage everything, secrets included.
-            await git(wt, "--literal-pathspecs", "add", "-A", "--", path)
+            if os.path.lexists(os.path.join(wt, path)):
+                await git(wt, "--literal-pathspecs", "add", "-A", "--", path)
+            else:  # deleted (`git add` refuses a path that is in neither the tree nor the index: `git rm`'d)
+                await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", path)
             if (await git(wt, "diff", "--cached", "--name-only")).strip():
                 await commit(path)
                 result.committed.append(path)
     else:
         for start in range(0, len(left), _PATHS_PER_CALL):
-            await git(wt, "--literal-pathspecs", "add", "-A", "--", *left[start:start + _PATHS_PER_CALL])
+            batch = left[start:start + _PATHS_PER_CALL]
+            if present := [p for p in batch if os.path.lexists(os.path.join(wt, p))]:
+                await git(wt, "--literal-pathspecs", "add", "-A", "--", *present)
+            if gone := [p for p in batch if p not in present]:
+                await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", *gone)
         staged = (await git(wt, "diff", "--cached", "--name-only", "-z")).split("\x00")
         if any(staged):
             await commit(f"{len(left)} files")
             result.committed.extend(p for p in staged if p)
-    for path in await committed_paths(wt, since):
-        if is_secret_path(path, settings.secret_patterns) and path not in result.refused:
+    raw = (await git(wt, "diff", "--raw", "-z", "--no-abbrev", "--no-renames", since, "HEAD")).split("\x00")
+    for meta, path in zip(raw[0::2], raw[1::2]):  # ":old new old-sha new-sha status", then the path
+        fields = meta.split()
+        if len(fields) < 5:
+            continue
+        if fields[1] == "160000" and path not in result.repositories:  # a gitlink the agent committed itself
+            result.repositories.append(path)
+        if fields[4] != "D" and is_secret_path(path, settings.secret_patterns) and path not in result.refused:
             result.refused.append(path)
     return result
 
@@ -716,7 +738,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # An agent may have committed a secret itself (the Exit Gate refused the dispatch, a human may still have
     # let the story through): such a branch is never merged into the user's branch.
     # Every commit's files, not the net diff: a secret committed then deleted is still in the branch's history.
-    logged = await git(root, "log", "--name-only", "-z", "--format=", f"{base}..{tip}")
+    # (Not a deletion: removing a key the project had committed is what it should do.)
+    logged = await git(root, "log", "--name-only", "-z", "--format=", "--no-renames", "--diff-filter=d", f"{base}..{tip}")
     changed = dict.fromkeys(p.strip("\n") for p in logged.split("\x00") if p.strip())  # once each, in order
     secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns)]
     if secrets:

@@ -899,6 +899,12 @@ async def _checked(
             findings.append(Finding(severity=Severity.MEDIUM, summary="changed outside the story's file scope", file=path))
         if gate.refused:  # P21
             failure = f"secret-looking files refused by the Git Exit Gate: {', '.join(sorted(gate.refused))}"
+        elif gate.repositories:
+            failure = (
+                f"the agent left git repositories of their own in the worktree ({', '.join(sorted(gate.repositories)[:10])}), "
+                "which BSO does not commit: one would be a gitlink without its files, lost with the worktree "
+                "(remove its .git folder to commit the files, or list it in .gitignore)"
+            )
         elif complete.status is AgentStatus.SUCCESS and a.mode is AgentMode.DEV and not changed and not (
             before != wt.base and await unmerged_commits(wt.path, root)
         ):  # a rearmed story's branch may hold its work, not merged yet: a dev run that finds it done changes nothing

@@ -213,6 +213,65 @@ async def test_a_file_named_like_a_pathspec_stages_only_itself(tmp_path: Path) -
     assert ".env" not in git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split()
 
 
+async def test_a_secret_the_agent_staged_stays_out_of_the_gates_commits(tmp_path: Path) -> None:
+    """`git add .env` left staged: the gate's first commit took the whole index, and BSO itself put the secret
+    in the branch's history, under another file's name."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
+    git(wt.path, "add", "-f", ".env")
+    (Path(wt.path) / "work.py").write_text("x = 1\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.refused == [".env"] and gate.committed == ["work.py"]
+    assert git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split() == ["work.py"]
+    assert git(wt.path, "status", "--porcelain").splitlines() == ["?? .env"]
+
+
+async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -> None:
+    """A story that removes the key the project had committed failed every dispatch, and could never merge."""
+    from activities.git_ops import finish_story_git
+    from bso.git_rules import FinishStoryInput
+
+    root = dev_project(tmp_path)
+    (root / "config").mkdir()
+    (root / "config" / "test.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    git(root, "add", "-f", "config/test.pem")
+    git(root, "commit", "-qm", "a key, committed long ago")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "config/test.pem")
+    (Path(wt.path) / "work.py").write_text("x = 1\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.refused == [] and sorted(gate.committed) == ["config/test.pem", "work.py"], gate
+    done = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY)
+    )
+    assert done.merged, done
+    assert not (root / "config" / "test.pem").exists()
+
+
+async def test_a_repository_the_agent_left_in_the_worktree_is_not_committed_as_a_gitlink(tmp_path: Path) -> None:
+    """A clone or `git init` inside the worktree: the gate committed a gitlink with no .gitmodules, the story
+    merged, the worktree went with the track, and the repository's files with it."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lib = Path(wt.path, "vendor", "lib")
+    lib.mkdir(parents=True)
+    git(lib, "init", "-q")
+    (lib / "lib.py").write_text("LIB = 1\n")
+    git(lib, "add", "lib.py")
+    git(lib, "commit", "-qm", "lib")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.repositories == ["vendor/lib"] and gate.committed == [], gate
+    git(wt.path, "add", "vendor/lib")  # the agent commits it itself
+    git(wt.path, "commit", "-qm", "vendor lib")
+    again = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                    dispatch_id="s1/batch-1/1-1/2")
+    assert again.repositories == ["vendor/lib"], again
+
+
 async def test_thousands_of_files_left_are_committed_at_once_secrets_still_refused(tmp_path: Path) -> None:
     """A node_modules the .gitignore misses: one commit per file rewrote git's whole index every time (~30 ms a
     file at 3,000 files, growing with their number: hours for 30,000)."""
@@ -225,13 +284,15 @@ async def test_thousands_of_files_left_are_committed_at_once_secrets_still_refus
         path.write_text(f"module.exports = {n}\n")
     (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
     (Path(wt.path) / ":(top)").write_text("odd name\n")
+    git(wt.path, "rm", "-q", "run_checks.py")  # a deletion staged by the agent: `git add` refuses its path
     began = time.monotonic()
     gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
                                    dispatch_id="s1/batch-1/1-1/1")
     took = time.monotonic() - began
-    assert gate.refused == [".env"] and len(gate.committed) == many + 1 and ":(top)" in gate.committed
+    assert gate.refused == [".env"] and len(gate.committed) == many + 2 and ":(top)" in gate.committed
+    assert "run_checks.py" in gate.committed
     assert git(wt.path, "log", "--format=%s", f"{wt.base}..HEAD").splitlines() == [
-        f"bso(dev-runner): {STORY}: {many + 1} files"
+        f"bso(dev-runner): {STORY}: {many + 2} files"
     ]
     assert git(wt.path, "status", "--porcelain").splitlines() == ["?? .env"]
     print(f"{many + 1} files committed in {took:.1f} s")
