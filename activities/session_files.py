@@ -225,7 +225,7 @@ def read_result_file(path: Path) -> Any:
     directory, bytes that are not UTF-8, JSON nested deeper than a parser goes (each failed the activity on every
     attempt, and the story ended with a raw Python error)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))  # (a BOM, as some Windows tools write, is skipped)
     except OSError as err:
         raise UnreadableResultFile(f"cannot be read: {err.strerror or err}") from None
     except RecursionError:

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS
+
 
 @dataclass(frozen=True)
 class TokenUse:
@@ -174,3 +176,62 @@ def cli_reported_error(stdout: str) -> str | None:
             if doc.get("type") == "error":
                 return str(doc.get("message") or doc)[:500]
     return None
+
+
+# What real agents write for a severity BSO names otherwise.
+_SEVERITY_WORDS = {
+    "INFO": "LOW", "MINOR": "LOW", "NIT": "LOW", "TRIVIAL": "LOW", "SUGGESTION": "LOW", "WARNING": "MEDIUM",
+    "MODERATE": "MEDIUM", "MAJOR": "HIGH", "ERROR": "HIGH", "BLOCKER": "CRITICAL", "BLOCKING": "CRITICAL",
+}
+_LEADING_NUMBER = re.compile(r"\s*(\d{1,9})")
+
+
+def _cut(value: Any, limit: int) -> Any:
+    return value[: limit - 1] + "…" if isinstance(value, str) and len(value) > limit else value
+
+
+def _finding(item: Any) -> Any:
+    if isinstance(item, str):  # a finding written as a sentence: its weight is not said
+        return {"severity": "MEDIUM", "summary": _cut(item, MAX_SUMMARY_CHARS) or "(empty)"}
+    if not isinstance(item, dict):
+        return item
+    item = dict(item)
+    if isinstance(item.get("severity"), str):
+        word = item["severity"].strip().upper()
+        item["severity"] = _SEVERITY_WORDS.get(word, word)
+    item["summary"] = _cut(item.get("summary"), MAX_SUMMARY_CHARS)
+    if isinstance(item.get("line"), str) and (m := _LEADING_NUMBER.match(item["line"])):  # "12-15", "L12"
+        item["line"] = int(m.group(1))
+    elif isinstance(item.get("line"), str):
+        item["line"] = None
+    return item
+
+
+def lenient_answer(raw: dict[str, Any]) -> dict[str, Any]:
+    """An AGENT_COMPLETE as real agents write it, brought to BSO's shape before it is validated: a summary or an
+    error past MAX_SUMMARY_CHARS cut (BSO keeps 400 characters of a summary anyway), `SUCCESS` or `Passed` in
+    lower case, `INFO` or `major` severities as BSO names them, findings written as sentences, `"line": "12-15"`,
+    past MAX_FINDINGS findings the most severe kept, a fractional score rounded. What stays wrong (a status that is
+    no status) is still refused, naming the field."""
+    out = dict(raw)
+    for key in ("summary", "error"):
+        out[key] = "" if key == "summary" and out.get(key) is None else _cut(out.get(key), MAX_SUMMARY_CHARS)
+    if out.get("error") is None:
+        out.pop("error", None)
+    for key in ("status", "verdict"):
+        if isinstance(out.get(key), str):
+            out[key] = out[key].strip().lower()
+    if isinstance(out.get("findings"), list):
+        findings = [_finding(f) for f in out["findings"]]
+        if len(findings) > MAX_FINDINGS:
+            rank = {"CRITICAL": 0, "HIGH": 1, "MEDIUM": 2, "LOW": 3}
+            findings = sorted(
+                findings, key=lambda f: rank.get(f.get("severity"), 4) if isinstance(f, dict) else 4
+            )[:MAX_FINDINGS]
+        out["findings"] = findings
+    if isinstance(out.get("score"), float) and out["score"] == out["score"]:  # (not NaN)
+        out["score"] = round(out["score"])
+    for key in ("blocking_issues", "feedback"):
+        if isinstance(out.get(key), list) and len(out[key]) > MAX_FINDINGS:
+            out[key] = out[key][:MAX_FINDINGS]
+    return out

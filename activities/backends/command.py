@@ -71,7 +71,7 @@ from activities.session_files import (
     write_json_atomic,
 )
 from activities.status_file import set_back_story_value, story_value_now
-from bso.agent_output import cli_reported_error, complete_from_output, token_use
+from bso.agent_output import cli_reported_error, complete_from_output, lenient_answer, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,
@@ -685,7 +685,7 @@ def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentR
         why = cli_reported_error(stdout) or f"no AGENT_COMPLETE (exit code {run.returncode}; last output: {run.last_line!r})"
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
     try:
-        complete = AgentComplete.model_validate({**raw, **base})  # the agent cannot re-address its answer
+        complete = AgentComplete.model_validate({**lenient_answer(raw), **base})  # it cannot re-address its answer
     except ValidationError as err:
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"invalid AGENT_COMPLETE: {describe_validation_error(err)}"[:1500])
     if run.returncode != 0 and complete.status is AgentStatus.SUCCESS:

@@ -218,6 +218,8 @@ def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Pa
         read_result_file(result)
     result.write_text('{"status": "success"}')
     assert read_result_file(result) == {"status": "success"}
+    result.write_bytes(b'\xef\xbb\xbf{"status": "success"}')  # a BOM: "Expecting value" on every attempt
+    assert read_result_file(result) == {"status": "success"}
     assert complete_from_output("[" * 100_000) is None and token_use("[" * 100_000 + "\n{}") == TokenUse()
 
 
@@ -312,3 +314,35 @@ def test_an_agents_file_or_template_there_but_unusable_is_named_not_skipped(tmp_
             load_agents_file(str(root))
             load_templates(str(root), AgentType.DEV_RUNNER)
         assert str(target) in refused.value.message and refused.value.non_retryable
+
+
+def test_an_answer_as_real_agents_write_it_is_taken_in_bsos_shape() -> None:
+    """A review summary of 2,500 characters failed a review that had passed, after a passing dev; so did
+    `SUCCESS`, `INFO`, `"line": "12-15"`, findings written as sentences, 201 findings, a score of 87.5."""
+    from pydantic import ValidationError
+
+    from bso.agent_output import lenient_answer
+    from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, AgentComplete
+
+    ids = {"dispatch_id": "s/batch-1/1-1/4", "story_key": "1-1-x", "agent_type": "review-runner", "mode": "review"}
+    raw = {
+        "status": "SUCCESS", "verdict": "Success", "summary": "s" * 2_500, "score": 87.5,
+        "findings": [
+            {"severity": "INFO", "summary": "naming", "line": "12-15"},
+            {"severity": "major", "summary": "x" * 3_000, "line": "L7"},
+            "the retry loop never ends",
+            *({"severity": "LOW", "summary": f"nit {n}"} for n in range(MAX_FINDINGS)),
+        ],
+    }
+    with pytest.raises(ValidationError):
+        AgentComplete.model_validate({**raw, **ids})
+    answer = AgentComplete.model_validate({**lenient_answer(raw), **ids})
+    assert answer.status == "success" and answer.verdict == "success" and answer.score == 88
+    assert len(answer.summary) == MAX_SUMMARY_CHARS and answer.summary.endswith("…")
+    assert len(answer.findings) == MAX_FINDINGS
+    first = answer.findings[:3]  # the most severe are kept
+    assert [(f.severity, f.line) for f in first] == [("HIGH", None), ("MEDIUM", None), ("LOW", 12)]
+    assert first[1].summary == "the retry loop never ends" and len(first[0].summary) == MAX_SUMMARY_CHARS
+    assert lenient_answer({"status": "success", "summary": None})["summary"] == ""
+    with pytest.raises(ValidationError):  # what is no status stays refused
+        AgentComplete.model_validate({**lenient_answer({"status": "completed-ish"}), **ids})
