@@ -876,6 +876,14 @@ async def _checked(
     failure: str | None = None
     failure_type: str | None = None
 
+    if (
+        a.agent_type is AgentType.STORY_CREATOR and complete.status is AgentStatus.SUCCESS
+        and not Path(_validate(a)).is_file()
+    ):  # it wrote the story elsewhere (BMAD's own story folder, say): the review would pass a story with no doc
+        failure = (
+            f"the story-creator answered success but no story file is at {a.story_path} "
+            "(BSO_STORY_FILE: the story must be written there)"
+        )
     astray = None
     if wt is not None and a.agent_type is AgentType.DEV_RUNNER and not po_command.is_plan(a):
         astray = await back_on_story_branch(wt)  # before the gate commits anything, on the branch the merge reads

@@ -11,7 +11,8 @@ dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commit
 sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
-dev-story does, and leaves the change / commits it), creator-sets-status (the story-creator sets its story to
+dev-story does, and leaves the change / commits it), story-elsewhere (the story-creator writes the
+story under docs/stories/, not at $BSO_STORY_FILE), creator-sets-status (the story-creator sets its story to
 `ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
@@ -167,7 +168,11 @@ def main():
 
     result = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": f"fake {agent}/{mode}"}
     if agent == "story-creator":
-        Path(os.environ["BSO_STORY_FILE"]).write_text(
+        story_file = Path(os.environ["BSO_STORY_FILE"])
+        if "story-elsewhere" in behavior:  # in a story folder of its own, as BMAD's create-story may
+            story_file = Path("docs/stories/1.1.story.md")
+            story_file.parent.mkdir(parents=True, exist_ok=True)
+        story_file.write_text(
             "# Story 1.1: Hello\n\nStatus: story-doc-review\n\nFile scope: src/**, tests/**\n\n"
             "## Acceptance Criteria\n\n1. greet() says hello\n2. tests cover it\n"
         )

@@ -1493,3 +1493,16 @@ async def test_only_a_value_bmads_agents_write_is_set_back(tmp_path: Path) -> No
     )
     assert story_value_now(str(root), None, STORY) == "backlog"
     assert await env.run(command._story_value_set_back, run_dir, a) is None  # nothing left to set back
+
+
+async def test_a_story_creator_that_wrote_the_story_elsewhere_has_not_succeeded(tmp_path: Path) -> None:
+    """Its success was taken: the story-reviewer passed a story with no doc, and the dev worked with no acceptance
+    criteria or file scope."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="story-elsewhere")
+    a = assignment(root, agent=AgentType.STORY_CREATOR, mode=AgentMode.CREATE)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.FAILURE, done
+    assert done.error.startswith(f"the story-creator answered success but no story file is at {STORY_PATH}"), done.error
+    ok = await ActivityEnvironment().run(command.run, assignment(make_git_project(tmp_path / "ok"), n=2,
+                                                                  agent=AgentType.STORY_CREATOR, mode=AgentMode.CREATE))
+    assert ok.status is AgentStatus.SUCCESS, ok.error
