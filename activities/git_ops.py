@@ -63,8 +63,10 @@ class GitError(RuntimeError):
         self.output = output  # what git said
 
 
-async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120) -> str:
+async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120, index_file: str | None = None) -> str:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    if index_file is not None:  # an index of BSO's own, beside the worktree's
+        env["GIT_INDEX_FILE"] = index_file
     done = await run_command(git_argv(cwd, *args), cwd=cwd, env=env, timeout=timeout)
     if check and done.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed ({done.returncode}): {done.output.strip()[-800:]}", done.output)
@@ -265,6 +267,48 @@ async def back_on_story_branch(wt: Worktree) -> str | None:
         f"branch's commits: BSO merges only the story branch (bring the work onto it in {wt.path}, then rearm the "
         "story)"
     )
+
+
+def left_ref(dispatch_id: str) -> str:
+    """Where BSO keeps what an agent that must change nothing left anyway (never on the user's stash list)."""
+    return f"refs/bso-left/{safe_name(dispatch_id)}"
+
+
+async def set_aside_what_a_reader_left(wt: Worktree, before: str, dispatch_id: str) -> list[str]:
+    """A reviewer, an e2e inspector or a plan changes nothing: what one left is set aside, out of the story's
+    way, and said. Files (committed or not) go into a commit under left_ref (built in an index of BSO's own:
+    `git stash` put it on the user's own stash list, above their entries, for their next `git stash pop`);
+    a story branch it moved (a commit, `git reset`) or left (`git checkout --detach`) is set back to `before`,
+    its HEAD kept there too. What was said, one line each (none: it changed nothing)."""
+    ref = left_ref(dispatch_id)
+    said = []
+    if left := await changed_paths(wt.path):
+        index = os.path.join(await _git_dir(wt.path), "bso-set-aside.index")
+        try:
+            await git(wt.path, "read-tree", "HEAD", index_file=index)
+            await git(wt.path, "add", "-A", index_file=index)
+            tree = (await git(wt.path, "write-tree", index_file=index)).strip()
+        finally:
+            Path(index).unlink(missing_ok=True)
+        kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree, "-p", "HEAD", "-m",
+                          f"bso: left by {dispatch_id}")).strip().splitlines()[-1]
+        await git(wt.path, "update-ref", f"{ref}/files", kept)
+        await git(wt.path, "reset", "-q", "--hard")
+        await git(wt.path, "clean", "-fdq")
+        said.append(f"changed files (set aside as {ref}/files, not committed): {', '.join(left[:10])}")
+    on = (await git(wt.path, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+    agent_head = await _commit_of(wt.path, "HEAD")
+    if on != f"refs/heads/{wt.branch}" or await _commit_of(wt.path, f"refs/heads/{wt.branch}") != before:
+        if agent_head is not None and agent_head != before:
+            await git(wt.path, "update-ref", f"{ref}/head", agent_head)
+        where = f"its HEAD kept as {ref}/head" if agent_head is not None and agent_head != before else "nothing of it lost"
+        said.append(f"moved or left the story branch: set back to {before[:12]} ({where})")
+        await git(wt.path, "checkout", "-q", "-f", "-B", wt.branch, before)
+    return said
+
+
+async def _git_dir(wt: str) -> str:
+    return (await git(wt, "rev-parse", "--absolute-git-dir")).strip()
 
 
 async def changed_paths(wt: str) -> list[str]:

@@ -47,13 +47,12 @@ from activities.agent_launcher import CANCELLED_FILE, group_mark, marked_pids
 from activities.git_ops import (
     Worktree,
     back_on_story_branch,
-    changed_paths,
     committed_paths,
     ensure_worktree,
     exit_gate,
     git,
     head,
-    identity_args,
+    set_aside_what_a_reader_left,
     status_file_in_project,
     undo_interrupted_checks,
     undo_status_file_change,
@@ -936,17 +935,10 @@ async def _checked(
                 )
                 failure_type = VERIFICATION_FAILED
 
-    elif wt is not None and (a.agent_type is not AgentType.DEV_RUNNER or po_command.is_plan(a)):
-        left = await changed_paths(wt.path)
-        if left:  # a reviewer (or a plan) changes nothing: its edits are stashed (kept, out of the way) and reported
-            who = await identity_args(wt.path)
-            await git(wt.path, *who, "stash", "push", "-q", "-u", "-m", f"bso: left by {a.dispatch_id}")
-            findings.append(
-                Finding(
-                    severity=Severity.LOW,
-                    summary=f"{a.agent_type.value} changed files (stashed, not committed): {', '.join(left[:10])}",
-                )
-            )
+    elif wt is not None and before is not None and (a.agent_type is not AgentType.DEV_RUNNER or po_command.is_plan(a)):
+        # A reviewer (or a plan) changes nothing: what it left is set aside (kept, out of the way) and said.
+        for said in await set_aside_what_a_reader_left(wt, before, a.dispatch_id):
+            findings.append(Finding(severity=Severity.LOW, summary=f"{a.agent_type.value} {said}"))
 
     if po_base is not None and wt is not None and failure is None:  # the NEXT gate sees the real diff
         complete = complete.model_copy(update={"findings": findings})

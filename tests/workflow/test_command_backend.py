@@ -527,7 +527,7 @@ async def test_the_projects_merge_hooks_do_not_run_on_the_storys_merge(tmp_path:
 
 
 # Every hook BSO's own git could run: its commits (--no-verify leaves prepare-commit-msg and post-commit), the
-# worktree's checkout, the merge, ref updates, index writes (the fix rollback's reset, the reviewer's stash).
+# worktree's checkout, the merge, ref updates, index writes (the fix rollback's reset, the reviewer's set-aside).
 USER_HOOKS = (
     "pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "pre-merge-commit", "post-merge",
     "post-checkout", "reference-transaction", "post-index-change", "pre-auto-gc", "post-rewrite",
@@ -554,7 +554,7 @@ async def test_a_failing_post_checkout_hook_does_not_stop_the_storys_worktree(tm
 @pytest.mark.parametrize("merge", ["ff", "merge"])
 async def test_the_projects_hooks_run_on_none_of_bsos_own_git(tmp_path: Path, merge: str) -> None:
     """A dev dispatch (the worktree, the Exit Gate's commits), a fix rolled back (P20), a review whose edit is
-    stashed, the squash, the merge and the track's clean-up run none of the user's hooks."""
+    set aside, the squash, the merge and the track's clean-up run none of the user's hooks."""
     root, log = dev_project(tmp_path, agents_toml=f'\n[git]\nmerge = "{merge}"\n'), tmp_path / "hooks.log"
     failing_hooks(root, log)
     done = await ActivityEnvironment().run(command.run, assignment(root))
@@ -568,7 +568,7 @@ async def test_the_projects_hooks_run_on_none_of_bsos_own_git(tmp_path: Path, me
     review = await ActivityEnvironment().run(
         command.run, assignment(root, 3, AgentType.REVIEW_RUNNER, AgentMode.REVIEW)
     )
-    assert any("stashed" in f.summary for f in review.findings), review
+    assert any("set aside" in f.summary for f in review.findings), review
     result = await finish(root, story_title="Hello")
     assert result.merged and result.squashed, result.note
     assert not log.exists(), f"the user's hooks ran: {log.read_text().split()}"
@@ -1230,7 +1230,9 @@ async def test_the_worktree_s_creation_heartbeats(tmp_path: Path, monkeypatch: p
     assert preparing and preparing[0] - started < 1.0 and len(preparing) >= 3, preparing
 
 
-async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Path) -> None:
+async def test_a_reviewer_that_edits_files_has_them_set_aside_and_reported(tmp_path: Path) -> None:
+    """They were stashed: on the user's own stash list (shared by every worktree), above their entries, for
+    their next `git stash pop` to apply into their checkout."""
     root = dev_project(tmp_path)
     await ActivityEnvironment().run(command.run, assignment(root))
     wt = worktree_path(str(root), "s1", STORY)
@@ -1239,9 +1241,44 @@ async def test_a_reviewer_that_edits_files_is_stashed_and_reported(tmp_path: Pat
         command.run, assignment(root, n=2, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
     )
     assert review.status is AgentStatus.SUCCESS and review.verdict.value == "success"
-    assert any("stashed" in f.summary and "src/sneaky.py" in f.summary for f in review.findings)
-    assert git(wt, "status", "--porcelain") == ""
-    assert "bso: left by" in git(wt, "stash", "list")
+    ref = git_ops.left_ref("s1/batch-1/1-1/2")
+    assert any(f"set aside as {ref}/files" in f.summary and "src/sneaky.py" in f.summary for f in review.findings)
+    assert git(wt, "status", "--porcelain") == "" and git(root, "stash", "list") == ""
+    assert git(wt, "show", "--name-only", "--format=", f"{ref}/files").split() == ["src/sneaky.py"]
+
+
+@pytest.mark.parametrize("move", ["commit", "detach", "reset-soft"])
+async def test_a_reviewer_that_moves_the_story_branch_has_it_set_back(tmp_path: Path, move: str) -> None:
+    """A reviewer's commit was squashed and merged as the story's work; a detached HEAD made the next fix fail
+    as the fix's own doing; `git reset --soft <base>` left the story's work in a stash and the branch empty."""
+    root = dev_project(tmp_path)
+    await ActivityEnvironment().run(command.run, assignment(root))
+    wt = worktree_path(str(root), "s1", STORY)
+    tip = git(wt, "rev-parse", "HEAD").strip()
+    base = git(root, "rev-parse", "HEAD").strip()
+    reviewer = tmp_path / "reviewer.sh"
+    steps = {
+        "commit": "echo fixed >> src/story_1_1_hello_world.py && git commit -qam 'review fix'",
+        "detach": f"git checkout -q --detach {base}",
+        "reset-soft": f"git reset -q --soft {base}",
+    }[move]
+    reviewer.write_text(
+        "#!/bin/sh\nset -e\n"
+        "export GIT_AUTHOR_NAME=R GIT_AUTHOR_EMAIL=r@example.com GIT_COMMITTER_NAME=R GIT_COMMITTER_EMAIL=r@example.com\n"
+        f"{steps}\n"
+        "echo '{\"status\": \"success\", \"verdict\": \"success\"}' > \"$BSO_RESULT_FILE\"\n"
+    )
+    reviewer.chmod(0o755)
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text() + f'\n[profiles.rev]\nextends = "generic"\nargv = ["{reviewer}"]\n'
+                    '\n[agents.review-runner]\nprofile = "rev"\n')
+    review = await ActivityEnvironment().run(
+        command.run, assignment(root, n=2, agent=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW)
+    )
+    assert review.status is AgentStatus.SUCCESS, review.error
+    assert git(wt, "symbolic-ref", "HEAD").strip() == f"refs/heads/bso/s1/{STORY}"
+    assert git(wt, "rev-parse", "HEAD").strip() == tip and git(wt, "status", "--porcelain") == ""
+    assert any("set back to" in f.summary for f in review.findings), review.findings
 
 
 async def test_a_story_started_after_another_merged_builds_on_it_and_merges(tmp_path: Path) -> None:
