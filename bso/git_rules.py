@@ -78,8 +78,16 @@ _SCOPE_LINE_RE = re.compile(r"^[\s>*-]*\**\s*(?:file scope|scope|files)\s*\**\s*
 _SCOPE_SECTION_RE = re.compile(r"^##+\s*(?:file scope|scope)\s*$(.*?)(?=^##|\Z)", re.I | re.M | re.S)
 
 
+def _a_path(item: str) -> bool:
+    """`src/auth/**`, `tests/`, `app.py`, `*.md`: not a word of prose (`backend`, `only`)."""
+    return bool(item) and " " not in item and any(c in item for c in "/.*")
+
+
 def parse_file_scope(story_text: str) -> list[str]:
-    """A story's declared file scope: a `File scope: a/**, b.py` line or a `## File Scope` bullet list."""
+    """A story's declared file scope: a `File scope: a/**, b.py` line or a `## File Scope` bullet list. Prose
+    under such a name (`**Scope:** backend only, the UI comes in story 1.2`, a `### Scope` of Dev Notes) is no
+    scope: every planned file would be out of it, and the PO gate blocked the story. A line counts when all
+    its items are paths; a section, its items that are."""
     section = _SCOPE_SECTION_RE.search(story_text)
     if section:
         items = [
@@ -87,10 +95,12 @@ def parse_file_scope(story_text: str) -> list[str]:
             for line in section.group(1).splitlines()
             if line.strip().startswith(("-", "*"))
         ]
-        return [i for i in items if i]
-    line = _SCOPE_LINE_RE.search(story_text)
-    if line:
-        return [p.strip().strip("`'\"") for p in re.split(r"[,\s]+", line.group(1)) if p.strip().strip("`'\"")]
+        if paths := [i for i in items if _a_path(i)]:
+            return paths
+    for line in _SCOPE_LINE_RE.finditer(story_text):
+        items = [p.strip().strip("`'\"") for p in re.split(r"[,\s]+", line.group(1)) if p.strip().strip("`'\"")]
+        if items and all(_a_path(i) for i in items):
+            return items
     return []
 
 

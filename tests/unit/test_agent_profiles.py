@@ -248,6 +248,10 @@ def test_story_parsing() -> None:
     assert parse_acceptance_criteria(text) == ["one", "two"]
     section = "## File Scope\n\n- src/auth/\n- tests/test_auth.py\n\n## Other\n"
     assert parse_file_scope(section) == ["src/auth/", "tests/test_auth.py"]
+    # Prose under a scope's name is none: every planned file was out of it, and the PO gate blocked the story.
+    prose = "**Scope:** backend only, the UI comes in story 1.2.\n\n### Scope\n\n- no UI work\n- keep it small\n"
+    assert parse_file_scope(prose) == []
+    assert parse_file_scope(prose + "\nFile scope: src/**, tests/**\n") == ["src/**", "tests/**"]
 
 
 def test_prompt_rendering_carries_the_assignment() -> None:
