@@ -80,9 +80,14 @@ def signal_marked(mark: str, sig: int) -> bool:
 
 
 def write_json_atomic(path: Path, data: object) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Written aside, fsynced, renamed over: a reader sees the old text or the new, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

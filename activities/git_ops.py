@@ -21,7 +21,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_launcher import signal_marked
+from activities.agent_launcher import signal_marked, write_text_atomic
 from activities.process import Finished, heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
@@ -433,6 +433,26 @@ async def undo_status_file_change(wt: Worktree, status_files: list[str], *, agen
     message = f"bso: {', '.join(changed)} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})"
     await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",
               message, "--", *changed)
+    return True
+
+
+async def move_story_file_out(wt: Worktree, story_path: str, project_story_file: str, *, agent_type: str,
+                              dispatch_id: str) -> bool:
+    """BMAD's dev-story updates the story file (Status, Dev Agent Record, File List). One the project does not
+    track (BSO's story-creator wrote it in the checkout) that the agent wrote in its worktree instead, at the
+    same path, would be merged over the checkout's untracked copy: git refuses that, and the story's work
+    stayed unmerged. Its text goes to the checkout's copy; the worktree's is removed by a commit of its own.
+    True when it was moved."""
+    if (await git(wt.path, "ls-tree", "--name-only", wt.base, "--", story_path)).strip():
+        return False  # tracked: merged as any other file
+    if not (await git(wt.path, "--literal-pathspecs", "ls-tree", "--name-only", "HEAD", "--", story_path)).strip():
+        return False
+    text = (await git(wt.path, "--literal-pathspecs", "show", f"HEAD:{story_path}"))
+    write_text_atomic(Path(project_story_file), text)
+    await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", story_path)
+    message = f"bso: {story_path} lives in the project's checkout; the {agent_type}'s copy moved there ({dispatch_id})"
+    await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",
+              message, "--", story_path)
     return True
 
 

@@ -52,6 +52,7 @@ from activities.git_ops import (
     exit_gate,
     git,
     head,
+    move_story_file_out,
     set_aside_what_a_reader_left,
     status_file_in_project,
     undo_interrupted_checks,
@@ -900,6 +901,13 @@ async def _checked(
             findings.append(Finding(
                 severity=Severity.LOW, summary="changed the status file, which BSO alone writes: the change was undone",
                 file=status_files[0],
+            ))
+        if await move_story_file_out(
+            wt, Path(a.story_path).as_posix(), _validate(a), agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
+        ):
+            findings.append(Finding(
+                severity=Severity.LOW, file=a.story_path,
+                summary="wrote the story file in its worktree, where the project does not track it: moved to the project's checkout",
             ))
         changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19

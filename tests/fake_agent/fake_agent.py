@@ -11,7 +11,8 @@ dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commit
 sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
-dev-story does, and leaves the change / commits it), story-elsewhere (the story-creator writes the
+dev-story does, and leaves the change / commits it), story-in-worktree (the dev-runner writes its Dev Agent
+Record into the story file at its path in the worktree), story-elsewhere (the story-creator writes the
 story under docs/stories/, not at $BSO_STORY_FILE), creator-sets-status (the story-creator sets its story to
 `ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
@@ -210,6 +211,11 @@ def main():
     status_file = Path("_bmad-output/implementation-artifacts/sprint-status.yaml")
     if agent == "story-creator" and "creator-sets-status" in behavior:  # BMAD's create-story does
         status_file.write_text(re.sub(rf"^(\s*{re.escape(key)}:).*$", r"\1 ready-for-dev", status_file.read_text(), flags=re.M))
+    if dev and "story-in-worktree" in behavior:  # dev-story's record, written at the story's path where it works
+        story = Path(os.path.relpath(os.environ["BSO_STORY_FILE"], os.environ["BSO_PROJECT_ROOT"]))
+        story.parent.mkdir(parents=True, exist_ok=True)
+        text = Path(os.environ["BSO_STORY_FILE"]).read_text() if Path(os.environ["BSO_STORY_FILE"]).exists() else ""
+        story.write_text(text + f"\n## Dev Agent Record\n\n- implemented by {mode}\n")
     if dev and behavior & {"edit-status", "commit-status"} and status_file.exists():
         status_file.write_text(re.sub(rf"^(\s*{re.escape(key)}:).*$", r"\1 review", status_file.read_text(), flags=re.M))
         if "commit-status" in behavior:

@@ -208,6 +208,25 @@ async def test_a_story_creator_that_sets_its_story_ready_in_the_status_file_is_s
     assert any("set the story to 'ready-for-dev' in the status file" in f["summary"] for f in findings), findings
 
 
+async def test_a_dev_agent_that_writes_the_story_file_in_its_worktree_has_it_moved_to_the_checkout(
+    ts_env, tmp_path: Path
+) -> None:
+    """BMAD's dev-story writes its Dev Agent Record into the story file. Written at the story's path in the
+    worktree, it was merged over the checkout's untracked copy (BSO's story-creator wrote it there): git
+    refused, and the sprint ended partial with the story's work unmerged."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="story-in-worktree")
+    base = git(root, "rev-parse", "HEAD").strip()
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-story-wt", agent_backend="command")
+        )
+    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
+    story = f"_bmad-output/implementation-artifacts/{STORY}.md"
+    merged = git(root, "diff", "--name-only", base, "HEAD").split()
+    assert "src/story_1_1_hello_world.py" in merged and story not in merged, merged
+    assert "## Dev Agent Record" in (root / story).read_text()
+
+
 def test_the_status_file_agents_must_leave_is_found_however_the_sprint_was_given_it(tmp_path: Path) -> None:
     root = tmp_path / "proj"
     (root / "docs").mkdir(parents=True)
