@@ -119,23 +119,26 @@ def token_use(stdout: str) -> TokenUse:
     return total
 
 
-_OBJECT_RE = re.compile(r"\{.*\}", re.DOTALL)
+# The end of a plain-text answer searched for an AGENT_COMPLETE (an aider-style footer may follow it), and how
+# many `{` of it are tried as an object's start.
+TEXT_TAIL_CHARS = 64_000
+_MAX_OBJECT_STARTS = 2_000
 
 
 def _complete_in_text(text: str) -> dict[str, Any] | None:
-    """The last JSON object in free text (or a ```json fence) that has a `status`."""
-    candidates = re.findall(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.DOTALL)
-    match = _OBJECT_RE.search(text)
-    if match:
-        candidates.append(match.group(0))
-    for candidate in reversed(candidates):
+    """The last JSON object in free text that has a `status`: fenced or not, on one line or pretty-printed over
+    many, with text after it. Of objects one inside another, the outermost (a finding may carry a `status`)."""
+    decoder = json.JSONDecoder()
+    found: tuple[dict[str, Any], int] | None = None  # the object and where it ends
+    starts = [m.start() for m in re.finditer(r"\{", text)][-_MAX_OBJECT_STARTS:]
+    for start in reversed(starts):
         try:
-            obj = json.loads(candidate)
-        except ValueError:
+            obj, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
             continue
-        if isinstance(obj, dict) and "status" in obj:
-            return obj
-    return None
+        if isinstance(obj, dict) and "status" in obj and (found is None or end > found[1]):
+            found = (obj, end)  # the one ending last: around the ones inside it, after the ones before it
+    return found[0] if found else None
 
 
 def final_text(stdout: str) -> str:
@@ -156,7 +159,7 @@ def final_text(stdout: str) -> str:
             texts.append(part["text"])
     if texts:
         return texts[-1]
-    return "\n".join(stdout.strip().splitlines()[-20:])
+    return stdout.strip()[-TEXT_TAIL_CHARS:]
 
 
 def complete_from_output(stdout: str) -> dict[str, Any] | None:

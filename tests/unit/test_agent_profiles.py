@@ -350,3 +350,20 @@ def test_an_answer_as_real_agents_write_it_is_taken_in_bsos_shape() -> None:
     assert lenient_answer({"status": "success", "summary": None})["summary"] == ""
     with pytest.raises(ValidationError):  # what is no status stays refused
         AgentComplete.model_validate({**lenient_answer({"status": "completed-ish"}), **ids})
+
+
+def test_a_pretty_printed_answer_in_plain_text_is_found() -> None:
+    """Only the output's last 20 lines were searched, line by line: a reviewer's answer with four findings,
+    pretty-printed over 31 lines (fenced or not, an aider-style footer after it), was no AGENT_COMPLETE."""
+    answer = {
+        "status": "success", "verdict": "failure",
+        "findings": [{"severity": "HIGH", "summary": f"issue {n}", "status": "open"} for n in range(4)],
+    }
+    pretty = json.dumps(answer, indent=2)
+    assert len(pretty.splitlines()) > 20
+    footer = "\n".join(f"Tokens: {n}k sent, 1k received." for n in range(30))
+    for text in (f"Done.\n```json\n{pretty}\n```\n{footer}", f"Here it is:\n{pretty}\n{footer}"):
+        assert complete_from_output(text) == answer
+    earlier = json.dumps({"status": "failure", "summary": "first try"})
+    assert complete_from_output(f"{earlier}\nthen again:\n{pretty}") == answer  # the last one
+    assert complete_from_output("a set {1, 2} and no answer") is None
