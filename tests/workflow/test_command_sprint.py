@@ -156,21 +156,28 @@ async def test_failed_story_keeps_its_worktree(ts_env, tmp_path: Path) -> None:
     assert (wt / ".env").exists() and ".env" not in git(wt, "ls-files")
 
 
-@pytest.mark.parametrize("behavior", ["own-branch", "detach"])
-async def test_an_agent_that_leaves_the_story_branch_still_has_its_work_merged(
-    ts_env, tmp_path: Path, behavior: str
-) -> None:
-    """A dev agent that made a branch of its own (or detached HEAD) and worked there, as coding agents do: the
-    story ended `done` and the sprint complete, its work on a branch the merge never looks at."""
+async def _sprint_done_despite(ts_env, tmp_path: Path, behavior: str) -> tuple[Path, list[str]]:
+    """A one-story sprint with the fake agent misbehaving so; it must end complete, the story done, with no
+    workflow task failed: the project and the files its branch brought."""
     root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR=behavior)
     base = git(root, "rev-parse", "HEAD").strip()
     session = f"cmd-{behavior}"
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(ts_env.client, queue, sprint_input(root, session_id=session, agent_backend="command"))
     assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
-    merged = git(root, "diff", "--name-only", base, "HEAD").split()
-    assert "src/story_1_1_hello_world.py" in merged and "src/story_1_1_hello_world_extra.py" in merged, merged
+    assert status_values(root)[STORY] == "done"
     assert await workflow_task_failures(ts_env.client, session) == []
+    return root, git(root, "diff", "--name-only", base, "HEAD").split()
+
+
+@pytest.mark.parametrize("behavior", ["own-branch", "detach"])
+async def test_an_agent_that_leaves_the_story_branch_still_has_its_work_merged(
+    ts_env, tmp_path: Path, behavior: str
+) -> None:
+    """A dev agent that made a branch of its own (or detached HEAD) and worked there, as coding agents do: the
+    story ended `done` and the sprint complete, its work on a branch the merge never looks at."""
+    _, merged = await _sprint_done_despite(ts_env, tmp_path, behavior)
+    assert "src/story_1_1_hello_world.py" in merged and "src/story_1_1_hello_world_extra.py" in merged, merged
 
 
 @pytest.mark.parametrize("behavior", ["edit-status", "commit-status"])
@@ -180,29 +187,15 @@ async def test_an_agent_that_edits_the_status_file_has_its_change_undone_and_the
     """BMAD's dev agents set their story to `review` in sprint-status.yaml themselves. In the worktree, that change
     was committed and merged into the project's checkout, where BSO's own status writes wait uncommitted: the
     merge failed and the story was never merged. BSO alone writes the file; the agent's change is undone."""
-    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR=behavior)
+    _, merged = await _sprint_done_despite(ts_env, tmp_path, behavior)
     status = "_bmad-output/implementation-artifacts/sprint-status.yaml"
-    base = git(root, "rev-parse", "HEAD").strip()
-    session = f"cmd-{behavior}"
-    async with bso_worker(ts_env.client) as queue:
-        report = await run_sprint(ts_env.client, queue, sprint_input(root, session_id=session, agent_backend="command"))
-    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
-    merged = git(root, "diff", "--name-only", base, "HEAD").split()
     assert "src/story_1_1_hello_world.py" in merged and status not in merged, merged
-    assert status_values(root)[STORY] == "done"
-    assert await workflow_task_failures(ts_env.client, session) == []
 
 
 async def test_a_story_creator_that_sets_its_story_ready_in_the_status_file_is_set_back(ts_env, tmp_path: Path) -> None:
     """BMAD's create-story sets the story to `ready-for-dev` in sprint-status.yaml: the Slave's next write, expecting
     the value it left, found another, and the story stopped (`changed under the Slave`) after its first agent."""
-    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="creator-sets-status")
-    async with bso_worker(ts_env.client) as queue:
-        report = await run_sprint(
-            ts_env.client, queue, sprint_input(root, session_id="cmd-creator-status", agent_backend="command")
-        )
-    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
-    assert status_values(root)[STORY] == "done"
+    root, _ = await _sprint_done_despite(ts_env, tmp_path, "creator-sets-status")
     [created] = [p for p in (root / ".sprint-session" / "agents").glob("*/complete.json") if "create" in p.read_text()]
     findings = json.loads(created.read_text())["findings"]
     assert any("set the story to 'ready-for-dev' in the status file" in f["summary"] for f in findings), findings
@@ -214,15 +207,8 @@ async def test_a_dev_agent_that_writes_the_story_file_in_its_worktree_has_it_mov
     """BMAD's dev-story writes its Dev Agent Record into the story file. Written at the story's path in the
     worktree, it was merged over the checkout's untracked copy (BSO's story-creator wrote it there): git
     refused, and the sprint ended partial with the story's work unmerged."""
-    root = make_git_project(tmp_path / "proj", FAKE_AGENT_BEHAVIOR="story-in-worktree")
-    base = git(root, "rev-parse", "HEAD").strip()
-    async with bso_worker(ts_env.client) as queue:
-        report = await run_sprint(
-            ts_env.client, queue, sprint_input(root, session_id="cmd-story-wt", agent_backend="command")
-        )
-    assert report.status is SprintStatus.COMPLETE and report.stories == {STORY: "done"}, report
+    root, merged = await _sprint_done_despite(ts_env, tmp_path, "story-in-worktree")
     story = f"_bmad-output/implementation-artifacts/{STORY}.md"
-    merged = git(root, "diff", "--name-only", base, "HEAD").split()
     assert "src/story_1_1_hello_world.py" in merged and story not in merged, merged
     assert "## Dev Agent Record" in (root / story).read_text()
 
