@@ -80,14 +80,14 @@ def signal_marked(mark: str, sig: int) -> bool:
 
 
 def write_json_atomic(path: Path, data: object) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
+    write_bytes_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode("utf-8"))
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Written aside, fsynced, renamed over: a reader sees the old text or the new, never a part."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Written aside, fsynced, renamed over: a reader sees the old content or the new, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -21,7 +21,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_launcher import signal_marked, write_text_atomic
+from activities.agent_launcher import signal_marked, write_bytes_atomic
 from activities.process import Finished, heartbeating, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
@@ -277,33 +277,48 @@ def left_ref(dispatch_id: str) -> str:
 async def set_aside_what_a_reader_left(wt: Worktree, before: str, dispatch_id: str) -> list[str]:
     """A reviewer, an e2e inspector or a plan changes nothing: what one left is set aside, out of the story's
     way, and said. Files (committed or not) go into a commit under left_ref (built in an index of BSO's own:
-    `git stash` put it on the user's own stash list, above their entries, for their next `git stash pop`);
-    a story branch it moved (a commit, `git reset`) or left (`git checkout --detach`) is set back to `before`,
-    its HEAD kept there too. What was said, one line each (none: it changed nothing)."""
+    `git stash` put it on the user's own stash list, above their entries, for their next `git stash pop`; a
+    retry after a crash adds to it, never replaces it); a story branch it moved (a commit, `git reset`) or left
+    (`git checkout --detach`) is set back to `before`, its tip and the agent's HEAD kept under left_ref too.
+    A git repository it left is named, not set aside. What was said, one line each (none: it changed nothing)."""
     ref = left_ref(dispatch_id)
     said = []
-    if left := await changed_paths(wt.path):
+    left = await changed_paths(wt.path)
+    if repositories := [p.rstrip("/") for p in left if p.endswith("/")]:
+        said.append(f"left git repositories of their own, not set aside (remove them): {', '.join(repositories[:10])}")
+    head = await _commit_of(wt.path, "HEAD")
+    if files := [p for p in left if not p.endswith("/")]:
         index = os.path.join(await _git_dir(wt.path), "bso-set-aside.index")
         try:
-            await git(wt.path, "read-tree", "HEAD", index_file=index)
-            await git(wt.path, "add", "-A", index_file=index)
+            await git(wt.path, "read-tree", *(["HEAD"] if head else ["--empty"]), index_file=index)
+            for start in range(0, len(files), _PATHS_PER_CALL):
+                await git(wt.path, "--literal-pathspecs", "add", "-A", "--", *files[start:start + _PATHS_PER_CALL],
+                          index_file=index)
             tree = (await git(wt.path, "write-tree", index_file=index)).strip()
         finally:
             Path(index).unlink(missing_ok=True)
-        kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree, "-p", "HEAD", "-m",
-                          f"bso: left by {dispatch_id}")).strip().splitlines()[-1]
+        parents = [p for p in (head, await _commit_of(wt.path, f"{ref}/files")) if p]
+        kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree,
+                          *(arg for p in parents for arg in ("-p", p)), "-m", f"bso: left by {dispatch_id}")
+                ).strip().splitlines()[-1]
         await git(wt.path, "update-ref", f"{ref}/files", kept)
+        said.append(f"changed files (set aside as {ref}/files, not committed): {', '.join(files[:10])}")
+    on = (await git(wt.path, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+    tip = await _commit_of(wt.path, f"refs/heads/{wt.branch}")
+    if on != f"refs/heads/{wt.branch}" or tip != before:
+        kept_refs = []
+        if head is not None and head != before:
+            await git(wt.path, "update-ref", f"{ref}/head", head)
+            kept_refs.append(f"its HEAD as {ref}/head")
+        if tip is not None and tip not in (before, head):
+            await git(wt.path, "update-ref", f"{ref}/branch", tip)
+            kept_refs.append(f"the branch's tip as {ref}/branch")
+        await git(wt.path, "checkout", "-q", "-f", "-B", wt.branch, before)
+        said.append(f"moved or left the story branch: set back to {before[:12]}"
+                    + (f" ({', '.join(kept_refs)} kept)" if kept_refs else ""))
+    if files:
         await git(wt.path, "reset", "-q", "--hard")
         await git(wt.path, "clean", "-fdq")
-        said.append(f"changed files (set aside as {ref}/files, not committed): {', '.join(left[:10])}")
-    on = (await git(wt.path, "symbolic-ref", "-q", "HEAD", check=False)).strip()
-    agent_head = await _commit_of(wt.path, "HEAD")
-    if on != f"refs/heads/{wt.branch}" or await _commit_of(wt.path, f"refs/heads/{wt.branch}") != before:
-        if agent_head is not None and agent_head != before:
-            await git(wt.path, "update-ref", f"{ref}/head", agent_head)
-        where = f"its HEAD kept as {ref}/head" if agent_head is not None and agent_head != before else "nothing of it lost"
-        said.append(f"moved or left the story branch: set back to {before[:12]} ({where})")
-        await git(wt.path, "checkout", "-q", "-f", "-B", wt.branch, before)
     return said
 
 
@@ -386,12 +401,18 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
             await commit(f"{len(left)} files")
             result.committed.extend(p for p in staged if p)
     raw = (await git(wt, "diff", "--raw", "-z", "--no-abbrev", "--no-renames", since, "HEAD")).split("\x00")
+    submodules = None
     for meta, path in zip(raw[0::2], raw[1::2]):  # ":old new old-sha new-sha status", then the path
         fields = meta.split()
         if len(fields) < 5:
             continue
-        if fields[1] == "160000" and path not in result.repositories:  # a gitlink the agent committed itself
-            result.repositories.append(path)
+        if fields[1] == "160000" and fields[0] != ":160000" and path not in result.repositories:
+            # A gitlink the agent committed itself: a submodule (in .gitmodules) is the project's to have.
+            if submodules is None:
+                listed = await git(wt, "config", "--blob", "HEAD:.gitmodules", "--get-regexp", r"\.path$", check=False)
+                submodules = {line.split(" ", 1)[1] for line in listed.splitlines() if " " in line}
+            if path not in submodules:
+                result.repositories.append(path)
         if fields[4] != "D" and is_secret_path(path, settings.secret_patterns) and path not in result.refused:
             result.refused.append(path)
     return result
@@ -447,8 +468,9 @@ async def move_story_file_out(wt: Worktree, story_path: str, project_story_file:
         return False  # tracked: merged as any other file
     if not (await git(wt.path, "--literal-pathspecs", "ls-tree", "--name-only", "HEAD", "--", story_path)).strip():
         return False
-    text = (await git(wt.path, "--literal-pathspecs", "show", f"HEAD:{story_path}"))
-    write_text_atomic(Path(project_story_file), text)
+    agents_copy = Path(wt.path, story_path)  # as committed (by the Exit Gate, or by the agent)
+    if agents_copy.is_file() and not agents_copy.is_symlink():  # bytes as they are: a cp1252 story stays one
+        write_bytes_atomic(Path(project_story_file), agents_copy.read_bytes())
     await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", story_path)
     message = f"bso: {story_path} lives in the project's checkout; the {agent_type}'s copy moved there ({dispatch_id})"
     await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",

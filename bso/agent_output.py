@@ -14,6 +14,7 @@ cache.read/cache.write`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -232,7 +233,7 @@ def lenient_answer(raw: dict[str, Any]) -> dict[str, Any]:
                 findings, key=lambda f: rank.get(f.get("severity"), 4) if isinstance(f, dict) else 4
             )[:MAX_FINDINGS]
         out["findings"] = findings
-    if isinstance(out.get("score"), float) and out["score"] == out["score"]:  # (not NaN)
+    if isinstance(out.get("score"), float) and math.isfinite(out["score"]):  # (Infinity stays refused)
         out["score"] = round(out["score"])
     for key in ("blocking_issues", "feedback"):
         if isinstance(out.get(key), list) and len(out[key]) > MAX_FINDINGS:

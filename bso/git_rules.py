@@ -79,8 +79,21 @@ _SCOPE_SECTION_RE = re.compile(r"^##+\s*(?:file scope|scope)\s*$(.*?)(?=^##|\Z)"
 
 
 def _a_path(item: str) -> bool:
-    """`src/auth/**`, `tests/`, `app.py`, `*.md`: not a word of prose (`backend`, `only`)."""
-    return bool(item) and " " not in item and any(c in item for c in "/.*")
+    """`src/auth/**`, `tests/`, `app.py`, `*.md`, `Makefile`: not a word of prose (`backend`, `only`, `UI`).
+    A name with no `/`, `.` or `*` counts when it is capitalised the way file names are (`Makefile`,
+    `Dockerfile`, `LICENSE`) and is no common word."""
+    if not item or " " in item:
+        return False
+    if any(c in item for c in "/.*"):
+        return item.rstrip(".,;:") == item or "/" in item or "*" in item  # "1.2." ends a sentence
+    return item.lower() not in _PROSE_WORDS and (item[:1].isupper() and (item[1:].islower() or item.isupper()))
+
+
+# Words a prose scope line uses that look like names of files (`UI`, `API`) or are capitalised at its start.
+_PROSE_WORDS = frozenset(
+    "ui api backend frontend only the a an and or no not all any none this that it is in of to for with "
+    "without story stories see tbd n/a".split()
+)
 
 
 def parse_file_scope(story_text: str) -> list[str]:
@@ -88,8 +101,7 @@ def parse_file_scope(story_text: str) -> list[str]:
     under such a name (`**Scope:** backend only, the UI comes in story 1.2`, a `### Scope` of Dev Notes) is no
     scope: every planned file would be out of it, and the PO gate blocked the story. A line counts when all
     its items are paths; a section, its items that are."""
-    section = _SCOPE_SECTION_RE.search(story_text)
-    if section:
+    for section in _SCOPE_SECTION_RE.finditer(story_text):
         items = [
             line.strip().lstrip("-*").strip().strip("`")
             for line in section.group(1).splitlines()

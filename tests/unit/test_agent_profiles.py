@@ -252,6 +252,11 @@ def test_story_parsing() -> None:
     prose = "**Scope:** backend only, the UI comes in story 1.2.\n\n### Scope\n\n- no UI work\n- keep it small\n"
     assert parse_file_scope(prose) == []
     assert parse_file_scope(prose + "\nFile scope: src/**, tests/**\n") == ["src/**", "tests/**"]
+    assert parse_file_scope("File scope: src/**, Makefile, Dockerfile, LICENSE\n") == [
+        "src/**", "Makefile", "Dockerfile", "LICENSE"
+    ]
+    assert parse_file_scope("**Scope:** UI only\n") == []
+    assert parse_file_scope(prose + "\n## File Scope\n\n- src/\n- Makefile\n") == ["src/", "Makefile"]
 
 
 def test_prompt_rendering_carries_the_assignment() -> None:
@@ -348,6 +353,9 @@ def test_an_answer_as_real_agents_write_it_is_taken_in_bsos_shape() -> None:
     assert [(f.severity, f.line) for f in first] == [("HIGH", None), ("MEDIUM", None), ("LOW", 12)]
     assert first[1].summary == "the retry loop never ends" and len(first[0].summary) == MAX_SUMMARY_CHARS
     assert lenient_answer({"status": "success", "summary": None})["summary"] == ""
+    for endless in (float("inf"), float("nan")):  # round() raised OverflowError: a raw error on every attempt
+        with pytest.raises(ValidationError):
+            AgentComplete.model_validate({**lenient_answer({"status": "success", "score": endless}), **ids})
     with pytest.raises(ValidationError):  # what is no status stays refused
         AgentComplete.model_validate({**lenient_answer({"status": "completed-ish"}), **ids})
 

@@ -270,6 +270,17 @@ async def test_a_repository_the_agent_left_in_the_worktree_is_not_committed_as_a
     again = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
                                     dispatch_id="s1/batch-1/1-1/2")
     assert again.repositories == ["vendor/lib"], again
+    # Made a submodule (in .gitmodules), it is the project's to have, and so is a move of its pointer.
+    (Path(wt.path) / ".gitmodules").write_text('[submodule "lib"]\n\tpath = vendor/lib\n\turl = ./vendor/lib\n')
+    git(wt.path, "add", ".gitmodules")
+    git(wt.path, "commit", "-qm", "a submodule")
+    (lib / "lib.py").write_text("LIB = 2\n")
+    git(lib, "commit", "-qam", "lib 2")
+    git(wt.path, "add", "vendor/lib")
+    git(wt.path, "commit", "-qm", "lib moved on")
+    submodule = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner",
+                                        story_key=STORY, dispatch_id="s1/batch-1/1-1/3")
+    assert submodule.repositories == [], submodule
 
 
 async def test_thousands_of_files_left_are_committed_at_once_secrets_still_refused(tmp_path: Path) -> None:
@@ -1247,7 +1258,7 @@ async def test_a_reviewer_that_edits_files_has_them_set_aside_and_reported(tmp_p
     assert git(wt, "show", "--name-only", "--format=", f"{ref}/files").split() == ["src/sneaky.py"]
 
 
-@pytest.mark.parametrize("move", ["commit", "detach", "reset-soft"])
+@pytest.mark.parametrize("move", ["commit", "detach", "reset-soft", "orphan", "nested-repo"])
 async def test_a_reviewer_that_moves_the_story_branch_has_it_set_back(tmp_path: Path, move: str) -> None:
     """A reviewer's commit was squashed and merged as the story's work; a detached HEAD made the next fix fail
     as the fix's own doing; `git reset --soft <base>` left the story's work in a stash and the branch empty."""
@@ -1261,6 +1272,8 @@ async def test_a_reviewer_that_moves_the_story_branch_has_it_set_back(tmp_path: 
         "commit": "echo fixed >> src/story_1_1_hello_world.py && git commit -qam 'review fix'",
         "detach": f"git checkout -q --detach {base}",
         "reset-soft": f"git reset -q --soft {base}",
+        "orphan": "git checkout -q --orphan elsewhere && echo x > fresh.txt",
+        "nested-repo": "git init -q vendor/lib && echo x > vendor/lib/a.txt && echo y > notes.txt",
     }[move]
     reviewer.write_text(
         "#!/bin/sh\nset -e\n"
@@ -1277,8 +1290,17 @@ async def test_a_reviewer_that_moves_the_story_branch_has_it_set_back(tmp_path: 
     )
     assert review.status is AgentStatus.SUCCESS, review.error
     assert git(wt, "symbolic-ref", "HEAD").strip() == f"refs/heads/bso/s1/{STORY}"
-    assert git(wt, "rev-parse", "HEAD").strip() == tip and git(wt, "status", "--porcelain") == ""
+    assert git(wt, "rev-parse", "HEAD").strip() == tip
+    ref = git_ops.left_ref("s1/batch-1/1-1/2")
+    if move == "nested-repo":  # named, left in place (not set aside: its files are not the project's objects)
+        assert git(wt, "status", "--porcelain", "--untracked-files=all").splitlines() == ["?? vendor/lib/"]
+        assert any("vendor/lib" in f.summary and "not set aside" in f.summary for f in review.findings)
+        assert git(wt, "show", "--name-only", "--format=", f"{ref}/files").split() == ["notes.txt"]
+        return
+    assert git(wt, "status", "--porcelain") == ""
     assert any("set back to" in f.summary for f in review.findings), review.findings
+    if move == "commit":
+        assert "review fix" in git(wt, "log", "-1", "--format=%s", f"{ref}/head")
 
 
 async def test_a_story_started_after_another_merged_builds_on_it_and_merges(tmp_path: Path) -> None:
@@ -1543,3 +1565,35 @@ async def test_a_story_creator_that_wrote_the_story_elsewhere_has_not_succeeded(
     ok = await ActivityEnvironment().run(command.run, assignment(make_git_project(tmp_path / "ok"), n=2,
                                                                   agent=AgentType.STORY_CREATOR, mode=AgentMode.CREATE))
     assert ok.status is AgentStatus.SUCCESS, ok.error
+
+
+async def test_a_retry_adds_to_what_was_set_aside_never_replaces_it(tmp_path: Path) -> None:
+    """A crash after the set-aside's reset, before its clean: the retry saw only the untracked files left and
+    replaced the ref, and the reviewer's edit of a tracked file was gone (no reflog keeps such refs)."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    before = git(wt.path, "rev-parse", "HEAD").strip()
+    (Path(wt.path) / "run_checks.py").write_text("edited by the reviewer\n")
+    (Path(wt.path) / "untracked.txt").write_text("left\n")
+    ref = git_ops.left_ref("d1")
+    assert await git_ops.set_aside_what_a_reader_left(wt, before, "d1")
+    (Path(wt.path) / "untracked.txt").write_text("left\n")  # as a crash before the clean would have left it
+    assert await git_ops.set_aside_what_a_reader_left(wt, before, "d1")
+    first = f"{ref}/files^2"  # the first set-aside: the second's parent after the story's HEAD
+    assert git(wt.path, "show", f"{first}:run_checks.py") == "edited by the reviewer\n"
+    assert git(wt.path, "status", "--porcelain") == ""
+
+
+async def test_a_story_file_moved_out_of_the_worktree_keeps_its_bytes(tmp_path: Path) -> None:
+    """It was read through git's decoded output: a cp1252 story came out with replacement characters."""
+    root = dev_project(tmp_path)
+    story = root / STORY_PATH  # written after the project's first commit: untracked
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    agents_copy = Path(wt.path, STORY_PATH)
+    agents_copy.parent.mkdir(parents=True, exist_ok=True)
+    agents_copy.write_bytes(b"# Story 1.1: Caf\xe9\n\n## Dev Agent Record\n")
+    git(wt.path, "add", STORY_PATH)
+    git(wt.path, "commit", "-qm", "the story, written in the worktree")
+    assert await git_ops.move_story_file_out(wt, STORY_PATH, str(story), agent_type="dev-runner", dispatch_id="d1")
+    assert story.read_bytes() == b"# Story 1.1: Caf\xe9\n\n## Dev Agent Record\n"
+    assert STORY_PATH not in git(wt.path, "ls-files")
