@@ -11,7 +11,8 @@ dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commit
 sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
-dev-story does, and leaves the change / commits it), story-in-worktree (the dev-runner writes its Dev Agent
+dev-story does, and leaves the change / commits it), commit-in-plan (the dev-runner commits a file in the
+PO plan phase), story-in-worktree (the dev-runner writes its Dev Agent
 Record into the story file at its path in the worktree), story-elsewhere (the story-creator writes the
 story under docs/stories/, not at $BSO_STORY_FILE), creator-sets-status (the story-creator sets its story to
 `ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
@@ -138,6 +139,11 @@ def main():
     attempt = int(os.environ.get("BSO_PO_ATTEMPT", "1") or 1)
     module = "story_" + key.replace("-", "_")
     if dev and phase == "plan":
+        if "commit-in-plan" in behavior:  # real CLIs often implement at once, plan or no plan
+            Path("docs").mkdir(exist_ok=True)
+            Path("docs/unplanned.md").write_text("done before the plan was approved\n")
+            git("add", "docs/unplanned.md")
+            git("commit", "-q", "-m", "implemented during the plan")
         plan = po_plan(po_kind("FAKE_AGENT_PO_PLAN", attempt), prompt, key, module, attempt)
         Path(os.environ["BSO_RESULT_FILE"]).write_text(json.dumps(plan))
         print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "Plan submitted.",

@@ -70,6 +70,21 @@ async def test_plan_phase_prompt_env_and_a_good_plan(tmp_path: Path) -> None:
     assert done.tokens_used == 400  # the plan's own CLI usage
 
 
+async def test_a_plan_that_commits_has_its_commit_set_aside(tmp_path: Path) -> None:
+    """Real CLIs implement at once: a commit in the plan phase counted as the story's base for what followed, and
+    an unplanned file went unseen by the scope guard and the PO into the merge."""
+    from activities.git_ops import left_ref
+
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="commit-in-plan")
+    a = plan_assignment(root)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert done.status is AgentStatus.SUCCESS, done.error
+    wt = worktree_path(str(root), "s1", STORY)
+    assert git(wt, "log", "--format=%s", "main..HEAD") == "" and git(wt, "status", "--porcelain") == ""
+    assert any("set back to" in f.summary for f in done.findings), done.findings
+    assert git(wt, "log", "-1", "--format=%s", f"{left_ref(a.dispatch_id)}/head").strip() == "implemented during the plan"
+
+
 async def test_plans_missing_an_ac_or_out_of_scope_get_feedback(tmp_path: Path) -> None:
     missing = await ActivityEnvironment().run(
         command.run, plan_assignment(dev_project(tmp_path / "a", FAKE_AGENT_PO_PLAN="missing-ac"))
