@@ -13,7 +13,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +77,33 @@ async def identity_args(cwd: str) -> list[str]:
     """Commit as BSO only where the user has no identity configured."""
     email = await git(cwd, "config", "user.email", check=False)
     return [] if email.strip() else list(_IDENTITY)
+
+
+async def git_dir(wt: str) -> Path:
+    """The worktree's own git folder: BSO's records there are nothing the agent sees or a commit could take."""
+    return Path((await git(wt, "rev-parse", "--absolute-git-dir")).strip())
+
+
+def _batches(paths: list[str]) -> Iterator[list[str]]:
+    """Paths a git call at a time: thousands of them (a node_modules) would pass the argv limit."""
+    for start in range(0, len(paths), _PATHS_PER_CALL):
+        yield paths[start:start + _PATHS_PER_CALL]
+
+
+async def _stage(wt: str, paths: list[str]) -> None:
+    """Stage these paths, a deletion too (`git add` refuses a path in neither the tree nor the index: `git rm`'d).
+    Literal: a file the agent named `:(top)` or `*` must not stage everything, secrets included."""
+    for batch in _batches(paths):
+        if present := [p for p in batch if os.path.lexists(os.path.join(wt, p))]:
+            await git(wt, "--literal-pathspecs", "add", "-A", "--", *present)
+        if gone := [p for p in batch if p not in present]:
+            await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", *gone)
+
+
+async def _commit_only(wt: str, message: str, paths: list[str]) -> None:
+    """A commit of BSO's own of these paths alone (a secret the gate refused may be staged)."""
+    await git(wt, *await identity_args(wt), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m", message,
+              "--", *paths)
 
 
 async def head(cwd: str) -> str:
@@ -288,12 +315,11 @@ async def set_aside_what_a_reader_left(wt: Worktree, before: str, dispatch_id: s
         said.append(f"left git repositories of their own, not set aside (remove them): {', '.join(repositories[:10])}")
     head = await _commit_of(wt.path, "HEAD")
     if files := [p for p in left if not p.endswith("/")]:
-        index = os.path.join(await _git_dir(wt.path), "bso-set-aside.index")
+        index = str(await git_dir(wt.path) / "bso-set-aside.index")
         try:
             await git(wt.path, "read-tree", *(["HEAD"] if head else ["--empty"]), index_file=index)
-            for start in range(0, len(files), _PATHS_PER_CALL):
-                await git(wt.path, "--literal-pathspecs", "add", "-A", "--", *files[start:start + _PATHS_PER_CALL],
-                          index_file=index)
+            for batch in _batches(files):
+                await git(wt.path, "--literal-pathspecs", "add", "-A", "--", *batch, index_file=index)
             tree = (await git(wt.path, "write-tree", index_file=index)).strip()
         finally:
             Path(index).unlink(missing_ok=True)
@@ -320,10 +346,6 @@ async def set_aside_what_a_reader_left(wt: Worktree, before: str, dispatch_id: s
         await git(wt.path, "reset", "-q", "--hard")
         await git(wt.path, "clean", "-fdq")
     return said
-
-
-async def _git_dir(wt: str) -> str:
-    return (await git(wt, "rev-parse", "--absolute-git-dir")).strip()
 
 
 async def changed_paths(wt: str) -> list[str]:
@@ -370,8 +392,8 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
             result.refused.append(path)
         else:
             left.append(path)
-    for start in range(0, len(result.refused), _PATHS_PER_CALL):  # one the agent staged stays out of every commit
-        await git(wt, "--literal-pathspecs", "reset", "-q", "--", *result.refused[start:start + _PATHS_PER_CALL])
+    for batch in _batches(result.refused):  # one the agent staged stays out of every commit
+        await git(wt, "--literal-pathspecs", "reset", "-q", "--", *batch)
 
     async def commit(path: str) -> None:
         message = commit_message(
@@ -381,21 +403,12 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
 
     if len(left) <= GATE_COMMITS_PER_FILE_UP_TO:
         for path in left:
-            # Literal: a file the agent named `:(top)` or `*` must not stage everything, secrets included.
-            if os.path.lexists(os.path.join(wt, path)):
-                await git(wt, "--literal-pathspecs", "add", "-A", "--", path)
-            else:  # deleted (`git add` refuses a path that is in neither the tree nor the index: `git rm`'d)
-                await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", path)
+            await _stage(wt, [path])
             if (await git(wt, "diff", "--cached", "--name-only")).strip():
                 await commit(path)
                 result.committed.append(path)
     else:
-        for start in range(0, len(left), _PATHS_PER_CALL):
-            batch = left[start:start + _PATHS_PER_CALL]
-            if present := [p for p in batch if os.path.lexists(os.path.join(wt, p))]:
-                await git(wt, "--literal-pathspecs", "add", "-A", "--", *present)
-            if gone := [p for p in batch if p not in present]:
-                await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", *gone)
+        await _stage(wt, left)
         staged = (await git(wt, "diff", "--cached", "--name-only", "-z")).split("\x00")
         if any(staged):
             await commit(f"{len(left)} files")
@@ -451,9 +464,10 @@ async def undo_status_file_change(wt: Worktree, status_files: list[str], *, agen
             await git(wt.path, "--literal-pathspecs", "checkout", wt.base, "--", path)
         else:  # the agent added it: the project does not track it
             await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", path)
-    message = f"bso: {', '.join(changed)} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})"
-    await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",
-              message, "--", *changed)
+    await _commit_only(
+        wt.path, f"bso: {', '.join(changed)} is BSO's to write; the {agent_type}'s change to it undone ({dispatch_id})",
+        changed,
+    )
     return True
 
 
@@ -472,9 +486,10 @@ async def move_story_file_out(wt: Worktree, story_path: str, project_story_file:
     if agents_copy.is_file() and not agents_copy.is_symlink():  # bytes as they are: a cp1252 story stays one
         write_bytes_atomic(Path(project_story_file), agents_copy.read_bytes())
     await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", story_path)
-    message = f"bso: {story_path} lives in the project's checkout; the {agent_type}'s copy moved there ({dispatch_id})"
-    await git(wt.path, *await identity_args(wt.path), "--literal-pathspecs", "commit", "-q", "--no-verify", "-m",
-              message, "--", story_path)
+    await _commit_only(
+        wt.path, f"bso: {story_path} lives in the project's checkout; the {agent_type}'s copy moved there ({dispatch_id})",
+        [story_path],
+    )
     return True
 
 
@@ -506,8 +521,7 @@ async def verify(wt: str, verification: Verification, env: dict[str, str], owner
 
 
 async def _checks_record(wt: str) -> Path:
-    """In the worktree's own git folder: nothing the agent sees or the Exit Gate could commit."""
-    return Path(wt, (await git(wt, "rev-parse", "--git-path", "bso-checks-running.json")).strip())
+    return await git_dir(wt) / "bso-checks-running.json"
 
 
 async def undo_interrupted_checks(wt: str, owner: str) -> bool:
@@ -536,8 +550,7 @@ async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:
     """The checks' own files (a junit or coverage report) are not the agent's work: left in the worktree, the
     next Exit Gate committed and merged them, and the PO gate blocked the story for a change nobody authorized."""
     new = [path for path in await changed_paths(wt) if path not in left_before]
-    for start in range(0, len(new), _PATHS_PER_CALL):  # a folder of thousands of files: within the argv limit
-        paths = new[start:start + _PATHS_PER_CALL]
+    for paths in _batches(new):
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *paths, check=False)  # what a check staged
         in_head = (await git(wt, "--literal-pathspecs", "ls-tree", "-z", "--name-only", "HEAD", "--", *paths)).split("\x00")
         if tracked := {p for p in in_head if p}:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from activities.agent_config import load_template
-from activities.git_ops import git
+from activities.git_ops import git, git_dir
 from activities.session_files import UnreadableResultFile, read_result_file, safe_name, write_json_atomic
 from bso.agent_progress import percent_of, progress_update
 from bso.messages import AgentComplete, Finding, TaskAssignment
@@ -80,13 +80,9 @@ def read_answer(a: TaskAssignment, result_file: Path, run_dir: Path, timed_out: 
     return po_complete(a, answer, f"{raw.get('message_type')} ({phase}, attempt {a.po.get('attempt', 1)})")
 
 
-async def _git_dir(wt: str) -> Path:
-    return Path((await git(wt, "rev-parse", "--absolute-git-dir")).strip())
-
-
 async def remember_diff_base(wt: str, a: TaskAssignment, before: str) -> str:
     """The commit the first implementation attempt of this gated dispatch started from (recorded once)."""
-    path = (await _git_dir(wt)) / "bso-po" / f"{safe_name(gated_id(a.dispatch_id))}.json"
+    path = (await git_dir(wt)) / "bso-po" / f"{safe_name(gated_id(a.dispatch_id))}.json"
     if path.exists():
         try:
             return str(json.loads(path.read_text(encoding="utf-8"))["base"])

@@ -51,6 +51,7 @@ from activities.git_ops import (
     ensure_worktree,
     exit_gate,
     git,
+    git_dir,
     head,
     move_story_file_out,
     set_aside_what_a_reader_left,
@@ -521,22 +522,28 @@ def _checks_owner(a: TaskAssignment) -> str:
 STORY_VALUE_FILE = "story-value.json"  # the story's value in the status file before the dispatch's agent ran
 
 
+def _noted_story_value(run_dir: Path, a: TaskAssignment) -> dict | None:
+    """This dispatch's record of the story's value, written in this workflow run; None if there is none."""
+    path = run_dir / STORY_VALUE_FILE
+    data = _read_record(path)
+    return data if data is not None and data.get("dispatch_id") == a.dispatch_id and _this_runs(data, path) else None
+
+
 async def _note_story_value(run_dir: Path, a: TaskAssignment) -> None:
     """Before the agent runs (its first run in this workflow run: a rerun after a crash keeps the first value)."""
-    path = run_dir / STORY_VALUE_FILE
-    if (data := _read_record(path)) is not None and data.get("dispatch_id") == a.dispatch_id and _this_runs(data, path):
+    if _noted_story_value(run_dir, a) is not None:
         return
     value = await asyncio.to_thread(story_value_now, a.project_root, a.status_file, a.story_key)
-    write_json_atomic(path, {"dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id, "value": value})
+    write_json_atomic(
+        run_dir / STORY_VALUE_FILE, {"dispatch_id": a.dispatch_id, "run_id": activity.info().workflow_run_id, "value": value}
+    )
 
 
 async def _story_value_set_back(run_dir: Path, a: TaskAssignment) -> Finding | None:
     """BMAD's agent workflows set their story's value in sprint-status.yaml themselves (create-story: ready-for-dev),
     where BSO alone writes it: the Slave's next write, expecting the value it left, found another and stopped the
     story (`changed under the Slave`). Such a change made while the agent ran is set back, and said."""
-    path = run_dir / STORY_VALUE_FILE
-    data = _read_record(path)
-    if data is None or data.get("dispatch_id") != a.dispatch_id or not _this_runs(data, path):
+    if (data := _noted_story_value(run_dir, a)) is None:
         return None
     before = data.get("value")
     now = await asyncio.to_thread(story_value_now, a.project_root, a.status_file, a.story_key)
@@ -641,8 +648,7 @@ def _this_runs(record: dict, path: Path) -> bool:
 async def _marker_path(wt: Worktree | None, run_dir: Path, dispatch_id: str) -> Path:
     if wt is None:
         return run_dir / "marker.json"
-    git_dir = (await git(wt.path, "rev-parse", "--absolute-git-dir")).strip()
-    path = Path(git_dir, "bso-dispatches", f"{safe_name(dispatch_id)}.json")
+    path = Path(await git_dir(wt.path), "bso-dispatches", f"{safe_name(dispatch_id)}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
