@@ -82,11 +82,13 @@ def _a_path(item: str) -> bool:
     """`src/auth/**`, `tests/`, `app.py`, `*.md`, `Makefile`: not a word of prose (`backend`, `only`, `UI`).
     A name with no `/`, `.` or `*` counts when it is capitalised the way file names are (`Makefile`,
     `Dockerfile`, `LICENSE`) and is no common word."""
-    if not item or " " in item:
+    if not item or " " in item or item.lower() in _PROSE_WORDS:
         return False
-    if any(c in item for c in "/.*"):
-        return item.rstrip(".,;:") == item or "/" in item or "*" in item  # "1.2." ends a sentence
-    return item.lower() not in _PROSE_WORDS and (item[:1].isupper() and (item[1:].islower() or item.isupper()))
+    if "/" in item or "*" in item:
+        return True
+    if "." in item:
+        return not item.endswith((".", ",", ";", ":"))  # "1.2." ends a sentence
+    return item[:1].isupper() and (item[1:].islower() or item.isupper())
 
 
 # Words a prose scope line uses that look like names of files (`UI`, `API`) or are capitalised at its start.

@@ -255,7 +255,7 @@ def test_story_parsing() -> None:
     assert parse_file_scope("File scope: src/**, Makefile, Dockerfile, LICENSE\n") == [
         "src/**", "Makefile", "Dockerfile", "LICENSE"
     ]
-    assert parse_file_scope("**Scope:** UI only\n") == []
+    assert parse_file_scope("**Scope:** UI only\n") == [] and parse_file_scope("Scope: n/a\n") == []
     assert parse_file_scope(prose + "\n## File Scope\n\n- src/\n- Makefile\n") == ["src/", "Makefile"]
 
 
