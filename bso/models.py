@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from bso.config import SprintConfig
 from bso.improvements import ImprovementRecord
@@ -40,7 +40,8 @@ class SprintInput(_Model):
     project_root: str = Field(min_length=1)
     status_file: str | None = None
     session_id: str | None = None
-    epic: int | str | None = None
+    # A bool kept as such (lax, `"epic": true` became epic 1): the Master refuses it (EPIC_NOT_A_BOOL).
+    epic: StrictBool | int | str | None = None
     story_keys: list[str] | None = None
     agent_backend: str = "simulated"
     config_overrides: Annotated[dict[str, Any], _NullAsEmpty] = Field(default_factory=dict)

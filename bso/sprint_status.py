@@ -12,7 +12,7 @@ import math
 import posixpath
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
@@ -231,10 +231,28 @@ def shared_numbers(keys: Iterable[str], fix: str = SHARED_NUMBERS_AT_START) -> s
     )
 
 
-def resolve_epic(requested: int | str, known_full_keys: list[str]) -> str:
-    """The sprint's `epic` (`2`, `"2"` or `"epic-2"`) -> `epic-2`, when the status file has a story of it.
-    An epic without stories there is a typo more often than not: it would run an empty sprint."""
-    epic = f"epic-{str(requested).removeprefix('epic-')}"
+EPIC_NOT_A_BOOL = "epic must be a number (2) or an epic's key (epic-2), not true or false"
+
+
+def epic_as_given(requested: int | str) -> str:
+    """The sprint's `epic` spelled as an epic's key, its number as given: `01` -> `epic-01`."""
+    return f"epic-{str(requested).removeprefix('epic-')}"
+
+
+def epic_numbered(requested: int | str) -> str:
+    """The sprint's `epic` as `epic_key_of` spells its stories' epic: `01` and `epic-01` -> `epic-1`, as the
+    file's stories `1-...` and `01-...` both belong to it. Not a number: as given (for the error)."""
+    number = str(requested).removeprefix("epic-")
+    if number.isascii() and number.isdigit() and len(number) <= MAX_NUMBER_DIGITS:
+        return f"epic-{int(number)}"
+    return epic_as_given(requested)
+
+
+def resolve_epic(requested: int | str, known_full_keys: list[str], *, numbered: bool = True) -> str:
+    """The sprint's `epic` (`2`, `"2"`, `"epic-2"`, `"02"`) -> `epic-2`, when the status file has a story of it.
+    An epic without stories there is a typo more often than not: it would run an empty sprint.
+    `numbered=False`: the number taken as spelled (before `02` named epic 2; workflows replaying that)."""
+    epic = epic_numbered(requested) if numbered else epic_as_given(requested)
     known = sorted({epic_key_of(k) for k in known_full_keys}, key=lambda e: int(e.removeprefix("epic-")))
     if epic not in known:
         shown = epic if epic.isprintable() else repr(epic)  # `epic-1\n` said it had no story of epic-1
@@ -738,19 +756,25 @@ _NOT_STARTED = {"backlog", "skipped"}
 _FINISHED = {"done", "skipped"}
 
 
+def epic_entry_key(keys: Collection[str], epic_key: str) -> str | None:
+    """The status file's own key for `epic-N` (`epic_key_of`'s spelling): itself, or the file's `epic-01`,
+    which names the same epic as its stories `1-...`; None when the file has no entry for the epic."""
+    if epic_key in keys:
+        return epic_key
+    number = int(epic_key.removeprefix("epic-"))
+    return next((k for k in keys if (m := EPIC_KEY_RE.match(k)) and int(m.group(1)) == number), None)
+
+
 def compute_epic_changes(values: dict[str, str], epic_key: str) -> dict[str, str]:
     """Epic transitions after a story change: backlog -> in-progress when a story started; -> done when
     all its stories are finished (done; skipped stories do not hold an epic open, but one must be done)."""
-    if epic_key not in values:
-        return {}
-    current = values[epic_key]
-    num = EPIC_KEY_RE.match(epic_key)
-    if not num:
+    entry = epic_entry_key(values, epic_key)
+    if entry is None:
         return {}
     stories = [
         v for k, v in values.items() if STORY_KEY_RE.match(k) and epic_key_of(k) == epic_key
     ]
-    return _epic_roll_up(epic_key, current, stories)
+    return _epic_roll_up(entry, values[entry], stories)
 
 
 def _epic_roll_up(epic_key: str, current: str, stories: list[str]) -> dict[str, str]:
@@ -974,11 +998,11 @@ def _fast_transition(
         return start + len(token)
 
     epic_key = epic_key_of(key)
-    epic = fast.entries.get(epic_key)
+    epic_entry = epic_entry_key(fast.entries, epic_key)
     epic_changes: dict[str, str] = {}
-    if epic is not None and EPIC_KEY_RE.match(epic_key):
+    if epic_entry is not None:
         siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
-        epic_changes = _epic_roll_up(epic_key, epic[3], siblings)
+        epic_changes = _epic_roll_up(epic_entry, fast.entries[epic_entry][3], siblings)
     for k, v in [(key, new), *epic_changes.items()]:
         line_index, start, end, _ = fast.entries[k]
         entries[k] = (line_index, start, put(line_index, start, end, v), v)  # a plain value for a plain value

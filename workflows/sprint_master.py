@@ -113,10 +113,13 @@ with workflow.unsafe.imports_passed_through():
     from bso.report import batch_errors, build_slave_result, sprint_status, undelivered_stories
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
+        EPIC_NOT_A_BOOL,
         NO_STORIES,
         NOTHING_TO_RUN,
         SETTLED_AT_START,
         UnknownEpicError,
+        epic_as_given,
+        epic_numbered,
         project_root_error,
         resolve_epic,
         resolve_story_keys,
@@ -250,6 +253,8 @@ MAX_PAUSE_REASON_CHARS = 2000  # as a decision's note
 # (bso.sprint_status.too_large_to_carry): 6,000 stories ran until the first hand-over, whose workflow task then
 # failed on every retry. Patched only where it refuses.
 PATCH_SPRINT_SIZE_BOUNDED = "master-sprint-size-bounded"
+# `"epic": true` is refused (it ran epic 1) and `"epic": "01"` names epic 1 (it named none).
+PATCH_EPIC_SPELLINGS = "master-epic-spellings"
 
 def _invalid_input(message: str) -> ApplicationError:
     return ApplicationError(message, type="InvalidSprintInput", non_retryable=True)
@@ -1000,12 +1005,17 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         else:
             stories = [s for s in snapshot.stories if s.state != StoryState.DONE]
         if inp.epic is not None:
+            if isinstance(inp.epic, bool) and workflow.patched(PATCH_EPIC_SPELLINGS):
+                raise _invalid_input(EPIC_NOT_A_BOOL)
+            requested = int(inp.epic) if isinstance(inp.epic, bool) else inp.epic  # before the patch: true was 1
+            # `01` names epic 1; before the patch it named no epic (asked only where the two differ)
+            numbered = epic_numbered(requested) == epic_as_given(requested) or workflow.patched(PATCH_EPIC_SPELLINGS)
             try:
-                epic = resolve_epic(inp.epic, [s.key for s in snapshot.stories])
+                epic = resolve_epic(requested, [s.key for s in snapshot.stories], numbered=numbered)
             except UnknownEpicError as err:
                 if workflow.patched("master-unknown-epic"):
                     raise _invalid_input(str(err)) from None
-                epic = f"epic-{str(inp.epic).removeprefix('epic-')}"  # before the patch: it selected nothing
+                epic = epic_as_given(requested)  # before the patch: it selected nothing
             stories = [s for s in stories if s.epic == epic]
         if inp.story_keys:
             try:

@@ -30,6 +30,7 @@ from workflows.delivery import PATCH_CANCELLED_SEND_IS_A_CANCEL
 from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
+    PATCH_EPIC_SPELLINGS,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_SESSION_ID_IS_WORKFLOW_ID,
     PATCH_SHARED_NUMBERS_REFUSED,
@@ -235,6 +236,10 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-27-shared-numbers/shared-numbers.json", PATCH_SHARED_NUMBERS_REFUSED),
         # An epic and a story outside it (`{"epic": 1, "story_keys": ["1-1", "2-1"]}`): it ran 1-1 alone.
         ("before-2026-11-28-outside-epic/outside-epic.json", PATCH_STORIES_OUTSIDE_EPIC_REFUSED),
+        # `"epic": true` (the temporal CLI's input): it ran epic 1.
+        ("before-2026-11-28-epic-spellings/epic-true.json", PATCH_EPIC_SPELLINGS),
+        # `"epic": "01"`: it named no epic and the sprint failed (unknown epic).
+        ("before-2026-11-28-epic-spellings/epic-01.json", PATCH_EPIC_SPELLINGS),
         # Its session_id was another running sprint's (sess-a): it ran, talking to that sprint's residents.
         ("before-2026-11-28-session-id/sess-b.json", PATCH_SESSION_ID_IS_WORKFLOW_ID),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).

@@ -22,7 +22,7 @@ from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintPhase, SprintStatus
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE, SlaveInput, StoryMeta
-from bso.sprint_status import NO_STORIES, NOTHING_TO_RUN
+from bso.sprint_status import EPIC_NOT_A_BOOL, NO_STORIES, NOTHING_TO_RUN
 from bso.summary import render_summary
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
@@ -436,6 +436,27 @@ async def test_an_unknown_epic_fails_the_sprint_instead_of_running_an_empty_one(
         failure.value.cause
     )
     assert await workflow_task_failures(ts_env.client, handle.id) == []
+
+
+async def test_an_epic_given_as_true_is_refused_and_one_spelled_01_names_epic_1(ts_env, tmp_path: Path):
+    """With the temporal CLI, `"epic": true` ran epic 1 (pydantic read true as 1), and `"epic": "01"` failed as
+    an unknown epic although the file's stories `1-...` are epic 1's."""
+    make_project(tmp_path, {K1: "review", "2-1-profile": "review"})
+    async with bso_worker(ts_env.client) as queue:
+        refused = await ts_env.client.start_workflow(
+            "SprintMasterWorkflow", {"project_root": str(tmp_path), "epic": True}, id=f"epic-true-{uuid.uuid4().hex[:6]}",
+            task_queue=queue,
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(refused.result(), 60)
+        numbered = await ts_env.client.start_workflow(
+            "SprintMasterWorkflow", {"project_root": str(tmp_path), "epic": "01"}, id=f"epic-01-{uuid.uuid4().hex[:6]}",
+            task_queue=queue,
+        )
+        report = await asyncio.wait_for(numbered.result(), 60)
+    assert EPIC_NOT_A_BOOL in str(failure.value.cause)
+    assert report["stories"] == {K1: "done"}, report
+    assert await workflow_task_failures(ts_env.client, refused.id) == []
 
 
 async def test_an_epic_with_stories_outside_it_fails_the_sprint_as_bso_refuses_it(ts_env, tmp_path: Path):
