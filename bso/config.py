@@ -62,7 +62,7 @@ class TokenBudget(_Knobs):
 
     enabled: bool = True
     limit: int = Field(2_000_000, gt=0)
-    warning_threshold: float = Field(0.7, gt=0, le=1)
+    warning_threshold: float = Field(0.7, gt=0, le=1, allow_inf_nan=False)  # NaN was "less than or equal to 1"
     action: Literal["pause_and_report", "stop"] = "pause_and_report"
 
 

@@ -313,6 +313,14 @@ def test_wrong_value_is_an_error_naming_the_knob(overrides, knob):
     assert knob in _error(overrides)
 
 
+@pytest.mark.parametrize("endless", [float("nan"), float("inf")])
+def test_a_warning_threshold_that_is_no_number_is_said_so(endless):
+    """A NaN threshold was refused as "less than or equal to 1", which it is not."""
+    assert "token_budget.warning_threshold: Input should be a finite number" in _error(
+        {"token_budget.warning_threshold": endless}
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "knob"),
     [
