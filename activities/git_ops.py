@@ -31,13 +31,16 @@ from bso.git_rules import (
     FinishStoryInput,
     FinishStoryResult,
     NOTHING_TO_MERGE,
+    REFLOG_FORMAT,
     GitRuleError,
+    checkout_moves,
     commit_message,
     is_secret_path,
     originals_ref,
     parse_porcelain,
     squash_message,
     story_branch,
+    work_outside_worktree,
 )
 
 WORKTREES_DIR = "worktrees"
@@ -886,3 +889,25 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         story_key=inp.story_key, merged=True, squashed=squashed, commit=merged_head or new_tip,
         note=f"{branch} merged" + (" (squashed)" if squashed else ""),
     )
+
+
+async def checkout_work_since(root: str, since: float, bsos_own: list[str]) -> str | None:
+    """What else happened in the user's checkout since `since` (a Unix time), said (bso.git_rules.
+    work_outside_worktree): its branch moved other than by BSO's merges, files changed and not committed
+    (but `bsos_own`: paths, or folders ending in `/`, BSO writes there itself). None: nothing did."""
+    ref = (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+    reflog = await git(root, "reflog", "show", "-n", "200", "--date=unix", f"--format={REFLOG_FORMAT}", ref or "HEAD",
+                       "--", check=False)
+    status = await git(root, "status", "--porcelain=v1", "-z", check=False)
+
+    def changed_since(path: str) -> bool:
+        try:
+            return os.lstat(os.path.join(root, path)).st_mtime >= since
+        except OSError:
+            return False  # deleted: when is not known (the user's own deletion may be older)
+
+    files = [
+        p for p in parse_porcelain(status)
+        if not any(p == own or (own.endswith("/") and p.startswith(own)) for own in bsos_own) and changed_since(p)
+    ]
+    return work_outside_worktree(ref.removeprefix("refs/heads/") or "HEAD", checkout_moves(reflog, int(since)), files)  # whole seconds

@@ -171,6 +171,44 @@ def parse_porcelain(text: str) -> list[str]:
     return paths
 
 
+# A sprint's merge of a story's branch moves the user's branch with this reflog subject (`merge bso/s/1-1: ...`).
+_BSO_MERGE_SUBJECT = "merge bso/"
+_REFLOG_TIME_RE = re.compile(r"@\{(\d+)\}\Z")
+REFLOG_FORMAT = "%h%x1f%gd%x1f%gs"  # with --date=unix: `abc1234`, `main@{1732790000}`, `commit: add login`
+
+
+def checkout_moves(reflog: str, since: int) -> list[tuple[str, str]]:
+    """(commit, reflog subject) of each move of the checkout's branch at or after `since` (a Unix time) that is
+    not a BSO merge of a story's branch, oldest first: `reflog` is `git reflog show --date=unix
+    --format=REFLOG_FORMAT <branch>` (newest first)."""
+    moves: list[tuple[str, str]] = []
+    for line in reflog.splitlines():
+        commit, _, rest = line.partition("\x1f")
+        selector, _, subject = rest.partition("\x1f")
+        if (when := _REFLOG_TIME_RE.search(selector)) is None or int(when.group(1)) < since:
+            continue
+        if not subject.startswith(_BSO_MERGE_SUBJECT):
+            moves.append((commit, subject))
+    return moves[::-1]
+
+
+def work_outside_worktree(branch: str, moves: list[tuple[str, str]], files: list[str]) -> str | None:
+    """What else happened in the user's checkout while a dev agent ran, said for its empty diff's failure: the
+    agent may have worked in $BSO_PROJECT_ROOT instead of its worktree. None: nothing did."""
+    said = []
+    if moves:
+        shown = "; ".join(f"{commit} {subject[:80]}" for commit, subject in moves[:3])
+        said.append(f"{branch} moved {len(moves)} time(s) ({shown}{'; ...' if len(moves) > 3 else ''})")
+    if files:
+        said.append(f"uncommitted changes to {', '.join(files[:5])}{', ...' if len(files) > 5 else ''}")
+    if not said:
+        return None
+    return (
+        f"meanwhile, in the project's checkout and not by BSO: {' and '.join(said)}. BSO left them as they are; "
+        "if the agent made them, it worked in $BSO_PROJECT_ROOT instead of its worktree ($BSO_WORKDIR)"
+    )
+
+
 # --- activity boundary models --------------------------------------------------------------------
 
 from pydantic import BaseModel, ConfigDict  # noqa: E402

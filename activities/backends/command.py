@@ -47,6 +47,7 @@ from activities.agent_launcher import CANCELLED_FILE, group_mark, marked_pids
 from activities.git_ops import (
     Worktree,
     back_on_story_branch,
+    checkout_work_since,
     committed_paths,
     ensure_worktree,
     exit_gate,
@@ -578,6 +579,13 @@ def _keep_earlier_transcript(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
+def _agent_started_at(run_dir: Path, run: AgentRun) -> float:
+    """When the agent of this dispatch started (a Unix time): its exit record is written as it exits."""
+    exit_file = run_dir / "exit.json"
+    ended = exit_file.stat().st_mtime if exit_file.exists() else time.time()
+    return ended - run.elapsed
+
+
 def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None, int | None] | None:
     """The agent of this dispatch already exited in an earlier attempt (its worker died while it ran, or while
     BSO checked its work): its run, the commit before it, the fix snapshot; None when it must run."""
@@ -930,6 +938,10 @@ async def _checked(
             before != wt.base and await unmerged_commits(wt.path, root)
         ):  # a rearmed story's branch may hold its work, not merged yet: a dev run that finds it done changes nothing
             failure = "dev dispatch produced no changes (empty diff)"
+            bsos_own = [*status_file_in_project(root, a.status_file), f"{SESSION_DIR}/",
+                        f"{Path(os.path.relpath(_validate(a), root)).parent.as_posix()}/"]  # story files
+            if (elsewhere := await checkout_work_since(root, _agent_started_at(run_dir, run), bsos_own)) is not None:
+                failure += f"; {elsewhere}"
         elif agents.verification.commands and (
             complete.status is AgentStatus.SUCCESS or (passing_before is not None and changed)
         ):  # a success is verified; a failed fix that committed something is still held to P20

@@ -17,7 +17,8 @@ Record into the story file at its path in the worktree), story-elsewhere (the st
 story under docs/stories/, not at $BSO_STORY_FILE), creator-sets-status (the story-creator sets its story to
 `ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
-a line naming the story to src/shared.py, a file every such story touches). $FAKE_AGENT_LEDGER:
+a line naming the story to src/shared.py, a file every such story touches), in-project-root (the dev-runner
+works, and commits, in $BSO_PROJECT_ROOT instead of its worktree). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its two children's (one started in a session of its own).
 
@@ -191,6 +192,8 @@ def main():
             result.update(scored_review(os.environ["FAKE_AGENT_REVIEW_SCORES"], int(os.environ["BSO_MODE_ROUND"]),
                                         "$approval_score" not in prompt and "at least 80" in prompt))
     elif dev and "no-changes" not in behavior:
+        if "in-project-root" in behavior:  # it works in the user's checkout, not in its worktree
+            os.chdir(os.environ["BSO_PROJECT_ROOT"])
         broken = "break-tests" in behavior or ("break-tests-in-dev" in behavior and mode == "dev")
         Path("src").mkdir(exist_ok=True)
         Path("tests").mkdir(exist_ok=True)

@@ -23,7 +23,7 @@ from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from activities.process import machine_id, run_command
 from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
-from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome
+from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome, checkout_moves, work_outside_worktree
 from bso.messages import TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType
 from tests.fake_agent.project import STORY, git, make_git_project
@@ -710,8 +710,45 @@ async def test_out_of_scope_changes_are_findings(tmp_path: Path) -> None:
 
 async def test_dev_without_changes_fails(tmp_path: Path) -> None:
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="no-changes")
+    time.sleep(1.1)  # the project's first commit, a second before the agent (git's reflog keeps whole seconds)
     done = await ActivityEnvironment().run(command.run, assignment(root))
     assert done.status is AgentStatus.FAILURE and "empty diff" in done.error
+    assert "meanwhile" not in done.error, done.error  # nothing else happened in the checkout
+
+
+@pytest.mark.parametrize("commits", [True, False], ids=["commits", "leaves-files"])
+async def test_a_dev_agent_that_works_in_the_project_root_is_told_where_its_work_is(tmp_path: Path, commits) -> None:
+    """It worked in $BSO_PROJECT_ROOT instead of its worktree, committing onto the user's branch or not: BSO said
+    only "empty diff". It now says what changed in the checkout meanwhile, BSO's own writes and merges aside,
+    and leaves it there."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="in-project-root" + ("" if commits else ",no-commit"))
+    time.sleep(1.1)  # as above
+    merged_before = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and "empty diff" in done.error, done.error
+    assert "$BSO_PROJECT_ROOT instead of its worktree" in done.error, done.error
+    if commits:
+        assert "main moved 1 time(s) (" in done.error and " commit: implement 1-1" in done.error, done.error
+        assert "uncommitted changes to src/story_1_1_" in done.error, done.error  # its last file, left
+    else:
+        assert "main moved" not in done.error and "uncommitted changes to src/, tests/" in done.error, done.error
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD~1" if commits else "HEAD"], capture_output=True, text=True)
+    assert head.stdout == merged_before  # left as it is
+
+
+def test_a_checkouts_moves_are_read_from_its_reflog_bsos_merges_and_older_ones_aside() -> None:
+    reflog = "\n".join([
+        "c3\x1fmain@{200}\x1fcommit: fix tests",
+        "m2\x1fmain@{150}\x1fmerge bso/s1/1-2-logout: Fast-forward",
+        "c1\x1fmain@{120}\x1freset: moving to HEAD~1",
+        "c0\x1fmain@{99}\x1fcommit: older than the dispatch",
+        "garbled line",
+    ])
+    assert checkout_moves(reflog, 100) == [("c1", "reset: moving to HEAD~1"), ("c3", "commit: fix tests")]
+    assert work_outside_worktree("main", [], []) is None
+    said = work_outside_worktree("main", [(f"c{i}", f"commit: {i}") for i in range(4)], [f"f{i}" for i in range(6)])
+    assert said is not None and "main moved 4 time(s) (c0 commit: 0; c1 commit: 1; c2 commit: 2; ...)" in said
+    assert "uncommitted changes to f0, f1, f2, f3, f4, ..." in said
 
 
 async def test_a_rearmed_storys_dev_run_that_finds_the_work_on_its_branch_is_not_an_empty_diff(tmp_path: Path) -> None:
