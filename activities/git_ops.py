@@ -35,9 +35,12 @@ from bso.git_rules import (
     GitRuleError,
     checkout_moves,
     commit_message,
+    index_holds,
     is_secret_path,
     originals_ref,
     parse_porcelain,
+    parse_porcelain_entries,
+    removal_staged,
     squash_message,
     story_branch,
     work_outside_worktree,
@@ -99,8 +102,13 @@ async def _stage(wt: str, paths: list[str]) -> None:
     for batch in _batches(paths):
         if present := [p for p in batch if os.path.lexists(os.path.join(wt, p))]:
             await git(wt, "--literal-pathspecs", "add", "-A", "--", *present)
-        if gone := [p for p in batch if p not in present]:
-            await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", *gone)
+        await _stage_removal(wt, [p for p in batch if p not in present])
+
+
+async def _stage_removal(wt: str, paths: list[str]) -> None:
+    """Stage only these paths' removal from the index; a file of theirs on disk is left there, unstaged."""
+    for batch in _batches(paths):
+        await git(wt, "--literal-pathspecs", "rm", "-q", "--cached", "--ignore-unmatch", "--", *batch)
 
 
 async def _commit_only(wt: str, message: str, paths: list[str]) -> None:
@@ -352,8 +360,11 @@ async def set_aside_what_a_reader_left(wt: Worktree, before: str, dispatch_id: s
 
 
 async def changed_paths(wt: str) -> list[str]:
-    out = await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
-    return parse_porcelain(out)
+    return parse_porcelain(await _status(wt))
+
+
+async def _status(wt: str) -> str:
+    return await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
 
 
 async def unmerged_commits(wt: str, project_root: str) -> int:
@@ -383,18 +394,27 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
                     dispatch_id: str) -> GateResult:
     """P32: commit what the agent left, file by file (past GATE_COMMITS_PER_FILE_UP_TO files, all in one
     commit); P21: refuse secret-looking files (left uncommitted and unstaged, and reported also when the agent
-    committed them itself; deleting one is fine). A git repository the agent left inside the worktree (a clone)
+    committed them itself; deleting or untracking one is fine: its removal is committed, a file kept on disk
+    stays out of the commits). A git repository the agent left inside the worktree (a clone)
     is not committed: it would be a gitlink without its files, which go with the worktree."""
     result = GateResult()
     identity = await identity_args(wt)
+    statuses: dict[str, list[str]] = {}
+    for status, path in parse_porcelain_entries(await _status(wt)):
+        statuses.setdefault(path, []).append(status)
     left = []
-    for path in await changed_paths(wt):
+    removals_only = set()  # the index no longer holds them: their removal is committed, never a file on disk
+    for path, codes in statuses.items():
         if path.endswith("/"):  # how git lists a repository of its own, untracked
             result.repositories.append(path.rstrip("/"))
-        elif is_secret_path(path, settings.secret_patterns) and os.path.lexists(os.path.join(wt, path)):
+            continue
+        secret = is_secret_path(path, settings.secret_patterns)
+        if secret and await _would_commit_secret_content(wt, path, codes):
             result.refused.append(path)
-        else:
-            left.append(path)
+            continue
+        left.append(path)
+        if secret or removal_staged(codes):  # `git rm --cached`: `git add` would track the file again
+            removals_only.add(path)
     for batch in _batches(result.refused):  # one the agent staged stays out of every commit
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *batch)
 
@@ -406,16 +426,16 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
 
     if len(left) <= GATE_COMMITS_PER_FILE_UP_TO:
         for path in left:
-            await _stage(wt, [path])
-            if (await git(wt, "diff", "--cached", "--name-only")).strip():
+            await (_stage_removal if path in removals_only else _stage)(wt, [path])
+            if staged := await _staged(wt):  # with what the agent staged itself (a removal, say)
                 await commit(path)
-                result.committed.append(path)
+                result.committed.extend(p for p in staged if p not in result.committed)
     else:
-        await _stage(wt, left)
-        staged = (await git(wt, "diff", "--cached", "--name-only", "-z")).split("\x00")
-        if any(staged):
+        await _stage(wt, [p for p in left if p not in removals_only])
+        await _stage_removal(wt, [p for p in left if p in removals_only])
+        if staged := await _staged(wt):
             await commit(f"{len(left)} files")
-            result.committed.extend(p for p in staged if p)
+            result.committed.extend(staged)
     raw = (await git(wt, "diff", "--raw", "-z", "--no-abbrev", "--no-renames", since, "HEAD")).split("\x00")
     submodules = None
     for meta, path in zip(raw[0::2], raw[1::2]):  # ":old new old-sha new-sha status", then the path
@@ -432,6 +452,37 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         if fields[4] != "D" and is_secret_path(path, settings.secret_patterns) and path not in result.refused:
             result.refused.append(path)
     return result
+
+
+async def _would_commit_secret_content(wt: str, path: str, statuses: list[str]) -> bool:
+    """Would committing this secret-looking path put content into the branch? Decided on the index, not the disk:
+    a file the index no longer holds (`git rm --cached key.pem`, maybe listed in .gitignore then) is the agent
+    taking the secret out of the repository, its file kept on disk, unless those bytes are not the ones the
+    repository last had there (a new key written after the untracking). A file gone from the disk is a removal."""
+    on_disk = os.path.join(wt, path)
+    if not os.path.lexists(on_disk):
+        return False
+    if index_holds(statuses) or os.path.islink(on_disk) or not os.path.isfile(on_disk):
+        return True
+    committed = await _last_committed_content(wt, path)
+    return committed is None or (await git(wt, "hash-object", "--", path)).strip() != committed
+
+
+async def _staged(wt: str) -> list[str]:
+    return [p for p in (await git(wt, "diff", "--cached", "--name-only", "-z")).split("\x00") if p]
+
+
+async def _last_committed_content(wt: str, path: str) -> str | None:
+    """The blob `path` last had in HEAD's history: in HEAD, or before the commit that removed it; None if never."""
+    if in_head := await _blob_of(wt, f"HEAD:{path}"):
+        return in_head
+    removed_by = (await git(wt, "--literal-pathspecs", "log", "-1", "--format=%H", "--diff-filter=D", "HEAD", "--",
+                            path)).strip()
+    return await _blob_of(wt, f"{removed_by}^:{path}") if removed_by else None
+
+
+async def _blob_of(wt: str, rev_and_path: str) -> str | None:
+    return (await git(wt, "rev-parse", "--verify", "--quiet", rev_and_path, check=False)).strip() or None
 
 
 def status_file_in_project(project_root: str, status_file: str | None) -> list[str]:

@@ -156,7 +156,13 @@ def squash_message(template: str, *, story_key: str, title: str) -> str:
 
 def parse_porcelain(text: str) -> list[str]:
     """Paths of `git status --porcelain=v1 -z` output (renames give the new path)."""
-    paths: list[str] = []
+    return [path for _, path in parse_porcelain_entries(text)]
+
+
+def parse_porcelain_entries(text: str) -> list[tuple[str, str]]:
+    """Each entry of `git status --porcelain=v1 -z` output: its `XY` status (the index's, then the worktree's)
+    and its path (renames give the new path). One path may have two: `D ` and `??` after `git rm --cached`."""
+    found: list[tuple[str, str]] = []
     entries = text.split("\x00")
     i = 0
     while i < len(entries):
@@ -165,10 +171,21 @@ def parse_porcelain(text: str) -> list[str]:
         if len(entry) < 4:
             continue
         status, path = entry[:2], entry[3:]
-        paths.append(path)
+        found.append((status, path))
         if "R" in status or "C" in status:
             i += 1  # the original path follows
-    return paths
+    return found
+
+
+def index_holds(statuses: list[str]) -> bool:
+    """Does the index hold the file of these `git status` entries? Not one only untracked (`??`) or whose
+    removal is staged (`D `: `git rm`, `git rm --cached`)."""
+    return any(status != "??" and status[0] != "D" for status in statuses)
+
+
+def removal_staged(statuses: list[str]) -> bool:
+    """Is the file's removal from the index staged (`git rm`, `git rm --cached`, its file kept on disk or not)?"""
+    return "D " in statuses
 
 
 # A sprint's merge of a story's branch moves the user's branch with this reflog subject (`merge bso/s/1-1: ...`).

@@ -26,11 +26,14 @@ from bso.agent_profiles import (
 )
 from bso.git_rules import (
     GitRuleError,
+    index_holds,
     is_secret_path,
     out_of_scope,
     parse_acceptance_criteria,
     parse_file_scope,
     parse_porcelain,
+    parse_porcelain_entries,
+    removal_staged,
     squash_message,
     story_branch,
 )
@@ -240,6 +243,10 @@ def test_git_rules() -> None:
         "feat: Story 3.2: Chunk manager"
     )
     assert parse_porcelain(" M a.py\x00?? b/c.py\x00R  new.py\x00old.py\x00") == ["a.py", "b/c.py", "new.py"]
+    # `git rm --cached key.pem`: two entries for one path, the index holds no file of it.
+    assert parse_porcelain_entries("D  key.pem\x00?? key.pem\x00") == [("D ", "key.pem"), ("??", "key.pem")]
+    assert not index_holds(["D ", "??"]) and removal_staged(["D ", "??"])
+    assert index_holds([" M"]) and index_holds(["A "]) and index_holds([" D"]) and not removal_staged([" D", "??"])
 
 
 def test_story_parsing() -> None:

@@ -251,6 +251,74 @@ async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -
     assert not (root / "config" / "test.pem").exists()
 
 
+async def test_untracking_a_committed_key_is_no_secret_to_refuse_and_its_file_stays_out(tmp_path: Path) -> None:
+    """`git rm --cached key.pem` (the file kept on disk, then listed in .gitignore) was refused as a secret, the
+    gate deciding on the disk, and its `git reset` put the key back in the index: the story could never take the
+    key out of the repository. A key written anew, or changed while tracked, is still refused."""
+    root = dev_project(tmp_path)
+    (root / "key.pem").write_text("-----BEGIN PRIVATE KEY----- old\n")
+    (root / "config.pem").write_text("-----BEGIN PRIVATE KEY----- kept\n")
+    git(root, "add", "-f", "key.pem", "config.pem")
+    git(root, "commit", "-qm", "keys, committed long ago")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    settings = GitSettings()
+
+    async def gate():
+        return await git_ops.exit_gate(wt.path, settings, since=git(wt.path, "rev-parse", "HEAD").strip(),
+                                       agent_type="dev-runner", story_key=STORY, dispatch_id="s1/batch-1/1-1/1")
+
+    git(wt.path, "rm", "-q", "--cached", "key.pem", "config.pem")
+    (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nkey.pem\n")  # config.pem: left untracked
+    done = await gate()
+    assert done.refused == [] and sorted(done.committed) == [".gitignore", "config.pem", "key.pem"], done
+    assert git(wt.path, "ls-files", "key.pem", "config.pem") == ""
+    assert (Path(wt.path) / "key.pem").read_text() == "-----BEGIN PRIVATE KEY----- old\n"
+    assert git(wt.path, "status", "--porcelain").splitlines() == ["?? config.pem"]
+    # The next dispatch's gate finds the untracked key as it was: nothing new, nothing refused.
+    (Path(wt.path) / "work.py").write_text("x = 1\n")
+    assert (await gate()).refused == []
+    # A new key where the old one was, or a tracked one changed: refused, never committed.
+    (Path(wt.path) / "config.pem").write_text("-----BEGIN PRIVATE KEY----- new\n")
+    (Path(wt.path) / "run_checks.py").unlink()
+    assert (await gate()).refused == ["config.pem"]
+    assert "config.pem" not in git(wt.path, "ls-files")
+    done = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY)
+    )
+    assert done.merged, done
+    assert git(root, "ls-files", "key.pem", "config.pem") == ""
+
+
+async def test_a_file_untracked_and_ignored_by_the_agent_stays_untracked(tmp_path: Path) -> None:
+    """`git rm --cached build.log` and build.log in .gitignore: the gate's `git add` of the path, ignored now,
+    failed the gate (every attempt); where it was not ignored, the gate tracked it again."""
+    root = dev_project(tmp_path)
+    for name in ("build.log", "notes.txt"):
+        (root / name).write_text("kept\n")
+    git(root, "add", "build.log", "notes.txt")
+    git(root, "commit", "-qm", "logs")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "--cached", "build.log", "notes.txt")
+    (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nbuild.log\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert sorted(gate.committed) == [".gitignore", "build.log", "notes.txt"], gate
+    assert git(wt.path, "ls-files", "build.log", "notes.txt") == ""
+    assert (Path(wt.path) / "build.log").exists() and (Path(wt.path) / "notes.txt").exists()
+
+
+async def test_a_tracked_key_changed_then_untracked_or_staged_is_refused(tmp_path: Path) -> None:
+    root = dev_project(tmp_path)
+    (root / "key.pem").write_text("-----BEGIN PRIVATE KEY----- old\n")
+    git(root, "add", "-f", "key.pem")
+    git(root, "commit", "-qm", "a key")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "key.pem").write_text("-----BEGIN PRIVATE KEY----- new\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.refused == ["key.pem"] and git(wt.path, "rev-parse", "HEAD").strip() == wt.base
+
+
 async def test_a_repository_the_agent_left_in_the_worktree_is_not_committed_as_a_gitlink(tmp_path: Path) -> None:
     """A clone or `git init` inside the worktree: the gate committed a gitlink with no .gitmodules, the story
     merged, the worktree went with the track, and the repository's files with it."""
