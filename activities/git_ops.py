@@ -883,6 +883,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # A branch still at the base carries nothing of its own: never "already merged" (it is an ancestor of
     # anything built on the base), which would clear the track of a story whose work never arrived.
     if tip != base and await _is_ancestor(root, tip, "HEAD"):
+        _put_back_untracked(root, _untracked_aside(root, inp.session_id, inp.story_key))  # a crash after the merge
         return FinishStoryResult(story_key=inp.story_key, merged=True, squashed=squashed_before, commit=tip,
                                  note="already merged")
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
@@ -918,6 +919,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             await git(root, "update-ref", f"refs/heads/{branch}", squash_commit, tip)
             squashed, restore_on_conflict = True, tip
     new_tip = (await git(root, "rev-parse", branch)).strip()
+    aside = _untracked_aside(root, inp.session_id, inp.story_key)
+    await _set_aside_files_the_story_untracked(root, path, base, new_tip, aside)
     merged_ff = False
     if settings.merge == "ff":
         ff = await _past_index_lock(root, "merge", "--ff-only", "-q", branch)
@@ -928,6 +931,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         )
         if merge.returncode != 0:
             await _past_index_lock(root, "merge", "--abort")
+            _put_back_untracked(root, aside)  # (still in the checkout: the copies set aside go)
             if squashed:  # the original commits stay (P28)
                 await git(root, "update-ref", f"refs/heads/{branch}", restore_on_conflict, new_tip)
             return FinishStoryResult(
@@ -936,9 +940,14 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
                 note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
             )
     merged_head = (await head(root)).strip()
+    kept = _put_back_untracked(root, aside)
+    if kept:
+        activity.logger.info("%s untracked %s, kept on disk: put back in the checkout after the merge",
+                             inp.story_key, ", ".join(kept))
     return FinishStoryResult(
         story_key=inp.story_key, merged=True, squashed=squashed, commit=merged_head or new_tip,
-        note=f"{branch} merged" + (" (squashed)" if squashed else ""),
+        note=f"{branch} merged" + (" (squashed)" if squashed else "")
+        + (f"; untracked by the story, kept on disk: {', '.join(kept[:10])}" if kept else ""),
     )
 
 
@@ -962,3 +971,47 @@ async def checkout_work_since(root: str, since: float, bsos_own: list[str]) -> s
         if not any(p == own or (own.endswith("/") and p.startswith(own)) for own in bsos_own) and changed_since(p)
     ]
     return work_outside_worktree(ref.removeprefix("refs/heads/") or "HEAD", checkout_moves(reflog, int(since)), files)  # whole seconds
+
+
+def _untracked_aside(root: str, session_id: str, story_key: str) -> Path:
+    return session_path(root, "git", "untracked", safe_name(session_id), story_key)
+
+
+async def _set_aside_files_the_story_untracked(root: str, worktree: Path, base: str, tip: str, aside: Path) -> None:
+    """The files the story's commits remove that its worktree still holds on disk (`git rm --cached key.pem`,
+    then .gitignore): the agent took them out of the repository, not off the disk, and the merge would delete
+    the checkout's copies. Each is linked (else copied) into `aside` before the merge, to be put back after it.
+    (A file removed from the disk too, `git rm`, goes from the checkout as well.)"""
+    if not (worktree / ".git").exists():
+        return
+    removed = await git(root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=D", base, tip)
+    for name in filter(None, removed.split("\x00")):
+        kept, ours = worktree / name, Path(root, name)
+        if not (kept.is_file() and not kept.is_symlink() and ours.is_file() and not ours.is_symlink()):
+            continue
+        copy = aside / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.unlink(missing_ok=True)
+        try:
+            os.link(ours, copy)  # the same bytes and mode, at no cost: git's merge unlinks the checkout's name
+        except OSError:
+            shutil.copy2(ours, copy)
+
+
+def _put_back_untracked(root: str, aside: Path) -> list[str]:
+    """The files set aside before the merge that it deleted from the checkout go back there; the others' copies
+    go. Which were put back."""
+    if not aside.is_dir():
+        return []
+    put_back = []
+    for copy in sorted(p for p in aside.rglob("*") if p.is_file()):
+        name = copy.relative_to(aside).as_posix()
+        target = Path(root, name)
+        if os.path.lexists(target):  # the merge did not take it (it failed), or it is there again
+            copy.unlink()
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(copy, target)
+        put_back.append(name)
+    shutil.rmtree(aside, ignore_errors=True)
+    return put_back

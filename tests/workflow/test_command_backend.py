@@ -287,6 +287,10 @@ async def test_untracking_a_committed_key_is_no_secret_to_refuse_and_its_file_st
     )
     assert done.merged, done
     assert git(root, "ls-files", "key.pem", "config.pem") == ""
+    # Untracked, not deleted: the merge took the checkout's copies away, BSO put them back.
+    assert (root / "key.pem").read_text() == "-----BEGIN PRIVATE KEY----- old\n"
+    assert (root / "config.pem").read_text() == "-----BEGIN PRIVATE KEY----- kept\n"
+    assert "kept on disk: config.pem, key.pem" in done.note, done.note
 
 
 async def test_a_file_untracked_and_ignored_by_the_agent_stays_untracked(tmp_path: Path) -> None:
