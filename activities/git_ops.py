@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent_launcher import signal_marked, write_bytes_atomic
-from activities.process import Finished, heartbeating, run_command
+from activities.process import Finished, heartbeating, processes_using, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
 from bso.models import DEFAULT_STATUS_FILE
@@ -598,6 +598,29 @@ async def undo_interrupted_checks(wt: str, owner: str) -> bool:
         await _undo_what_checks_left(wt, {str(p) for p in left_before})
     record.unlink(missing_ok=True)
     return True
+
+
+async def remove_stale_index_lock(wt: str) -> Path | None:
+    """An index.lock in the worktree's git folder that no living process can hold: a git killed with SIGKILL (its
+    worker, or the agent, killed hard in the middle of a `git add`) left it, and every git that writes the index
+    failed on it, attempt after attempt. Called before a dispatch works in the worktree, once its earlier
+    attempts' processes are killed (on a first attempt too: an earlier dispatch may have left it). The lock goes
+    only when procfs shows no live process working in the worktree or its git folder (a git run there, `-C` or
+    from a shell, has its directory there) nor holding the lock open (a git run from elsewhere with --git-dir):
+    git holds it only while running, so a lock none of them holds is nobody's. Without procfs nothing tells:
+    it stays. The lock removed, if one was."""
+    folder = await git_dir(wt)
+    lock = folder / "index.lock"
+    if not lock.exists():
+        return None
+    users = processes_using([Path(wt), folder], lock)
+    if users is None or users:
+        activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
+                                users if users is not None else "unknown, no procfs")
+        return None
+    lock.unlink(missing_ok=True)
+    activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+    return lock
 
 
 async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:

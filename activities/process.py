@@ -68,6 +68,37 @@ def kill_group_now(pgid: int, mark: str | None = None) -> None:
         time.sleep(0.2)
 
 
+def processes_using(dirs: list[Path], file: Path) -> list[int] | None:
+    """The live processes (by procfs) working in one of `dirs` (their working directory in it) or holding `file`
+    open, this one aside; None where there is no procfs to tell (macOS). Another user's processes are unreadable,
+    and never ours to wait for (as agent_launcher.marked_pids)."""
+    if not Path("/proc/self").exists():
+        return None
+    roots = [os.path.realpath(d) for d in dirs]
+    target = os.path.realpath(file)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        if (cwd := _link(f"/proc/{name}/cwd")) is None:  # gone, not ours, or a zombie (it holds nothing)
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            fds = []
+        holds = any(_link(f"/proc/{name}/fd/{fd}") == target for fd in fds)  # (one closed meanwhile: None)
+        if holds or any(cwd == root or cwd.startswith(root + os.sep) for root in roots):
+            found.append(int(name))
+    return found
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
 @dataclass
 class Finished:
     returncode: int | None

@@ -55,6 +55,7 @@ from activities.git_ops import (
     git_dir,
     head,
     move_story_file_out,
+    remove_stale_index_lock,
     set_aside_what_a_reader_left,
     status_file_in_project,
     undo_interrupted_checks,
@@ -740,6 +741,13 @@ async def run(a: TaskAssignment) -> AgentComplete:
         await _await_other_host(elsewhere, run_dir, agents, beat_env, a.dispatch_id, timeout)
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
+    found_before: list[Finding] = []  # what BSO set right in the worktree before the agent
+    if wt is not None and (lock := await remove_stale_index_lock(wt.path)) is not None:
+        found_before.append(Finding(
+            severity=Severity.LOW, file=os.path.relpath(lock, root),
+            summary="a git killed in the middle of its work (an earlier attempt's, or the agent's) left the "
+                    "worktree's index.lock, which no process held: removed",
+        ))
     checks_owner = _checks_owner(a)
     if wt is not None and await undo_interrupted_checks(wt.path, checks_owner):
         activity.logger.warning("dispatch %s: BSO's checks were cut short in %s; what they left is undone",
@@ -864,7 +872,7 @@ async def run(a: TaskAssignment) -> AgentComplete:
     async with _beating(a, CHECKING_PHASE, "BSO checking the agent's work", _beat_every(agents)):
         return await _checked(
             a, profile, agents, env, wt, root, run_dir, marker, result_file, run, timeout, before,
-            passing_before, scope, verification_file, po_base,
+            passing_before, scope, verification_file, po_base, found_before,
         )
 
 
@@ -872,7 +880,7 @@ async def _checked(
     a: TaskAssignment, profile: ResolvedProfile, agents: AgentsFile, env: dict[str, str], wt: Worktree | None,
     root: str, run_dir: Path, marker: Path, result_file: Path, run: AgentRun, timeout: float,
     before: str | None, passing_before: int | None, scope: list[str], verification_file: Path,
-    po_base: str | None,
+    po_base: str | None, found_before: list[Finding],
 ) -> AgentComplete:
     """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
     checks = agents.verification
@@ -884,7 +892,7 @@ async def _checked(
         _redact_file(written, env)
     usage = token_use(stdout)
     cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
-    findings = list(complete.findings)
+    findings = [*complete.findings, *found_before]
     if (set_back := await _story_value_set_back(run_dir, a)) is not None:
         findings.append(set_back)
     failure: str | None = None

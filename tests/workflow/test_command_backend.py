@@ -25,7 +25,7 @@ from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
 from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome, checkout_moves, work_outside_worktree
 from bso.messages import TaskAssignment
-from bso.states import AgentMode, AgentStatus, AgentType
+from bso.states import AgentMode, AgentStatus, AgentType, Severity
 from tests.fake_agent.project import STORY, git, make_git_project
 from tests.workflow.helpers import poll_until
 
@@ -525,6 +525,45 @@ async def test_a_lock_another_git_process_holds_at_the_worktrees_creation_is_ret
     lock.unlink()  # the other process is done
     wt = await ensure_worktree(str(root), "s1", STORY)
     assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == f"bso/s1/{STORY}"
+
+
+async def test_a_stale_index_lock_in_the_worktree_is_removed_and_said(tmp_path: Path) -> None:
+    """A git killed with SIGKILL (its worker or the agent killed hard in the middle of a `git add`) left the
+    worktree's index.lock: every attempt after it failed on it, the agent's git and the Exit Gate's alike."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = Path(git(wt.path, "rev-parse", "--absolute-git-dir").strip(), "index.lock")
+    lock.write_bytes(b"")  # as git left it
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert not lock.exists()
+    [said] = [f for f in done.findings if "index.lock" in f.summary]
+    assert said.severity is Severity.LOW and said.file == os.path.relpath(lock, root)
+
+
+async def test_an_index_lock_a_live_process_may_hold_is_left_alone(tmp_path: Path) -> None:
+    """A git still running holds its lock: one working in the worktree (its directory there), or one holding the
+    lock open from elsewhere (--git-dir). Only once none is left does the lock go."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = Path(git(wt.path, "rev-parse", "--absolute-git-dir").strip(), "index.lock")
+    lock.write_bytes(b"")
+    holding = "import sys, time; f = open(sys.argv[1], 'rb'); print('held', flush=True); time.sleep(60)"
+    working_there = subprocess.Popen(["sleep", "60"], cwd=Path(wt.path, "_bmad-output"))
+    holding_open = subprocess.Popen([sys.executable, "-c", holding, str(lock)], cwd=tmp_path, stdout=subprocess.PIPE)
+    try:
+        assert holding_open.stdout.readline() == b"held\n"
+        for still_running in (working_there, holding_open):
+            assert await ActivityEnvironment().run(git_ops.remove_stale_index_lock, wt.path) is None
+            assert lock.exists()
+            still_running.kill()
+            still_running.wait()
+    finally:
+        for process in (working_there, holding_open):
+            process.kill()
+            process.wait()
+    assert await ActivityEnvironment().run(git_ops.remove_stale_index_lock, wt.path) == lock
+    assert not lock.exists()
 
 
 @pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch", "sprint-branch"])
