@@ -7,6 +7,7 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -525,26 +526,89 @@ async def undo_status_file_change(wt: Worktree, status_files: list[str], *, agen
     return True
 
 
+@dataclass
+class StoryFileMoved:
+    """The agent's story file went to the checkout's copy: the text that copy had before is kept under `kept_as`
+    (None: the checkout had none)."""
+
+    kept_as: str | None
+    written: str  # sha256 of the bytes written to the checkout
+
+
+def story_file_before_ref(dispatch_id: str) -> str:
+    return f"{left_ref(dispatch_id)}/story-file"
+
+
 async def move_story_file_out(wt: Worktree, story_path: str, project_story_file: str, *, agent_type: str,
-                              dispatch_id: str) -> bool:
+                              dispatch_id: str) -> StoryFileMoved | None:
     """BMAD's dev-story updates the story file (Status, Dev Agent Record, File List). One the project does not
     track (BSO's story-creator wrote it in the checkout) that the agent wrote in its worktree instead, at the
     same path, would be merged over the checkout's untracked copy: git refuses that, and the story's work
     stayed unmerged. Its text goes to the checkout's copy; the worktree's is removed by a commit of its own.
-    True when it was moved."""
+    The checkout's text from before, which nothing else keeps (the copy is untracked), is kept first under
+    story_file_before_ref. None when nothing was moved."""
     if (await git(wt.path, "ls-tree", "--name-only", wt.base, "--", story_path)).strip():
-        return False  # tracked: merged as any other file
+        return None  # tracked: merged as any other file
     if not (await git(wt.path, "--literal-pathspecs", "ls-tree", "--name-only", "HEAD", "--", story_path)).strip():
-        return False
+        return None
     agents_copy = Path(wt.path, story_path)  # as committed (by the Exit Gate, or by the agent)
+    kept_as, written = None, ""
     if agents_copy.is_file() and not agents_copy.is_symlink():  # bytes as they are: a cp1252 story stays one
-        write_bytes_atomic(Path(project_story_file), agents_copy.read_bytes())
+        kept_as = await _keep_story_text(wt, story_path, Path(project_story_file), dispatch_id)
+        text = agents_copy.read_bytes()
+        write_bytes_atomic(Path(project_story_file), text)
+        written = hashlib.sha256(text).hexdigest()
     await git(wt.path, "--literal-pathspecs", "rm", "-q", "-f", "--", story_path)
     await _commit_only(
         wt.path, f"bso: {story_path} lives in the project's checkout; the {agent_type}'s copy moved there ({dispatch_id})",
         [story_path],
     )
+    return StoryFileMoved(kept_as, written)
+
+
+async def _keep_story_text(wt: Worktree, story_path: str, checkouts_copy: Path, dispatch_id: str) -> str | None:
+    """The checkout's story file as a commit of that one file under story_file_before_ref (`git show
+    <ref>:<path>`); a retry keeps the first (by then the checkout holds the agent's text). The ref, if kept."""
+    ref = story_file_before_ref(dispatch_id)
+    if await _commit_of(wt.path, ref) is not None:
+        return ref
+    if not checkouts_copy.is_file() or checkouts_copy.is_symlink():
+        return None
+    blob = (await git(wt.path, "hash-object", "-w", "--no-filters", "--", str(checkouts_copy))).strip()
+    index = str(await git_dir(wt.path) / "bso-story-file.index")
+    try:
+        await git(wt.path, "read-tree", "--empty", index_file=index)
+        await git(wt.path, "update-index", "--add", "--cacheinfo", f"100644,{blob},{story_path}", index_file=index)
+        tree = (await git(wt.path, "write-tree", index_file=index)).strip()
+    finally:
+        Path(index).unlink(missing_ok=True)
+    kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree, "-m",
+                      f"bso: {story_path} in the checkout before the agent's copy replaced it ({dispatch_id})")
+            ).strip().splitlines()[-1]
+    await git(wt.path, "update-ref", ref, kept)
+    return ref
+
+
+async def put_story_text_back(wt: Worktree, story_path: str, project_story_file: str, moved: StoryFileMoved) -> bool:
+    """The work the agent's story text describes was rolled back: the checkout's copy gets its text from before
+    again, unless someone changed it since it was written. Whether it was put back."""
+    copy = Path(project_story_file)
+    if moved.kept_as is None or not copy.is_file() or hashlib.sha256(copy.read_bytes()).hexdigest() != moved.written:
+        return False
+    write_bytes_atomic(copy, await _blob_bytes(wt.path, f"{moved.kept_as}:{story_path}"))
     return True
+
+
+async def _blob_bytes(cwd: str, rev: str) -> bytes:
+    """A blob as it is (git() decodes its output: a cp1252 story would lose its bytes)."""
+    proc = await asyncio.create_subprocess_exec(
+        *git_argv(cwd, "cat-file", "blob", rev), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise GitError(f"git cat-file blob {rev} failed ({proc.returncode}): {err.decode(errors='replace')[-800:]}")
+    return out
 
 
 @dataclass

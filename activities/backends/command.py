@@ -55,6 +55,7 @@ from activities.git_ops import (
     git_dir,
     head,
     move_story_file_out,
+    put_story_text_back,
     remove_stale_index_lock,
     set_aside_what_a_reader_left,
     status_file_in_project,
@@ -924,12 +925,16 @@ async def _checked(
                 severity=Severity.LOW, summary="changed the status file, which BSO alone writes: the change was undone",
                 file=status_files[0],
             ))
-        if await move_story_file_out(
-            wt, Path(a.story_path).as_posix(), _validate(a), agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
-        ):
+        story_path = Path(a.story_path).as_posix()
+        moved = await move_story_file_out(
+            wt, story_path, _validate(a), agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
+        )
+        if moved is not None:
+            kept = f" (its text before: `git show {moved.kept_as}:{story_path}`)" if moved.kept_as else ""
             findings.append(Finding(
                 severity=Severity.LOW, file=a.story_path,
-                summary="wrote the story file in its worktree, where the project does not track it: moved to the project's checkout",
+                summary="wrote the story file in its worktree, where the project does not track it: moved to the "
+                        f"project's checkout{kept}",
             ))
         changed = await committed_paths(wt.path, po_base or before)  # PO fix attempts: since the first
         for path in out_of_scope(changed, scope):  # P19
@@ -963,9 +968,13 @@ async def _checked(
             passing_after = count_passed(checked.output, checks.passed_pattern)
             if passing_before is not None and (passing_after or 0) < passing_before:
                 await git(wt.path, "reset", "-q", "--hard", before)  # P20: roll the fix back
+                # The story text the agent wrote tells of the work just rolled back: the text before goes back.
+                story_back = moved is not None and await put_story_text_back(wt, story_path, _validate(a), moved)
                 failure = (
                     f"fix snapshot (P20): passing tests fell from {passing_before} to {passing_after or 0}; "
-                    f"the fix was rolled back to {before[:12]}. " + (failure or complete.error or "")
+                    f"the fix was rolled back to {before[:12]}"
+                    + (", the story file's text to its text before the fix" if story_back else "") + ". "
+                    + (failure or complete.error or "")
                 )
                 failure_type = VERIFICATION_FAILED
 

@@ -1745,3 +1745,37 @@ async def test_a_story_file_moved_out_of_the_worktree_keeps_its_bytes(tmp_path: 
     assert await git_ops.move_story_file_out(wt, STORY_PATH, str(story), agent_type="dev-runner", dispatch_id="d1")
     assert story.read_bytes() == b"# Story 1.1: Caf\xe9\n\n## Dev Agent Record\n"
     assert STORY_PATH not in git(wt.path, "ls-files")
+
+
+async def test_the_checkouts_story_text_the_agents_copy_replaced_is_kept(tmp_path: Path) -> None:
+    """The agent's story file went over the checkout's copy, which the project does not track: the text before
+    (the story-creator's, an earlier dispatch's) was lost, whatever became of the dispatch after."""
+    root = dev_project(tmp_path)
+    story = root / STORY_PATH
+    before = b"# Story 1.1: Caf\xe9, as the story-creator wrote it\n"
+    story.write_bytes(before)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    agents_copy = Path(wt.path, STORY_PATH)
+    agents_copy.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in (1, 2):  # a retry (a crash before its commit): the text before is the first one kept
+        agents_copy.write_bytes(b"## Dev Agent Record %d\n" % attempt)
+        git(wt.path, "add", STORY_PATH)
+        git(wt.path, "commit", "-qm", "the story, written in the worktree")
+        moved = await git_ops.move_story_file_out(wt, STORY_PATH, str(story), agent_type="dev-runner", dispatch_id="d1")
+        assert moved is not None and moved.kept_as == git_ops.story_file_before_ref("d1")
+        assert story.read_bytes() == b"## Dev Agent Record %d\n" % attempt
+        shown = subprocess.run(["git", "-C", str(root), "show", f"{moved.kept_as}:{STORY_PATH}"], capture_output=True)
+        assert shown.stdout == before
+
+
+async def test_a_fix_rolled_back_has_the_story_files_text_from_before_it_put_back(tmp_path: Path) -> None:
+    """P20 rolled the fix back, but the story file in the checkout kept the fix's Dev Agent Record: it told of
+    work the branch no longer holds."""
+    fix, wt, after_dev = await _fix_after_a_passing_dev(tmp_path, "break-tests,story-in-worktree")
+    root = tmp_path / "proj"
+    assert fix.status is AgentStatus.FAILURE and "rolled back" in fix.error, fix.error
+    assert "the story file's text to its text before the fix" in fix.error, fix.error
+    assert git(wt, "rev-parse", "HEAD").strip() == after_dev
+    assert (root / STORY_PATH).read_text() == STORY_TEXT
+    [moved] = [f for f in fix.findings if f.file == STORY_PATH]
+    assert git_ops.story_file_before_ref(assignment(root, n=2).dispatch_id) in moved.summary
