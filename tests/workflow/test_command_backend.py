@@ -1779,3 +1779,31 @@ async def test_a_fix_rolled_back_has_the_story_files_text_from_before_it_put_bac
     assert (root / STORY_PATH).read_text() == STORY_TEXT
     [moved] = [f for f in fix.findings if f.file == STORY_PATH]
     assert git_ops.story_file_before_ref(assignment(root, n=2).dispatch_id) in moved.summary
+
+
+async def test_a_file_the_story_untracked_is_put_back_by_a_finish_retried_after_its_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker dies after the merge deleted the checkout's copy, before it was put back: the retry, finding
+    the story merged, puts it back."""
+    root = dev_project(tmp_path)
+    (root / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    git(root, "add", "-f", "key.pem")
+    git(root, "commit", "-qm", "a key")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "--cached", "key.pem")
+    (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nkey.pem\n")
+    await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                            dispatch_id="s1/batch-1/1-1/1")
+    put_back = git_ops._put_back_untracked
+
+    def worker_killed(root: str, aside: Path) -> list[str]:
+        raise RuntimeError("the worker is killed")
+
+    monkeypatch.setattr(git_ops, "_put_back_untracked", worker_killed)
+    with pytest.raises(RuntimeError):
+        await finish(root)
+    assert not (root / "key.pem").exists()
+    monkeypatch.setattr(git_ops, "_put_back_untracked", put_back)
+    done = await finish(root)
+    assert done.merged and (root / "key.pem").read_text() == "-----BEGIN PRIVATE KEY-----\n", done
