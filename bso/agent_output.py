@@ -2,7 +2,8 @@
 
 The agent is asked to write AGENT_COMPLETE as JSON to `$BSO_RESULT_FILE`. Where it did not, the CLI's
 own final JSON output is searched: Claude Code's `result` text, Codex's last `agent_message`, Gemini's
-`response`, or any JSON object in plain text that carries `"status"`.
+`response`, or any JSON object in plain text that carries `"status"`, except the prompt's own (its example
+AGENT_COMPLETE, which a CLI that echoes its prompt prints).
 
 Token use comes from the CLI's JSON: Claude Code (`usage.input_tokens`, `output_tokens`,
 `cache_creation_input_tokens`, `cache_read_input_tokens`), Codex (`turn.completed` events:
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,20 +128,42 @@ TEXT_TAIL_CHARS = 64_000
 _MAX_OBJECT_STARTS = 2_000
 
 
-def _complete_in_text(text: str) -> dict[str, Any] | None:
-    """The last JSON object in free text that has a `status`: fenced or not, on one line or pretty-printed over
-    many, with text after it. Of objects one inside another, the outermost (a finding may carry a `status`)."""
+def _objects_with_status(text: str, starts: Iterable[int]) -> Iterator[tuple[dict[str, Any], int]]:
+    """Each JSON object with a `status` that starts at one of `starts` in `text`, and where it ends."""
     decoder = json.JSONDecoder()
-    found: tuple[dict[str, Any], int] | None = None  # the object and where it ends
-    starts = [m.start() for m in re.finditer(r"\{", text)][-_MAX_OBJECT_STARTS:]
-    for start in reversed(starts):
+    for start in starts:
         try:
             obj, end = decoder.raw_decode(text, start)
         except (ValueError, RecursionError):
             continue
-        if isinstance(obj, dict) and "status" in obj and (found is None or end > found[1]):
+        if isinstance(obj, dict) and "status" in obj:
+            yield obj, end
+
+
+def prompt_examples(prompt: str) -> list[dict[str, Any]]:
+    """The objects with a `status` the agent's prompt itself holds (its example AGENT_COMPLETE, JSON quoted from
+    a failed verification): a plain-text CLI that echoes its prompt prints them too, and they are never its
+    answer (the example, taken for one, answered `success` for an agent that said nothing)."""
+    found: list[dict[str, Any]] = []
+    for obj, _ in _objects_with_status(prompt, (m.start() for m in re.finditer(r"\{", prompt))):
+        if obj not in found:
+            found.append(obj)
+    return found
+
+
+def _complete_in_text(text: str, examples: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any] | None, bool]:
+    """The last JSON object in free text that has a `status`: fenced or not, on one line or pretty-printed over
+    many, with text after it. Of objects one inside another, the outermost (a finding may carry a `status`).
+    The prompt's own objects (`examples`) are passed over; whether one was."""
+    found: tuple[dict[str, Any], int] | None = None  # the object and where it ends
+    echoed = False
+    starts = [m.start() for m in re.finditer(r"\{", text)][-_MAX_OBJECT_STARTS:]
+    for obj, end in _objects_with_status(text, reversed(starts)):
+        if obj in examples:
+            echoed = True
+        elif found is None or end > found[1]:
             found = (obj, end)  # the one ending last: around the ones inside it, after the ones before it
-    return found[0] if found else None
+    return (found[0] if found else None), echoed
 
 
 def final_text(stdout: str) -> str:
@@ -163,12 +187,26 @@ def final_text(stdout: str) -> str:
     return stdout.strip()[-TEXT_TAIL_CHARS:]
 
 
-def complete_from_output(stdout: str) -> dict[str, Any] | None:
-    """An AGENT_COMPLETE-like object found in the CLI's final output, if any."""
+@dataclass(frozen=True)
+class OutputAnswer:
+    complete: dict[str, Any] | None  # the agent's own AGENT_COMPLETE, if it gave one
+    echoed_prompt: bool = False  # the output repeats an AGENT_COMPLETE of the prompt's (its example), passed over
+
+
+def answer_in_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> OutputAnswer:
+    """An AGENT_COMPLETE-like object found in the CLI's final output, if any; none of the prompt's `examples`."""
+    echoed = False
     for doc in reversed(json_documents(stdout)):
         if isinstance(doc, dict) and doc.get("msg_type") == "AGENT_COMPLETE":
-            return doc
-    return _complete_in_text(final_text(stdout))
+            if doc not in examples:
+                return OutputAnswer(doc, echoed)
+            echoed = True
+    found, seen = _complete_in_text(final_text(stdout), examples)
+    return OutputAnswer(found, echoed or seen)
+
+
+def complete_from_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    return answer_in_output(stdout, examples).complete
 
 
 def cli_reported_error(stdout: str) -> str | None:

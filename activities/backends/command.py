@@ -75,7 +75,7 @@ from activities.session_files import (
     write_json_atomic,
 )
 from activities.status_file import set_back_story_value, story_value_now
-from bso.agent_output import cli_reported_error, complete_from_output, lenient_answer, token_use
+from bso.agent_output import answer_in_output, cli_reported_error, lenient_answer, prompt_examples, token_use
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,
@@ -677,7 +677,17 @@ async def _recorded(marker: Path, wt: Worktree | None) -> AgentComplete | None:
         return None
 
 
-def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentRun, timeout: float) -> AgentComplete:
+def _given_prompt(run_dir: Path) -> str:
+    """The prompt the agent was given (prompt.md; written before it ran)."""
+    try:
+        return (run_dir / "prompt.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _agent_answer(
+    a: TaskAssignment, result_file: Path, stdout: str, prompt: str, run: AgentRun, timeout: float
+) -> AgentComplete:
     base = {
         "dispatch_id": a.dispatch_id,
         "story_key": a.story_key,
@@ -695,10 +705,15 @@ def _agent_answer(a: TaskAssignment, result_file: Path, stdout: str, run: AgentR
             raw = read_result_file(result_file)
         except UnreadableResultFile as err:
             return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"BSO_RESULT_FILE {err}")
+    echoed_prompt = False
     if raw is None:
-        raw = complete_from_output(stdout)
+        in_output = answer_in_output(stdout, prompt_examples(prompt))
+        raw, echoed_prompt = in_output.complete, in_output.echoed_prompt
     if not isinstance(raw, dict):
-        why = cli_reported_error(stdout) or f"no AGENT_COMPLETE (exit code {run.returncode}; last output: {run.last_line!r})"
+        why = cli_reported_error(stdout) or (
+            "no AGENT_COMPLETE of the agent's own: its output only repeats the example answer of its prompt"
+            if echoed_prompt else "no AGENT_COMPLETE"
+        ) + f" (exit code {run.returncode}; last output: {run.last_line!r})"
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
     try:
         complete = AgentComplete.model_validate({**lenient_answer(raw), **base})  # it cannot re-address its answer
@@ -887,7 +902,7 @@ async def _checked(
     checks = agents.verification
     stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
     complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
-        a, result_file, stdout, run, timeout
+        a, result_file, stdout, _given_prompt(run_dir), run, timeout
     )
     for written in (result_file, *(run_dir / name for name in PO_ANSWER_FILES)):  # the agent's words: no secret
         _redact_file(written, env)

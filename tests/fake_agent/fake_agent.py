@@ -7,7 +7,8 @@ $BSO_AGENT_TYPE in its working directory, and answers like Claude Code (`--outpu
 
 Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or a prompt line
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
-dev mode breaks them, a fix repairs them), no-commit, no-changes, linger (commits, then
+dev mode breaks them, a fix repairs them), no-commit, no-changes, no-answer (neither a result file nor an answer in its output), echo-prompt (a
+plain-text CLI: prints its prompt, then its last words, as plain text), linger (commits, then
 sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
@@ -262,9 +263,15 @@ def main():
         text = "[" * 100_000
     elif "no-result-file" in behavior:
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
+    elif "no-answer" in behavior:  # it stops without a word of AGENT_COMPLETE
+        text = "Done."
     else:
         Path(os.environ["BSO_RESULT_FILE"]).write_text(json.dumps(result))
         text = "Done."
+    if "echo-prompt" in behavior:  # a plain-text CLI that repeats its prompt first (its example answer in it)
+        print(prompt)
+        print(text)
+        return
     print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": text, "usage": usage}))
 
 

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 from activities.agent_config import load_agents_file, load_templates
 
 from activities.session_files import UnreadableResultFile, read_result_file
-from bso.agent_output import TokenUse, complete_from_output, token_use
+from bso.agent_output import OutputAnswer, TokenUse, answer_in_output, complete_from_output, prompt_examples, token_use
 from bso.agent_profiles import (
     AgentProfileError,
     AgentsFile,
@@ -38,7 +38,7 @@ from bso.git_rules import (
     story_branch,
 )
 from bso.messages import Finding, TaskAssignment
-from bso.prompting import PromptContext, render_prompt
+from bso.prompting import PromptContext, render_prompt, result_shape
 from bso.states import AgentMode, AgentType, Severity
 
 TOML = """
@@ -291,6 +291,34 @@ def test_the_shipped_prompts_keep_agents_off_the_status_file_and_on_the_story_br
     dev = (Path(__file__).resolve().parents[2] / "bso" / "prompts" / "dev-runner.md").read_text()
     assert "do not edit `sprint-status.yaml`" in common and "$common" in dev
     assert "merges only that branch: make no branch of your own" in dev
+
+
+def test_a_prompt_echoed_by_a_plain_text_cli_is_never_taken_for_its_answer(tmp_path: Path) -> None:
+    """A plain-text CLI that repeats its prompt and ends without an answer had the prompt's example AGENT_COMPLETE
+    (`success`) taken for its answer; JSON the prompt quotes (a failed verification's) likewise."""
+    a = TaskAssignment(
+        dispatch_id="s/b/1-1/3", agent_type=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW, story_key="1-1-x",
+        story_path="stories/1-1-x.md", session_id="s", batch_id=1, report_to="s/b", project_root="/p",
+    )
+    quoted = {"status": "error", "test": "test_a"}
+    ctx = PromptContext(assignment=a, story_file="/p/stories/1-1-x.md", workdir="/wt", result_file="/r.json",
+                        verification_output=json.dumps(quoted))
+    prompt = render_prompt(*load_templates(str(tmp_path), AgentType.REVIEW_RUNNER), ctx)
+    example = json.loads(result_shape(a))
+    examples = prompt_examples(prompt)
+    assert example in examples and quoted in examples
+    assert complete_from_output(prompt + "\nDone.") == example  # what was taken before
+    assert answer_in_output(prompt + "\nDone.", examples) == OutputAnswer(None, echoed_prompt=True)
+    assert answer_in_output(prompt.replace("\n", "\r\n"), examples) == OutputAnswer(None, echoed_prompt=True)
+    one_line = json.dumps(example)  # a JSON-lines CLI printing the example as a document of its own
+    assert answer_in_output(f"{one_line}\nDone.", examples) == OutputAnswer(None, echoed_prompt=True)
+
+    # The agent's own answer after the echo is still taken, an answer that differs from the example in one word too.
+    answer = {"status": "success", "verdict": "success", "summary": "reviewed: no findings"}
+    assert answer_in_output(f"{prompt}\n{json.dumps(answer, indent=2)}\n", examples) == OutputAnswer(answer, True)
+    edited = {**example, "summary": "looked at greet()"}
+    assert answer_in_output(f"{prompt}\n```json\n{json.dumps(edited)}\n```", examples).complete == edited
+    assert answer_in_output("nothing to say", examples) == OutputAnswer(None, echoed_prompt=False)
 
 
 def test_count_passed() -> None:

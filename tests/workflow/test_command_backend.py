@@ -901,6 +901,24 @@ async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp
     assert done2.summary.startswith("fake dev-runner/dev")
 
 
+async def test_a_cli_that_echoes_its_prompt_is_answered_by_its_own_words_never_the_prompts_example(
+    tmp_path: Path,
+) -> None:
+    """A plain-text CLI that repeats its prompt, which shows an example AGENT_COMPLETE (`success`), and ends with
+    no answer had the example taken for its answer: a success it never claimed. It is no answer, said so."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="echo-prompt,no-answer")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE, done
+    assert done.error.startswith(
+        "no AGENT_COMPLETE of the agent's own: its output only repeats the example answer of its prompt (exit code 0;"
+    ), done.error
+
+    root2 = dev_project(tmp_path / "b", FAKE_AGENT_BEHAVIOR="echo-prompt,no-result-file")  # its answer after the echo
+    done2 = await ActivityEnvironment().run(command.run, assignment(root2))
+    assert done2.status is AgentStatus.SUCCESS, done2.error
+    assert done2.summary.startswith("fake dev-runner/dev")
+
+
 @pytest.mark.parametrize(
     ("behavior", "said"),
     [("result-dir", "BSO_RESULT_FILE cannot be read: Is a directory"), ("result-deep", "BSO_RESULT_FILE is not JSON: nested too deep")],
