@@ -67,8 +67,17 @@ def json_documents(text: str) -> list[Any]:
         return []
     if (whole := _parsed_or_not_json(text)) is not _NOT_JSON:
         return [whole]
-    lines = (line.strip() for line in text.splitlines())
-    return [doc for line in lines if line.startswith(("{", "[")) and (doc := _parsed_or_not_json(line)) is not _NOT_JSON]
+    return list(line_documents(text.split("\n")))
+
+
+def line_documents(lines: Iterable[str]) -> Iterator[Any]:
+    """The JSON documents of a JSON-lines CLI, one per line. A line ends at `\n` or `\r` (a spinner redrawn
+    before an event), not at other Unicode line breaks: Node's JSON holds U+2028 raw in its strings."""
+    for chunk in lines:
+        for line in chunk.split("\r"):
+            line = line.strip()
+            if line.startswith(("{", "[")) and (doc := _parsed_or_not_json(line)) is not _NOT_JSON:
+                yield doc
 
 
 def _usage_of(doc: dict[str, Any]) -> TokenUse:
@@ -115,11 +124,7 @@ def _usage_of(doc: dict[str, Any]) -> TokenUse:
 
 def token_use(stdout: str) -> TokenUse:
     """Summed over every JSON document (Codex and OpenCode report per turn/step)."""
-    total = TokenUse()
-    for doc in json_documents(stdout):
-        if isinstance(doc, dict):
-            total += _usage_of(doc)
-    return total
+    return cli_output(stdout).tokens
 
 
 # The end of a plain-text answer searched for an AGENT_COMPLETE (an aider-style footer may follow it), and how
@@ -166,58 +171,76 @@ def _complete_in_text(text: str, examples: Sequence[dict[str, Any]] = ()) -> tup
     return (found[0] if found else None), echoed
 
 
-def final_text(stdout: str) -> str:
-    """The agent's final answer text from the CLI's output, or the output's last lines."""
-    texts: list[str] = []
-    for doc in json_documents(stdout):
-        if not isinstance(doc, dict):
-            continue
-        if isinstance(doc.get("result"), str):  # Claude Code
-            texts.append(doc["result"])
-        elif isinstance(doc.get("response"), str):  # Gemini
-            texts.append(doc["response"])
-        item = doc.get("item") if isinstance(doc.get("item"), dict) else None
-        if item and item.get("type") == "agent_message" and isinstance(item.get("text"), str):  # Codex
-            texts.append(item["text"])
-        part = doc.get("part") if isinstance(doc.get("part"), dict) else None
-        if part and part.get("type") == "text" and isinstance(part.get("text"), str):  # OpenCode
-            texts.append(part["text"])
-    if texts:
-        return texts[-1]
-    return stdout.strip()[-TEXT_TAIL_CHARS:]
+def _answer_text(doc: dict[str, Any]) -> str | None:
+    """The agent's answer text a CLI's JSON document carries, if any."""
+    text = None
+    if isinstance(doc.get("result"), str):  # Claude Code
+        text = doc["result"]
+    elif isinstance(doc.get("response"), str):  # Gemini
+        text = doc["response"]
+    item = doc.get("item") if isinstance(doc.get("item"), dict) else None
+    if item and item.get("type") == "agent_message" and isinstance(item.get("text"), str):  # Codex
+        text = item["text"]
+    part = doc.get("part") if isinstance(doc.get("part"), dict) else None
+    if part and part.get("type") == "text" and isinstance(part.get("text"), str):  # OpenCode
+        text = part["text"]
+    return text
+
+
+def _cli_error(doc: dict[str, Any]) -> str | None:
+    """Claude Code's `is_error` / a `type: error` event: the CLI itself says the run failed."""
+    if doc.get("is_error") is True:
+        return str(doc.get("result") or doc.get("subtype") or "CLI reported an error")[:500]
+    if doc.get("type") == "error":
+        return str(doc.get("message") or doc)[:500]
+    return None
 
 
 @dataclass(frozen=True)
-class OutputAnswer:
-    complete: dict[str, Any] | None  # the agent's own AGENT_COMPLETE, if it gave one
+class CliOutput:
+    """What BSO takes from a CLI's output."""
+
+    complete: dict[str, Any] | None = None  # the agent's own AGENT_COMPLETE, if it gave one
     echoed_prompt: bool = False  # the output repeats an AGENT_COMPLETE of the prompt's (its example), passed over
+    tokens: TokenUse = TokenUse()  # summed over every document (Codex and OpenCode report per turn/step)
+    cli_error: str | None = None  # the first error the CLI itself reported
 
 
-def answer_in_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> OutputAnswer:
-    """An AGENT_COMPLETE-like object found in the CLI's final output, if any; none of the prompt's `examples`."""
+def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence[dict[str, Any]] = ()) -> CliOutput:
+    """One pass over the CLI's JSON documents (a JSON-lines CLI's may run to hundreds of MB: none is kept), then,
+    unless one of them is an AGENT_COMPLETE, the agent's last answer text searched for one: the last document's
+    text, else `text_tail` (the output's last TEXT_TAIL_CHARS). The prompt's own objects (`examples`,
+    prompt_examples) are no answer."""
+    tokens = TokenUse()
+    complete: dict[str, Any] | None = None
     echoed = False
-    for doc in reversed(json_documents(stdout)):
-        if isinstance(doc, dict) and doc.get("msg_type") == "AGENT_COMPLETE":
-            if doc not in examples:
-                return OutputAnswer(doc, echoed)
-            echoed = True
-    found, seen = _complete_in_text(final_text(stdout), examples)
-    return OutputAnswer(found, echoed or seen)
+    text: str | None = None
+    error: str | None = None
+    for doc in documents:
+        if not isinstance(doc, dict):
+            continue
+        tokens += _usage_of(doc)
+        error = error or _cli_error(doc)
+        if doc.get("msg_type") == "AGENT_COMPLETE":
+            if doc in examples:
+                echoed = True
+            else:
+                complete = doc
+        text = found if (found := _answer_text(doc)) is not None else text
+    if complete is None:
+        complete, seen = _complete_in_text(text if text is not None else text_tail, examples)
+        echoed = echoed or seen
+    return CliOutput(complete, echoed, tokens, error)
+
+
+def cli_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> CliOutput:
+    """read_cli_output of an output held whole."""
+    return read_cli_output(json_documents(stdout), stdout.strip()[-TEXT_TAIL_CHARS:], examples)
 
 
 def complete_from_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
-    return answer_in_output(stdout, examples).complete
-
-
-def cli_reported_error(stdout: str) -> str | None:
-    """Claude Code's `is_error` / a `type: error` event: the CLI itself says the run failed."""
-    for doc in json_documents(stdout):
-        if isinstance(doc, dict):
-            if doc.get("is_error") is True:
-                return str(doc.get("result") or doc.get("subtype") or "CLI reported an error")[:500]
-            if doc.get("type") == "error":
-                return str(doc.get("message") or doc)[:500]
-    return None
+    """An AGENT_COMPLETE-like object found in the CLI's final output, if any; none of the prompt's `examples`."""
+    return cli_output(stdout, examples).complete
 
 
 # What real agents write for a severity BSO names otherwise.

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -75,7 +76,15 @@ from activities.session_files import (
     write_json_atomic,
 )
 from activities.status_file import set_back_story_value, story_value_now
-from bso.agent_output import answer_in_output, cli_reported_error, lenient_answer, prompt_examples, token_use
+from bso.agent_output import (
+    TEXT_TAIL_CHARS,
+    CliOutput,
+    cli_output,
+    lenient_answer,
+    line_documents,
+    prompt_examples,
+    read_cli_output,
+)
 from bso.agent_progress import progress_update
 from bso.agent_profiles import (
     AgentProfileError,
@@ -685,8 +694,40 @@ def _given_prompt(run_dir: Path) -> str:
         return ""
 
 
+# An output up to this size is read whole, and tried as one JSON document first (Gemini pretty-prints its own);
+# a longer one is read line by line, only its end held: hundreds of MB were held whole, then copied to hash them.
+WHOLE_OUTPUT_BYTES = 8 * 1024 * 1024
+
+
+def _read_output(run_dir: Path) -> tuple[CliOutput, str]:
+    """What the CLI's output (stdout.log) says (bso.agent_output; the prompt's own example is no answer) and its
+    sha256, in one reading. CPU-bound (100 MB took 27 s): run in a thread, where the worker's heartbeats and its
+    other activities do not wait for it."""
+    examples = prompt_examples(_given_prompt(run_dir))
+    digest = hashlib.sha256()
+    try:
+        with open(run_dir / "stdout.log", "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size <= WHOLE_OUTPUT_BYTES:
+                data = fh.read()
+                digest.update(data)
+                return cli_output(data.decode("utf-8", errors="replace"), examples), digest.hexdigest()
+            fh.seek(max(0, size - 4 * TEXT_TAIL_CHARS))  # (UTF-8 takes at most 4 bytes a character)
+            tail = fh.read().decode("utf-8", errors="replace").strip()[-TEXT_TAIL_CHARS:]
+            fh.seek(0)
+
+            def lines() -> Iterator[str]:
+                for line in fh:
+                    digest.update(line)
+                    yield line.decode("utf-8", errors="replace")
+
+            return read_cli_output(line_documents(lines()), tail, examples), digest.hexdigest()
+    except FileNotFoundError:
+        return CliOutput(), digest.hexdigest()
+
+
 def _agent_answer(
-    a: TaskAssignment, result_file: Path, stdout: str, prompt: str, run: AgentRun, timeout: float
+    a: TaskAssignment, result_file: Path, output: CliOutput, run: AgentRun, timeout: float
 ) -> AgentComplete:
     base = {
         "dispatch_id": a.dispatch_id,
@@ -705,14 +746,12 @@ def _agent_answer(
             raw = read_result_file(result_file)
         except UnreadableResultFile as err:
             return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"BSO_RESULT_FILE {err}")
-    echoed_prompt = False
     if raw is None:
-        in_output = answer_in_output(stdout, prompt_examples(prompt))
-        raw, echoed_prompt = in_output.complete, in_output.echoed_prompt
+        raw = output.complete
     if not isinstance(raw, dict):
-        why = cli_reported_error(stdout) or (
+        why = output.cli_error or (
             "no AGENT_COMPLETE of the agent's own: its output only repeats the example answer of its prompt"
-            if echoed_prompt else "no AGENT_COMPLETE"
+            if output.echoed_prompt else "no AGENT_COMPLETE"
         ) + f" (exit code {run.returncode}; last output: {run.last_line!r})"
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
     try:
@@ -900,14 +939,13 @@ async def _checked(
 ) -> AgentComplete:
     """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
     checks = agents.verification
-    stdout = (run_dir / "stdout.log").read_text(encoding="utf-8") if (run_dir / "stdout.log").exists() else ""
+    output, digest = await asyncio.to_thread(_read_output, run_dir)  # off the event loop: it may take seconds
     complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
-        a, result_file, stdout, _given_prompt(run_dir), run, timeout
+        a, result_file, output, run, timeout
     )
     for written in (result_file, *(run_dir / name for name in PO_ANSWER_FILES)):  # the agent's words: no secret
         _redact_file(written, env)
-    usage = token_use(stdout)
-    cli_tokens = usage.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
+    cli_tokens = output.tokens.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = [*complete.findings, *found_before]
     if (set_back := await _story_value_set_back(run_dir, a)) is not None:
         findings.append(set_back)
@@ -1008,9 +1046,8 @@ async def _checked(
             0, Finding(severity=Severity.LOW, summary=f"the agent reported {tokens} tokens, more than any run uses: not counted")
         )
         tokens = 0
-    digest = hashlib.sha256(stdout.encode()).hexdigest()[:16]
     transcript = os.path.relpath(run_dir / "stdout.log", root)
-    summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest}]"
+    summary = f"{complete.summary[:400]} [{profile.name}; {int(run.elapsed)}s; transcript {transcript} sha256:{digest[:16]}]"
     update: dict[str, object] = {
         "summary": summary.strip()[:1900],
         "findings": findings[:MAX_FINDINGS],

@@ -11,7 +11,17 @@ from temporalio.exceptions import ApplicationError
 from activities.agent_config import load_agents_file, load_templates
 
 from activities.session_files import UnreadableResultFile, read_result_file
-from bso.agent_output import OutputAnswer, TokenUse, answer_in_output, complete_from_output, prompt_examples, token_use
+from bso.agent_output import (
+    CliOutput,
+    TokenUse,
+    cli_output,
+    complete_from_output,
+    json_documents,
+    line_documents,
+    prompt_examples,
+    read_cli_output,
+    token_use,
+)
 from bso.agent_profiles import (
     AgentProfileError,
     AgentsFile,
@@ -308,17 +318,43 @@ def test_a_prompt_echoed_by_a_plain_text_cli_is_never_taken_for_its_answer(tmp_p
     examples = prompt_examples(prompt)
     assert example in examples and quoted in examples
     assert complete_from_output(prompt + "\nDone.") == example  # what was taken before
-    assert answer_in_output(prompt + "\nDone.", examples) == OutputAnswer(None, echoed_prompt=True)
-    assert answer_in_output(prompt.replace("\n", "\r\n"), examples) == OutputAnswer(None, echoed_prompt=True)
+    assert cli_output(prompt + "\nDone.", examples) == CliOutput(None, echoed_prompt=True)
+    assert cli_output(prompt.replace("\n", "\r\n"), examples) == CliOutput(None, echoed_prompt=True)
     one_line = json.dumps(example)  # a JSON-lines CLI printing the example as a document of its own
-    assert answer_in_output(f"{one_line}\nDone.", examples) == OutputAnswer(None, echoed_prompt=True)
+    assert cli_output(f"{one_line}\nDone.", examples) == CliOutput(None, echoed_prompt=True)
 
     # The agent's own answer after the echo is still taken, an answer that differs from the example in one word too.
     answer = {"status": "success", "verdict": "success", "summary": "reviewed: no findings"}
-    assert answer_in_output(f"{prompt}\n{json.dumps(answer, indent=2)}\n", examples) == OutputAnswer(answer, True)
+    assert cli_output(f"{prompt}\n{json.dumps(answer, indent=2)}\n", examples) == CliOutput(answer, True)
     edited = {**example, "summary": "looked at greet()"}
-    assert answer_in_output(f"{prompt}\n```json\n{json.dumps(edited)}\n```", examples).complete == edited
-    assert answer_in_output("nothing to say", examples) == OutputAnswer(None, echoed_prompt=False)
+    assert cli_output(f"{prompt}\n```json\n{json.dumps(edited)}\n```", examples).complete == edited
+    assert cli_output("nothing to say", examples) == CliOutput(None, echoed_prompt=False)
+
+
+def test_a_json_lines_output_is_read_line_by_line_in_one_pass() -> None:
+    """A JSON-lines CLI's output of hundreds of MB was held whole and parsed four times over (answer, answer text,
+    error, tokens): one pass now, over lines given one by one, none of them kept."""
+    assert list(line_documents(['{"a": 1}\n', "plain text\n", '[1]\r\n', '{"broken": \n'])) == [{"a": 1}, [1]]
+    assert list(line_documents(['\u280b working\r{"a": 1}\n'])) == [{"a": 1}]  # a spinner redrawn before it
+    raw_separator = '{"text": "a\u2028b"}'  # Node's JSON.stringify leaves U+2028 raw: no line ends there
+    assert list(line_documents([raw_separator])) == json_documents(f"x\n{raw_separator}") == [{"text": "a\u2028b"}]
+
+    events = [
+        {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 60, "output_tokens": 7}},
+        {"type": "error", "message": "rate limited, retrying"},
+        {"type": "item.completed", "item": {"type": "agent_message", "text": '{"status": "failure", "error": "x"}'}},
+        {"type": "error", "message": "a later error"},
+        {"type": "item.completed", "item": {"type": "agent_message", "text": 'Done: {"status": "success"}'}},
+        {"type": "turn.completed", "usage": {"input_tokens": 50, "output_tokens": 3}},
+    ]
+    lines = (json.dumps(e) + "\n" for e in events)  # a generator: read once
+    read = read_cli_output(line_documents(lines), "the tail is not searched when a document has the text")
+    assert read == CliOutput({"status": "success"}, False, TokenUse(90, 10, 60, 0), "rate limited, retrying")
+    assert read == cli_output("".join(json.dumps(e) + "\n" for e in events))
+    plain = read_cli_output(iter([]), 'the end of a plain-text output: {"status": "success", "summary": "s"}')
+    assert plain == CliOutput({"status": "success", "summary": "s"})
+    typed = {"msg_type": "AGENT_COMPLETE", "status": "success"}  # a document that is the answer itself
+    assert read_cli_output([typed, {"result": '{"status": "failure"}'}], "").complete == typed
 
 
 def test_count_passed() -> None:

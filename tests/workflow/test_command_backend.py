@@ -919,6 +919,90 @@ async def test_a_cli_that_echoes_its_prompt_is_answered_by_its_own_words_never_t
     assert done2.summary.startswith("fake dev-runner/dev")
 
 
+async def test_the_agents_output_is_parsed_while_the_event_loop_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's output was read and parsed on the worker's event loop: 100 MB took 27 s, in which no heartbeat
+    and no other activity of the worker ran. Here the parse waits until a coroutine of the loop has run: on the
+    loop itself it never could (it waits 10 s in vain)."""
+    import hashlib
+    import threading
+
+    from bso import agent_output
+
+    loop = asyncio.get_running_loop()
+    waited: list[bool] = []
+    usage_of = agent_output._usage_of
+
+    def usage_once_the_loop_has_run(doc: dict) -> agent_output.TokenUse:
+        if not waited:
+            ran = threading.Event()
+
+            async def concurrent() -> None:
+                ran.set()
+
+            asyncio.run_coroutine_threadsafe(concurrent(), loop)
+            waited.append(ran.wait(10))
+        return usage_of(doc)
+
+    monkeypatch.setattr(agent_output, "_usage_of", usage_once_the_loop_has_run)
+    root = dev_project(tmp_path)
+    a = assignment(root)
+    done = await ActivityEnvironment().run(command.run, a)
+    assert waited == [True], "the output was parsed on the event loop: no coroutine ran meanwhile"
+    assert done.status is AgentStatus.SUCCESS and done.tokens_used == 1000 + 200 + 500, done
+    stdout = (command.run_dir_for(str(root), a.dispatch_id) / "stdout.log").read_bytes()
+    assert f"sha256:{hashlib.sha256(stdout).hexdigest()[:16]}]" in done.summary  # the transcript's, as sha256sum says
+
+
+async def test_a_long_output_is_read_line_by_line_holding_only_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output of hundreds of MB was held whole, then copied to hash it. Past WHOLE_OUTPUT_BYTES it is read line
+    by line, its end alone held: what it says and its hash are those of the whole."""
+    import hashlib
+    import tracemalloc
+
+    monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (8 MB: smaller outputs keep the test quick)
+
+    example = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "one paragraph: what you did"}
+    (tmp_path / "prompt.md").write_text("Answer like this:\n```json\n" + json.dumps(example, indent=2) + "\n```\n")
+    turn = json.dumps({"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 2}})
+    command_output = json.dumps({"type": "item.completed", "item": {"type": "command_execution", "aggregated_output": "x" * 400}})
+    answer = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": '{"status": "success"}'}})
+    outputs = {
+        "json-lines": "\n".join([turn, command_output] * 8_000 + [answer, ""]),
+        "plain text, its prompt echoed last": "build step ok\n" * 400_000 + (tmp_path / "prompt.md").read_text(),
+    }
+    for kind, text in outputs.items():
+        (tmp_path / "stdout.log").write_text(text)
+        size = (tmp_path / "stdout.log").stat().st_size
+        assert size > command.WHOLE_OUTPUT_BYTES, kind
+        tracemalloc.start()
+        try:
+            streamed = command._read_output(tmp_path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < size / 4, (kind, peak, size)
+        assert streamed[1] == hashlib.sha256(text.encode()).hexdigest()
+        with monkeypatch.context() as m:
+            m.setattr(command, "WHOLE_OUTPUT_BYTES", size)
+            assert command._read_output(tmp_path) == streamed, kind
+        print(f"\n{kind}: {size / 1e6:.0f} MB read holding at most {peak / 1e6:.1f} MB")
+    assert streamed[0].complete is None and streamed[0].echoed_prompt
+    (tmp_path / "stdout.log").write_text(outputs["json-lines"])
+    read = command._read_output(tmp_path)[0]
+    assert read.complete == {"status": "success"} and read.tokens.weighted(1.0) == 8_000 * 12
+
+    longest_stall = 0.0  # a figure to look at, not to assert on: how long the loop waited at most meanwhile
+    reading = asyncio.ensure_future(asyncio.to_thread(command._read_output, tmp_path))
+    started = last = time.monotonic()
+    while not reading.done():
+        await asyncio.sleep(0.01)
+        longest_stall, last = max(longest_stall, time.monotonic() - last), time.monotonic()
+    await reading
+    print(f"read in a thread in {time.monotonic() - started:.2f} s; the event loop waited {longest_stall * 1000:.0f} ms at most")
+
+
 @pytest.mark.parametrize(
     ("behavior", "said"),
     [("result-dir", "BSO_RESULT_FILE cannot be read: Is a directory"), ("result-deep", "BSO_RESULT_FILE is not JSON: nested too deep")],
