@@ -664,27 +664,34 @@ async def undo_interrupted_checks(wt: str, owner: str) -> bool:
     return True
 
 
-async def remove_stale_index_lock(wt: str) -> Path | None:
-    """An index.lock in the worktree's git folder that no living process can hold: a git killed with SIGKILL (its
-    worker, or the agent, killed hard in the middle of a `git add`) left it, and every git that writes the index
-    failed on it, attempt after attempt. Called before a dispatch works in the worktree, once its earlier
-    attempts' processes are killed (on a first attempt too: an earlier dispatch may have left it). The lock goes
-    only when procfs shows no live process working in the worktree or its git folder (a git run there, `-C` or
-    from a shell, has its directory there) nor holding the lock open (a git run from elsewhere with --git-dir):
-    git holds it only while running, so a lock none of them holds is nobody's. Without procfs nothing tells:
-    it stays. The lock removed, if one was."""
+# The worktree's own locks: the index's (`git add`, `git commit`) and HEAD's (a commit, a checkout moving it).
+# (The story branch's ref lock is in the repository's common folder, which the user's checkout shares: not ours.)
+_WORKTREE_LOCKS = ("index.lock", "HEAD.lock")
+
+
+async def remove_stale_locks(wt: str) -> list[Path]:
+    """Locks in the worktree's git folder (_WORKTREE_LOCKS) that no living process can hold: a git killed with
+    SIGKILL (its worker, or the agent, killed hard in the middle of a `git add` or a commit) left them, and every
+    git that writes the index or moves HEAD failed on them, attempt after attempt. Called before a dispatch works
+    in the worktree, once its earlier attempts' processes are killed (on a first attempt too: an earlier
+    dispatch may have left one). A lock goes only when procfs shows no live process working in the worktree or
+    its git folder (a git run there, `-C` or from a shell, has its directory there) nor holding the lock open (a
+    git run from elsewhere with --git-dir): git holds it only while running, so a lock none of them holds is
+    nobody's. Without procfs nothing tells: it stays. The locks removed."""
     folder = await git_dir(wt)
-    lock = folder / "index.lock"
-    if not lock.exists():
-        return None
-    users = processes_using([Path(wt), folder], lock)
-    if users is None or users:
-        activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
-                                users if users is not None else "unknown, no procfs")
-        return None
-    lock.unlink(missing_ok=True)
-    activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
-    return lock
+    removed = []
+    for lock in (folder / name for name in _WORKTREE_LOCKS):
+        if not lock.exists():
+            continue
+        users = processes_using([Path(wt), folder], lock)
+        if users is None or users:
+            activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
+                                    users if users is not None else "unknown, no procfs")
+            continue
+        lock.unlink(missing_ok=True)
+        activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+        removed.append(lock)
+    return removed
 
 
 async def _undo_what_checks_left(wt: str, left_before: set[str]) -> None:

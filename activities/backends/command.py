@@ -57,7 +57,7 @@ from activities.git_ops import (
     head,
     move_story_file_out,
     put_story_text_back,
-    remove_stale_index_lock,
+    remove_stale_locks,
     set_aside_what_a_reader_left,
     status_file_in_project,
     undo_interrupted_checks,
@@ -797,11 +797,11 @@ async def run(a: TaskAssignment) -> AgentComplete:
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
     found_before: list[Finding] = []  # what BSO set right in the worktree before the agent
-    if wt is not None and (lock := await remove_stale_index_lock(wt.path)) is not None:
+    for lock in await remove_stale_locks(wt.path) if wt is not None else []:
         found_before.append(Finding(
             severity=Severity.LOW, file=os.path.relpath(lock, root),
-            summary="a git killed in the middle of its work (an earlier attempt's, or the agent's) left the "
-                    "worktree's index.lock, which no process held: removed",
+            summary=f"a git killed in the middle of its work (an earlier attempt's, or the agent's) left the "
+                    f"worktree's {lock.name}, which no process held: removed",
         ))
     checks_owner = _checks_owner(a)
     if wt is not None and await undo_interrupted_checks(wt.path, checks_owner):

@@ -527,17 +527,19 @@ async def test_a_lock_another_git_process_holds_at_the_worktrees_creation_is_ret
     assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == f"bso/s1/{STORY}"
 
 
-async def test_a_stale_index_lock_in_the_worktree_is_removed_and_said(tmp_path: Path) -> None:
-    """A git killed with SIGKILL (its worker or the agent killed hard in the middle of a `git add`) left the
-    worktree's index.lock: every attempt after it failed on it, the agent's git and the Exit Gate's alike."""
+@pytest.mark.parametrize("name", ["index.lock", "HEAD.lock"])
+async def test_a_stale_lock_in_the_worktree_is_removed_and_said(tmp_path: Path, name: str) -> None:
+    """A git killed with SIGKILL (its worker or the agent killed hard in the middle of a `git add` or a commit)
+    left the worktree's index.lock or HEAD.lock: every attempt after it failed on it, the agent's git and the
+    Exit Gate's alike."""
     root = dev_project(tmp_path)
     wt = await ensure_worktree(str(root), "s1", STORY)
-    lock = Path(git(wt.path, "rev-parse", "--absolute-git-dir").strip(), "index.lock")
+    lock = Path(git(wt.path, "rev-parse", "--absolute-git-dir").strip(), name)
     lock.write_bytes(b"")  # as git left it
     done = await ActivityEnvironment().run(command.run, assignment(root))
     assert done.status is AgentStatus.SUCCESS, done.error
     assert not lock.exists()
-    [said] = [f for f in done.findings if "index.lock" in f.summary]
+    [said] = [f for f in done.findings if name in f.summary]
     assert said.severity is Severity.LOW and said.file == os.path.relpath(lock, root)
 
 
@@ -554,7 +556,7 @@ async def test_an_index_lock_a_live_process_may_hold_is_left_alone(tmp_path: Pat
     try:
         assert holding_open.stdout.readline() == b"held\n"
         for still_running in (working_there, holding_open):
-            assert await ActivityEnvironment().run(git_ops.remove_stale_index_lock, wt.path) is None
+            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt.path) == []
             assert lock.exists()
             still_running.kill()
             still_running.wait()
@@ -562,7 +564,7 @@ async def test_an_index_lock_a_live_process_may_hold_is_left_alone(tmp_path: Pat
         for process in (working_there, holding_open):
             process.kill()
             process.wait()
-    assert await ActivityEnvironment().run(git_ops.remove_stale_index_lock, wt.path) == lock
+    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt.path) == [lock]
     assert not lock.exists()
 
 
