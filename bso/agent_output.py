@@ -149,24 +149,29 @@ def prompt_examples(prompt: str) -> list[dict[str, Any]]:
     """The objects with a `status` the agent's prompt itself holds (its example AGENT_COMPLETE, JSON quoted from
     a failed verification): a plain-text CLI that echoes its prompt prints them too, and they are never its
     answer (the example, taken for one, answered `success` for an agent that said nothing)."""
-    found: list[dict[str, Any]] = []
-    for obj, _ in _objects_with_status(prompt, (m.start() for m in re.finditer(r"\{", prompt))):
-        if obj not in found:
-            found.append(obj)
-    return found
+    # one entry per occurrence: an output that holds one more often than its prompt gave it as its own too
+    return [obj for obj, _ in _objects_with_status(prompt, (m.start() for m in re.finditer(r"\{", prompt)))]
 
 
 def _complete_in_text(text: str, examples: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any] | None, bool]:
     """The last JSON object in free text that has a `status`: fenced or not, on one line or pretty-printed over
     many, with text after it. Of objects one inside another, the outermost (a finding may carry a `status`).
-    The prompt's own objects (`examples`) are passed over; whether one was."""
+    The prompt's own objects (`examples`) are passed over, as often as the prompt holds them (an echo of it);
+    one the text holds more often is the agent's too (its answer may be a template's minimal example); whether
+    one was passed over."""
     found: tuple[dict[str, Any], int] | None = None  # the object and where it ends
     echoed = False
     starts = [m.start() for m in re.finditer(r"\{", text)][-_MAX_OBJECT_STARTS:]
-    for obj, end in _objects_with_status(text, reversed(starts)):
+    objects = list(_objects_with_status(text, reversed(starts)))
+    own: list[dict[str, Any]] = []  # the occurrences of examples taken as the agent's, the last ones first
+    for obj, end in objects:
         if obj in examples:
-            echoed = True
-        elif found is None or end > found[1]:
+            spare = sum(o == obj for o, _ in objects) - sum(e == obj for e in examples)
+            if sum(o == obj for o in own) >= spare:
+                echoed = True
+                continue
+            own.append(obj)
+        if found is None or end > found[1]:
             found = (obj, end)  # the one ending last: around the ones inside it, after the ones before it
     return (found[0] if found else None), echoed
 
@@ -228,7 +233,9 @@ def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence
                 complete = doc
         text = found if (found := _answer_text(doc)) is not None else text
     if complete is None:
-        complete, seen = _complete_in_text(text if text is not None else text_tail, examples)
+        # A CLI's own answer text (Claude's `result`, Codex's agent_message, ...) is the agent's words, never an
+        # echo of its prompt: an answer there equal to the prompt's example (a template's minimal one) is its own.
+        complete, seen = _complete_in_text(text, ()) if text is not None else _complete_in_text(text_tail, examples)
         echoed = echoed or seen
     return CliOutput(complete, echoed, tokens, error)
 

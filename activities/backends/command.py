@@ -699,11 +699,13 @@ def _given_prompt(run_dir: Path) -> str:
 WHOLE_OUTPUT_BYTES = 8 * 1024 * 1024
 
 
-def _read_output(run_dir: Path) -> tuple[CliOutput, str]:
+def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliOutput, str]:
     """What the CLI's output (stdout.log) says (bso.agent_output; the prompt's own example is no answer) and its
     sha256, in one reading. CPU-bound (100 MB took 27 s): run in a thread, where the worker's heartbeats and its
     other activities do not wait for it."""
-    examples = prompt_examples(_given_prompt(run_dir))
+    # The launcher redacts stdout.log (the secret values of `env`), never prompt.md: an echo of an example that
+    # holds a secret's value (a story key 3-1-postgres-schema) is the redacted example.
+    examples = prompt_examples(redact_text(_given_prompt(run_dir), env or {}))
     digest = hashlib.sha256()
     try:
         with open(run_dir / "stdout.log", "rb") as fh:
@@ -721,7 +723,24 @@ def _read_output(run_dir: Path) -> tuple[CliOutput, str]:
                     digest.update(line)
                     yield line.decode("utf-8", errors="replace")
 
-            return read_cli_output(line_documents(lines()), tail, examples), digest.hexdigest()
+            seen = 0
+
+            def counted(documents: Iterator[object]) -> Iterator[object]:
+                nonlocal seen
+                for doc in documents:
+                    seen += 1
+                    yield doc
+
+            output = read_cli_output(counted(line_documents(lines())), tail, examples)
+            if not seen and tail.endswith(("}", "]")):  # one pretty-printed document (Gemini's): tried whole, as before
+                fh.seek(0)
+                try:
+                    whole = json.loads(fh.read().decode("utf-8", errors="replace"))
+                except (ValueError, RecursionError):
+                    pass
+                else:
+                    output = read_cli_output([whole], tail, examples)
+            return output, digest.hexdigest()
     except FileNotFoundError:
         return CliOutput(), digest.hexdigest()
 
@@ -939,7 +958,7 @@ async def _checked(
 ) -> AgentComplete:
     """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
     checks = agents.verification
-    output, digest = await asyncio.to_thread(_read_output, run_dir)  # off the event loop: it may take seconds
+    output, digest = await asyncio.to_thread(_read_output, run_dir, env)  # off the event loop: it may take seconds
     complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
         a, result_file, output, run, timeout
     )

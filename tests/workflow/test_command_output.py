@@ -1,0 +1,94 @@
+"""How the command backend reads a CLI's output (activities.backends.command._read_output): an answer that
+equals the prompt's example, an echo the launcher redacted, outputs past WHOLE_OUTPUT_BYTES. (Found by a
+review of the one-pass reading against the reading before it.)"""
+
+import hashlib
+import json
+from dataclasses import astuple
+from pathlib import Path
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.agent_config import load_templates
+from activities.agent_launcher import redact_forms, secret_forms
+from activities.backends import command
+from activities.backends.command import WHOLE_OUTPUT_BYTES, _read_output
+from bso.messages import TaskAssignment
+from bso.prompting import PromptContext, render_prompt
+from bso.states import AgentMode, AgentStatus, AgentType
+from tests.workflow.test_command_backend import assignment, dev_project
+
+
+def run_dir(path: Path, prompt: str, stdout: str) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "prompt.md").write_text(prompt, encoding="utf-8")
+    (path / "stdout.log").write_bytes(stdout.encode())
+    return path
+
+
+MINIMAL = {"msg_type": "AGENT_COMPLETE", "status": "success", "verdict": "passed", "findings": []}
+# A project's own .bso/prompts/story-reviewer.md (templates are the project's to change) that tells the agent
+# the exact answer to give when the story is fine: the agent that gives it has answered.
+CUSTOM_PROMPT = (
+    "Review the story.\n\nIf it is ready for development, answer exactly:\n\n```json\n"
+    + json.dumps(MINIMAL) + "\n```\n\nOtherwise list findings with verdict needs-improve.\n"
+)
+
+
+def test_an_answer_equal_to_a_templates_minimal_example_is_the_agents_own(tmp_path: Path) -> None:
+    """It was refused as an echo of the prompt: in a CLI's own answer text (Claude's `result`) always, in plain
+    text when the output holds it once more than the prompt. An echo alone is still no answer."""
+    claude = json.dumps({"type": "result", "is_error": False, "result": "```json\n" + json.dumps(MINIMAL) + "\n```",
+                         "usage": {"input_tokens": 1000, "output_tokens": 200}})
+    assert _read_output(run_dir(tmp_path / "claude", CUSTOM_PROMPT, claude + "\n"))[0].complete == MINIMAL
+    plain = CUSTOM_PROMPT + "\nReady.\n" + json.dumps(MINIMAL) + "\n"
+    assert _read_output(run_dir(tmp_path / "plain", CUSTOM_PROMPT, plain))[0].complete == MINIMAL
+    echo_only = _read_output(run_dir(tmp_path / "echo", CUSTOM_PROMPT, CUSTOM_PROMPT + "\nDone.\n"))[0]
+    assert echo_only.complete is None and echo_only.echoed_prompt
+
+
+def test_an_echo_the_launcher_redacted_is_still_no_answer(tmp_path: Path) -> None:
+    """The launcher redacts stdout.log, never prompt.md: an echoed example holding a secret's value (story
+    3-1-postgres-schema, POSTGRES_PASSWORD=postgres) differed from the prompt's and was taken as a success."""
+    a = TaskAssignment(
+        dispatch_id="s/b/3-1/1", agent_type=AgentType.DEV_RUNNER, mode=AgentMode.DEV, story_key="3-1-postgres-schema",
+        story_path="stories/3-1-postgres-schema.md", session_id="s", batch_id=1, report_to="s/b", project_root="/p",
+    )
+    ctx = PromptContext(assignment=a, story_file="/p/stories/3-1.md", workdir="/wt", result_file="/r.json")
+    prompt = render_prompt(*load_templates(str(tmp_path), AgentType.DEV_RUNNER), ctx)
+    # what agent_launcher writes for a plain-text CLI that echoes its prompt and stops
+    echoed = redact_forms(prompt + "\nDone.\n", secret_forms(["postgres"]))
+    output, _ = _read_output(run_dir(tmp_path / "run", prompt, echoed), {"POSTGRES_PASSWORD": "postgres"})
+    assert output.complete is None and output.echoed_prompt, output
+
+
+async def test_an_echoing_cli_whose_story_key_holds_a_secrets_value_has_not_succeeded(tmp_path: Path) -> None:
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="echo-prompt,no-answer", GREETING_API_KEY="hello-world")
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.FAILURE and "repeats the example answer of its prompt" in done.error, done
+
+
+def test_a_pretty_printed_output_past_the_whole_reading_size_keeps_its_answer_and_tokens(tmp_path: Path) -> None:
+    """Gemini's `--output-format json` is one pretty-printed document: past WHOLE_OUTPUT_BYTES, read line by line
+    only, its answer and tokens were lost."""
+    answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "g"}
+    doc = {"response": "log " * (WHOLE_OUTPUT_BYTES // 4) + json.dumps(answer),
+           "stats": {"models": {"gemini-2.5-pro": {"tokens": {"prompt": 900, "candidates": 40, "cached": 100}}}}}
+    d = run_dir(tmp_path, "prompt", json.dumps(doc, indent=2))
+    assert (d / "stdout.log").stat().st_size > WHOLE_OUTPUT_BYTES
+    output, digest = _read_output(d)
+    assert (output.complete, astuple(output.tokens)) == (answer, (800, 40, 100, 0))
+    assert digest == hashlib.sha256((d / "stdout.log").read_bytes()).hexdigest()
+
+
+def test_a_single_line_past_the_whole_reading_size_keeps_its_answer(tmp_path: Path) -> None:
+    answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "h"}
+    claude = json.dumps({"type": "result", "is_error": False, "usage": {"input_tokens": 3, "output_tokens": 4},
+                         "result": "x" * (WHOLE_OUTPUT_BYTES + 10) + json.dumps(answer)})
+    plain = "y" * (WHOLE_OUTPUT_BYTES + 10) + " " + json.dumps(answer)
+    for i, out in enumerate((claude, plain, claude + "\r\n")):
+        d = run_dir(tmp_path / str(i), "p", out)
+        output, digest = _read_output(d)
+        assert output.complete == answer, i
+        assert astuple(output.tokens)[:2] == ((0, 0) if out is plain else (3, 4)), (i, output.tokens)
+        assert digest == hashlib.sha256((d / "stdout.log").read_bytes()).hexdigest()
