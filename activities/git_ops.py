@@ -414,7 +414,9 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
             result.refused.append(path)
             continue
         left.append(path)
-        if secret or removal_staged(codes):  # `git rm --cached`: `git add` would track the file again
+        if secret or (removal_staged(codes) and not (
+            "??" in codes and await _would_commit_secret_content(wt, path, codes)
+        )):  # `git rm --cached`: `git add` would track the file again (not `git rm`, then the file written anew)
             removals_only.add(path)
     for batch in _batches(result.refused):  # one the agent staged stays out of every commit
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *batch)
@@ -568,9 +570,13 @@ async def move_story_file_out(wt: Worktree, story_path: str, project_story_file:
 
 async def _keep_story_text(wt: Worktree, story_path: str, checkouts_copy: Path, dispatch_id: str) -> str | None:
     """The checkout's story file as a commit of that one file under story_file_before_ref (`git show
-    <ref>:<path>`); a retry keeps the first (by then the checkout holds the agent's text). The ref, if kept."""
+    <ref>:<path>`); a retry keeps the first (by then the checkout holds the agent's text). One an earlier run of
+    the same sprint id left (its dispatch ids are the same; the run id in the commit tells) is no retry's: the
+    text is kept anew over it (its parent). The ref, if kept."""
     ref = story_file_before_ref(dispatch_id)
-    if await _commit_of(wt.path, ref) is not None:
+    run = f"run {_workflow_run_id()}"
+    earlier = await _commit_of(wt.path, ref)
+    if earlier is not None and run in await git(wt.path, "log", "-1", "--format=%B", earlier):
         return ref
     if not checkouts_copy.is_file() or checkouts_copy.is_symlink():
         return None
@@ -582,11 +588,19 @@ async def _keep_story_text(wt: Worktree, story_path: str, checkouts_copy: Path, 
         tree = (await git(wt.path, "write-tree", index_file=index)).strip()
     finally:
         Path(index).unlink(missing_ok=True)
-    kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree, "-m",
-                      f"bso: {story_path} in the checkout before the agent's copy replaced it ({dispatch_id})")
+    kept = (await git(wt.path, *await identity_args(wt.path), "commit-tree", tree,
+                      *(["-p", earlier] if earlier else []), "-m",
+                      f"bso: {story_path} in the checkout before the agent's copy replaced it ({dispatch_id}, {run})")
             ).strip().splitlines()[-1]
     await git(wt.path, "update-ref", ref, kept)
     return ref
+
+
+def _workflow_run_id() -> str:
+    try:
+        return activity.info().workflow_run_id
+    except RuntimeError:  # not in an activity
+        return ""
 
 
 async def put_story_text_back(wt: Worktree, story_path: str, project_story_file: str, moved: StoryFileMoved) -> bool:
@@ -601,13 +615,18 @@ async def put_story_text_back(wt: Worktree, story_path: str, project_story_file:
 
 async def _blob_bytes(cwd: str, rev: str) -> bytes:
     """A blob as it is (git() decodes its output: a cp1252 story would lose its bytes)."""
+    return await _git_bytes(cwd, "cat-file", "blob", rev)
+
+
+async def _git_bytes(cwd: str, *args: str) -> bytes:
+    """git's output as it is (git() decodes it, a non-UTF-8 byte replaced)."""
     proc = await asyncio.create_subprocess_exec(
-        *git_argv(cwd, "cat-file", "blob", rev), stdin=asyncio.subprocess.DEVNULL,
+        *git_argv(cwd, *args), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     if proc.returncode != 0:
-        raise GitError(f"git cat-file blob {rev} failed ({proc.returncode}): {err.decode(errors='replace')[-800:]}")
+        raise GitError(f"git {' '.join(args)} failed ({proc.returncode}): {err.decode(errors='replace')[-800:]}")
     return out
 
 
@@ -1034,7 +1053,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
                 note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
             )
     merged_head = (await head(root)).strip()
-    kept = _put_back_untracked(root, aside)
+    kept = [os.fsencode(n).decode(errors="replace") for n in _put_back_untracked(root, aside)]  # said: valid text
     if kept:
         activity.logger.info("%s untracked %s, kept on disk: put back in the checkout after the merge",
                              inp.story_key, ", ".join(kept))
@@ -1078,8 +1097,9 @@ async def _set_aside_files_the_story_untracked(root: str, worktree: Path, base: 
     (A file removed from the disk too, `git rm`, goes from the checkout as well.)"""
     if not (worktree / ".git").exists():
         return
-    removed = await git(root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=D", base, tip)
-    for name in filter(None, removed.split("\x00")):
+    # Names as bytes (git() decodes with errors="replace": a non-UTF-8 name would match no file, and go).
+    removed = await _git_bytes(root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=D", base, tip)
+    for name in filter(None, (os.fsdecode(n) for n in removed.split(b"\x00"))):
         kept, ours = worktree / name, Path(root, name)
         if not (kept.is_file() and not kept.is_symlink() and ours.is_file() and not ours.is_symlink()):
             continue

@@ -24,6 +24,7 @@ command) run as a child process of the agent activity, in the story's git worktr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,6 +47,7 @@ from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
 from activities.agent_launcher import CANCELLED_FILE, group_mark, marked_pids
 from activities.git_ops import (
+    StoryFileMoved,
     Worktree,
     back_on_story_branch,
     checkout_work_since,
@@ -531,6 +533,7 @@ def _checks_owner(a: TaskAssignment) -> str:
     return f"{a.dispatch_id} {activity.info().workflow_run_id} {machine_id()}"
 
 
+STORY_MOVED_FILE = "story-file-moved.json"  # the story file this dispatch moved to the checkout (a retry rolls it back)
 STORY_VALUE_FILE = "story-value.json"  # the story's value in the status file before the dispatch's agent ran
 
 
@@ -1001,6 +1004,13 @@ async def _checked(
         moved = await move_story_file_out(
             wt, story_path, _validate(a), agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
         )
+        moved_file = run_dir / STORY_MOVED_FILE
+        if moved is not None:  # a retry (the worker died during the checks) finds it moved already: said here
+            write_json_atomic(moved_file, {"run_id": activity.info().workflow_run_id, **dataclasses.asdict(moved)})
+        elif moved_file.is_file() and (record := json.loads(moved_file.read_text(encoding="utf-8"))).get(
+            "run_id"
+        ) == activity.info().workflow_run_id:
+            moved = StoryFileMoved(record.get("kept_as"), record.get("written", ""))
         if moved is not None:
             kept = f" (its text before: `git show {moved.kept_as}:{story_path}`)" if moved.kept_as else ""
             findings.append(Finding(
