@@ -19,10 +19,10 @@ from tests.fake_agent.project import STORY, git
 from tests.workflow.test_command_backend import STORY_PATH, STORY_TEXT, assignment, dev_project, finish
 
 
-async def test_a_file_removed_then_written_anew_by_the_agent_is_committed_with_its_new_text(tmp_path: Path) -> None:
+async def test_a_file_removed_then_written_anew_by_the_agent_reaches_the_checkout_with_its_new_text(tmp_path: Path) -> None:
     """`git rm notes.txt`, then notes.txt written anew (a rewrite, a regenerated file): its status is `D ` and
     `??`. The gate that decided on the index committed only the removal: the new text was left untracked in the
-    worktree (lost with it), and the finish then put the checkout's OLD copy back,
+    worktree (lost with it), the user's branch lost notes.txt, and the finish put the checkout's OLD copy back,
     untracked."""
     root = dev_project(tmp_path)
     (root / "notes.txt").write_text("old\n")
@@ -35,20 +35,6 @@ async def test_a_file_removed_then_written_anew_by_the_agent_is_committed_with_i
                                    dispatch_id="s1/batch-1/1-1/1")
     assert gate.refused == []
     assert git(wt.path, "show", "HEAD:notes.txt") == "new, by the agent\n", git(wt.path, "status", "--porcelain")
-
-
-async def test_a_file_rewritten_after_git_rm_reaches_the_checkout_with_its_new_text(tmp_path: Path) -> None:
-    """The same, through to the merge: the user's branch lost notes.txt, the agent's new text was gone, and the
-    checkout held the old text as an untracked file."""
-    root = dev_project(tmp_path)
-    (root / "notes.txt").write_text("old\n")
-    git(root, "add", "notes.txt")
-    git(root, "commit", "-qm", "notes")
-    wt = await ensure_worktree(str(root), "s1", STORY)
-    git(wt.path, "rm", "-q", "notes.txt")
-    (Path(wt.path) / "notes.txt").write_text("new, by the agent\n")
-    await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                            dispatch_id="s1/batch-1/1-1/1")
     done = await finish(root)
     assert done.merged, done.note
     tracked = git(root, "ls-files", "notes.txt").strip()
