@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,11 +123,6 @@ def _usage_of(doc: dict[str, Any]) -> TokenUse:
     return TokenUse()
 
 
-def token_use(stdout: str) -> TokenUse:
-    """Summed over every JSON document (Codex and OpenCode report per turn/step)."""
-    return cli_output(stdout).tokens
-
-
 # The end of a plain-text answer searched for an AGENT_COMPLETE (an aider-style footer may follow it), and how
 # many `{` of it are tried as an object's start.
 TEXT_TAIL_CHARS = 64_000
@@ -156,24 +152,25 @@ def prompt_examples(prompt: str) -> list[dict[str, Any]]:
 def _complete_in_text(text: str, examples: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any] | None, bool]:
     """The last JSON object in free text that has a `status`: fenced or not, on one line or pretty-printed over
     many, with text after it. Of objects one inside another, the outermost (a finding may carry a `status`).
-    The prompt's own objects (`examples`) are passed over, as often as the prompt holds them (an echo of it);
-    one the text holds more often is the agent's too (its answer may be a template's minimal example); whether
-    one was passed over."""
+    The prompt's own objects (`examples`) are passed over, as often as the prompt holds them and first in the
+    text (an echo of it); one the text holds more often is the agent's too (its answer may be a template's
+    minimal example). Also whether one was passed over."""
+    echoes_left = Counter(_key(example) for example in examples)
     found: tuple[dict[str, Any], int] | None = None  # the object and where it ends
     echoed = False
     starts = [m.start() for m in re.finditer(r"\{", text)][-_MAX_OBJECT_STARTS:]
-    objects = list(_objects_with_status(text, reversed(starts)))
-    own: list[dict[str, Any]] = []  # the occurrences of examples taken as the agent's, the last ones first
-    for obj, end in objects:
-        if obj in examples:
-            spare = sum(o == obj for o, _ in objects) - sum(e == obj for e in examples)
-            if sum(o == obj for o in own) >= spare:
-                echoed = True
-                continue
-            own.append(obj)
-        if found is None or end > found[1]:
+    for obj, end in _objects_with_status(text, starts):
+        if echoes_left[key := _key(obj)] > 0:
+            echoes_left[key] -= 1
+            echoed = True
+        elif found is None or end > found[1]:
             found = (obj, end)  # the one ending last: around the ones inside it, after the ones before it
     return (found[0] if found else None), echoed
+
+
+def _key(obj: dict[str, Any]) -> str:
+    """An object as a key: equal objects, equal keys (their fields in any order)."""
+    return json.dumps(obj, sort_keys=True, default=str)
 
 
 def _answer_text(doc: dict[str, Any]) -> str | None:
@@ -243,11 +240,6 @@ def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence
 def cli_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> CliOutput:
     """read_cli_output of an output held whole."""
     return read_cli_output(json_documents(stdout), stdout.strip()[-TEXT_TAIL_CHARS:], examples)
-
-
-def complete_from_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
-    """An AGENT_COMPLETE-like object found in the CLI's final output, if any; none of the prompt's `examples`."""
-    return cli_output(stdout, examples).complete
 
 
 # What real agents write for a severity BSO names otherwise.

@@ -15,12 +15,10 @@ from bso.agent_output import (
     CliOutput,
     TokenUse,
     cli_output,
-    complete_from_output,
     json_documents,
     line_documents,
     prompt_examples,
     read_cli_output,
-    token_use,
 )
 from bso.agent_profiles import (
     AgentProfileError,
@@ -193,26 +191,26 @@ def test_argv_rendering_and_redaction() -> None:
 def test_token_use_of_each_cli() -> None:
     claude = json.dumps({"type": "result", "result": "ok", "usage": {
         "input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 20}})
-    assert token_use(claude) == TokenUse(10, 5, 1000, 20)
-    assert token_use(claude).weighted(0.1) == 10 + 5 + 100 + 20
+    assert cli_output(claude).tokens == TokenUse(10, 5, 1000, 20)
+    assert cli_output(claude).tokens.weighted(0.1) == 10 + 5 + 100 + 20
     codex = "\n".join(json.dumps(e) for e in [
         {"type": "thread.started"},
         {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 60, "output_tokens": 7}},
         {"type": "turn.completed", "usage": {"input_tokens": 50, "cached_input_tokens": 0, "output_tokens": 3}},
     ])
-    assert token_use(codex) == TokenUse(90, 10, 60, 0)
+    assert cli_output(codex).tokens == TokenUse(90, 10, 60, 0)
     gemini = json.dumps({"response": "x", "stats": {"models": {"g": {"tokens": {"prompt": 30, "candidates": 4, "cached": 10}}}}})
-    assert token_use(gemini) == TokenUse(20, 4, 10, 0)
-    assert token_use("plain text\nno json") == TokenUse()
+    assert cli_output(gemini).tokens == TokenUse(20, 4, 10, 0)
+    assert cli_output("plain text\nno json").tokens == TokenUse()
 
 
 def test_agent_complete_found_in_cli_output() -> None:
     inner = {"status": "success", "verdict": "success", "summary": "ok"}
     claude = json.dumps({"type": "result", "result": "All good.\n```json\n" + json.dumps(inner) + "\n```"})
-    assert complete_from_output(claude) == inner
+    assert cli_output(claude).complete == inner
     codex = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": json.dumps(inner)}})
-    assert complete_from_output(codex) == inner
-    assert complete_from_output("I did nothing useful") is None
+    assert cli_output(codex).complete == inner
+    assert cli_output("I did nothing useful").complete is None
 
 
 def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Path) -> None:
@@ -233,7 +231,7 @@ def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Pa
     assert read_result_file(result) == {"status": "success"}
     result.write_bytes(b'\xef\xbb\xbf{"status": "success"}')  # a BOM: "Expecting value" on every attempt
     assert read_result_file(result) == {"status": "success"}
-    assert complete_from_output("[" * 100_000) is None and token_use("[" * 100_000 + "\n{}") == TokenUse()
+    assert cli_output("[" * 100_000).complete is None and cli_output("[" * 100_000 + "\n{}").tokens == TokenUse()
 
 
 def test_git_rules() -> None:
@@ -317,7 +315,7 @@ def test_a_prompt_echoed_by_a_plain_text_cli_is_never_taken_for_its_answer(tmp_p
     example = json.loads(result_shape(a))
     examples = prompt_examples(prompt)
     assert example in examples and quoted in examples
-    assert complete_from_output(prompt + "\nDone.") == example  # what was taken before
+    assert cli_output(prompt + "\nDone.").complete == example  # what was taken before
     assert cli_output(prompt + "\nDone.", examples) == CliOutput(None, echoed_prompt=True)
     assert cli_output(prompt.replace("\n", "\r\n"), examples) == CliOutput(None, echoed_prompt=True)
     one_line = json.dumps(example)  # a JSON-lines CLI printing the example as a document of its own
@@ -442,7 +440,7 @@ def test_a_pretty_printed_answer_in_plain_text_is_found() -> None:
     assert len(pretty.splitlines()) > 20
     footer = "\n".join(f"Tokens: {n}k sent, 1k received." for n in range(30))
     for text in (f"Done.\n```json\n{pretty}\n```\n{footer}", f"Here it is:\n{pretty}\n{footer}"):
-        assert complete_from_output(text) == answer
+        assert cli_output(text).complete == answer
     earlier = json.dumps({"status": "failure", "summary": "first try"})
-    assert complete_from_output(f"{earlier}\nthen again:\n{pretty}") == answer  # the last one
-    assert complete_from_output("a set {1, 2} and no answer") is None
+    assert cli_output(f"{earlier}\nthen again:\n{pretty}").complete == answer  # the last one
+    assert cli_output("a set {1, 2} and no answer").complete is None
