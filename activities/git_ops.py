@@ -60,6 +60,9 @@ _IDENTITY = ["-c", "user.name=BSO", "-c", "user.email=bso@localhost"]
 _OWN_GIT_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false")
 
 
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}  # never a prompt; messages as the code reads them
+
+
 def git_argv(cwd: str, *args: str) -> list[str]:
     return ["git", "-C", cwd, *_OWN_GIT_CONFIG, *args]
 
@@ -71,7 +74,7 @@ class GitError(RuntimeError):
 
 
 async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120, index_file: str | None = None) -> str:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env = {**os.environ, **_GIT_ENV}
     if index_file is not None:  # an index of BSO's own, beside the worktree's
         env["GIT_INDEX_FILE"] = index_file
     done = await run_command(git_argv(cwd, *args), cwd=cwd, env=env, timeout=timeout)
@@ -410,12 +413,12 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
             result.repositories.append(path.rstrip("/"))
             continue
         secret = is_secret_path(path, settings.secret_patterns)
-        if secret and await _would_commit_secret_content(wt, path, codes):
+        if secret and await _would_commit_content(wt, path, codes):
             result.refused.append(path)
             continue
         left.append(path)
         if secret or (removal_staged(codes) and not (
-            "??" in codes and await _would_commit_secret_content(wt, path, codes)
+            "??" in codes and await _would_commit_content(wt, path, codes)
         )):  # `git rm --cached`: `git add` would track the file again (not `git rm`, then the file written anew)
             removals_only.add(path)
     for batch in _batches(result.refused):  # one the agent staged stays out of every commit
@@ -457,11 +460,12 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     return result
 
 
-async def _would_commit_secret_content(wt: str, path: str, statuses: list[str]) -> bool:
-    """Would committing this secret-looking path put content into the branch? Decided on the index, not the disk:
-    a file the index no longer holds (`git rm --cached key.pem`, maybe listed in .gitignore then) is the agent
-    taking the secret out of the repository, its file kept on disk, unless those bytes are not the ones the
-    repository last had there (a new key written after the untracking). A file gone from the disk is a removal."""
+async def _would_commit_content(wt: str, path: str, statuses: list[str]) -> bool:
+    """Would committing this path put content into the branch? Decided on the index, not the disk: a file the
+    index no longer holds (`git rm --cached key.pem`, maybe listed in .gitignore then) is the agent taking it out
+    of the repository, its file kept on disk, unless those bytes are not the ones the repository last had there
+    (a new key written after the untracking, a file rewritten after `git rm`). A file gone from the disk is a
+    removal."""
     on_disk = os.path.join(wt, path)
     if not os.path.lexists(on_disk):
         return False
@@ -621,7 +625,7 @@ async def _blob_bytes(cwd: str, rev: str) -> bytes:
 async def _git_bytes(cwd: str, *args: str) -> bytes:
     """git's output as it is (git() decodes it, a non-UTF-8 byte replaced)."""
     proc = await asyncio.create_subprocess_exec(
-        *git_argv(cwd, *args), stdin=asyncio.subprocess.DEVNULL,
+        *git_argv(cwd, *args), env={**os.environ, **_GIT_ENV}, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()

@@ -19,7 +19,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS
@@ -206,6 +206,7 @@ class CliOutput:
     echoed_prompt: bool = False  # the output repeats an AGENT_COMPLETE of the prompt's (its example), passed over
     tokens: TokenUse = TokenUse()  # summed over every document (Codex and OpenCode report per turn/step)
     cli_error: str | None = None  # the first error the CLI itself reported
+    documents: int = field(default=0, compare=False)  # how many JSON documents the output held (not what it says)
 
 
 def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence[dict[str, Any]] = ()) -> CliOutput:
@@ -218,7 +219,8 @@ def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence
     echoed = False
     text: str | None = None
     error: str | None = None
-    for doc in documents:
+    count = 0
+    for count, doc in enumerate(documents, 1):
         if not isinstance(doc, dict):
             continue
         tokens += _usage_of(doc)
@@ -234,7 +236,7 @@ def read_cli_output(documents: Iterable[Any], text_tail: str, examples: Sequence
         # echo of its prompt: an answer there equal to the prompt's example (a template's minimal one) is its own.
         complete, seen = _complete_in_text(text, ()) if text is not None else _complete_in_text(text_tail, examples)
         echoed = echoed or seen
-    return CliOutput(complete, echoed, tokens, error)
+    return CliOutput(complete, echoed, tokens, error, count)
 
 
 def cli_output(stdout: str, examples: Sequence[dict[str, Any]] = ()) -> CliOutput:

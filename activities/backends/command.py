@@ -593,6 +593,18 @@ def _keep_earlier_transcript(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
+def _story_file_move_noted(run_dir: Path, moved: StoryFileMoved | None) -> StoryFileMoved | None:
+    """This dispatch's move of the story file to the checkout, noted in the run folder: a retry (the worker died
+    during the checks) finds the file moved already, and its P20 rollback still puts the text before back."""
+    noted = run_dir / STORY_MOVED_FILE
+    if moved is not None:
+        write_json_atomic(noted, {"run_id": activity.info().workflow_run_id, **dataclasses.asdict(moved)})
+        return moved
+    if (record := _read_record(noted)) is None or not _this_runs(record, noted):
+        return None
+    return StoryFileMoved(record.get("kept_as"), record.get("written", ""))
+
+
 def _agent_started_at(run_dir: Path, run: AgentRun) -> float:
     """When the agent of this dispatch started (a Unix time): its exit record is written as it exits."""
     exit_file = run_dir / "exit.json"
@@ -726,16 +738,8 @@ def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliO
                     digest.update(line)
                     yield line.decode("utf-8", errors="replace")
 
-            seen = 0
-
-            def counted(documents: Iterator[object]) -> Iterator[object]:
-                nonlocal seen
-                for doc in documents:
-                    seen += 1
-                    yield doc
-
-            output = read_cli_output(counted(line_documents(lines())), tail, examples)
-            if not seen and tail.endswith(("}", "]")):  # one pretty-printed document (Gemini's): tried whole, as before
+            output = read_cli_output(line_documents(lines()), tail, examples)
+            if not output.documents and tail.endswith(("}", "]")):  # one pretty-printed document (Gemini's): whole
                 fh.seek(0)
                 try:
                     whole = json.loads(fh.read().decode("utf-8", errors="replace"))
@@ -1004,13 +1008,7 @@ async def _checked(
         moved = await move_story_file_out(
             wt, story_path, _validate(a), agent_type=a.agent_type.value, dispatch_id=a.dispatch_id
         )
-        moved_file = run_dir / STORY_MOVED_FILE
-        if moved is not None:  # a retry (the worker died during the checks) finds it moved already: said here
-            write_json_atomic(moved_file, {"run_id": activity.info().workflow_run_id, **dataclasses.asdict(moved)})
-        elif moved_file.is_file() and (record := json.loads(moved_file.read_text(encoding="utf-8"))).get(
-            "run_id"
-        ) == activity.info().workflow_run_id:
-            moved = StoryFileMoved(record.get("kept_as"), record.get("written", ""))
+        moved = _story_file_move_noted(run_dir, moved)
         if moved is not None:
             kept = f" (its text before: `git show {moved.kept_as}:{story_path}`)" if moved.kept_as else ""
             findings.append(Finding(
