@@ -387,6 +387,7 @@ class GateResult:
     committed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     repositories: list[str] = field(default_factory=list)  # git repositories of their own, never committed
+    tracked_again: list[str] = field(default_factory=list)  # untracked but not ignored: `git add` tracks them
 
 
 # Git rewrites its whole index for every commit: one commit per file cost ~30 ms a file at 3,000 files and grew
@@ -399,7 +400,9 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     """P32: commit what the agent left, file by file (past GATE_COMMITS_PER_FILE_UP_TO files, all in one
     commit); P21: refuse secret-looking files (left uncommitted and unstaged, and reported also when the agent
     committed them itself; deleting or untracking one is fine: its removal is committed, a file kept on disk
-    stays out of the commits). A git repository the agent left inside the worktree (a clone)
+    stays out of the commits). Another file the agent untracked stays out only where it is ignored now (as
+    `git rm --cached` then .gitignore does); kept as it was and not ignored, it is tracked again
+    (GateResult.tracked_again). A git repository the agent left inside the worktree (a clone)
     is not committed: it would be a gitlink without its files, which go with the worktree."""
     result = GateResult()
     identity = await identity_args(wt)
@@ -416,11 +419,16 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         if secret and await _would_commit_content(wt, path, codes):
             result.refused.append(path)
             continue
+        if not secret and removal_staged(codes) and "??" in codes and not await _would_commit_content(wt, path, codes):
+            # Untracked (`git rm --cached`), kept as it was and not ignored: the half of `git rm -r --cached .`
+            # without its `git add .` would take the whole project out of the repository. Any next `git add -A`
+            # tracks it again; so does the gate, first (a commit of another file would take its removal), and says so.
+            result.tracked_again.append(path)
+            continue
         left.append(path)
-        if secret or (removal_staged(codes) and not (
-            "??" in codes and await _would_commit_content(wt, path, codes)
-        )):  # `git rm --cached`: `git add` would track the file again (not `git rm`, then the file written anew)
-            removals_only.add(path)
+        if secret or removal_staged(codes) and "??" not in codes:  # gone from the disk, or ignored now
+            removals_only.add(path)  # `git add` would track an ignored file again, or fail on it
+    await _stage(wt, result.tracked_again)
     for batch in _batches(result.refused):  # one the agent staged stays out of every commit
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *batch)
 

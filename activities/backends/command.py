@@ -111,7 +111,7 @@ from bso.git_rules import (
     parse_acceptance_criteria,
     parse_file_scope,
 )
-from bso.messages import MAX_FINDINGS, MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
+from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
 from bso.states import BMAD_AGENT_STORY_VALUES, AgentMode, AgentStatus, AgentType, Severity
@@ -996,6 +996,11 @@ async def _checked(
             wt.path, agents.git, since=before, agent_type=a.agent_type.value, story_key=a.story_key,
             dispatch_id=a.dispatch_id,
         )
+        if again := gate.tracked_again:
+            names = ", ".join(again[:10]) + (f" and {len(again) - 10} more" if len(again) > 10 else "")
+            summary = (f"untracked {len(again)} file(s) with `git rm --cached` without ignoring them ({names}): "
+                       "tracked again, as `git add` would (list them in .gitignore to take them out)")
+            findings.append(Finding(severity=Severity.LOW, file=again[0], summary=summary[:MAX_SUMMARY_CHARS]))
         status_files = status_file_in_project(root, a.status_file)
         if status_files and await undo_status_file_change(
             wt, status_files, agent_type=a.agent_type.value, dispatch_id=a.dispatch_id

@@ -19,7 +19,8 @@ story under docs/stories/, not at $BSO_STORY_FILE), creator-sets-status (the sto
 `ready-for-dev` in the project's sprint-status.yaml, as BMAD's create-story does), garbled-usage (reports 10^30 output tokens), many-findings (200 findings, the most an answer carries), huge-findings
 (the review-runner's 200 findings of 1,900 characters with 7,000-character paths), shared-file (also appends
 a line naming the story to src/shared.py, a file every such story touches), in-project-root (the dev-runner
-works, and commits, in $BSO_PROJECT_ROOT instead of its worktree). $FAKE_AGENT_LEDGER:
+works, and commits, in $BSO_PROJECT_ROOT instead of its worktree), untrack-all (then runs `git rm -r --cached .`
+and nothing after it). $FAKE_AGENT_LEDGER:
 a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 `hang` records its own pid and its two children's (one started in a session of its own).
 
@@ -218,6 +219,8 @@ def main():
             if subprocess.run(["git", "diff", "--cached", "--quiet"]).returncode:  # something staged
                 git("commit", "-q", "-m", f"implement {key}")
             Path(f"src/{module}_extra.py").write_text("EXTRA = 1\n")  # left for BSO's exit gate
+        if "untrack-all" in behavior:  # half of the .gitignore re-apply idiom: no `git add .` after it
+            git("rm", "-r", "-q", "--cached", ".")
     status_file = Path("_bmad-output/implementation-artifacts/sprint-status.yaml")
     if agent == "story-creator" and "creator-sets-status" in behavior:  # BMAD's create-story does
         status_file.write_text(re.sub(rf"^(\s*{re.escape(key)}:).*$", r"\1 ready-for-dev", status_file.read_text(), flags=re.M))

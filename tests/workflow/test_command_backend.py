@@ -293,9 +293,10 @@ async def test_untracking_a_committed_key_is_no_secret_to_refuse_and_its_file_st
     assert "kept on disk: config.pem, key.pem" in done.note, done.note
 
 
-async def test_a_file_untracked_and_ignored_by_the_agent_stays_untracked(tmp_path: Path) -> None:
+async def test_a_file_the_agent_untracked_stays_untracked_where_it_is_ignored_now(tmp_path: Path) -> None:
     """`git rm --cached build.log` and build.log in .gitignore: the gate's `git add` of the path, ignored now,
-    failed the gate (every attempt); where it was not ignored, the gate tracked it again."""
+    failed the gate (every attempt). notes.txt, untracked but not ignored, is tracked again, as any `git add -A`
+    would: the same rule took a whole project out of the repository (next test)."""
     root = dev_project(tmp_path)
     for name in ("build.log", "notes.txt"):
         (root / name).write_text("kept\n")
@@ -306,9 +307,29 @@ async def test_a_file_untracked_and_ignored_by_the_agent_stays_untracked(tmp_pat
     (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nbuild.log\n")
     gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
                                    dispatch_id="s1/batch-1/1-1/1")
-    assert sorted(gate.committed) == [".gitignore", "build.log", "notes.txt"], gate
-    assert git(wt.path, "ls-files", "build.log", "notes.txt") == ""
+    assert sorted(gate.committed) == [".gitignore", "build.log"] and gate.tracked_again == ["notes.txt"], gate
+    assert git(wt.path, "ls-files", "build.log", "notes.txt") == "notes.txt\n"
     assert (Path(wt.path) / "build.log").exists() and (Path(wt.path) / "notes.txt").exists()
+
+
+async def test_untracking_the_whole_project_without_adding_it_back_takes_nothing_out(tmp_path: Path) -> None:
+    """`git rm -r --cached .` without the `git add .` that re-applies .gitignore: the gate committed every file's
+    removal, and the story's merge took the whole project out of the user's repository (its files left on disk,
+    untracked). Now they are tracked again, the agent's own work committed, and a finding says so."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="untrack-all")
+    tracked = set(git(root, "ls-files").splitlines())
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    [said] = [f for f in done.findings if "git rm --cached" in f.summary]
+    # The project's files and the agent's two it had committed before untracking them all.
+    assert said.summary.startswith(f"untracked {len(tracked) + 2} file(s) with `git rm --cached` without ignoring them")
+    merged = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY)
+    )
+    assert merged.merged, merged
+    after = set(git(root, "ls-files").splitlines())
+    assert tracked <= after and "src/story_1_1_hello_world_extra.py" in after, sorted(tracked - after)
+    assert git(root, "status", "--porcelain", "--untracked-files=no") == ""
 
 
 async def test_a_tracked_key_changed_then_untracked_or_staged_is_refused(tmp_path: Path) -> None:
