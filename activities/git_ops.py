@@ -696,25 +696,51 @@ async def undo_interrupted_checks(wt: str, owner: str) -> bool:
 
 
 # The worktree's own locks: the index's (`git add`, `git commit`) and HEAD's (a commit, a checkout moving it).
-# (The story branch's ref lock is in the repository's common folder, which the user's checkout shares: not ours.)
+# (The story branch's ref lock, in the repository's common folder, goes too: a stale one failed every commit on the
+# branch. The user's checkout shares that folder, so it goes only when no process works there either.)
 _WORKTREE_LOCKS = ("index.lock", "HEAD.lock")
 
 
-async def remove_stale_locks(wt: str) -> list[Path]:
-    """Locks in the worktree's git folder (_WORKTREE_LOCKS) that no living process can hold: a git killed with
-    SIGKILL (its worker, or the agent, killed hard in the middle of a `git add` or a commit) left them, and every
-    git that writes the index or moves HEAD failed on them, attempt after attempt. Called before a dispatch works
-    in the worktree, once its earlier attempts' processes are killed (on a first attempt too: an earlier
-    dispatch may have left one). A lock goes only when procfs shows no live process working in the worktree or
-    its git folder (a git run there, `-C` or from a shell, has its directory there) nor holding the lock open (a
-    git run from elsewhere with --git-dir): git holds it only while running, so a lock none of them holds is
-    nobody's. Without procfs nothing tells: it stays. The locks removed."""
-    folder = await git_dir(wt)
+def _story_ref_lock(common: Path, branch: str) -> Path:
+    """The lock of the story's branch: `<common git folder>/refs/heads/<branch>.lock`, shared by all the
+    repository's checkouts (a commit in the worktree moves the branch under it, as the squash does)."""
+    return common / "refs" / "heads" / f"{branch}.lock"
+
+
+async def _main_checkouts(wt: str, project_root: str) -> list[Path]:
+    """Where the user's git works: the project's root and the repository's main checkout, the first of `git
+    worktree list` (another folder when the project is a linked worktree itself; git names the common folder
+    there when that is not a checkout's `.git`, as with `git init --separate-git-dir`)."""
+    listed = (await git(wt, "worktree", "list", "--porcelain", check=False)).splitlines()
+    first = listed[0].removeprefix("worktree ") if listed and listed[0].startswith("worktree ") else None
+    return [Path(project_root), *([Path(first)] if first else [])]
+
+
+async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
+    """Locks no living process can hold: a git killed with SIGKILL (its worker, or the agent, killed hard in the
+    middle of a `git add` or a commit) left them, and every git that writes the index, moves HEAD or commits on
+    the story's branch failed on them, attempt after attempt. Called before a dispatch works in the worktree,
+    once its earlier attempts' processes are killed (on a first attempt too: an earlier dispatch may have left
+    one). The worktree's own (_WORKTREE_LOCKS, in its git folder) go when procfs shows no live process working
+    in the worktree or its git folder (a git run there, `-C` or from a shell, has its directory there) nor
+    holding the lock open (a git run from elsewhere with --git-dir): git holds a lock only while running, so a
+    lock none of them holds is nobody's.
+    The story branch's ref lock (_story_ref_lock) is in the repository's common git folder, which the user's
+    checkout shares: a git of the user's there may hold it (`git gc` and `git pack-refs` lock every loose ref
+    they prune), so it goes only when, besides, no live process works in the common folder or the user's
+    checkout (_main_checkouts, BSO's worktrees under it included). Only that one lock: never another ref's (the
+    user's branch, another story's), never packed-refs.lock. Without procfs nothing tells: they stay. The
+    locks removed."""
+    folder = await git_dir(wt.path)
+    common = Path(wt.path, (await git(wt.path, "rev-parse", "--git-common-dir")).strip())
     removed = []
-    for lock in (folder / name for name in _WORKTREE_LOCKS):
+    for lock in [*(folder / name for name in _WORKTREE_LOCKS), _story_ref_lock(common, wt.branch)]:
         if not lock.exists():
             continue
-        users = processes_using([Path(wt), folder], lock)
+        places = [Path(wt.path), folder]
+        if lock.parent != folder:  # the branch's: where the user's git works too
+            places += [common, *await _main_checkouts(wt.path, project_root)]
+        users = processes_using(places, lock)
         if users is None or users:
             activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
                                     users if users is not None else "unknown, no procfs")

@@ -823,11 +823,13 @@ async def run(a: TaskAssignment) -> AgentComplete:
         exited = _exit_record(run_dir, a.dispatch_id)
     _kill_previous_attempt(run_dir)
     found_before: list[Finding] = []  # what BSO set right in the worktree before the agent
-    for lock in await remove_stale_locks(wt.path) if wt is not None else []:
+    for lock in await remove_stale_locks(wt, root) if wt is not None else []:
+        ref_lock = f"refs/heads/{wt.branch}.lock"  # (a ref's name has no glob characters: git refuses them)
+        what = f"story branch's lock {ref_lock}" if lock.match(ref_lock) else f"worktree's {lock.name}"
         found_before.append(Finding(
             severity=Severity.LOW, file=os.path.relpath(lock, root),
             summary=f"a git killed in the middle of its work (an earlier attempt's, or the agent's) left the "
-                    f"worktree's {lock.name}, which no process held: removed",
+                    f"{what}, which no process held: removed",
         ))
     checks_owner = _checks_owner(a)
     if wt is not None and await undo_interrupted_checks(wt.path, checks_owner):

@@ -577,7 +577,7 @@ async def test_an_index_lock_a_live_process_may_hold_is_left_alone(tmp_path: Pat
     try:
         assert holding_open.stdout.readline() == b"held\n"
         for still_running in (working_there, holding_open):
-            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt.path) == []
+            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == []
             assert lock.exists()
             still_running.kill()
             still_running.wait()
@@ -585,8 +585,70 @@ async def test_an_index_lock_a_live_process_may_hold_is_left_alone(tmp_path: Pat
         for process in (working_there, holding_open):
             process.kill()
             process.wait()
-    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt.path) == [lock]
+    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [lock]
     assert not lock.exists()
+
+
+def ref_lock(root: Path, branch: str) -> Path:
+    return root / ".git" / "refs" / "heads" / f"{branch}.lock"
+
+
+async def test_a_stale_lock_of_the_storys_branch_is_removed_and_said(tmp_path: Path) -> None:
+    """A git killed with SIGKILL in the middle of a commit on the story's branch left the branch's ref lock in the
+    repository's common git folder: every attempt's commit on the branch failed on it (the agent's, the Exit
+    Gate's), and the squash at the story's end."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = ref_lock(root, wt.branch)
+    lock.write_bytes(b"")  # as git left it
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert not lock.exists()
+    [said] = [f for f in done.findings if f"refs/heads/{wt.branch}.lock" in f.summary]
+    assert said.severity is Severity.LOW and said.file == os.path.relpath(lock, root)
+    assert int(git(Path(wt.path), "rev-list", "--count", f"{wt.base}..{wt.branch}")) > 0  # the work committed
+
+
+@pytest.mark.parametrize("git_folder", ["in-the-checkout", "elsewhere"])
+async def test_a_lock_of_the_storys_branch_a_git_in_the_users_checkout_may_hold_is_left_alone(
+    tmp_path: Path, git_folder: str
+) -> None:
+    """The branch's lock is in the common git folder, which the user's checkout shares: a git of the user's (`git
+    gc`, `git pack-refs` locking the loose refs it prunes) works in the checkout or in the git folder itself (one
+    outside the checkout too, `git init --separate-git-dir`). Only once none is left does the lock go."""
+    root = dev_project(tmp_path)
+    common = root / ".git"
+    if git_folder == "elsewhere":
+        common = tmp_path / "repo.git"
+        git(root, "init", "-q", f"--separate-git-dir={common}")  # moved there, `.git` a file naming it
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = common / "refs" / "heads" / f"{wt.branch}.lock"
+    lock.write_bytes(b"")
+    for there in (root, common / "refs"):  # one at a time: each keeps it alone by itself
+        working_there = subprocess.Popen(["sleep", "60"], cwd=there)
+        try:
+            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [], there
+            assert lock.exists()
+        finally:
+            working_there.kill()
+            working_there.wait()
+    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [lock]
+    assert not lock.exists()
+
+
+async def test_no_other_refs_lock_is_touched(tmp_path: Path) -> None:
+    """Only the story's own branch is BSO's: the user's branch, another story's, packed-refs are not, stale or not."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    other = await ensure_worktree(str(root), "s1", "1-2-other")
+    users = git(root, "symbolic-ref", "--short", "HEAD").strip()
+    theirs = [ref_lock(root, users), ref_lock(root, other.branch), ref_lock(root, f"{wt.branch}-2"),
+              root / ".git" / "packed-refs.lock", root / ".git" / "refs" / "tags" / f"{wt.branch}.lock"]
+    for lock in [ref_lock(root, wt.branch), *theirs]:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_bytes(b"")
+    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [ref_lock(root, wt.branch)]
+    assert all(lock.exists() for lock in theirs)
 
 
 @pytest.mark.parametrize("repo", ["folder-of-a-repo", "no-commit", "bso-branch", "sprint-branch"])
