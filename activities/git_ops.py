@@ -697,7 +697,7 @@ async def undo_interrupted_checks(wt: str, owner: str) -> bool:
 
 # The worktree's own locks: the index's (`git add`, `git commit`) and HEAD's (a commit, a checkout moving it).
 # (The story branch's ref lock, in the repository's common folder, goes too: a stale one failed every commit on the
-# branch. The user's checkout shares that folder, so it goes only when no process works there either.)
+# branch. The user's checkout shares that folder, so it goes only when no git works there either.)
 _WORKTREE_LOCKS = ("index.lock", "HEAD.lock")
 
 
@@ -727,9 +727,11 @@ async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
     lock none of them holds is nobody's.
     The story branch's ref lock (_story_ref_lock) is in the repository's common git folder, which the user's
     checkout shares: a git of the user's there may hold it (`git gc` and `git pack-refs` lock every loose ref
-    they prune), so it goes only when, besides, no live process works in the common folder or the user's
-    checkout (_main_checkouts, BSO's worktrees under it included). Only that one lock: never another ref's (the
-    user's branch, another story's), never packed-refs.lock. Without procfs nothing tells: they stay. The
+    they prune), so it goes only when, besides, no git works in the common folder or the user's checkout
+    (_main_checkouts, BSO's worktrees under it included): a git, not any process (the user's shell, an editor,
+    another story's agent often work there and hold no ref lock; a git they start does). Only that one lock:
+    never another ref's (the user's branch, another story's), never packed-refs.lock. Without procfs nothing
+    tells: they stay. Called again before the story's squash (finish_story_git), which moves the branch. The
     locks removed."""
     folder = await git_dir(wt.path)
     common = Path(wt.path, (await git(wt.path, "rev-parse", "--git-common-dir")).strip())
@@ -737,10 +739,10 @@ async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
     for lock in [*(folder / name for name in _WORKTREE_LOCKS), _story_ref_lock(common, wt.branch)]:
         if not lock.exists():
             continue
-        places = [Path(wt.path), folder]
-        if lock.parent != folder:  # the branch's: where the user's git works too
-            places += [common, *await _main_checkouts(wt.path, project_root)]
-        users = processes_using(places, lock)
+        users = processes_using([Path(wt.path), folder], lock)
+        if users is not None and lock.parent != folder:  # the branch's: a git of the user's may hold it too
+            wider = processes_using([common, *await _main_checkouts(wt.path, project_root)], lock, named="git")
+            users = None if wider is None else users + wider
         if users is None or users:
             activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
                                     users if users is not None else "unknown, no procfs")
@@ -901,7 +903,11 @@ FINISH_GIT_HEARTBEAT = 30
 
 async def _finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
     record = _merged_record(inp.project_root, inp.session_id, inp.story_key)
+    branch = story_branch(inp.session_id, inp.story_key)
     async with repo_lock(inp.project_root):
+        path = worktree_path(inp.project_root, inp.session_id, inp.story_key)
+        if (path / ".git").exists():  # a git killed in the middle of a commit there left its locks: none holds them
+            await remove_stale_locks(Worktree(str(path), branch, base=""), inp.project_root)
         # Under the lock: another call for the story (an attempt left running by a Slave that ended, the Master
         # finishing its merge) may have merged it and cleared its branch meanwhile.
         if record.exists() and await _merge_recorded_holds(inp):
@@ -913,7 +919,6 @@ async def _finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
             if not result.merged:
                 return result
             write_json_atomic(record, result.model_dump(mode="json"))
-        branch = story_branch(inp.session_id, inp.story_key)
         if inp.clear_track:
             cleared = await clear_story_track(inp.project_root, inp.session_id, inp.story_key, branch)
             activity.logger.info("track of %s cleared: %s", inp.story_key, ", ".join(cleared) or "nothing left")

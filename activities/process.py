@@ -68,10 +68,13 @@ def kill_group_now(pgid: int, mark: str | None = None) -> None:
         time.sleep(0.2)
 
 
-def processes_using(dirs: list[Path], file: Path) -> list[int] | None:
+def processes_using(dirs: list[Path], file: Path, *, named: str = "") -> list[int] | None:
     """The live processes (by procfs) working in one of `dirs` (their working directory in it) or holding `file`
-    open, this one aside; None where there is no procfs to tell (macOS). Another user's processes are unreadable,
-    and never ours to wait for (as agent_launcher.marked_pids)."""
+    open, this one aside; None where nothing tells (no procfs: macOS). `named`: only a process whose command's
+    name starts so counts as working in `dirs` ("git": a shell or an editor in the user's checkout holds no ref
+    lock). Another user's process shows its name, not its directory: a git of theirs may work in `dirs`, so
+    one running makes it None too (their other processes are never ours to wait for, as
+    agent_launcher.marked_pids)."""
     if not Path("/proc/self").exists():
         return None
     roots = [os.path.realpath(d) for d in dirs]
@@ -80,16 +83,31 @@ def processes_using(dirs: list[Path], file: Path) -> list[int] | None:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
-        if (cwd := _link(f"/proc/{name}/cwd")) is None:  # gone, not ours, or a zombie (it holds nothing)
+        command = _command_name(name)
+        try:
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except PermissionError:  # another user's
+            if command.startswith("git"):
+                return None
+            continue
+        except OSError:  # gone, or a zombie (it holds nothing)
             continue
         try:
             fds = os.listdir(f"/proc/{name}/fd")
         except OSError:
             fds = []
         holds = any(_link(f"/proc/{name}/fd/{fd}") == target for fd in fds)  # (one closed meanwhile: None)
-        if holds or any(cwd == root or cwd.startswith(root + os.sep) for root in roots):
+        if holds or (command.startswith(named) and any(cwd == root or cwd.startswith(root + os.sep) for root in roots)):
             found.append(int(name))
     return found
+
+
+def _command_name(pid: str) -> str:
+    """The process's command name (procfs' `comm`: readable for every user's process), "" if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _link(path: str) -> str | None:

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import activities.git_ops as git_ops
+import activities.process as process
 from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
 from activities.process import machine_id, run_command
@@ -615,7 +616,8 @@ async def test_a_lock_of_the_storys_branch_a_git_in_the_users_checkout_may_hold_
 ) -> None:
     """The branch's lock is in the common git folder, which the user's checkout shares: a git of the user's (`git
     gc`, `git pack-refs` locking the loose refs it prunes) works in the checkout or in the git folder itself (one
-    outside the checkout too, `git init --separate-git-dir`). Only once none is left does the lock go."""
+    outside the checkout too, `git init --separate-git-dir`). Only once none is left does the lock go; a shell
+    or an editor there, which holds no ref lock, does not keep it (one almost always works in the checkout)."""
     root = dev_project(tmp_path)
     common = root / ".git"
     if git_folder == "elsewhere":
@@ -624,16 +626,58 @@ async def test_a_lock_of_the_storys_branch_a_git_in_the_users_checkout_may_hold_
     wt = await ensure_worktree(str(root), "s1", STORY)
     lock = common / "refs" / "heads" / f"{wt.branch}.lock"
     lock.write_bytes(b"")
-    for there in (root, common / "refs"):  # one at a time: each keeps it alone by itself
-        working_there = subprocess.Popen(["sleep", "60"], cwd=there)
-        try:
-            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [], there
-            assert lock.exists()
-        finally:
-            working_there.kill()
-            working_there.wait()
-    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [lock]
+    a_shell = subprocess.Popen(["sleep", "60"], cwd=root)
+    try:
+        for there in (root, common / "refs"):  # one at a time: each keeps it alone by itself
+            a_git = subprocess.Popen(["git", "hash-object", "--stdin"], cwd=there, stdin=subprocess.PIPE)  # waits
+            try:
+                assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [], there
+                assert lock.exists()
+            finally:
+                a_git.kill()
+                a_git.wait()
+        assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [lock]
+    finally:
+        a_shell.kill()
+        a_shell.wait()
     assert not lock.exists()
+
+
+async def test_a_stale_lock_of_the_storys_branch_is_removed_before_its_squash(tmp_path: Path) -> None:
+    """A git killed in the middle of the story's last commit: the squash's move of the branch failed on its lock,
+    every retry of the finish alike."""
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = ref_lock(root, wt.branch)
+    lock.write_bytes(b"")
+    merged = await ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY)
+    )
+    assert merged.merged and merged.squashed, merged
+    assert not lock.exists()
+
+
+def test_another_users_git_keeps_the_lock_its_directory_unseen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """procfs shows another user's process by name, not its directory (a worker that is not root): a git of
+    theirs may be working in the checkout, so nothing tells; their other processes count for nothing."""
+    seen = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    readlink = os.readlink
+
+    def unseen(path, *args, **kw):
+        if path == f"/proc/{seen.pid}/cwd":
+            raise PermissionError(path)
+        return readlink(path, *args, **kw)
+
+    monkeypatch.setattr(os, "readlink", unseen)
+    try:
+        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") == []
+        monkeypatch.setattr(process, "_command_name", lambda pid: "git" if pid == str(seen.pid) else "")
+        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") is None
+    finally:
+        seen.kill()
+        seen.wait()
 
 
 async def test_no_other_refs_lock_is_touched(tmp_path: Path) -> None:
