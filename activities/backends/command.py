@@ -37,6 +37,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import ValidationError
 from temporalio import activity
@@ -712,6 +713,39 @@ def _given_prompt(run_dir: Path) -> str:
 # An output up to this size is read whole, and tried as one JSON document first (Gemini pretty-prints its own);
 # a longer one is read line by line, only its end held: hundreds of MB were held whole, then copied to hash them.
 WHOLE_OUTPUT_BYTES = 8 * 1024 * 1024
+# Past WHOLE_OUTPUT_BYTES, a line up to this size is parsed; a longer one is hashed and passed over, never held
+# whole (one of hundreds of MB with no newline was held, and parsed). The events BSO reads (token counts, an error,
+# the answer) are short: a line that long is a tool's output relayed (Codex's aggregated_output of a `cat`), or
+# an answer text as long as an output read whole (Claude's `result`), still read up to twice that. Past it, what
+# the line holds is lost: the answer is the result file's then, or one in plain text at the output's end (the tail).
+MAX_LINE_BYTES = 2 * WHOLE_OUTPUT_BYTES
+_BLOCK_BYTES = 64 * 1024  # how much of a long output is read at a time
+
+
+def _bounded_lines(fh: BinaryIO, digest: hashlib._Hash, too_long: list[int]) -> Iterator[str]:
+    """The lines of `fh` (each ending at `\n` or `\r`, as line_documents reads them), decoded, every byte hashed
+    into `digest`; a line past MAX_LINE_BYTES is not held, only counted in `too_long`."""
+    held: list[bytes] = []
+    length = 0  # of the line so far, held or not
+    while block := fh.read(_BLOCK_BYTES):
+        digest.update(block)
+        for piece in block.splitlines(keepends=True):  # (bytes split at \n, \r, \r\n only: never inside UTF-8)
+            length += len(piece)
+            if length <= MAX_LINE_BYTES:
+                held.append(piece)
+            else:
+                held.clear()
+            if piece.endswith((b"\n", b"\r")):
+                if length <= MAX_LINE_BYTES:
+                    yield b"".join(held).decode("utf-8", errors="replace")
+                else:
+                    too_long[0] += 1
+                held.clear()
+                length = 0
+    if length > MAX_LINE_BYTES:
+        too_long[0] += 1
+    elif held:
+        yield b"".join(held).decode("utf-8", errors="replace")
 
 
 def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliOutput, str]:
@@ -732,14 +766,11 @@ def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliO
             fh.seek(max(0, size - 4 * TEXT_TAIL_CHARS))  # (UTF-8 takes at most 4 bytes a character)
             tail = fh.read().decode("utf-8", errors="replace").strip()[-TEXT_TAIL_CHARS:]
             fh.seek(0)
-
-            def lines() -> Iterator[str]:
-                for line in fh:
-                    digest.update(line)
-                    yield line.decode("utf-8", errors="replace")
-
-            output = read_cli_output(line_documents(lines()), tail, examples)
-            if not output.documents and tail.endswith(("}", "]")):  # one pretty-printed document (Gemini's): whole
+            too_long = [0]
+            output = read_cli_output(line_documents(_bounded_lines(fh, digest, too_long)), tail, examples)
+            # One pretty-printed document (Gemini's) is read whole, held whole: only when no line was too long to
+            # hold (a document holds its lines), and the output ends as one does.
+            if not output.documents and not too_long[0] and tail.endswith(("}", "]")):
                 fh.seek(0)
                 try:
                     whole = json.loads(fh.read().decode("utf-8", errors="replace"))

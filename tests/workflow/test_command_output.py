@@ -4,9 +4,11 @@ review of the one-pass reading against the reading before it.)"""
 
 import hashlib
 import json
+import tracemalloc
 from dataclasses import astuple
 from pathlib import Path
 
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent_config import load_templates
@@ -92,3 +94,29 @@ def test_a_single_line_past_the_whole_reading_size_keeps_its_answer(tmp_path: Pa
         assert output.complete == answer, i
         assert astuple(output.tokens)[:2] == ((0, 0) if out is plain else (3, 4)), (i, output.tokens)
         assert digest == hashlib.sha256((d / "stdout.log").read_bytes()).hexdigest()
+
+
+def test_a_line_of_hundreds_of_mb_is_hashed_but_never_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One line with no newline (a tool's output relayed in one CLI event) was held whole and parsed, however
+    long; alone in the output, it would be loaded whole again as one pretty-printed document. Past MAX_LINE_BYTES
+    a line is hashed, never held: the events around it are read, the hash is the whole output's."""
+    monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (small bounds keep the test quick)
+    monkeypatch.setattr(command, "MAX_LINE_BYTES", 2**20, raising=False)
+    relayed = json.dumps({"type": "item.completed", "item": {"type": "command_execution", "aggregated_output": "x" * 2**25}})
+    turn = json.dumps({"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 2}})
+    answer = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": '{"status": "success"}'}})
+    outputs = {"events around it": f"{turn}\n{relayed}\r\n{turn}\n{answer}\n", "alone": relayed}
+    for kind, text in outputs.items():
+        d = run_dir(tmp_path / kind, "p", text)
+        tracemalloc.start()
+        try:
+            output, digest = _read_output(d)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2**25 / 4, (kind, peak)
+        assert digest == hashlib.sha256(text.encode()).hexdigest(), kind
+        if text is not relayed:
+            assert (output.complete, output.tokens.weighted(1.0), output.documents) == ({"status": "success"}, 24, 3)
+        else:
+            assert (output.complete, output.documents) == (None, 0)
