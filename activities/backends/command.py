@@ -769,8 +769,13 @@ def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliO
             too_long = [0]
             output = read_cli_output(line_documents(_bounded_lines(fh, digest, too_long)), tail, examples)
             # One pretty-printed document (Gemini's) is read whole, held whole: only when no line was too long to
-            # hold (a document holds its lines), and the output ends as one does.
-            if not output.documents and not too_long[0] and tail.endswith(("}", "]")):
+            # hold (a document holds its lines), and the output starts and ends as one does (a long plain-text log
+            # that ends with an answer's `}` was read whole in vain).
+            fh.seek(0)
+            if (
+                not output.documents and not too_long[0] and tail.endswith(("}", "]"))
+                and fh.read(4096).lstrip()[:1] in (b"{", b"[")
+            ):
                 fh.seek(0)
                 try:
                     whole = json.loads(fh.read().decode("utf-8", errors="replace"))

@@ -120,3 +120,22 @@ def test_a_line_of_hundreds_of_mb_is_hashed_but_never_held(tmp_path: Path, monke
             assert (output.complete, output.tokens.weighted(1.0), output.documents) == ({"status": "success"}, 24, 3)
         else:
             assert (output.complete, output.documents) == (None, 0)
+
+
+def test_a_long_plain_text_output_that_ends_with_its_answer_is_not_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain-text log past WHOLE_OUTPUT_BYTES that ends with a pretty-printed answer (`}`) was read whole in vain
+    as one JSON document: only an output that starts as one is."""
+    monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (small bounds keep the test quick)
+    answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "built"}
+    text = "build step ok\n" * 2**20 + json.dumps(answer, indent=2)
+    d, size = run_dir(tmp_path, "p", text), len(text)
+    tracemalloc.start()
+    try:
+        output, digest = _read_output(d)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, (peak, size)
+    assert (output.complete, digest) == (answer, hashlib.sha256(text.encode()).hexdigest())
