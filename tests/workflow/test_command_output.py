@@ -129,7 +129,7 @@ def test_a_long_plain_text_output_that_ends_with_its_answer_is_not_read_whole(
     as one JSON document: only an output that starts as one is."""
     monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (small bounds keep the test quick)
     answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "built"}
-    text = "build step ok\n" * 2**20 + json.dumps(answer, indent=2)
+    text = "build step ok\n" * 2**18 + json.dumps(answer, indent=2)
     d, size = run_dir(tmp_path, "p", text), len(text)
     tracemalloc.start()
     try:
