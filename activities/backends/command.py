@@ -827,6 +827,20 @@ def _agent_answer(
     return complete
 
 
+def _answer(
+    a: TaskAssignment, result_file: Path, run_dir: Path, output: CliOutput, run: AgentRun, timeout: float,
+    env: dict[str, str],
+) -> AgentComplete:
+    """The agent's answer (its result file's, else its output's), and the files that hold it redacted. Reads and
+    writes files the agent wrote, of any size: run in a thread, as _read_output."""
+    complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
+        a, result_file, output, run, timeout
+    )
+    for written in (result_file, *(run_dir / name for name in PO_ANSWER_FILES)):  # the agent's words: no secret
+        _redact_file(written, env)
+    return complete
+
+
 async def run(a: TaskAssignment) -> AgentComplete:
     story_file = _validate(a)
     root = a.project_root
@@ -1004,11 +1018,7 @@ async def _checked(
     """After the agent: its answer, the Git Exit Gate, the scope guard, BSO's own verification, the marker."""
     checks = agents.verification
     output, digest = await asyncio.to_thread(_read_output, run_dir, env)  # off the event loop: it may take seconds
-    complete = po_command.read_answer(a, result_file, run_dir, run.timed_out) or _agent_answer(
-        a, result_file, output, run, timeout
-    )
-    for written in (result_file, *(run_dir / name for name in PO_ANSWER_FILES)):  # the agent's words: no secret
-        _redact_file(written, env)
+    complete = await asyncio.to_thread(_answer, a, result_file, run_dir, output, run, timeout, env)  # as the output
     cli_tokens = output.tokens.weighted(agents.tokens.cache_read_weight, agents.tokens.cache_write_weight)
     findings = [*complete.findings, *found_before]
     if (set_back := await _story_value_set_back(run_dir, a)) is not None:

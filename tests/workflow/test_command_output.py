@@ -2,11 +2,15 @@
 equals the prompt's example, an echo the launcher redacted, outputs past WHOLE_OUTPUT_BYTES. (Found by a
 review of the one-pass reading against the reading before it.)"""
 
+import asyncio
 import hashlib
 import json
+import threading
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import astuple
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -139,3 +143,33 @@ def test_a_long_plain_text_output_that_ends_with_its_answer_is_not_read_whole(
         tracemalloc.stop()
     assert peak < size / 4, (peak, size)
     assert (output.complete, digest) == (answer, hashlib.sha256(text.encode()).hexdigest())
+
+
+async def test_the_result_file_is_read_and_redacted_while_the_event_loop_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result file was read, then it and the PO's answer files redacted, on the worker's event loop: an agent's
+    file of any size held up the heartbeats and the worker's other activities. Here each waits until a coroutine
+    of the loop has run: on the loop itself it never could (it waits 10 s in vain)."""
+    loop = asyncio.get_running_loop()
+    waited: dict[str, bool] = {}
+
+    def once_the_loop_has_run(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if name not in waited:
+                ran = threading.Event()
+
+                async def concurrent() -> None:
+                    ran.set()
+
+                asyncio.run_coroutine_threadsafe(concurrent(), loop)
+                waited[name] = ran.wait(10)
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(command, "read_result_file", once_the_loop_has_run("read", command.read_result_file))
+    monkeypatch.setattr(command, "_redact_file", once_the_loop_has_run("redact", command._redact_file))
+    done = await ActivityEnvironment().run(command.run, assignment(dev_project(tmp_path)))
+    assert waited == {"read": True, "redact": True}, "read or redacted on the event loop: no coroutine ran meanwhile"
+    assert done.status is AgentStatus.SUCCESS, done.error
