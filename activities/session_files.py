@@ -220,14 +220,25 @@ class UnreadableResultFile(ValueError):
     """An agent's result file that holds no JSON BSO can read, and why."""
 
 
+# An answer is a few MB at most (200 findings, blocking issues and feedback items of thousands of characters each,
+# bso.answer_size; a PO message past 128 KB is refused): a result file past this is refused, read no further (one
+# of hundreds of MB was held whole, and parsed).
+RESULT_FILE_BYTES = 8 * 1024 * 1024
+
+
 def read_result_file(path: Path) -> Any:
     """The JSON an agent wrote to its result file. Raises UnreadableResultFile, saying why in a few words: a
     directory, bytes that are not UTF-8, JSON nested deeper than a parser goes (each failed the activity on every
-    attempt, and the story ended with a raw Python error)."""
+    attempt, and the story ended with a raw Python error), a file past RESULT_FILE_BYTES."""
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))  # (a BOM, as some Windows tools write, is skipped)
+        with open(path, "rb") as fh:
+            data = fh.read(RESULT_FILE_BYTES + 1)  # never more, however long it is (or grows)
     except OSError as err:
         raise UnreadableResultFile(f"cannot be read: {err.strerror or err}") from None
+    if len(data) > RESULT_FILE_BYTES:
+        raise UnreadableResultFile(f"is past {RESULT_FILE_BYTES:,} bytes: too long to be an answer")
+    try:
+        return json.loads(data.decode("utf-8-sig"))  # (a BOM, as some Windows tools write, is skipped)
     except RecursionError:
         raise UnreadableResultFile("is not JSON: nested too deep") from None
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError

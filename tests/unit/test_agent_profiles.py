@@ -234,6 +234,27 @@ def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Pa
     assert cli_output("[" * 100_000).complete is None and cli_output("[" * 100_000 + "\n{}").tokens == TokenUse()
 
 
+def test_a_result_file_of_hundreds_of_mb_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was held whole and parsed, however long: past RESULT_FILE_BYTES it is refused, read no further."""
+    import tracemalloc
+
+    from activities import session_files
+
+    monkeypatch.setattr(session_files, "RESULT_FILE_BYTES", 2**20, raising=False)  # (small: the test is quick)
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"status": "success", "summary": "x" * 2**25}))
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnreadableResultFile, match="^is past 1,048,576 bytes: too long to be an answer$"):
+            read_result_file(result)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**25 / 4, peak
+    result.write_text(json.dumps({"status": "success", "summary": "x" * (2**20 - 100)}))
+    assert read_result_file(result)["status"] == "success"  # up to the bound
+
+
 def test_git_rules() -> None:
     assert story_branch("sprint-1", "1-2-login") == "bso/sprint-1/1-2-login"
     for bad in ("../x", "a/b", "x..y", "", "-x"):
