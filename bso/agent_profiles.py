@@ -362,14 +362,15 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 def redact_values(value: Any, env: dict[str, str]) -> Any:
     """`value` (a model dump: dicts, lists, strings...) with every string redacted (redact_text)."""
-    forms = _env_secret_forms(env)  # once, not per string
+    forms = env_secret_forms(env)  # once, not per string
     return map_strings(value, lambda text: redact_forms(text, forms))
 
 
 def redact_text(text: str, env: dict[str, str]) -> str:
     """Replace every form of each secret-looking env value (of 4+ chars) that occurs in `text` with ***."""
-    return redact_forms(text, _env_secret_forms(env))
+    return redact_forms(text, env_secret_forms(env))
 
 
-def _env_secret_forms(env: dict[str, str]) -> list[str]:
+def env_secret_forms(env: dict[str, str]) -> list[str]:
+    """The forms redact_text replaces of the secret-looking values of `env`, longest first (secret_forms)."""
     return secret_forms(v for k, v in env.items() if is_secret_env_key(k))

@@ -19,6 +19,7 @@ from activities.agent_config import load_templates
 from activities.agent_launcher import redact_forms, secret_forms
 from activities.backends import command
 from activities.backends.command import WHOLE_OUTPUT_BYTES, _read_output
+from bso.agent_profiles import redact_text
 from bso.messages import TaskAssignment
 from bso.prompting import PromptContext, render_prompt
 from bso.states import AgentMode, AgentStatus, AgentType
@@ -173,3 +174,37 @@ async def test_the_result_file_is_read_and_redacted_while_the_event_loop_runs_on
     done = await ActivityEnvironment().run(command.run, assignment(dev_project(tmp_path)))
     assert waited == {"read": True, "redact": True}, "read or redacted on the event loop: no coroutine ran meanwhile"
     assert done.status is AgentStatus.SUCCESS, done.error
+
+
+def test_a_result_file_of_hundreds_of_mb_is_redacted_in_blocks_as_if_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result file was read whole to redact it, however long (the agent's to write). It is redacted in blocks:
+    a secret across a block's end, one inside another, a character cut in two all read as in the whole file."""
+    env = {"API_TOKEN": "abcd1234efgh", "DB_PASSWORD": "abcd1234", "OTHER_SECRET": "pässwörd-ünïcode",
+           "SSH_KEY": "first line of the key\nsecond line of it"}
+    text = ('{"summary": "x abcd1234efgh y abcd1234 pässwörd-ünïcode caf\u00e9 ' + json.dumps("pässwörd-ünïcode")[1:-1]
+            + ' abcd1234efghabcd1234 first line of the key\\nsecond line of it end"}\nsecond line of it\n')
+    path = tmp_path / "result.json"
+    for block in (1, 2, 3, 5, 7, 11, 16, 64):
+        monkeypatch.setattr(command, "_BLOCK_BYTES", block)
+        path.write_text(text)
+        command._redact_file(path, env)
+        assert path.read_text() == redact_text(text, env), block
+    clean = b'{"summary": "caf\xe9, no secret"}'  # (not UTF-8 either: left as it is)
+    path.write_bytes(clean)
+    command._redact_file(path, env)
+    assert path.read_bytes() == clean
+
+    monkeypatch.setattr(command, "_BLOCK_BYTES", 64 * 1024)
+    path.write_text(text * (2**25 // len(text)))
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        command._redact_file(path, env)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, (peak, size)
+    assert path.read_text() == redact_text(text, env) * (2**25 // len(text))
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
