@@ -415,9 +415,17 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     unchanged = await _unchanged_since_committed(wt, [
         path for path, codes in statuses.items() if removal_staged(codes) and "??" in codes
     ])
+    # A submodule untracked with them: its folder (empty in BSO's worktree, never initialized) shows nothing
+    # untracked, and `git add` would not track it again; its removal would take it out of the user's project.
+    gitlinks = await _submodules_untracked(wt, [
+        path for path, codes in statuses.items() if codes == ["D "] and _is_folder(os.path.join(wt, path))
+    ])
     for path, codes in statuses.items():
         if path.endswith("/"):  # how git lists a repository of its own, untracked
             result.repositories.append(path.rstrip("/"))
+            continue
+        if path in gitlinks:  # HEAD's own gitlink put back: nothing new committed
+            result.tracked_again.append(path)
             continue
         secret = is_secret_path(path, settings.secret_patterns)
         if secret and path not in unchanged and await _would_commit_content(wt, path, codes):
@@ -432,7 +440,9 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         left.append(path)
         if secret or removal_staged(codes) and "??" not in codes:  # gone from the disk, or ignored now
             removals_only.add(path)  # `git add` would track an ignored file again, or fail on it
-    await _stage(wt, result.tracked_again)
+    await _stage(wt, [p for p in result.tracked_again if p not in gitlinks])
+    for batch in _batches(sorted(gitlinks)):  # (`git add` of an empty folder adds nothing)
+        await git(wt, "--literal-pathspecs", "reset", "-q", "HEAD", "--", *batch)
     for batch in _batches(result.refused):  # one the agent staged stays out of every commit
         await git(wt, "--literal-pathspecs", "reset", "-q", "--", *batch)
 
@@ -503,6 +513,25 @@ async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
         # (HEAD holds each: its removal from the index is staged.)
         unchanged.update(path for path, blob in zip(batch, on_disk) if in_head.get(path) == blob)
     return unchanged
+
+
+def _is_folder(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+async def _submodules_untracked(wt: str, paths: list[str]) -> set[str]:
+    """Those of these folders, their removal from the index staged, that are a gitlink in HEAD (a submodule)
+    and are not ignored now."""
+    found = set()
+    for batch in _batches(paths):
+        listed = await git(wt, "--literal-pathspecs", "ls-tree", "-z", "--full-tree", "HEAD", "--", *batch)
+        links = [path for meta, _, path in (e.partition("\t") for e in listed.split("\x00"))
+                 if path and meta.split()[:1] == ["160000"]]
+        for link in links:  # (few: a project's submodules; check-ignore takes no pathspec magic, `./` keeps a `:` out)
+            ignored = await run_command(git_argv(wt, "check-ignore", "-q", "--", f"./{link}"), cwd=wt)
+            if ignored.returncode == 1:  # not ignored (0: ignored; 128: git could not tell, left out)
+                found.add(link)
+    return found
 
 
 async def _staged(wt: str) -> list[str]:

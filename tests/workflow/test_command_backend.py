@@ -333,6 +333,31 @@ async def test_untracking_the_whole_project_without_adding_it_back_takes_nothing
     assert git(root, "status", "--porcelain", "--untracked-files=no") == ""
 
 
+@pytest.mark.parametrize("ignored", [False, True])
+async def test_untracking_the_whole_project_takes_no_submodule_out(tmp_path: Path, ignored: bool) -> None:
+    """`git rm -r --cached .` in a project with a submodule: its gitlink (an empty folder in the story's worktree,
+    which BSO never initializes) is untracked too, and not ignored. Tracked again like the project's files, not
+    its removal committed (the merge would take the submodule out of the user's repository)."""
+    root = dev_project(tmp_path)
+    commit = git(root, "rev-parse", "HEAD").strip()
+    (root / ".gitmodules").write_text('[submodule "lib"]\n\tpath = vendor/lib\n\turl = https://example.com/lib\n')
+    git(root, "update-index", "--add", "--cacheinfo", f"160000,{commit},vendor/lib")
+    git(root, "add", ".gitmodules")
+    git(root, "commit", "-qm", "submodule")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert (Path(wt.path) / "vendor" / "lib").is_dir()
+    git(wt.path, "rm", "-r", "-q", "--cached", ".")
+    if ignored:  # the agent's choice, as for a file: it stays out
+        (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nvendor/\n")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    if ignored:
+        assert git(wt.path, "ls-tree", "HEAD", "vendor/lib") == "" and "vendor/lib" not in gate.tracked_again, gate
+        return
+    assert git(wt.path, "ls-tree", "HEAD", "vendor/lib").split()[:3] == ["160000", "commit", commit], gate
+    assert "vendor/lib" in gate.tracked_again and "vendor/lib" not in gate.committed, gate
+
+
 async def test_a_tracked_key_changed_then_untracked_or_staged_is_refused(tmp_path: Path) -> None:
     root = dev_project(tmp_path)
     (root / "key.pem").write_text("-----BEGIN PRIVATE KEY----- old\n")
