@@ -72,9 +72,9 @@ def processes_using(dirs: list[Path], file: Path, *, named: str = "") -> list[in
     """The live processes (by procfs) working in one of `dirs` (their working directory in it) or holding `file`
     open, this one aside; None where nothing tells (no procfs: macOS). `named`: only a process whose command's
     name starts so counts as working in `dirs` ("git": a shell or an editor in the user's checkout holds no ref
-    lock). Another user's process shows its name, not its directory: a git of theirs may work in `dirs`, so
-    one running makes it None too (their other processes are never ours to wait for, as
-    agent_launcher.marked_pids)."""
+    lock). Another user's process shows its name, not its directory: with `named`, one of theirs so named may
+    work in `dirs` (the user's checkout), so one running makes it None too; without, `dirs` are BSO's own
+    (their other processes are never ours to wait for, as agent_launcher.marked_pids)."""
     if not Path("/proc/self").exists():
         return None
     roots = [os.path.realpath(d) for d in dirs]
@@ -87,7 +87,7 @@ def processes_using(dirs: list[Path], file: Path, *, named: str = "") -> list[in
         try:
             cwd = os.readlink(f"/proc/{name}/cwd")
         except PermissionError:  # another user's
-            if command.startswith("git"):
+            if named and command.startswith(named):  # (without `named`: dirs no other user works in)
                 return None
             continue
         except OSError:  # gone, or a zombie (it holds nothing)

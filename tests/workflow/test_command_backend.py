@@ -705,6 +705,28 @@ def test_another_users_git_keeps_the_lock_its_directory_unseen(monkeypatch: pyte
         seen.wait()
 
 
+def test_another_users_git_keeps_no_lock_of_the_worktree(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The worktree's own index.lock/HEAD.lock (processes_using without `named`): BSO's worktree is no other
+    user's to work in, so another user's git anywhere on the machine (a `git daemon` service, someone's `git log`
+    in a pager) does not keep them, as before; only the story branch's lock, in the checkout they may share."""
+    seen = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    readlink = os.readlink
+
+    def unseen(path, *args, **kw):
+        if path == f"/proc/{seen.pid}/cwd":
+            raise PermissionError(path)
+        return readlink(path, *args, **kw)
+
+    monkeypatch.setattr(os, "readlink", unseen)
+    monkeypatch.setattr(process, "_command_name", lambda pid: "git-daemon" if pid == str(seen.pid) else "")
+    try:
+        assert process.processes_using([tmp_path], tmp_path / "index.lock") == []
+        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") is None
+    finally:
+        seen.kill()
+        seen.wait()
+
+
 async def test_no_other_refs_lock_is_touched(tmp_path: Path) -> None:
     """Only the story's own branch is BSO's: the user's branch, another story's, packed-refs are not, stale or not."""
     root = dev_project(tmp_path)
