@@ -759,12 +759,12 @@ def _story_ref_lock(common: Path, branch: str) -> Path:
 
 
 async def _main_checkouts(wt: str, project_root: str) -> list[Path]:
-    """Where the user's git works: the project's root and the repository's main checkout, the first of `git
-    worktree list` (another folder when the project is a linked worktree itself; git names the common folder
-    there when that is not a checkout's `.git`, as with `git init --separate-git-dir`)."""
+    """Where the user's git works: the project's root and every checkout of the repository, as `git worktree
+    list` gives them: the main one (another folder when the project is a linked worktree itself; git names the
+    common folder there when that is not a checkout's `.git`, as with `git init --separate-git-dir`) and the
+    user's linked worktrees elsewhere (`git worktree add ../feature`), which share the common folder too."""
     listed = (await git(wt, "worktree", "list", "--porcelain", check=False)).splitlines()
-    first = listed[0].removeprefix("worktree ") if listed and listed[0].startswith("worktree ") else None
-    return [Path(project_root), *([Path(first)] if first else [])]
+    return [Path(project_root), *(Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree "))]
 
 
 async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:

@@ -668,6 +668,28 @@ async def test_a_lock_of_the_storys_branch_a_git_in_the_users_checkout_may_hold_
     assert not lock.exists()
 
 
+async def test_a_lock_of_the_storys_branch_a_git_in_another_checkout_of_the_user_may_hold_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """The user's other linked worktrees (`git worktree add ../feature`) share the common git folder too: a git
+    there (a `git gc --auto` a commit started, `git pack-refs` locking the loose refs it prunes) may hold the
+    story branch's lock, as one in the main checkout may."""
+    root = dev_project(tmp_path)
+    feature = tmp_path / "feature"
+    git(root, "worktree", "add", "-q", "-b", "feature", str(feature))
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = ref_lock(root, wt.branch)
+    lock.write_bytes(b"")
+    a_git = subprocess.Popen(["git", "hash-object", "--stdin"], cwd=feature, stdin=subprocess.PIPE)  # waits
+    try:
+        assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == []
+        assert lock.exists()
+    finally:
+        a_git.kill()
+        a_git.wait()
+    assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == [lock]
+
+
 async def test_a_stale_lock_of_the_storys_branch_is_removed_before_its_squash(tmp_path: Path) -> None:
     """A git killed in the middle of the story's last commit: the squash's move of the branch failed on its lock,
     every retry of the finish alike."""
