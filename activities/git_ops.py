@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -494,7 +495,11 @@ async def _would_commit_content(wt: str, path: str, statuses: list[str]) -> bool
     if index_holds(statuses) or os.path.islink(on_disk) or not os.path.isfile(on_disk):
         return True
     committed = await _last_committed_content(wt, path)
-    return committed is None or (await git(wt, "hash-object", "--", path)).strip() != committed
+    on_disk = [word for word in (await git(wt, "hash-object", "--", path)).split() if _OBJECT_ID.fullmatch(word)]
+    return committed is None or on_disk[-1:] != [committed]  # (a clean filter's stderr comes with the id)
+
+
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
@@ -509,7 +514,10 @@ async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
             meta, _, path = entry.partition("\t")
             if path and len(meta.split()) == 3:
                 in_head[path] = meta.split()[2]
-        on_disk = (await git(wt, "hash-object", "--", *batch)).split()
+        # (git's output is read with its stderr: what a clean filter of .gitattributes says there is no id.)
+        on_disk = [word for word in (await git(wt, "hash-object", "--", *batch)).split() if _OBJECT_ID.fullmatch(word)]
+        if len(on_disk) != len(batch):  # nothing to pair them by: none is said unchanged (a secret judged alone)
+            continue
         # (HEAD holds each: its removal from the index is staged.)
         unchanged.update(path for path, blob in zip(batch, on_disk) if in_head.get(path) == blob)
     return unchanged

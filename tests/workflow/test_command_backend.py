@@ -333,6 +333,25 @@ async def test_untracking_the_whole_project_without_adding_it_back_takes_nothing
     assert git(root, "status", "--porcelain", "--untracked-files=no") == ""
 
 
+async def test_files_untracked_are_judged_whatever_a_clean_filter_says(tmp_path: Path) -> None:
+    """A clean filter (.gitattributes) that talks on stderr while `git hash-object` runs it: what it said came
+    with the object ids (git's output is read merged), and every id after it was paired with the wrong file."""
+    root = dev_project(tmp_path)
+    (root / ".gitattributes").write_text("*.txt filter=noisy\n*.pem filter=noisy\n")
+    git(root, "config", "filter.noisy.clean", "echo cleaning >&2; cat")
+    for name in ("a.txt", "b.txt", "c.txt", "key.pem"):
+        (root / name).write_text(f"{name}\n")
+    git(root, "add", ".gitattributes", "a.txt", "b.txt", "c.txt", "key.pem")
+    git(root, "commit", "-qm", "texts")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "--cached", "a.txt", "b.txt", "c.txt", "key.pem")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    # The key untracked as it was: its removal committed, not refused (as without the filter).
+    assert gate.tracked_again == ["a.txt", "b.txt", "c.txt"] and gate.committed == ["key.pem"], gate
+    assert gate.refused == [] and git(wt.path, "ls-files", "key.pem") == ""
+
+
 @pytest.mark.parametrize("ignored", [False, True])
 async def test_untracking_the_whole_project_takes_no_submodule_out(tmp_path: Path, ignored: bool) -> None:
     """`git rm -r --cached .` in a project with a submodule: its gitlink (an empty folder in the story's worktree,
