@@ -19,6 +19,7 @@ from activities.agent_config import load_templates
 from activities.agent_launcher import redact_forms, secret_forms
 from activities.backends import command
 from activities.backends.command import WHOLE_OUTPUT_BYTES, _read_output
+from bso.agent_output import CliOutput
 from bso.agent_profiles import redact_text
 from bso.messages import TaskAssignment
 from bso.prompting import PromptContext, render_prompt
@@ -101,6 +102,16 @@ def test_a_single_line_past_the_whole_reading_size_keeps_its_answer(tmp_path: Pa
         assert digest == hashlib.sha256((d / "stdout.log").read_bytes()).hexdigest()
 
 
+def read_measured(d: Path) -> tuple[CliOutput, str, int]:
+    """_read_output's output and sha256, and the most memory it held at once (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        output, digest = _read_output(d)
+        return output, digest, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_line_of_hundreds_of_mb_is_hashed_but_never_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One line with no newline (a tool's output relayed in one CLI event) was held whole and parsed, however
     long; alone in the output, it would be loaded whole again as one pretty-printed document. Past MAX_LINE_BYTES
@@ -112,13 +123,7 @@ def test_a_line_of_hundreds_of_mb_is_hashed_but_never_held(tmp_path: Path, monke
     answer = json.dumps({"type": "item.completed", "item": {"type": "agent_message", "text": '{"status": "success"}'}})
     outputs = {"events around it": f"{turn}\n{relayed}\r\n{turn}\n{answer}\n", "alone": relayed}
     for kind, text in outputs.items():
-        d = run_dir(tmp_path / kind, "p", text)
-        tracemalloc.start()
-        try:
-            output, digest = _read_output(d)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        output, digest, peak = read_measured(run_dir(tmp_path / kind, "p", text))
         assert peak < 2**25 / 4, (kind, peak)
         assert digest == hashlib.sha256(text.encode()).hexdigest(), kind
         if text is not relayed:
@@ -135,14 +140,8 @@ def test_a_long_plain_text_output_that_ends_with_its_answer_is_not_read_whole(
     monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (small bounds keep the test quick)
     answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "built"}
     text = "build step ok\n" * 2**18 + json.dumps(answer, indent=2)
-    d, size = run_dir(tmp_path, "p", text), len(text)
-    tracemalloc.start()
-    try:
-        output, digest = _read_output(d)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < size / 4, (peak, size)
+    output, digest, peak = read_measured(run_dir(tmp_path, "p", text))
+    assert peak < len(text) / 4, (peak, len(text))
     assert (output.complete, digest) == (answer, hashlib.sha256(text.encode()).hexdigest())
 
 
