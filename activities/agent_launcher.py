@@ -22,6 +22,7 @@ no `exit.json`. Standard library only: the worker's interpreter runs it in isola
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
@@ -117,20 +118,63 @@ def redact_forms(text: str, forms: list[str]) -> str:
     return text
 
 
-def redactor(secret_keys: list[str]):
-    """bso.agent_profiles.redact_text over the values of `secret_keys` in this process's environment."""
-    forms = secret_forms(os.environ.get(key, "") for key in secret_keys)
-    return lambda text: redact_forms(text, forms)
+class StreamRedactor:
+    """redact_forms over a text given in pieces (an agent's output as it prints, a file read in blocks) as over
+    the whole: the end of a piece where a form may begin that the next piece ends is held for it."""
+
+    def __init__(self, forms: list[str]) -> None:
+        self._forms = forms
+        self._keep = len(forms[0]) - 1 if forms else 0  # (the longest) one beginning before these ends in the text
+        self._held = ""
+        self.redacted = False  # whether any form was found
+
+    def feed(self, text: str) -> str:
+        """What of the text so far is redacted for good."""
+        text = self._held + text
+        cut = self._cut(text, max(0, len(text) - self._keep))
+        self._held = text[cut:]
+        return self._redact(text[:cut])
+
+    def finish(self) -> str:
+        """The rest: the text's end (or a line's, which no form spans: each is redacted on its own)."""
+        text, self._held = self._held, ""
+        return self._redact(text)
+
+    def _redact(self, text: str) -> str:
+        redacted = redact_forms(text, self._forms)
+        self.redacted = self.redacted or redacted != text
+        return redacted
+
+    def _cut(self, text: str, cut: int) -> int:
+        """`cut`, or before it, where no form in `text` begins before and ends after (each wholly in it)."""
+        moved = True
+        while moved:
+            moved = False
+            for form in self._forms:
+                if (start := text.find(form, max(0, cut - len(form) + 1), cut + len(form) - 1)) != -1:
+                    cut, moved = start, True  # (found in that window, it spans the cut)
+        return cut
 
 
-def pump(stream, path: Path, redact, last: list[str]) -> None:
+# A line longer than this is pumped in pieces (a secret cut between two still redacted), never held whole: a line
+# of hundreds of MB (a tool's output relayed in one JSON event) was.
+PUMP_PIECE_BYTES = 64 * 1024
+
+
+def pump(stream, path: Path, forms: list[str], last: list[str]) -> None:
+    """The agent's output into `path` as it comes, redacted (secret_forms), line by line, each line shown at once."""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    redactor = StreamRedactor(forms)
     with open(path, "w", encoding="utf-8") as fh:
-        for line in iter(stream.readline, b""):
-            text = redact(line.decode(errors="replace"))
+        for piece in iter(lambda: stream.readline(PUMP_PIECE_BYTES), b""):
+            text = redactor.feed(decode(piece))
+            if piece.endswith(b"\n"):
+                text += redactor.finish()
             fh.write(text)
             fh.flush()
             if text.strip():
                 last[0] = text.strip()[:LAST_LINE_CHARS]
+        fh.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
 
 
 def stop_agent(proc: subprocess.Popen, grace: float, mark: str) -> None:
@@ -175,7 +219,7 @@ def main(argv: list[str]) -> int:
     command = argv[1:]
     run_dir = Path(spec["run_dir"])
     record = dict(spec.get("record", {}))
-    redact = redactor(spec.get("secret_keys", []))
+    forms = secret_forms(os.environ.get(key, "") for key in spec.get("secret_keys", []))
     started = time.time()
     pid_record = {**record, "pid": os.getpid(), "pgid": os.getpgrp(), "started_at": started}
     write_json_atomic(run_dir / "pid.json", pid_record)
@@ -192,8 +236,8 @@ def main(argv: list[str]) -> int:
         returncode = 127
     else:
         pumps = [
-            threading.Thread(target=pump, args=(proc.stdout, run_dir / "stdout.log", redact, last), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, run_dir / "stderr.log", redact, [""]), daemon=True),
+            threading.Thread(target=pump, args=(proc.stdout, run_dir / "stdout.log", forms, last), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, run_dir / "stderr.log", forms, [""]), daemon=True),
         ]
         for t in pumps:
             t.start()

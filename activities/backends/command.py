@@ -47,7 +47,7 @@ from temporalio.exceptions import ApplicationError
 from activities import po_command
 from activities.po_command import heartbeat_detail
 from activities.agent_config import config_error, load_agents_file, load_templates
-from activities.agent_launcher import CANCELLED_FILE, group_mark, marked_pids, redact_forms
+from activities.agent_launcher import CANCELLED_FILE, StreamRedactor, group_mark, marked_pids
 from activities.git_ops import (
     StoryFileMoved,
     Worktree,
@@ -647,40 +647,20 @@ MAX_ARGUMENT_BYTES = 128 * 1024
 PO_ANSWER_FILES = ("validation_failed.json", "po-error.json")  # activities/po_command.py copies of the answer
 
 
-def _cut_between_secrets(text: str, cut: int, forms: list[str]) -> int:
-    """`cut`, or before it, where no form of a secret in `text` begins before and ends after (each wholly in it)."""
-    moved = True
-    while moved:
-        moved = False
-        for form in forms:
-            if (start := text.find(form, max(0, cut - len(form) + 1), cut + len(form) - 1)) != -1:
-                cut, moved = start, True  # (found in that window, it spans the cut)
-    return cut
-
-
 def _redact_file(path: Path, env: dict[str, str]) -> None:
     """A file the agent wrote with the secret values of `env` redacted (redact_text), rewritten only if it held
-    one. Read in blocks, its size unbounded (one of hundreds of MB was held whole, and copied): a block is
-    redacted up to where no secret spans its end, the rest with the next, so it reads as the whole would."""
+    one. Read in blocks, its size unbounded (one of hundreds of MB was held whole, and copied)."""
     forms = env_secret_forms(env)
     if not forms or not path.is_file():
         return
-    keep = len(forms[0]) - 1  # (the longest) a form beginning before the last `keep` characters ends in the text
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-    changed = False
+    redactor = StreamRedactor(forms)
     redacting = path.with_name(f".{path.name}.redacting")
     with open(path, "rb") as src, open(redacting, "w", encoding="utf-8", newline="") as out:
-        text = ""
         while block := src.read(_BLOCK_BYTES):
-            text += decode(block)
-            cut = _cut_between_secrets(text, max(0, len(text) - keep), forms)
-            out.write(redacted := redact_forms(text[:cut], forms))
-            changed = changed or redacted != text[:cut]
-            text = text[cut:]
-        text += decode(b"", final=True)
-        out.write(redacted := redact_forms(text, forms))
-        changed = changed or redacted != text
-    if changed:
+            out.write(redactor.feed(decode(block)))
+        out.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
+    if redactor.redacted:
         os.replace(redacting, path)
     else:
         redacting.unlink()

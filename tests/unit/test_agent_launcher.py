@@ -1,13 +1,15 @@
-"""The launcher's check for a cancelled sprint's request to stop its agent (activities/agent_launcher.py)."""
+"""The launcher (activities/agent_launcher.py): its check for a cancelled sprint's request to stop its agent, and
+its pump of the agent's output."""
 
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from activities.agent_launcher import CANCELLED_FILE, cancel_requested
+from activities.agent_launcher import CANCELLED_FILE, PUMP_PIECE_BYTES, cancel_requested, pump, redact_forms, secret_forms
 
 RECORD = {"dispatch_id": "s1/batch-1/1-1/1", "run_id": "run-2", "attempt": 1}
 
@@ -29,3 +31,44 @@ def test_only_this_runs_request_stops_the_agent(tmp_path: Path, content: str | N
     if content is not None:
         (tmp_path / CANCELLED_FILE).write_text(content, encoding="utf-8")
     assert cancel_requested(tmp_path, RECORD) is requested
+
+
+class Printing:
+    """An agent's stdout (a pipe read by `readline(limit)`) that prints `parts` in turn, never holding them whole."""
+
+    def __init__(self, *parts: tuple[bytes, int]) -> None:
+        self._parts = [part for part, times in parts for _ in range(times)]
+
+    def readline(self, limit: int = -1) -> bytes:
+        limit = limit if limit >= 0 else 1 << 62
+        line = b""
+        while self._parts and len(line) < limit and not line.endswith(b"\n"):
+            part = self._parts[0][: limit - len(line)]
+            end = part.find(b"\n") + 1 or len(part)
+            line += part[:end]
+            self._parts[0] = self._parts[0][end:]
+            if not self._parts[0]:
+                self._parts.pop(0)
+        return line
+
+
+def test_a_line_of_hundreds_of_mb_is_pumped_in_pieces_its_secrets_redacted(tmp_path: Path) -> None:
+    """The launcher read the agent's output a whole line at a time: a line of hundreds of MB with no newline (a
+    tool's output relayed in one JSON event) was held whole. Now in pieces, and a secret a piece cuts in two (its
+    JSON-escaped form too) is still redacted; a line shows at once, as before."""
+    secret = "sk-live-" + "q" * 40 + "\u00e9"  # (é: its bytes cut between two pieces too)
+    forms = secret_forms([secret])
+    chunk = b"x" * (PUMP_PIECE_BYTES - 20) + json.dumps(secret).encode() + b"y" * 7  # each cut inside a secret
+    out, last = tmp_path / "stdout.log", [""]
+    tracemalloc.start()
+    try:
+        pump(Printing((b"first line " + secret.encode() + b"\n", 1), (chunk, 500), (b" end\n", 1)), out, forms, last)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024, peak  # the line is 32 MB
+    whole = ("first line " + secret + "\n" + (chunk * 500).decode() + " end\n")
+    written = out.read_text(encoding="utf-8")
+    assert written == redact_forms(whole, forms)
+    assert secret not in written and json.dumps(secret)[1:-1] not in written
+    assert len(last[0]) == 300 and last[0] in written[-PUMP_PIECE_BYTES:]  # the start of its last piece (of 64 KB)
