@@ -656,14 +656,15 @@ def _redact_file(path: Path, env: dict[str, str]) -> None:
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
     redactor = StreamRedactor(forms)
     redacting = path.with_name(f".{path.name}.redacting")
-    with open(path, "rb") as src, open(redacting, "w", encoding="utf-8", newline="") as out:
-        while block := src.read(_BLOCK_BYTES):
-            out.write(redactor.feed(decode(block)))
-        out.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
-    if redactor.redacted:
-        os.replace(redacting, path)
-    else:
-        redacting.unlink()
+    try:
+        with open(path, "rb") as src, open(redacting, "w", encoding="utf-8", newline="") as out:
+            while block := src.read(_BLOCK_BYTES):
+                out.write(redactor.feed(decode(block)))
+            out.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
+        if redactor.redacted:
+            os.replace(redacting, path)
+    finally:
+        redacting.unlink(missing_ok=True)  # (a disk full midway: no half copy left beside the answer)
 
 
 CHECKING_PHASE = "checking"  # BSO checks the agent's work: Exit Gate, scope guard, verification

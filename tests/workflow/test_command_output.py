@@ -16,7 +16,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent_config import load_templates
-from activities.agent_launcher import redact_forms, secret_forms
+from activities.agent_launcher import StreamRedactor, redact_forms, secret_forms
 from activities.backends import command
 from activities.backends.command import WHOLE_OUTPUT_BYTES, _read_output
 from bso.agent_output import CliOutput
@@ -206,4 +206,26 @@ def test_a_result_file_of_hundreds_of_mb_is_redacted_in_blocks_as_if_whole(
         tracemalloc.stop()
     assert peak < size / 4, (peak, size)
     assert path.read_text() == redact_text(text, env) * (2**25 // len(text))
+
+
+def test_a_redaction_failing_midway_leaves_the_answer_as_it_was_and_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk full while the redacted copy is written: the file stays whole (the activity fails and is
+    retried), and no half-written copy is left beside it."""
+    path = tmp_path / "result.json"
+    path.write_text('{"summary": "the token abcd1234efgh"}')
+    monkeypatch.setattr(command, "_BLOCK_BYTES", 8)
+    fed = StreamRedactor.feed
+
+    def full_disk(self, text):
+        if "token" in text:
+            raise OSError(28, "No space left on device")
+        return fed(self, text)
+
+    monkeypatch.setattr(StreamRedactor, "feed", full_disk)
+    with pytest.raises(OSError):
+        command._redact_file(path, {"API_TOKEN": "abcd1234efgh"})
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+    assert path.read_text() == '{"summary": "the token abcd1234efgh"}'
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
