@@ -782,11 +782,11 @@ def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliO
             too_long = [0]
             output = read_cli_output(line_documents(_bounded_lines(fh, digest, too_long)), tail, examples)
             # One pretty-printed document (Gemini's) is read whole, held whole: only when no line was too long to
-            # hold (a document holds its lines), and the output starts and ends as one does (a long plain-text log
-            # that ends with an answer's `}` was read whole in vain).
+            # hold (a document holds its lines) nor the whole (no more is held than a line), and the output starts
+            # and ends as one does (a long plain-text log that ends with an answer's `}` was read whole in vain).
             fh.seek(0)
             if (
-                not output.documents and not too_long[0] and tail.endswith(("}", "]"))
+                not output.documents and not too_long[0] and size <= MAX_LINE_BYTES and tail.endswith(("}", "]"))
                 and fh.read(4096).lstrip()[:1] in (b"{", b"[")
             ):
                 fh.seek(0)

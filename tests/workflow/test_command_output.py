@@ -89,6 +89,20 @@ def test_a_pretty_printed_output_past_the_whole_reading_size_keeps_its_answer_an
     assert digest == hashlib.sha256((d / "stdout.log").read_bytes()).hexdigest()
 
 
+def test_a_pretty_printed_output_past_the_longest_line_is_never_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document of many short lines was read whole however long (a CLI printing gigabytes of JSON): no more is
+    held than the longest line read, MAX_LINE_BYTES. Its answer is then the result file's."""
+    monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (small bounds keep the test quick)
+    monkeypatch.setattr(command, "MAX_LINE_BYTES", 2**21)
+    answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "g"}
+    doc = {"lines": ["log line"] * 2**19, "response": json.dumps(answer)}
+    output, _, peak = read_measured(run_dir(tmp_path, "p", json.dumps(doc, indent=2)))
+    assert (output.complete, output.documents) == (None, 0)
+    assert peak < 2**21, peak
+
+
 def test_a_single_line_past_the_whole_reading_size_keeps_its_answer(tmp_path: Path) -> None:
     answer = {"msg_type": "AGENT_COMPLETE", "status": "success", "summary": "h"}
     claude = json.dumps({"type": "result", "is_error": False, "usage": {"input_tokens": 3, "output_tokens": 4},
