@@ -369,7 +369,8 @@ async def changed_paths(wt: str) -> list[str]:
 
 
 async def _status(wt: str) -> str:
-    return await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+    # (--no-renames: a file untracked and copied under another name is a removal, not a rename, seen for itself)
+    return await git(wt, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames")
 
 
 async def unmerged_commits(wt: str, project_root: str) -> int:

@@ -313,6 +313,23 @@ async def test_a_file_the_agent_untracked_stays_untracked_where_it_is_ignored_no
     assert (Path(wt.path) / "build.log").exists() and (Path(wt.path) / "notes.txt").exists()
 
 
+async def test_a_file_untracked_and_copied_under_another_name_is_seen_for_itself(tmp_path: Path) -> None:
+    """`git rm --cached notes.txt`, the same text added as copy.txt: git's status showed a rename to copy.txt,
+    notes.txt only untracked, and the gate tracked it again without saying so."""
+    root = dev_project(tmp_path)
+    (root / "notes.txt").write_text("kept\n")
+    git(root, "add", "notes.txt")
+    git(root, "commit", "-qm", "notes")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "--cached", "notes.txt")
+    (Path(wt.path) / "copy.txt").write_text("kept\n")
+    git(wt.path, "add", "copy.txt")
+    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id="s1/batch-1/1-1/1")
+    assert gate.tracked_again == ["notes.txt"] and gate.committed == ["copy.txt"], gate
+    assert git(wt.path, "ls-files", "notes.txt", "copy.txt").split() == ["copy.txt", "notes.txt"]
+
+
 async def test_untracking_the_whole_project_without_adding_it_back_takes_nothing_out(tmp_path: Path) -> None:
     """`git rm -r --cached .` without the `git add .` that re-applies .gitignore: the gate committed every file's
     removal, and the story's merge took the whole project out of the user's repository (its files left on disk,
