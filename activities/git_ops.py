@@ -496,11 +496,16 @@ async def _would_commit_content(wt: str, path: str, statuses: list[str]) -> bool
     if index_holds(statuses) or os.path.islink(on_disk) or not os.path.isfile(on_disk):
         return True
     committed = await _last_committed_content(wt, path)
-    on_disk = [word for word in (await git(wt, "hash-object", "--", path)).split() if _OBJECT_ID.fullmatch(word)]
-    return committed is None or on_disk[-1:] != [committed]  # (a clean filter's stderr comes with the id)
+    return committed is None or (await _hashes_on_disk(wt, [path]))[-1:] != [committed]
 
 
 _OBJECT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+
+
+async def _hashes_on_disk(wt: str, paths: list[str]) -> list[str]:
+    """The blob ids `git add` would give these files, in order. git's output is read with its stderr: what a
+    clean filter of .gitattributes says there is no id."""
+    return [word for word in (await git(wt, "hash-object", "--", *paths)).split() if _OBJECT_ID.fullmatch(word)]
 
 
 async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
@@ -515,8 +520,7 @@ async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
             meta, _, path = entry.partition("\t")
             if path and len(meta.split()) == 3:
                 in_head[path] = meta.split()[2]
-        # (git's output is read with its stderr: what a clean filter of .gitattributes says there is no id.)
-        on_disk = [word for word in (await git(wt, "hash-object", "--", *batch)).split() if _OBJECT_ID.fullmatch(word)]
+        on_disk = await _hashes_on_disk(wt, batch)
         if len(on_disk) != len(batch):  # nothing to pair them by: none is said unchanged (a secret judged alone)
             continue
         # (HEAD holds each: its removal from the index is staged.)

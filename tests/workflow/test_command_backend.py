@@ -51,6 +51,12 @@ def dev_project(tmp_path: Path, agents_toml: str = "", **env: str) -> Path:
     return root
 
 
+async def dev_gate(wt: git_ops.Worktree, n: int = 1) -> git_ops.GateResult:
+    """The Git Exit Gate over what the `n`th dev-runner of STORY left in `wt` since the worktree was made."""
+    return await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
+                                   dispatch_id=f"s1/batch-1/1-1/{n}")
+
+
 def runs(tmp_path: Path) -> list[dict]:
     path = tmp_path / "ledger.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -208,8 +214,7 @@ async def test_a_file_named_like_a_pathspec_stages_only_itself(tmp_path: Path) -
     wt = await ensure_worktree(str(root), "s1", STORY)
     (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
     (Path(wt.path) / ":(top)").write_text("odd name\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.refused == [".env"] and gate.committed == [":(top)"]
     assert ".env" not in git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split()
 
@@ -222,8 +227,7 @@ async def test_a_secret_the_agent_staged_stays_out_of_the_gates_commits(tmp_path
     (Path(wt.path) / ".env").write_text("OPENAI_API_KEY=sk-fake\n")
     git(wt.path, "add", "-f", ".env")
     (Path(wt.path) / "work.py").write_text("x = 1\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.refused == [".env"] and gate.committed == ["work.py"]
     assert git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split() == ["work.py"]
     assert git(wt.path, "status", "--porcelain").splitlines() == ["?? .env"]
@@ -242,8 +246,7 @@ async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -
     wt = await ensure_worktree(str(root), "s1", STORY)
     git(wt.path, "rm", "-q", "config/test.pem")
     (Path(wt.path) / "work.py").write_text("x = 1\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.refused == [] and sorted(gate.committed) == ["config/test.pem", "work.py"], gate
     done = await ActivityEnvironment().run(
         finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=STORY)
@@ -306,8 +309,7 @@ async def test_a_file_the_agent_untracked_stays_untracked_where_it_is_ignored_no
     wt = await ensure_worktree(str(root), "s1", STORY)
     git(wt.path, "rm", "-q", "--cached", "build.log", "notes.txt")
     (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nbuild.log\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert sorted(gate.committed) == [".gitignore", "build.log"] and gate.tracked_again == ["notes.txt"], gate
     assert git(wt.path, "ls-files", "build.log", "notes.txt") == "notes.txt\n"
     assert (Path(wt.path) / "build.log").exists() and (Path(wt.path) / "notes.txt").exists()
@@ -324,8 +326,7 @@ async def test_a_file_untracked_and_copied_under_another_name_is_seen_for_itself
     git(wt.path, "rm", "-q", "--cached", "notes.txt")
     (Path(wt.path) / "copy.txt").write_text("kept\n")
     git(wt.path, "add", "copy.txt")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.tracked_again == ["notes.txt"] and gate.committed == ["copy.txt"], gate
     assert git(wt.path, "ls-files", "notes.txt", "copy.txt").split() == ["copy.txt", "notes.txt"]
 
@@ -362,8 +363,7 @@ async def test_files_untracked_are_judged_whatever_a_clean_filter_says(tmp_path:
     git(root, "commit", "-qm", "texts")
     wt = await ensure_worktree(str(root), "s1", STORY)
     git(wt.path, "rm", "-q", "--cached", "a.txt", "b.txt", "c.txt", "key.pem")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     # The key untracked as it was: its removal committed, not refused (as without the filter).
     assert gate.tracked_again == ["a.txt", "b.txt", "c.txt"] and gate.committed == ["key.pem"], gate
     assert gate.refused == [] and git(wt.path, "ls-files", "key.pem") == ""
@@ -385,8 +385,7 @@ async def test_untracking_the_whole_project_takes_no_submodule_out(tmp_path: Pat
     git(wt.path, "rm", "-r", "-q", "--cached", ".")
     if ignored:  # the agent's choice, as for a file: it stays out
         (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nvendor/\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     if ignored:
         assert git(wt.path, "ls-tree", "HEAD", "vendor/lib") == "" and "vendor/lib" not in gate.tracked_again, gate
         return
@@ -401,8 +400,7 @@ async def test_a_tracked_key_changed_then_untracked_or_staged_is_refused(tmp_pat
     git(root, "commit", "-qm", "a key")
     wt = await ensure_worktree(str(root), "s1", STORY)
     (Path(wt.path) / "key.pem").write_text("-----BEGIN PRIVATE KEY----- new\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.refused == ["key.pem"] and git(wt.path, "rev-parse", "HEAD").strip() == wt.base
 
 
@@ -417,13 +415,11 @@ async def test_a_repository_the_agent_left_in_the_worktree_is_not_committed_as_a
     (lib / "lib.py").write_text("LIB = 1\n")
     git(lib, "add", "lib.py")
     git(lib, "commit", "-qm", "lib")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.repositories == ["vendor/lib"] and gate.committed == [], gate
     git(wt.path, "add", "vendor/lib")  # the agent commits it itself
     git(wt.path, "commit", "-qm", "vendor lib")
-    again = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                    dispatch_id="s1/batch-1/1-1/2")
+    again = await dev_gate(wt, 2)
     assert again.repositories == ["vendor/lib"], again
     # Made a submodule (in .gitmodules), it is the project's to have, and so is a move of its pointer.
     (Path(wt.path) / ".gitmodules").write_text('[submodule "lib"]\n\tpath = vendor/lib\n\turl = ./vendor/lib\n')
@@ -433,8 +429,7 @@ async def test_a_repository_the_agent_left_in_the_worktree_is_not_committed_as_a
     git(lib, "commit", "-qam", "lib 2")
     git(wt.path, "add", "vendor/lib")
     git(wt.path, "commit", "-qm", "lib moved on")
-    submodule = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner",
-                                        story_key=STORY, dispatch_id="s1/batch-1/1-1/3")
+    submodule = await dev_gate(wt, 3)
     assert submodule.repositories == [], submodule
 
 
@@ -452,8 +447,7 @@ async def test_thousands_of_files_left_are_committed_at_once_secrets_still_refus
     (Path(wt.path) / ":(top)").write_text("odd name\n")
     git(wt.path, "rm", "-q", "run_checks.py")  # a deletion staged by the agent: `git add` refuses its path
     began = time.monotonic()
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     took = time.monotonic() - began
     assert gate.refused == [".env"] and len(gate.committed) == many + 2 and ":(top)" in gate.committed
     assert "run_checks.py" in gate.committed
@@ -2112,8 +2106,7 @@ async def test_a_file_the_story_untracked_is_put_back_by_a_finish_retried_after_
     wt = await ensure_worktree(str(root), "s1", STORY)
     git(wt.path, "rm", "-q", "--cached", "key.pem")
     (Path(wt.path) / ".gitignore").write_text(".sprint-session/\nkey.pem\n")
-    await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                            dispatch_id="s1/batch-1/1-1/1")
+    await dev_gate(wt)
     put_back = git_ops._put_back_untracked
 
     def worker_killed(root: str, aside: Path) -> list[str]:

@@ -13,10 +13,9 @@ from temporalio.testing import ActivityEnvironment
 import activities.git_ops as git_ops
 from activities.backends import command
 from activities.git_ops import ensure_worktree
-from bso.agent_profiles import GitSettings
 from bso.states import AgentMode, AgentStatus
 from tests.fake_agent.project import STORY, git
-from tests.workflow.test_command_backend import STORY_PATH, STORY_TEXT, assignment, dev_project, finish
+from tests.workflow.test_command_backend import STORY_PATH, STORY_TEXT, assignment, dev_gate, dev_project, finish
 
 
 async def test_a_file_removed_then_written_anew_by_the_agent_reaches_the_checkout_with_its_new_text(tmp_path: Path) -> None:
@@ -31,8 +30,7 @@ async def test_a_file_removed_then_written_anew_by_the_agent_reaches_the_checkou
     wt = await ensure_worktree(str(root), "s1", STORY)
     git(wt.path, "rm", "-q", "notes.txt")
     (Path(wt.path) / "notes.txt").write_text("new, by the agent\n")
-    gate = await git_ops.exit_gate(wt.path, GitSettings(), since=wt.base, agent_type="dev-runner", story_key=STORY,
-                                   dispatch_id="s1/batch-1/1-1/1")
+    gate = await dev_gate(wt)
     assert gate.refused == []
     assert git(wt.path, "show", "HEAD:notes.txt") == "new, by the agent\n", git(wt.path, "status", "--porcelain")
     done = await finish(root)
