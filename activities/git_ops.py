@@ -509,23 +509,34 @@ async def _hashes_on_disk(wt: str, paths: list[str]) -> list[str]:
 
 
 async def _unchanged_since_committed(wt: str, paths: list[str]) -> set[str]:
-    """Those of these files, untracked and kept on disk, whose bytes are the ones the repository last had there
-    (_would_commit_content false): a few git calls for hundreds of paths, not three a path (2,000 took 11 s)."""
+    """Those of these paths, untracked and kept on disk, whose content is the one the repository last had there
+    (_would_commit_content false): a few git calls for hundreds of paths, not three a path (2,000 took 11 s). A
+    symlink is judged by where it leads, as git stores it (untracked unchanged, it was tracked again unsaid)."""
     unchanged = set()
-    for batch in _batches([p for p in paths if not os.path.islink(os.path.join(wt, p))
-                           and os.path.isfile(os.path.join(wt, p))]):
+    links = {p for p in paths if os.path.islink(os.path.join(wt, p))}
+    for batch in _batches([p for p in paths if p in links or os.path.isfile(os.path.join(wt, p))]):
         listed = await git(wt, "--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", "HEAD", "--", *batch)
         in_head = {}
         for entry in listed.split("\x00"):
             meta, _, path = entry.partition("\t")
             if path and len(meta.split()) == 3:
-                in_head[path] = meta.split()[2]
-        on_disk = await _hashes_on_disk(wt, batch)
-        if len(on_disk) != len(batch):  # nothing to pair them by: none is said unchanged (a secret judged alone)
-            continue
+                in_head[path] = (meta.split()[0] == "120000", meta.split()[2])
+        files = [p for p in batch if p not in links]
+        on_disk = dict(zip(files, await _hashes_on_disk(wt, files))) if files else {}
+        if len(on_disk) != len(files):  # nothing to pair them by: none is said unchanged (a secret judged alone)
+            on_disk = {}
+        for path in (p for p in batch if p in links):
+            if path in in_head:  # (the id's length says the repository's hash: SHA-1 or SHA-256)
+                on_disk[path] = _link_blob(os.readlink(os.fsencode(os.path.join(wt, path))), in_head[path][1])
         # (HEAD holds each: its removal from the index is staged.)
-        unchanged.update(path for path, blob in zip(batch, on_disk) if in_head.get(path) == blob)
+        unchanged.update(p for p, blob in on_disk.items() if in_head.get(p) == (p in links, blob))
     return unchanged
+
+
+def _link_blob(target: bytes, like: str) -> str:
+    """The blob id git gives a symlink (its target's bytes), in the hash of the object id `like`."""
+    digest = hashlib.sha256 if len(like) == 64 else hashlib.sha1
+    return digest(b"blob %d\x00" % len(target) + target).hexdigest()
 
 
 def _is_folder(path: str) -> bool:

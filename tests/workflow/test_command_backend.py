@@ -331,6 +331,25 @@ async def test_a_file_untracked_and_copied_under_another_name_is_seen_for_itself
     assert git(wt.path, "ls-files", "notes.txt", "copy.txt").split() == ["copy.txt", "notes.txt"]
 
 
+async def test_a_symlink_the_agent_untracked_unchanged_is_tracked_again_and_said(tmp_path: Path) -> None:
+    """`git rm --cached` of a symlink kept as it was, not ignored: tracked again like a file, but unsaid (a link
+    was never judged unchanged). One that leads elsewhere now is the agent's change, committed as any other."""
+    root = dev_project(tmp_path)
+    (root / "notes.txt").write_text("kept\n")
+    for name in ("same-link", "moved-link"):
+        (root / name).symlink_to("notes.txt")
+    git(root, "add", "notes.txt", "same-link", "moved-link")
+    git(root, "commit", "-qm", "links")
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    git(wt.path, "rm", "-q", "--cached", "same-link", "moved-link")
+    (Path(wt.path) / "moved-link").unlink()
+    (Path(wt.path) / "moved-link").symlink_to("elsewhere.txt")
+    gate = await dev_gate(wt)
+    assert gate.tracked_again == ["same-link"] and gate.committed == ["moved-link"], gate
+    assert git(wt.path, "ls-files", "same-link", "moved-link").split() == ["moved-link", "same-link"]
+    assert os.readlink(Path(wt.path) / "moved-link") == "elsewhere.txt"
+
+
 async def test_untracking_the_whole_project_without_adding_it_back_takes_nothing_out(tmp_path: Path) -> None:
     """`git rm -r --cached .` without the `git add .` that re-applies .gitignore: the gate committed every file's
     removal, and the story's merge took the whole project out of the user's repository (its files left on disk,
