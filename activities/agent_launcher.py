@@ -25,12 +25,14 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 
 LAST_LINE_CHARS = 300
@@ -120,40 +122,58 @@ def redact_forms(text: str, forms: list[str]) -> str:
 
 class StreamRedactor:
     """redact_forms over a text given in pieces (an agent's output as it prints, a file read in blocks) as over
-    the whole: the end of a piece where a form may begin that the next piece ends is held for it."""
+    the whole: each form's replacement streams into the next one's, as str.replace runs over the whole text one
+    form after another, each holding back less than its form's length (one that overlaps itself, a secret
+    `aaaa` in a file of `a`s, made the end held grow to the whole file)."""
 
     def __init__(self, forms: list[str]) -> None:
-        self._forms = forms
-        self._keep = len(forms[0]) - 1 if forms else 0  # (the longest) one beginning before these ends in the text
-        self._held = ""
-        self.redacted = False  # whether any form was found
+        self._stages = [_FormReplacer(form) for form in forms]
+
+    @property
+    def redacted(self) -> bool:
+        """Whether any form was found."""
+        return any(stage.found for stage in self._stages)
 
     def feed(self, text: str) -> str:
         """What of the text so far is redacted for good."""
-        text = self._held + text
-        cut = self._cut(text, max(0, len(text) - self._keep))
-        self._held = text[cut:]
-        return self._redact(text[:cut])
+        for stage in self._stages:
+            text = stage.feed(text)
+        return text
 
     def finish(self) -> str:
         """The rest: the text's end (or a line's, which no form spans: each is redacted on its own)."""
+        text = ""
+        for stage in self._stages:
+            text = stage.feed(text) + stage.finish()
+        return text
+
+
+class _FormReplacer:
+    """text.replace(form, "***") over a text given in pieces: left to right, matches never overlapping."""
+
+    def __init__(self, form: str) -> None:
+        self._form = re.compile(re.escape(form))
+        self._length = len(form)
+        self._held = ""
+        self.found = False
+
+    def feed(self, text: str) -> str:
+        text = self._held + text
+        # Every match wholly in the text is final (no earlier one can still end in a later piece); past the last
+        # one's end, only the last len(form) - 1 characters could begin one.
+        last = deque(self._form.finditer(text), maxlen=1)
+        cut = max(last[0].end() if last else 0, len(text) - self._length + 1)
+        self._held = text[cut:]
+        return self._replace(text[:cut])
+
+    def finish(self) -> str:
         text, self._held = self._held, ""
-        return self._redact(text)
+        return self._replace(text)
 
-    def _redact(self, text: str) -> str:
-        redacted = redact_forms(text, self._forms)
-        self.redacted = self.redacted or redacted != text
-        return redacted
-
-    def _cut(self, text: str, cut: int) -> int:
-        """`cut`, or before it, where no form in `text` begins before and ends after (each wholly in it)."""
-        moved = True
-        while moved:
-            moved = False
-            for form in self._forms:
-                if (start := text.find(form, max(0, cut - len(form) + 1), cut + len(form) - 1)) != -1:
-                    cut, moved = start, True  # (found in that window, it spans the cut)
-        return cut
+    def _replace(self, text: str) -> str:
+        replaced, count = self._form.subn("***", text)
+        self.found = self.found or count > 0
+        return replaced
 
 
 # A line longer than this is pumped in pieces (a secret cut between two still redacted), never held whole: a line
@@ -165,6 +185,7 @@ def pump(stream, path: Path, forms: list[str], last: list[str]) -> None:
     """The agent's output into `path` as it comes, redacted (secret_forms), line by line, each line shown at once."""
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
     redactor = StreamRedactor(forms)
+    line = ""  # the start of the line being written, as much of it as `last` shows
     with open(path, "w", encoding="utf-8") as fh:
         for piece in iter(lambda: stream.readline(PUMP_PIECE_BYTES), b""):
             text = redactor.feed(decode(piece))
@@ -172,8 +193,12 @@ def pump(stream, path: Path, forms: list[str], last: list[str]) -> None:
                 text += redactor.finish()
             fh.write(text)
             fh.flush()
-            if text.strip():
-                last[0] = text.strip()[:LAST_LINE_CHARS]
+            if len(line) < LAST_LINE_CHARS:  # (a line of many pieces: its start, not its last piece's)
+                line = (line + text[: LAST_LINE_CHARS]).lstrip()[:LAST_LINE_CHARS]
+            if line.strip():
+                last[0] = line.strip()
+            if piece.endswith(b"\n"):
+                line = ""
         fh.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
 
 

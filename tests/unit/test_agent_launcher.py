@@ -8,8 +8,19 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from activities.agent_launcher import CANCELLED_FILE, PUMP_PIECE_BYTES, cancel_requested, pump, redact_forms, secret_forms
+from activities.agent_launcher import (
+    CANCELLED_FILE,
+    LAST_LINE_CHARS,
+    PUMP_PIECE_BYTES,
+    StreamRedactor,
+    cancel_requested,
+    pump,
+    redact_forms,
+    secret_forms,
+)
 
 RECORD = {"dispatch_id": "s1/batch-1/1-1/1", "run_id": "run-2", "attempt": 1}
 
@@ -71,4 +82,54 @@ def test_a_line_of_hundreds_of_mb_is_pumped_in_pieces_its_secrets_redacted(tmp_p
     written = out.read_text(encoding="utf-8")
     assert written == redact_forms(whole, forms)
     assert secret not in written and json.dumps(secret)[1:-1] not in written
-    assert len(last[0]) == 300 and last[0] in written[-PUMP_PIECE_BYTES:]  # the start of its last piece (of 64 KB)
+    assert last[0] == "x" * LAST_LINE_CHARS  # the start of the last line
+
+
+def test_the_last_output_of_a_line_of_many_pieces_is_its_start(tmp_path: Path) -> None:
+    """The exit record's last output was the start of the line's last piece (of 64 KB), not of the line."""
+    long_line = b"  Error: the build failed " + b"y" * (3 * PUMP_PIECE_BYTES) + b" (tail)\n"
+    last = [""]
+    pump(Printing((b"first\n", 1), (long_line, 1), (b"   \n", 1)), tmp_path / "stdout.log", [], last)
+    assert last[0] == long_line.decode().strip()[:LAST_LINE_CHARS]
+
+
+def test_a_secret_overlapping_itself_is_redacted_in_pieces_none_held_long(tmp_path: Path) -> None:
+    """A secret `aaaa...` in a text of endless `a`s: where it could begin at the end of a piece, it could begin
+    one character earlier, and so on: the end held for the next piece grew to the whole text (32 MB here)."""
+    forms = secret_forms(["a" * 12])
+    text = "a" * (12 * 2_800_000 + 5)
+    piece = 64 * 1024
+    redactor = StreamRedactor(forms)
+    written, held = 0, 0
+    tracemalloc.start()
+    try:
+        for start in range(0, len(text), piece):
+            out = redactor.feed(text[start:start + piece])
+            written += len(out)
+            held = max(held, min(start + piece, len(text)) - written * 4)  # (each *** stands for 12 characters)
+        tail = redactor.finish()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * piece * 12, peak  # the text is 32 MB: one piece and its matches, not the whole
+    assert written + len(tail) == len(redact_forms(text, forms)) and tail.endswith("a" * 5)
+    assert redactor.redacted and held < 2 * piece
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    forms=st.lists(st.text("ab\n", min_size=1, max_size=6), min_size=1, max_size=3, unique=True),
+    text=st.text("ab\n", max_size=60),
+    cuts=st.lists(st.integers(1, 7), max_size=30),
+)
+def test_redacting_in_pieces_is_redacting_the_whole(forms: list[str], text: str, cuts: list[int]) -> None:
+    """However the text is cut into pieces, and whatever its forms overlap (each other, themselves)."""
+    forms = sorted(forms, key=len, reverse=True)
+    redactor = StreamRedactor(forms)
+    out, at = "", 0
+    for size in cuts:
+        out += redactor.feed(text[at:at + size])
+        at += size
+    out += redactor.feed(text[at:]) + redactor.finish()
+    assert out == redact_forms(text, forms)
+    assert redactor.redacted == (redact_forms(text, forms) != text)
