@@ -24,7 +24,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent_launcher import signal_marked, write_bytes_atomic
-from activities.process import Finished, heartbeating, processes_using, run_command
+from activities.process import Finished, has_procfs, heartbeating, processes_using, run_command
 from activities.session_files import SESSION_DIR, polled_lock, safe_name, session_path, write_json_atomic
 from bso.agent_profiles import GitSettings, Verification
 from bso.models import DEFAULT_STATUS_FILE
@@ -819,8 +819,9 @@ async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
             wider = processes_using([common, *await _main_checkouts(wt.path, project_root)], lock, named="git")
             users = None if wider is None else users + wider
         if users is None or users:
+            unknown = "unknown, no procfs" if not has_procfs() else "unknown, another user's git runs, its folder unseen"
             activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
-                                    users if users is not None else "unknown, no procfs")
+                                    users if users is not None else unknown)
             continue
         lock.unlink(missing_ok=True)
         activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)

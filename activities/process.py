@@ -75,7 +75,7 @@ def processes_using(dirs: list[Path], file: Path, *, named: str = "") -> list[in
     lock). Another user's process shows its name, not its directory: with `named`, one of theirs so named may
     work in `dirs` (the user's checkout), so one running makes it None too; without, `dirs` are BSO's own
     (their other processes are never ours to wait for, as agent_launcher.marked_pids)."""
-    if not Path("/proc/self").exists():
+    if not has_procfs():
         return None
     roots = [os.path.realpath(d) for d in dirs]
     target = os.path.realpath(file)
@@ -100,6 +100,11 @@ def processes_using(dirs: list[Path], file: Path, *, named: str = "") -> list[in
         if holds or (command.startswith(named) and any(cwd == root or cwd.startswith(root + os.sep) for root in roots)):
             found.append(int(name))
     return found
+
+
+def has_procfs() -> bool:
+    """Whether procfs tells what processes run (Linux: yes; macOS: no)."""
+    return Path("/proc/self").exists()
 
 
 def _command_name(pid: str) -> str:

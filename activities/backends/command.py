@@ -69,7 +69,7 @@ from activities.git_ops import (
     unmerged_commits,
     verify,
 )
-from activities.process import group_alive, heartbeating, kill_group, kill_group_now, machine_id
+from activities.process import group_alive, has_procfs, heartbeating, kill_group, kill_group_now, machine_id
 from activities.session_files import (
     SESSION_DIR,
     UnreadableResultFile,
@@ -325,7 +325,7 @@ def _launcher_running(pid: int, run_dir: Path | None = None) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:  # no procfs (macOS): the live group is taken as the launcher's, unless a folder must match
-        return run_dir is None and not Path("/proc/self").exists()
+        return run_dir is None and not has_procfs()
     ours = run_dir is None or json.dumps(str(run_dir)).encode() in cmdline
     return stat.rsplit(")", 1)[-1].split()[0] != "Z" and str(LAUNCHER).encode() in cmdline and ours
 

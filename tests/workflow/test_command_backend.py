@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -779,6 +780,35 @@ def test_another_users_git_keeps_only_the_branchs_lock_its_directory_unseen(
     finally:
         seen.kill()
         seen.wait()
+
+
+async def test_a_branch_lock_kept_for_another_users_git_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock kept because another user's git runs (its folder unseen) was logged as kept for want of procfs,
+    which sent the operator looking for the wrong cause."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    lock = ref_lock(root, wt.branch)
+    lock.write_bytes(b"")
+    theirs = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    readlink = os.readlink
+
+    def unseen(path, *args, **kw):
+        if path == f"/proc/{theirs.pid}/cwd":
+            raise PermissionError(path)
+        return readlink(path, *args, **kw)
+
+    monkeypatch.setattr(os, "readlink", unseen)
+    monkeypatch.setattr(process, "_command_name", lambda pid: "git" if pid == str(theirs.pid) else "")
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == []
+    finally:
+        theirs.kill()
+        theirs.wait()
+    assert lock.exists()
+    assert "unknown, another user's git runs, its folder unseen" in caplog.text and "no procfs" not in caplog.text
 
 
 async def test_no_other_refs_lock_is_touched(tmp_path: Path) -> None:
