@@ -35,8 +35,10 @@ from bso.git_rules import (
     NOTHING_TO_MERGE,
     REFLOG_FORMAT,
     GitRuleError,
+    PRIVATE_KEY_LINE,
     checkout_moves,
     commit_message,
+    holds_private_key,
     index_holds,
     is_secret_path,
     originals_ref,
@@ -417,6 +419,10 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
     unchanged = await _unchanged_since_committed(wt, [
         path for path, codes in statuses.items() if removal_staged(codes) and "??" in codes
     ])
+    # Files that carry a private key whatever their name (`git mv key.pem notes.txt`): secrets too.
+    keys_inside = await _files_holding_keys(wt, [
+        path for path in statuses if not path.endswith("/") and not is_secret_path(path, settings.secret_patterns)
+    ])
     # A submodule untracked with them: its folder (empty in BSO's worktree, never initialized) shows nothing
     # untracked, and `git add` would not track it again; its removal would take it out of the user's project.
     gitlinks = await _submodules_untracked(wt, [
@@ -429,7 +435,7 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
         if path in gitlinks:  # HEAD's own gitlink put back: nothing new committed
             result.tracked_again.append(path)
             continue
-        secret = is_secret_path(path, settings.secret_patterns)
+        secret = is_secret_path(path, settings.secret_patterns) or path in keys_inside
         if secret and path not in unchanged and await _would_commit_content(wt, path, codes):
             result.refused.append(path)
             continue
@@ -467,6 +473,7 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
             await commit(f"{len(left)} files")
             result.committed.extend(staged)
     raw = (await git(wt, "diff", "--raw", "-z", "--no-abbrev", "--no-renames", since, "HEAD")).split("\x00")
+    keys_committed = await _keys_committed(wt, f"{since}..HEAD")
     submodules = None
     for meta, path in zip(raw[0::2], raw[1::2]):  # ":old new old-sha new-sha status", then the path
         fields = meta.split()
@@ -479,9 +486,61 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
                 submodules = {line.split(" ", 1)[1] for line in listed.splitlines() if " " in line}
             if path not in submodules:
                 result.repositories.append(path)
-        if fields[4] != "D" and is_secret_path(path, settings.secret_patterns) and path not in result.refused:
+        if fields[4] != "D" and path not in result.refused and (
+            is_secret_path(path, settings.secret_patterns) or path in keys_committed
+        ):
             result.refused.append(path)
     return result
+
+
+async def _files_holding_keys(wt: str, paths: list[str]) -> set[str]:
+    """Those of these files in the worktree that carry a private key (holds_private_key): git's search finds the
+    few with a key's first line, and those are read."""
+    found: set[str] = set()
+    for batch in _batches(paths):
+        listed = await git(wt, "--literal-pathspecs", "grep", "-l", "-z", "-I", "--untracked", "-e", PRIVATE_KEY_LINE,
+                           "--", *batch, check=False)  # (1: no file has one)
+        for path in filter(None, listed.split("\x00")):
+            if await asyncio.to_thread(_file_holds_private_key, os.path.join(wt, path)):
+                found.add(path)
+    return found
+
+
+_KEY_SCAN_BYTES = 1 << 20
+_KEY_SCAN_OVERLAP = 8 * 1024  # more than a key's BEGIN line, its headers and the start of its body
+
+
+def _file_holds_private_key(path: str) -> bool:
+    """holds_private_key over a file of any length, read in blocks (a key across a block's end found too)."""
+    try:
+        with open(path, "rb") as fh:
+            tail = ""
+            while block := fh.read(_KEY_SCAN_BYTES):
+                text = tail + block.decode("latin-1")  # (every byte a character: the armour is ASCII)
+                if holds_private_key(text):
+                    return True
+                tail = text[-_KEY_SCAN_OVERLAP:]
+    except OSError:  # gone meanwhile: nothing of it committed
+        return False
+    return False
+
+
+async def _keys_committed(cwd: str, revisions: str) -> set[str]:
+    """The files to which a commit of `revisions` (`base..tip`) brought a private key, under any name: git's
+    search finds the commits whose changes touch a key's first line, and those files are read as committed."""
+    logged = await git(cwd, "log", f"-G{PRIVATE_KEY_LINE}", "--format=%x00%H", "--name-only", "-z", "--no-renames",
+                       "--diff-filter=d", revisions)
+    found: set[str] = set()
+    commit = ""
+    words = logged.split("\x00")  # "", commit, "\n" + its first file, its other files, "", commit, ...
+    for before, word in zip(["", *words], words):
+        if before == "" and _OBJECT_ID.fullmatch(word):
+            commit = word
+        elif word and commit:
+            path = word.removeprefix("\n")
+            if path not in found and holds_private_key(await git(cwd, "cat-file", "blob", f"{commit}:{path}", check=False)):
+                found.add(path)
+    return found
 
 
 async def _would_commit_content(wt: str, path: str, statuses: list[str]) -> bool:
@@ -1127,7 +1186,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # (Not a deletion: removing a key the project had committed is what it should do.)
     logged = await git(root, "log", "--name-only", "-z", "--format=", "--no-renames", "--diff-filter=d", f"{base}..{tip}")
     changed = dict.fromkeys(p.strip("\n") for p in logged.split("\x00") if p.strip())  # once each, in order
-    secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns)]
+    keys_committed = await _keys_committed(root, f"{base}..{tip}")
+    secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns) or p in keys_committed]
     if secrets:
         return FinishStoryResult(
             story_key=inp.story_key, merged=False,

@@ -50,6 +50,25 @@ def is_secret_path(path: str, patterns: list[str]) -> bool:
     return False
 
 
+# A private key's armour: its BEGIN line, any header lines (`Proc-Type: 4,ENCRYPTED`, `Version: ...`), then its
+# body. Newlines as they are or JSON-escaped (a key inside a config file's string). The body is required: code
+# that parses keys names the BEGIN line, and is no secret.
+_NEWLINES = r"(?:\\[rn]|[ \t\r\n])+"
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _NEWLINES
+    + r"(?:[A-Za-z][\w-]*: [^\r\n\\]*" + _NEWLINES + r")*[A-Za-z0-9+/]{40}"
+)
+# Its BEGIN line alone, for git's own search (`git grep`, `git log -G`: the same in basic and extended regular
+# expressions) to find the few files worth reading.
+PRIVATE_KEY_LINE = "-----BEGIN .*PRIVATE KEY"
+
+
+def holds_private_key(text: str) -> bool:
+    """Does this text carry a private key (PEM, OpenSSH, PGP armour), under whatever name its file has? (`git mv
+    key.pem notes.txt` took a key past the secret file names.)"""
+    return _PRIVATE_KEY.search(text) is not None
+
+
 def out_of_scope(paths: list[str], scope: list[str]) -> list[str]:
     """The changed paths matching none of the story's declared scope globs (empty scope: no check).
 

@@ -234,6 +234,54 @@ async def test_a_secret_the_agent_staged_stays_out_of_the_gates_commits(tmp_path
     assert git(wt.path, "status", "--porcelain").splitlines() == ["?? .env"]
 
 
+KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
+       "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n-----END OPENSSH PRIVATE KEY-----\n")
+
+
+async def test_a_key_under_a_name_that_does_not_look_secret_is_refused(tmp_path: Path) -> None:
+    """`git mv key.pem deploy.txt`, a key pasted into notes.txt: P21 went by the name alone, and committed both.
+    Code that only names a key's first line is committed as any other."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "key.pem").write_text(KEY)
+    git(wt.path, "add", "-f", "key.pem")
+    git(wt.path, "mv", "key.pem", "deploy.txt")
+    (Path(wt.path) / "notes.txt").write_text("the server's key, for later:\n" + KEY)
+    (Path(wt.path) / "parser.py").write_text('MARKER = "-----BEGIN OPENSSH PRIVATE KEY-----"\n')
+    (Path(wt.path) / "work.py").write_text("x = 1\n")
+    gate = await dev_gate(wt)
+    assert gate.refused == ["deploy.txt", "notes.txt"] and gate.committed == ["parser.py", "work.py"], gate
+    assert git(wt.path, "log", "--name-only", "--format=", f"{wt.base}..HEAD").split() == ["work.py", "parser.py"]
+    assert sorted(git(wt.path, "status", "--porcelain").splitlines()) == ["?? deploy.txt", "?? notes.txt"]
+
+
+async def test_a_key_the_agent_committed_inside_a_config_file_is_never_merged(tmp_path: Path) -> None:
+    """A key in a JSON config's string, committed by the agent itself: refused by the gate, and the story's branch
+    (which carries it) is never merged, even if a human lets the story through."""
+    root = dev_project(tmp_path)
+    base = git(root, "rev-parse", "HEAD").strip()
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "config.json").write_text(json.dumps({"tls": {"key": KEY}}))
+    git(wt.path, "add", "config.json")
+    git(wt.path, "-c", "user.email=a@b", "-c", "user.name=agent", "commit", "-qm", "config")
+    (Path(wt.path) / "config.json").write_text("{}")  # gone from the last commit: still in the branch's history
+    gate = await dev_gate(wt)
+    assert gate.refused == ["config.json"], gate
+    result = await finish(root)
+    assert not result.merged and "secret-looking files (config.json)" in result.note, result
+    assert git(root, "rev-parse", "HEAD").strip() == base
+
+
+def test_a_key_across_the_blocks_a_file_is_read_in_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("x" * 1000 + KEY + "y" * 1000)
+    for block in (1, 7, 64, 1000, 1030):
+        monkeypatch.setattr(git_ops, "_KEY_SCAN_BYTES", block)
+        assert git_ops._file_holds_private_key(str(path)), block
+    path.write_text("x" * 1000 + KEY.replace("PRIVATE", "PUBLIC"))
+    assert not git_ops._file_holds_private_key(str(path))
+
+
 async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -> None:
     """A story that removes the key the project had committed failed every dispatch, and could never merge."""
     from activities.git_ops import finish_story_git
