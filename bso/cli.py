@@ -1258,7 +1258,8 @@ def sprint_start(
                 script = json.loads(simulation.read_text(encoding="utf-8"))
                 scripted = SimulationScript.model_validate(script)
                 named[f"--simulation {simulation}"] = list(scripted.stories)
-                if (problem := scripted.tokens_error() or scripted.size_error()) is not None:
+                problem = scripted.converted_values_error(script) or scripted.tokens_error() or scripted.size_error()
+                if problem is not None:
                     raise BsoError(f"--simulation {simulation}: {problem}")
             except OSError as e:
                 raise BsoError(f"--simulation {simulation}: {e.strerror or e}") from None

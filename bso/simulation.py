@@ -7,11 +7,19 @@ replayed workflow always gets the same answer.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bso.messages import MAX_SUMMARY_CHARS, MAX_TOKENS_PER_ANSWER, FeedbackItem, Finding, ImprovementRequestedPayload
+from bso.messages import (
+    MAX_SUMMARY_CHARS,
+    MAX_TOKENS_PER_ANSWER,
+    FeedbackItem,
+    Finding,
+    ImprovementRequestedPayload,
+    describe_validation_error,
+)
 from bso.models import short_key
 from bso.states import AgentStatus, Severity, Verdict
 
@@ -94,6 +102,17 @@ class SimulationScript(_Script):
             return None
         return (f"{size:,} bytes, over the {MAX_SIMULATION_BYTES:,} a script may take (each of the sprint's "
                 "residents and batches gets a copy in its history): script fewer stories, or shorter texts")
+
+    @classmethod
+    def converted_values_error(cls, raw: object) -> str | None:
+        """Values the script takes only converted: `"tokens": true` read as 1 token, `"2"` as 2, `1.5` refused but
+        `1.0` read as 1; a mistake of the script's writer more often than not. Checked at the start, as
+        tokens_error (not in the model: every workflow of a running sprint validates it again)."""
+        try:
+            cls.model_validate_json(json.dumps(raw), strict=True)
+        except ValidationError as err:
+            return describe_validation_error(err)
+        return None
 
     def for_story(self, full_key: str) -> StoryScript:
         """The story's script (by full or short key) with the defaults filled in."""

@@ -214,6 +214,8 @@ PATCH_SIMULATION_TOKENS_BOUNDED = "master-simulation-tokens-bounded"
 # A simulation script too large to copy into each resident's and batch's start is refused at the start: its copies
 # made the history long before the first batch, and the Master continued as new for ever.
 PATCH_SIMULATION_SIZE_BOUNDED = "master-simulation-size-bounded"
+# A simulation script's values that only converted fit (`"tokens": true` read as 1) are refused at the start.
+PATCH_SIMULATION_UNCONVERTED = "master-simulation-unconverted"
 # An epic and stories outside it, both given (the temporal CLI), are refused at the start as `bso sprint start`
 # refuses them: the sprint ran the epic's and dropped the others in silence.
 PATCH_STORIES_OUTSIDE_EPIC_REFUSED = "master-stories-outside-epic-refused"
@@ -965,6 +967,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             script = SimulationScript.model_validate(inp.simulation)
         except ValidationError as err:
             raise _invalid_input(f"invalid simulation script: {describe_validation_error(err)}") from None
+        if (error := script.converted_values_error(inp.simulation)) is not None and workflow.patched(
+            PATCH_SIMULATION_UNCONVERTED
+        ):
+            raise _invalid_input(f"invalid simulation script: {error}")
         if (error := script.tokens_error()) is not None and workflow.patched(PATCH_SIMULATION_TOKENS_BOUNDED):
             raise _invalid_input(f"invalid simulation script: {error}")
         if (error := script.size_error()) is not None and workflow.patched(PATCH_SIMULATION_SIZE_BOUNDED):

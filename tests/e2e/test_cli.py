@@ -299,6 +299,11 @@ def test_error_paths(cli_env, tmp_path: Path):
     greedy.write_text(json.dumps({"default": {"tokens": 10**30}}))
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(greedy)))
     assert line.endswith("greedy.json: tokens of default: at most 1,000,000,000 (no agent run uses more)"), line
+    lax = tmp_path / "lax.json"  # `true` was read as 1 token, "5" as 5 ms
+    lax.write_text(json.dumps({"default": {"tokens": True}, "stories": {"1-1": {"duration_ms": "5"}}}))
+    line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(lax)))
+    assert line.endswith("lax.json: default.tokens: Input should be a valid integer; "
+                         "stories.1-1.duration_ms: Input should be a valid integer"), line
     huge = tmp_path / "huge.json"  # its copies made the sprint continue as new for ever before its first batch
     huge.write_text(json.dumps({"stories": {"1-1": {"blocking": ["x" * 1000] * 300}}}))
     line = _one_line_error(bso(cli_env, "sprint", "start", str(project), "--simulation", str(huge)))

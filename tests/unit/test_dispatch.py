@@ -857,6 +857,24 @@ def test_a_simulation_script_claiming_implausible_tokens_is_named_at_the_start()
     assert script.tokens_error() == f"tokens of default, {KEY}: at most 1,000,000,000 (no agent run uses more)"
 
 
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ({"default": {"tokens": 5, "duration_ms": 0}, "stories": {"1-1": {"review_scores": [70], "flaky": {"dev": 1}}},
+          "improvements": [{"improvement_id": "i", "description": "d", "priority_score": 8}]}, None),
+        ({"default": {"tokens": True}}, "default.tokens: Input should be a valid integer"),
+        ({"stories": {"1-1": {"duration_ms": "200"}}}, "stories.1-1.duration_ms: Input should be a valid integer"),
+        ({"stories": {"1-1": {"review_scores": [72.0]}}}, "stories.1-1.review_scores.0: Input should be a valid integer"),
+        ({"stories": {"1-1": {"flaky": {"dev": False}}}}, "stories.1-1.flaky.dev: Input should be a valid integer"),
+    ],
+)
+def test_a_simulation_script_value_taken_only_converted_is_named_at_the_start(raw, error):
+    """`"tokens": true` was read as 1 token, `"200"` as 200 ms: the model (validated again by every workflow of a
+    running sprint) converts them; the start refuses them."""
+    SimulationScript.model_validate(raw)  # (taken by the model)
+    assert SimulationScript.converted_values_error(raw) == error
+
+
 def test_a_simulation_script_too_large_to_copy_is_named_at_the_start():
     fits = SimulationScript.model_validate({"stories": {"1-1": {"blocking": ["x" * 1000] * 200}}})
     assert fits.size_error() is None

@@ -583,6 +583,20 @@ async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(
     assert status_values(tmp_path)[K1] == "review"
 
 
+async def test_a_simulation_value_taken_only_converted_is_refused_at_the_start(ts_env, tmp_path: Path):
+    """Started with the temporal CLI: `"tokens": true` was read as 1 token, the sprint run on a mistake."""
+    make_project(tmp_path, {K1: "review"})
+    inp = sprint_input(tmp_path, session_id="lax-sim", simulation={"stories": {"1-1": {"tokens": True}}})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await sprint_result(handle)
+    assert (failure.value.cause.type, failure.value.cause.message) == (
+        "InvalidSprintInput", "invalid simulation script: stories.1-1.tokens: Input should be a valid integer"
+    )
+    assert status_values(tmp_path)[K1] == "review"
+
+
 async def test_a_simulation_too_large_to_copy_is_refused_at_the_start(ts_env, tmp_path: Path):
     """A script of ~1.4 MB, copied into each resident's start, made the Master's history long before its first
     batch: it continued as new, started its residents again, and so on for ever, no story run."""
