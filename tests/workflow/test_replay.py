@@ -35,6 +35,7 @@ from workflows.sprint_master import (
     PATCH_SESSION_ID_IS_WORKFLOW_ID,
     PATCH_SHARED_NUMBERS_REFUSED,
     PATCH_STORIES_OUTSIDE_EPIC_REFUSED,
+    PATCH_SIMULATION_UNCONVERTED,
     PATCH_SWALLOWED_CANCEL_ENDS_SPRINT,
     PATCH_UPDATES_ANSWERED_ON_CANCEL,
 )
@@ -242,6 +243,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-28-epic-spellings/epic-01.json", PATCH_EPIC_SPELLINGS),
         # Its session_id was another running sprint's (sess-a): it ran, talking to that sprint's residents.
         ("before-2026-11-28-session-id/sess-b.json", PATCH_SESSION_ID_IS_WORKFLOW_ID),
+        # Its simulation script's `"tokens": true` was read as 1 token: it ran.
+        ("before-2026-11-28-unconverted/lax-sim.json", PATCH_SIMULATION_UNCONVERTED),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
