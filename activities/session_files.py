@@ -150,27 +150,49 @@ async def claim_project(
     """Record `sprint_id` as the project's sprint, unless another sprint that claimed it is still running
     (ProjectBusyError), or one that claimed its status file (`status_real`) through another root. Under the
     project's lock, so that of two sprints started at once on it exactly one gets it; unlike a search of the
-    server's visibility store, which lags, this sees a sprint started a moment ago. (Two started in the same
-    instant through two roots may both pass: no lock is held across the server's answers on the status file's
-    side, where the running sprint's writes take their turns.) Idempotent: the same sprint (a retry, or its id
-    used again after it failed) claims it again."""
+    server's visibility store, which lags, this sees a sprint started a moment ago. Idempotent: the same sprint
+    (a retry, or its id used again after it failed) claims it again."""
     path = session_path(project_root, RUNNING_SPRINT_FILE)
     if (in_the_way := session_dir_problem(project_root)) is not None:  # a folder where the claim goes
         raise _session_dir_error(in_the_way)
+    record = {"sprint_id": sprint_id, "run_id": run_id, "claimed_at": datetime.now(UTC).isoformat()}
     async with polled_lock(path.with_suffix(".lock")):
         claim = recorded_claim(project_root)
         if claim is not None and claim[0] != sprint_id and await is_running(*claim):
             raise ProjectBusyError(claim[0], project_root)
-        if status_real is not None:
-            real_root = Path(project_root).resolve()
-            for other, other_run, root in claims_on_status_file(status_real, besides=real_root):
-                if other != sprint_id and await is_running(other, other_run):
-                    raise ProjectBusyError(other, str(root), status_real)
-        write_json_atomic(
-            path,
-            {"sprint_id": sprint_id, "run_id": run_id, "claimed_at": datetime.now(UTC).isoformat()}
-            | ({"status_file": status_real} if status_real is not None else {}),
-        )
+        if status_real is None:
+            write_json_atomic(path, record)
+            return
+        await _claim_status_file(project_root, record | {"status_file": status_real}, status_real, is_running)
+
+
+async def _claim_status_file(
+    project_root: str, record: dict[str, Any], status_real: str, is_running: Callable[[str, str | None], Awaitable[bool]]
+) -> None:
+    """Write the project's claim `record` unless a sprint that claimed the same status file through another root
+    runs. The other roots' claims are read and ours written under the status file's own lock, which a sprint
+    through any root takes (of two started at once through two roots, each read the claims, and one written
+    while the other asked the server about an ended sprint's was never seen: both ran every story). The server
+    is asked outside the lock, where the running sprint's writes take their turns, and the claims are read again
+    under it after."""
+    path, besides = session_path(project_root, RUNNING_SPRINT_FILE), Path(project_root).resolve()
+    not_running: list[tuple[str, str | None, Path]] = []
+    while True:  # (each round asks about claims not seen before: one written meanwhile)
+        async with polled_lock(Path(status_lock_path(status_real))):
+            others = [c for c in claims_on_status_file(status_real, besides=besides) if c[0] != record["sprint_id"]]
+            if all(other in not_running for other in others):
+                write_json_atomic(path, record)
+                return
+        for other in others:
+            if other not in not_running:
+                if await is_running(other[0], other[1]):
+                    raise ProjectBusyError(other[0], str(other[2]), status_real)
+                not_running.append(other)
+
+
+def status_lock_path(status_real: str) -> str:
+    """The lock every U4 write of this status file takes (beside it, so that sprints through any root share it)."""
+    return status_real + ".lock"
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.process import heartbeating
-from activities.session_files import ProjectBusyError, claim_project
+from activities.session_files import ProjectBusyError, claim_project, status_lock_path
 
 from bso.models import (
     DEFAULT_STATUS_FILE,
@@ -370,11 +370,6 @@ def _atomic_replace(target: str, data: bytes, mode: int) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
-
-
-def status_lock_path(status_real: str) -> str:
-    """The lock every U4 write of this status file takes (beside it, so that sprints through any root share it)."""
-    return status_real + ".lock"
 
 
 def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:

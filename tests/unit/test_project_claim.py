@@ -69,3 +69,39 @@ def test_an_unreadable_record_names_no_sprint(tmp_path: Path, content: str):
     (tmp_path / ".sprint-session").mkdir()
     (tmp_path / ".sprint-session/running-sprint.json").write_text(content, encoding="latin-1")
     assert recorded_running_sprint(str(tmp_path)) is None
+
+
+async def test_of_claims_at_once_on_one_status_file_through_two_roots_exactly_one_wins(tmp_path: Path):
+    """The project, and a folder of it with the status file below it: each root has its own claim and lock. Of two
+    sprints started in the same instant through both, each read the other root's claim of an ended sprint, asked
+    the server about it meanwhile the other wrote its own, and both ran every story."""
+    inner = tmp_path / "docs"
+    inner.mkdir()
+    status = inner / "sprint-status.yaml"
+    status.write_text("development_status: {}\n")
+    claimed: list[str] = []
+    delays: list[float] = []
+
+    async def is_running(sprint_id: str, first_run_id: str | None = None) -> bool:
+        await asyncio.sleep(delays.pop(0) if delays else 0.001)  # the server answers one slower than the other
+        return sprint_id in claimed
+
+    async def claim(root: Path, sprint_id: str) -> str:
+        await asyncio.sleep(0)
+        try:
+            await claim_project(str(root), sprint_id, "run", is_running, status_real=str(status.resolve()))
+        except ProjectBusyError as err:
+            return f"refused: {err}"
+        claimed.append(sprint_id)
+        return "claimed"
+
+    for rounds in range(4):  # (each order of the two, each answer the slower)
+        delays[:] = [0.02, 0.001] if rounds // 2 else [0.001, 0.02]
+        for root in (tmp_path, inner):
+            (root / ".sprint-session" / "running-sprint.json").unlink(missing_ok=True)
+        claimed.clear()
+        first, second = (tmp_path, inner) if rounds % 2 else (inner, tmp_path)
+        await claim_project(str(second), "sprint-ended", "run-0", running(), status_real=str(status.resolve()))
+        outcomes = await asyncio.gather(claim(first, f"sprint-a{rounds}"), claim(second, f"sprint-b{rounds}"))
+        assert sorted(o.split(":")[0] for o in outcomes) == ["claimed", "refused"], outcomes
+        assert f"on {status.resolve()}" in next(o for o in outcomes if o != "claimed")
