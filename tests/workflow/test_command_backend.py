@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -811,23 +813,30 @@ def test_another_users_git_keeps_only_the_branchs_lock_its_directory_unseen(
     theirs may be working in the checkout they may share, so nothing tells for the story branch's lock
     (`named="git"`); their other processes count for nothing. BSO's worktree is no other user's to work in: their
     git anywhere on the machine (a `git daemon`, a `git log` in a pager) keeps none of its own locks."""
-    seen = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    with another_users_process(monkeypatch, tmp_path) as seen:
+        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") == []
+        monkeypatch.setattr(process, "_command_name", lambda pid: "git-daemon" if pid == str(seen.pid) else "")
+        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") is None
+        assert process.processes_using([tmp_path], tmp_path / "index.lock") == []
+
+
+@contextmanager
+def another_users_process(monkeypatch: pytest.MonkeyPatch, cwd: Path) -> Iterator[subprocess.Popen]:
+    """A process working in `cwd` whose folder procfs hides, as another user's from a worker that is not root."""
+    theirs = subprocess.Popen(["sleep", "60"], cwd=cwd)
     readlink = os.readlink
 
     def unseen(path, *args, **kw):
-        if path == f"/proc/{seen.pid}/cwd":
+        if path == f"/proc/{theirs.pid}/cwd":
             raise PermissionError(path)
         return readlink(path, *args, **kw)
 
     monkeypatch.setattr(os, "readlink", unseen)
     try:
-        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") == []
-        monkeypatch.setattr(process, "_command_name", lambda pid: "git-daemon" if pid == str(seen.pid) else "")
-        assert process.processes_using([tmp_path], tmp_path / "x.lock", named="git") is None
-        assert process.processes_using([tmp_path], tmp_path / "index.lock") == []
+        yield theirs
     finally:
-        seen.kill()
-        seen.wait()
+        theirs.kill()
+        theirs.wait()
 
 
 async def test_a_branch_lock_kept_for_another_users_git_says_so(
@@ -839,22 +848,9 @@ async def test_a_branch_lock_kept_for_another_users_git_says_so(
     wt = await ensure_worktree(str(root), "s1", STORY)
     lock = ref_lock(root, wt.branch)
     lock.write_bytes(b"")
-    theirs = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
-    readlink = os.readlink
-
-    def unseen(path, *args, **kw):
-        if path == f"/proc/{theirs.pid}/cwd":
-            raise PermissionError(path)
-        return readlink(path, *args, **kw)
-
-    monkeypatch.setattr(os, "readlink", unseen)
-    monkeypatch.setattr(process, "_command_name", lambda pid: "git" if pid == str(theirs.pid) else "")
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == []
-    finally:
-        theirs.kill()
-        theirs.wait()
+    with another_users_process(monkeypatch, tmp_path) as theirs, caplog.at_level(logging.WARNING):
+        monkeypatch.setattr(process, "_command_name", lambda pid: "git" if pid == str(theirs.pid) else "")
+        assert await ActivityEnvironment().run(git_ops.remove_stale_locks, wt, str(root)) == []
     assert lock.exists()
     assert "unknown, another user's git runs, its folder unseen" in caplog.text and "no procfs" not in caplog.text
 

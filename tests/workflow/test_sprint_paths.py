@@ -568,31 +568,26 @@ async def test_a_session_id_given_in_the_input_that_cannot_work_is_refused_first
     assert EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED not in [e.event_type for e in events]
 
 
-async def test_a_simulation_claiming_implausible_tokens_is_refused_at_the_start(ts_env, tmp_path: Path):
-    """Started with the temporal CLI: the Slave would refuse each such answer, and the story waited out its
-    agent's time."""
+@pytest.mark.parametrize(
+    ("story", "error"),
+    [
+        # The Slave would refuse each such answer, and the story waited out its agent's time.
+        ({"tokens": 10**30}, "tokens of 1-1: at most 1,000,000,000 (no agent run uses more)"),
+        # Read as 1 token: the sprint run on a mistake.
+        ({"tokens": True}, "stories.1-1.tokens: Input should be a valid integer"),
+    ],
+    ids=["implausible-tokens", "converted-value"],
+)
+async def test_a_simulation_the_slaves_would_misread_is_refused_at_the_start(ts_env, tmp_path: Path, story, error):
+    """Started with the temporal CLI."""
     make_project(tmp_path, {K1: "review"})
-    inp = sprint_input(tmp_path, session_id="tokens-sim", simulation={"stories": {"1-1": {"tokens": 10**30}}})
+    inp = sprint_input(tmp_path, session_id=f"sim-{uuid.uuid4().hex[:6]}", simulation={"stories": {"1-1": story}})
     async with bso_worker(ts_env.client) as queue:
         handle = await start_sprint(ts_env.client, queue, inp)
         with pytest.raises(WorkflowFailureError) as failure:
             await sprint_result(handle)
     assert (failure.value.cause.type, failure.value.cause.message) == (
-        "InvalidSprintInput", "invalid simulation script: tokens of 1-1: at most 1,000,000,000 (no agent run uses more)"
-    )
-    assert status_values(tmp_path)[K1] == "review"
-
-
-async def test_a_simulation_value_taken_only_converted_is_refused_at_the_start(ts_env, tmp_path: Path):
-    """Started with the temporal CLI: `"tokens": true` was read as 1 token, the sprint run on a mistake."""
-    make_project(tmp_path, {K1: "review"})
-    inp = sprint_input(tmp_path, session_id="lax-sim", simulation={"stories": {"1-1": {"tokens": True}}})
-    async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, inp)
-        with pytest.raises(WorkflowFailureError) as failure:
-            await sprint_result(handle)
-    assert (failure.value.cause.type, failure.value.cause.message) == (
-        "InvalidSprintInput", "invalid simulation script: stories.1-1.tokens: Input should be a valid integer"
+        "InvalidSprintInput", f"invalid simulation script: {error}"
     )
     assert status_values(tmp_path)[K1] == "review"
 
