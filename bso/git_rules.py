@@ -51,16 +51,21 @@ def is_secret_path(path: str, patterns: list[str]) -> bool:
 
 
 # A private key's armour: its BEGIN line, any header lines (`Proc-Type: 4,ENCRYPTED`, `Version: ...`), then its
-# body. Newlines as they are or JSON-escaped (a key inside a config file's string). The body is required: code
-# that parses keys names the BEGIN line, and is no secret.
-_NEWLINES = r"(?:\\[rn]|[ \t\r\n])+"
+# body. Newlines as they are or escaped (a key inside a config file's string, JSON's `\/` too), its lines maybe
+# string literals of their own ("...\n" + "..."). The body is required: code that parses keys names the BEGIN
+# line, and is no secret. Each line ends at its first line break and nothing else may end it, so a text that is
+# no key is given up in linear time (a header's value and the blank after it both taking spaces was exponential).
+_LINE_BREAK = r"(?:\\[rn]|[\r\n])"
+_BETWEEN_LINES = r"(?:\\[rn]|[ \t\r\n\"',+])*"
 _PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _NEWLINES
-    + r"(?:[A-Za-z][\w-]*: [^\r\n\\]*" + _NEWLINES + r")*[A-Za-z0-9+/]{40}"
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[ \t\"',+]*" + _LINE_BREAK + _BETWEEN_LINES
+    + r"(?:[A-Za-z][\w-]*: [^\r\n\\]*" + _LINE_BREAK + _BETWEEN_LINES + r")*(?:[A-Za-z0-9+]|\\?/){40}"
 )
-# Its BEGIN line alone, for git's own search (`git grep`, `git log -G`: the same in basic and extended regular
-# expressions) to find the few files worth reading.
+# For git's own search (`git grep`, `git log -G`: extended regular expressions) to find the few files worth
+# reading: a key's BEGIN line, and (`git log -G` sees only the lines a commit changed) a line that is body alone,
+# for a body written under a BEGIN line committed before.
 PRIVATE_KEY_LINE = "-----BEGIN .*PRIVATE KEY"
+PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[A-Za-z0-9+/]{60}"
 
 
 def holds_private_key(text: str) -> bool:

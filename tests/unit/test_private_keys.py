@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from bso.git_rules import PRIVATE_KEY_LINE, holds_private_key
+from bso.git_rules import PRIVATE_KEY_CHANGE, PRIVATE_KEY_LINE, holds_private_key
 
 BODY = "MIIEowIBAAKCAQEAx8fK3a2TvVQ3y5mL1KJ0cP7k8Wq9b0oZ1f2Yc3d4e5f6g7h8i9j0\nk1l2m3n4o5p6q7r8s9t0u1v2w3x4y5z6A7B8C9D0E1F2G3H4I5J6K7L8M9N0O1P2Q3\n"
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{BODY}-----END RSA PRIVATE KEY-----\n"
@@ -20,6 +20,10 @@ ENCRYPTED = (
     "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,088E2F2D498C44D8ABFE8A2D61BE4625\n\n"
     + BODY + "-----END RSA PRIVATE KEY-----\n"
 )
+SLASHED = PEM.replace("MIIEow", "MIIE/ow/")
+# A key kept as one string literal a line, as code embeds it.
+PYTHON_LINES = "KEY = (\n" + "".join(f'    "{line}\\n"\n' for line in PEM.splitlines()) + ")\n"
+JAVA_LINES = "String key =\n" + " +\n".join(f'    "{line}\\n"' for line in PEM.splitlines()) + ";\n"
 PGP = (
     "-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\nComment: a test key\n\n"
     "lQOYBF8AAAABCADJ3a2TvVQ3y5mL1KJ0cP7k8Wq9b0oZ1f2Yc3d4e5f6g7h8i9j0k1\n-----END PGP PRIVATE KEY BLOCK-----\n"
@@ -40,9 +44,12 @@ PGP = (
         "notes before it\n\n" + PEM + "and after\n",
         json.dumps({"tls": {"key": PEM}}),  # inside a string of a config file, its newlines escaped
         f"KEY = '''{PEM}'''\n",
+        json.dumps({"key": SLASHED}).replace("/", "\\/"),  # JSON may escape its slashes
+        PYTHON_LINES,
+        JAVA_LINES,
     ],
     ids=["pem", "pkcs8", "ec", "pkcs8-encrypted", "crlf", "openssh", "encrypted-headers", "pgp", "among-text",
-         "json-string", "python-string"],
+         "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals"],
 )
 def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
     assert holds_private_key(text)
@@ -65,3 +72,32 @@ def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
 )
 def test_what_only_names_a_key_is_no_key(text: str) -> None:
     assert not holds_private_key(text)
+
+
+HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "text",
+    [
+        HEADER + "a: 1 " * 2000,  # a header's value and the blank after it took the same spaces: 25 took 11 s
+        HEADER + "a: 1 \n" * 2000,
+        HEADER + "a: 1   '\" \n  \"' " * 2000,
+        HEADER + " \n\\n'\",+" * 3000,
+        HEADER * 3000,
+        "-----BEGIN " + "A " * 20000,
+        (HEADER + "a: 1\n" + "x" * 39 + "\n") * 1000,
+    ],
+    ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies"],
+)
+def test_a_text_built_to_make_the_search_backtrack_is_no_key_at_once(text: str) -> None:
+    """Each of these is given up in milliseconds; backtracking over the ways to split them would take years (the
+    timeout fails the test long before)."""
+    assert not holds_private_key(text)
+
+
+def test_a_line_of_key_body_alone_is_a_change_git_shows_for_reading() -> None:
+    """`git log -G` sees only the lines a commit changed: a body written under a BEGIN line committed before."""
+    assert re.search(PRIVATE_KEY_CHANGE, BODY, re.MULTILINE)
+    assert not re.search(PRIVATE_KEY_CHANGE, "def parse(text):\n    return text.split()\n", re.MULTILINE)
