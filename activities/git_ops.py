@@ -35,6 +35,7 @@ from bso.git_rules import (
     NOTHING_TO_MERGE,
     REFLOG_FORMAT,
     GitRuleError,
+    PRIVATE_KEY_CHANGE,
     PRIVATE_KEY_LINE,
     checkout_moves,
     commit_message,
@@ -495,10 +496,10 @@ async def exit_gate(wt: str, settings: GitSettings, *, since: str, agent_type: s
 
 async def _files_holding_keys(wt: str, paths: list[str]) -> set[str]:
     """Those of these files in the worktree that carry a private key (holds_private_key): git's search finds the
-    few with a key's first line, and those are read."""
+    few with a key's first line (binary files too), and those are read."""
     found: set[str] = set()
     for batch in _batches(paths):
-        listed = await git(wt, "--literal-pathspecs", "grep", "-l", "-z", "-I", "--untracked", "-e", PRIVATE_KEY_LINE,
+        listed = await git(wt, "--literal-pathspecs", "grep", "-l", "-z", "--untracked", "-e", PRIVATE_KEY_LINE,
                            "--", *batch, check=False)  # (1: no file has one)
         for path in filter(None, listed.split("\x00")):
             if await asyncio.to_thread(_file_holds_private_key, os.path.join(wt, path)):
@@ -527,19 +528,28 @@ def _file_holds_private_key(path: str) -> bool:
 
 async def _keys_committed(cwd: str, revisions: str) -> set[str]:
     """The files to which a commit of `revisions` (`base..tip`) brought a private key, under any name: git's
-    search finds the commits whose changes touch a key's first line, and those files are read as committed."""
-    logged = await git(cwd, "log", f"-G{PRIVATE_KEY_LINE}", "--format=%x00%H", "--name-only", "-z", "--no-renames",
-                       "--diff-filter=d", revisions)
+    search finds the commits whose changes touch a key's first line or its body (binary files too: `--text`; a
+    merge by what it holds that none of its parents did: `--cc`), and those blobs are read by their ids (a path
+    git's output cannot spell is still read)."""
+    logged = await git(cwd, "log", f"-G{PRIVATE_KEY_CHANGE}", "--text", "--cc", "--raw", "--no-abbrev", "--format=",
+                       "-z", "--no-renames", "--diff-filter=d", revisions)
     found: set[str] = set()
-    commit = ""
-    words = logged.split("\x00")  # "", commit, "\n" + its first file, its other files, "", commit, ...
-    for before, word in zip(["", *words], words):
-        if before == "" and _OBJECT_ID.fullmatch(word):
-            commit = word
-        elif word and commit:
-            path = word.removeprefix("\n")
-            if path not in found and holds_private_key(await git(cwd, "cat-file", "blob", f"{commit}:{path}", check=False)):
-                found.add(path)
+    read: set[str] = set()
+    words = logged.split("\x00")  # ":mode(s) id(s) status", its path, ... (a merge's: "::modes ids statuses")
+    at = 0
+    while at + 1 < len(words):
+        meta = words[at].lstrip("\n")
+        if not meta.startswith(":"):
+            at += 1
+            continue
+        path, at = words[at + 1], at + 2
+        blob = [word for word in meta.split() if _OBJECT_ID.fullmatch(word)][-1:]  # (the commit's side: the last)
+        if not blob or blob[0] in read or path in found:
+            continue
+        read.add(blob[0])
+        text = await git(cwd, "cat-file", "blob", blob[0], check=False)
+        if await asyncio.to_thread(holds_private_key, text):
+            found.add(path)
     return found
 
 
@@ -1183,8 +1193,10 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # An agent may have committed a secret itself (the Exit Gate refused the dispatch, a human may still have
     # let the story through): such a branch is never merged into the user's branch.
     # Every commit's files, not the net diff: a secret committed then deleted is still in the branch's history.
-    # (Not a deletion: removing a key the project had committed is what it should do.)
-    logged = await git(root, "log", "--name-only", "-z", "--format=", "--no-renames", "--diff-filter=d", f"{base}..{tip}")
+    # (Not a deletion: removing a key the project had committed is what it should do.) A merge commit's files:
+    # those it holds unlike each of its parents (`--cc`; git shows none for a merge unless asked).
+    logged = await git(root, "log", "--name-only", "--cc", "-z", "--format=", "--no-renames", "--diff-filter=d",
+                       f"{base}..{tip}")
     changed = dict.fromkeys(p.strip("\n") for p in logged.split("\x00") if p.strip())  # once each, in order
     keys_committed = await _keys_committed(root, f"{base}..{tip}")
     secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns) or p in keys_committed]

@@ -274,6 +274,65 @@ async def test_a_key_the_agent_committed_inside_a_config_file_is_never_merged(tm
     assert git(root, "rev-parse", "HEAD").strip() == base
 
 
+async def test_a_key_in_a_binary_file_is_refused(tmp_path: Path) -> None:
+    """git's search skipped files it takes for binary (a NUL byte): a key packed into one was committed."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    (Path(wt.path) / "bundle.bin").write_bytes(b"\x00\x01packed\x00" + KEY.encode() + b"\x00")
+    (Path(wt.path) / "work.py").write_text("x = 1\n")
+    gate = await dev_gate(wt)
+    assert gate.refused == ["bundle.bin"] and gate.committed == ["work.py"], gate
+
+
+def agent_commit(wt: str, message: str, files: dict[bytes, bytes]) -> None:
+    for name, content in files.items():
+        Path(os.fsdecode(os.path.join(os.fsencode(wt), name))).write_bytes(content)
+    git(wt, "add", "-A")
+    git(wt, "-c", "user.email=a@b", "-c", "user.name=agent", "commit", "-qm", message)
+
+
+def key_in_a_binary_file(root: Path, wt: str) -> None:
+    agent_commit(wt, "bundle", {b"bundle.bin": b"\x00" + KEY.encode()})
+
+
+def key_body_under_a_begin_line_committed_before(root: Path, wt: str) -> None:
+    """The BEGIN line (a placeholder in the docs) came before the story: the agent's commit adds only the body."""
+    begin, body = KEY.split("\n", 1)
+    agent_commit(wt, "the body", {b"docs.txt": (begin + "\n" + body).encode()})
+
+
+def key_added_by_a_merge_commit(root: Path, wt: str) -> None:
+    """A merge whose result holds a file none of its parents has: git shows no change for a merge unless asked."""
+    branch = git(wt, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    git(wt, "checkout", "-qb", "side")
+    agent_commit(wt, "side", {b"side.py": b"y = 2\n"})
+    git(wt, "checkout", "-q", branch)
+    agent_commit(wt, "main", {b"main.py": b"x = 1\n"})
+    git(wt, "merge", "-q", "--no-ff", "--no-commit", "side")
+    agent_commit(wt, "merge side", {b"notes.txt": KEY.encode()})
+
+
+def key_under_a_name_git_cannot_spell(root: Path, wt: str) -> None:
+    """A file name that is no UTF-8: the file was looked up by its name as decoded, not found, and merged."""
+    agent_commit(wt, "notes", {b"notes-\xff.txt": KEY.encode()})
+
+
+@pytest.mark.parametrize("commit", [key_in_a_binary_file, key_body_under_a_begin_line_committed_before,
+                                    key_added_by_a_merge_commit, key_under_a_name_git_cannot_spell],
+                         ids=["binary-file", "body-under-an-old-begin-line", "merge-commit", "undecodable-name"])
+async def test_a_key_the_agent_committed_where_git_would_not_show_it_is_never_merged(tmp_path: Path, commit) -> None:
+    root = dev_project(tmp_path)
+    (root / "docs.txt").write_text(KEY.split("\n", 1)[0] + "\n")
+    git(root, "add", "docs.txt")
+    git(root, "commit", "-qm", "docs: what a key's first line looks like")
+    base = git(root, "rev-parse", "HEAD").strip()
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    commit(root, wt.path)
+    result = await finish(root)
+    assert not result.merged and "secret-looking files" in result.note, result
+    assert git(root, "rev-parse", "HEAD").strip() == base
+
+
 def test_a_key_across_the_blocks_a_file_is_read_in_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("x" * 1000 + KEY + "y" * 1000)
