@@ -186,20 +186,25 @@ def pump(stream, path: Path, forms: list[str], last: list[str]) -> None:
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
     redactor = StreamRedactor(forms)
     line = ""  # the start of the line being written, as much of it as `last` shows
+
+    def write(text: str, ends_line: bool) -> None:
+        nonlocal line
+        fh.write(text)
+        fh.flush()
+        if len(line) < LAST_LINE_CHARS:  # (a line of many pieces: its start, not its last piece's)
+            line = (line + text[: LAST_LINE_CHARS]).lstrip()[:LAST_LINE_CHARS]
+        if line.strip():
+            last[0] = line.strip()
+        if ends_line:
+            line = ""
+
     with open(path, "w", encoding="utf-8") as fh:
         for piece in iter(lambda: stream.readline(PUMP_PIECE_BYTES), b""):
             text = redactor.feed(decode(piece))
-            if piece.endswith(b"\n"):
-                text += redactor.finish()
-            fh.write(text)
-            fh.flush()
-            if len(line) < LAST_LINE_CHARS:  # (a line of many pieces: its start, not its last piece's)
-                line = (line + text[: LAST_LINE_CHARS]).lstrip()[:LAST_LINE_CHARS]
-            if line.strip():
-                last[0] = line.strip()
-            if piece.endswith(b"\n"):
-                line = ""
-        fh.write(redactor.feed(decode(b"", final=True)) + redactor.finish())
+            ends_line = piece.endswith(b"\n")
+            write(text + redactor.finish() if ends_line else text, ends_line)
+        # (Output that ends without a newline: the end the redactor held is its last line's too.)
+        write(redactor.feed(decode(b"", final=True)) + redactor.finish(), True)
 
 
 def stop_agent(proc: subprocess.Popen, grace: float, mark: str) -> None:

@@ -93,6 +93,15 @@ def test_the_last_output_of_a_line_of_many_pieces_is_its_start(tmp_path: Path) -
     assert last[0] == long_line.decode().strip()[:LAST_LINE_CHARS]
 
 
+def test_the_last_output_of_an_agent_that_ends_without_a_newline_is_its_last_line(tmp_path: Path) -> None:
+    """The end of the output the redactor held back (where a secret could still begin) was written to the log but
+    never shown: the exit record's last output was the line before."""
+    last = [""]
+    pump(Printing((b"working\n", 1), (b"done: 3 tests pass", 1)), tmp_path / "stdout.log", secret_forms(["hunter2-token"]), last)
+    assert (tmp_path / "stdout.log").read_text() == "working\ndone: 3 tests pass"
+    assert last[0] == "done: 3 tests pass"
+
+
 def test_a_secret_overlapping_itself_is_redacted_in_pieces_none_held_long(tmp_path: Path) -> None:
     """A secret `aaaa...` in a text of endless `a`s: where it could begin at the end of a piece, it could begin
     one character earlier, and so on: the end held for the next piece grew to the whole text (32 MB here)."""
