@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -512,17 +513,33 @@ _KEY_SCAN_OVERLAP = 8 * 1024  # more than a key's BEGIN line, its headers and th
 
 
 def _file_holds_private_key(path: str) -> bool:
-    """holds_private_key over a file of any length, read in blocks (a key across a block's end found too)."""
+    """holds_private_key over a file of any length."""
     try:
         with open(path, "rb") as fh:
-            tail = ""
-            while block := fh.read(_KEY_SCAN_BYTES):
-                text = tail + block.decode("latin-1")  # (every byte a character: the armour is ASCII)
-                if holds_private_key(text):
-                    return True
-                tail = text[-_KEY_SCAN_OVERLAP:]
+            return _stream_holds_private_key(fh)
     except OSError:  # gone meanwhile: nothing of it committed
         return False
+
+
+def _blob_holds_private_key(cwd: str, blob: str) -> bool:
+    """holds_private_key over a committed blob of any length, read as git writes it (never held whole: a blob of
+    hundreds of MB)."""
+    with subprocess.Popen(git_argv(cwd, "cat-file", "blob", blob), stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, env={**os.environ, **_GIT_ENV}) as proc:
+        try:
+            return _stream_holds_private_key(proc.stdout)
+        finally:
+            proc.kill()  # (a key found early: the rest is not read)
+
+
+def _stream_holds_private_key(stream) -> bool:
+    """holds_private_key over a binary stream, read in blocks (a key across a block's end found too)."""
+    tail = ""
+    while block := stream.read(_KEY_SCAN_BYTES):
+        text = tail + block.decode("latin-1")  # (every byte a character: the armour is ASCII)
+        if holds_private_key(text):
+            return True
+        tail = text[-_KEY_SCAN_OVERLAP:]
     return False
 
 
@@ -547,8 +564,7 @@ async def _keys_committed(cwd: str, revisions: str) -> set[str]:
         if not blob or blob[0] in read or path in found:
             continue
         read.add(blob[0])
-        text = await git(cwd, "cat-file", "blob", blob[0], check=False)
-        if await asyncio.to_thread(holds_private_key, text):
+        if await asyncio.to_thread(_blob_holds_private_key, cwd, blob[0]):
             found.add(path)
     return found
 

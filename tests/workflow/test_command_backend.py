@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -331,6 +332,22 @@ async def test_a_key_the_agent_committed_where_git_would_not_show_it_is_never_me
     result = await finish(root)
     assert not result.merged and "secret-looking files" in result.note, result
     assert git(root, "rev-parse", "HEAD").strip() == base
+
+
+async def test_a_key_at_the_end_of_a_large_committed_file_is_seen_the_file_never_held(tmp_path: Path) -> None:
+    """Each committed file git's search named was read whole into the worker (and decoded): one of hundreds of MB
+    was held twice over."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    agent_commit(wt.path, "data", {b"data.txt": b"-----BEGIN PRIVATE KEY-----\n" + b"x" * (48 << 20) + KEY.encode()})
+    tracemalloc.start()
+    try:
+        found = await git_ops._keys_committed(wt.path, f"{wt.base}..HEAD")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == {"data.txt"}
+    assert peak < 8 << 20, peak  # the file is 48 MB
 
 
 def test_a_key_across_the_blocks_a_file_is_read_in_is_seen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1322,7 +1339,6 @@ async def test_a_long_output_is_read_line_by_line_holding_only_its_end(tmp_path:
     """An output of hundreds of MB was held whole, then copied to hash it. Past WHOLE_OUTPUT_BYTES it is read line
     by line, its end alone held: what it says and its hash are those of the whole."""
     import hashlib
-    import tracemalloc
 
     monkeypatch.setattr(command, "WHOLE_OUTPUT_BYTES", 2**20)  # (8 MB: smaller outputs keep the test quick)
 
