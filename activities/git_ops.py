@@ -1213,7 +1213,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # those it holds unlike each of its parents (`--cc`; git shows none for a merge unless asked).
     logged = await git(root, "log", "--name-only", "--cc", "-z", "--format=", "--no-renames", "--diff-filter=d",
                        f"{base}..{tip}")
-    changed = dict.fromkeys(p.strip("\n") for p in logged.split("\x00") if p.strip())  # once each, in order
+    changed = dict.fromkeys(p for p in logged.split("\x00") if p)  # once each, in order (a name may end in "\n")
     keys_committed = await _keys_committed(root, f"{base}..{tip}")
     secrets = [p for p in changed if is_secret_path(p, settings.secret_patterns) or p in keys_committed]
     if secrets:

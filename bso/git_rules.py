@@ -56,16 +56,19 @@ def is_secret_path(path: str, patterns: list[str]) -> bool:
 # line, and is no secret. Each line ends at its first line break and nothing else may end it, so a text that is
 # no key is given up in linear time (a header's value and the blank after it both taking spaces was exponential).
 _LINE_BREAK = r"(?:\\[rn]|[\r\n])"
-_BETWEEN_LINES = r"(?:\\[rn]|[ \t\r\n\"',+])*"
+_BETWEEN_LINES = r"(?:\\[rn]|[ \t\r\n\"',+.])*"
+# A header's value never holds five dashes (another BEGIN line: each BEGIN re-read all the lines after it), and
+# headers are few and short: the search stays linear whatever the text.
+_HEADER = r"[A-Za-z][\w-]{0,64}: (?:[^\r\n\\-]|-(?!----)){0,512}"
 _PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[ \t\"',+]*" + _LINE_BREAK + _BETWEEN_LINES
-    + r"(?:[A-Za-z][\w-]*: [^\r\n\\]*" + _LINE_BREAK + _BETWEEN_LINES + r")*(?:[A-Za-z0-9+]|\\?/){40}"
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _BETWEEN_LINES  # (newlines turned to spaces too)
+    + r"(?:" + _HEADER + _LINE_BREAK + _BETWEEN_LINES + r"){0,16}(?:[A-Za-z0-9+]|\\?/){40}"
 )
 # For git's own search (`git grep`, `git log -G`: extended regular expressions) to find the few files worth
 # reading: a key's BEGIN line, and (`git log -G` sees only the lines a commit changed) a line that is body alone,
-# for a body written under a BEGIN line committed before.
+# indented or quoted maybe, for a body written under a BEGIN line committed before.
 PRIVATE_KEY_LINE = "-----BEGIN .*PRIVATE KEY"
-PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[A-Za-z0-9+/]{60}"
+PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,]*[A-Za-z0-9+/]{60}"
 
 
 def holds_private_key(text: str) -> bool:

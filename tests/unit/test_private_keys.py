@@ -23,6 +23,7 @@ ENCRYPTED = (
 SLASHED = PEM.replace("MIIEow", "MIIE/ow/")
 # A key kept as one string literal a line, as code embeds it.
 PYTHON_LINES = "KEY = (\n" + "".join(f'    "{line}\\n"\n' for line in PEM.splitlines()) + ")\n"
+PHP_LINES = "$key =\n" + " .\n".join(f'    "{line}\\n"' for line in PEM.splitlines()) + ";\n"
 JAVA_LINES = "String key =\n" + " +\n".join(f'    "{line}\\n"' for line in PEM.splitlines()) + ";\n"
 PGP = (
     "-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\nComment: a test key\n\n"
@@ -47,9 +48,12 @@ PGP = (
         json.dumps({"key": SLASHED}).replace("/", "\\/"),  # JSON may escape its slashes
         PYTHON_LINES,
         JAVA_LINES,
+        PHP_LINES,
+        'PRIVATE_KEY: "' + " ".join(PEM.splitlines()) + '"\n',  # an env var's value, its newlines turned to spaces
     ],
     ids=["pem", "pkcs8", "ec", "pkcs8-encrypted", "crlf", "openssh", "encrypted-headers", "pgp", "among-text",
-         "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals"],
+         "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals",
+         "php-line-literals", "newlines-as-spaces"],
 )
 def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
     assert holds_private_key(text)
@@ -88,8 +92,10 @@ HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
         HEADER * 3000,
         "-----BEGIN " + "A " * 20000,
         (HEADER + "a: 1\n" + "x" * 39 + "\n") * 1000,
+        "k: -----BEGIN PRIVATE KEY-----\n" * 20_000,  # each BEGIN read the others as its headers: 200 KB took 12 s
     ],
-    ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies"],
+    ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies",
+         "begin-lines-as-header-values"],
 )
 def test_a_text_built_to_make_the_search_backtrack_is_no_key_at_once(text: str) -> None:
     """Each of these is given up in milliseconds; backtracking over the ways to split them would take years (the

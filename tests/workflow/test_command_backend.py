@@ -302,6 +302,17 @@ def key_body_under_a_begin_line_committed_before(root: Path, wt: str) -> None:
     agent_commit(wt, "the body", {b"docs.txt": (begin + "\n" + body).encode()})
 
 
+def key_body_indented_under_a_begin_line_committed_before(root: Path, wt: str) -> None:
+    """A YAML template (`key: |`) whose body the agent fills in: git's search saw no line starting with a body."""
+    begin, body = KEY.split("\n", 1)
+    agent_commit(wt, "the body", {b"docs.txt": (begin + "\n" + "".join(f"    {line}\n" for line in body.splitlines())).encode()})
+
+
+def key_under_a_name_ending_with_a_newline(root: Path, wt: str) -> None:
+    """The name read from git's list of changed files lost its last newline, and matched no file with a key."""
+    agent_commit(wt, "notes", {b"notes\n": KEY.encode()})
+
+
 def key_added_by_a_merge_commit(root: Path, wt: str) -> None:
     """A merge whose result holds a file none of its parents has: git shows no change for a merge unless asked."""
     branch = git(wt, "rev-parse", "--abbrev-ref", "HEAD").strip()
@@ -319,8 +330,10 @@ def key_under_a_name_git_cannot_spell(root: Path, wt: str) -> None:
 
 
 @pytest.mark.parametrize("commit", [key_in_a_binary_file, key_body_under_a_begin_line_committed_before,
-                                    key_added_by_a_merge_commit, key_under_a_name_git_cannot_spell],
-                         ids=["binary-file", "body-under-an-old-begin-line", "merge-commit", "undecodable-name"])
+                                    key_body_indented_under_a_begin_line_committed_before, key_added_by_a_merge_commit,
+                                    key_under_a_name_git_cannot_spell, key_under_a_name_ending_with_a_newline],
+                         ids=["binary-file", "body-under-an-old-begin-line", "indented-body", "merge-commit",
+                              "undecodable-name", "name-ending-with-a-newline"])
 async def test_a_key_the_agent_committed_where_git_would_not_show_it_is_never_merged(tmp_path: Path, commit) -> None:
     root = dev_project(tmp_path)
     (root / "docs.txt").write_text(KEY.split("\n", 1)[0] + "\n")
