@@ -500,7 +500,7 @@ async def _files_holding_keys(wt: str, paths: list[str]) -> set[str]:
     few with a key's first line (binary files too), and those are read."""
     found: set[str] = set()
     for batch in _batches(paths):
-        listed = await git(wt, "--literal-pathspecs", "grep", "-l", "-z", "--untracked", "-e", PRIVATE_KEY_LINE,
+        listed = await git(wt, "--literal-pathspecs", "grep", "-l", "-z", "--untracked", "-E", "-e", PRIVATE_KEY_LINE,
                            "--", *batch, check=False)  # (1: no file has one)
         for path in filter(None, listed.split("\x00")):
             if await asyncio.to_thread(_file_holds_private_key, os.path.join(wt, path)):
