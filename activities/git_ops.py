@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -38,6 +39,7 @@ from bso.git_rules import (
     GitRuleError,
     PRIVATE_KEY_CHANGE,
     PRIVATE_KEY_LINE,
+    PRIVATE_KEY_LONGEST_MATCH,
     checkout_moves,
     commit_message,
     holds_private_key,
@@ -509,7 +511,7 @@ async def _files_holding_keys(wt: str, paths: list[str]) -> set[str]:
 
 
 _KEY_SCAN_BYTES = 1 << 20
-_KEY_SCAN_OVERLAP = 8 * 1024  # more than a key's BEGIN line, its headers and the start of its body
+_KEY_SCAN_OVERLAP = PRIVATE_KEY_LONGEST_MATCH  # a key across a block's end is whole in the next block's text
 
 
 def _file_holds_private_key(path: str) -> bool:
@@ -523,13 +525,23 @@ def _file_holds_private_key(path: str) -> bool:
 
 def _blob_holds_private_key(cwd: str, blob: str) -> bool:
     """holds_private_key over a committed blob of any length, read as git writes it (never held whole: a blob of
-    hundreds of MB)."""
-    with subprocess.Popen(git_argv(cwd, "cat-file", "blob", blob), stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, env={**os.environ, **_GIT_ENV}) as proc:
+    hundreds of MB). A blob git cannot give (missing from a partial clone) is an error, never "no key"."""
+    with tempfile.TemporaryFile() as errors, subprocess.Popen(
+        git_argv(cwd, "cat-file", "blob", blob), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+        env={**os.environ, **_GIT_ENV},
+    ) as proc:
         try:
-            return _stream_holds_private_key(proc.stdout)
+            if _stream_holds_private_key(proc.stdout):
+                return True
+            failed = proc.wait() != 0
         finally:
-            proc.kill()  # (a key found early: the rest is not read)
+            proc.kill()  # (a key found early: the rest is not read; once git has ended, nothing)
+        if failed:
+            errors.seek(0)
+            said = errors.read(800).decode(errors="replace").strip()
+            raise GitError(f"git cat-file blob {blob} failed ({proc.returncode}), so it could not be checked for "
+                           f"a private key: {said}")
+        return False
 
 
 def _stream_holds_private_key(stream) -> bool:

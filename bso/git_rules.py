@@ -51,24 +51,40 @@ def is_secret_path(path: str, patterns: list[str]) -> bool:
 
 
 # A private key's armour: its BEGIN line, any header lines (`Proc-Type: 4,ENCRYPTED`, `Version: ...`), then its
-# body. Newlines as they are or escaped (a key inside a config file's string, JSON's `\/` too), its lines maybe
-# string literals of their own ("...\n" + "..."). The body is required: code that parses keys names the BEGIN
-# line, and is no secret. Each line ends at its first line break and nothing else may end it, so a text that is
-# no key is given up in linear time (a header's value and the blank after it both taking spaces was exponential).
-_LINE_BREAK = r"(?:\\[rn]|[\r\n])"
-_BETWEEN_LINES = r"(?:\\[rn]|[ \t\r\n\"',+.])*"
+# body. Newlines as they are or escaped (a key inside a config file's string, JSON's `\/` too, JSON inside a JSON
+# string: `\\n`), its lines maybe string literals of their own ("...\n" + "...", Python's b"...\n"). The body is
+# required: code that parses keys names the BEGIN line, and is no secret. Each line ends at its first line break
+# and nothing else may end it, so a text that is no key is given up in linear time (a header's value and the
+# blank after it both taking spaces was exponential). Every part is bounded, so a match is never longer than
+# PRIVATE_KEY_LONGEST_MATCH: a stream read in blocks keeps that much of each block's end.
+_ESCAPE = r"\\{1,3}"  # a string's backslash, maybe escaped once or twice more (a string inside a string)
+_LINE_BREAK = r"(?:" + _ESCAPE + r"[rn]|[\r\n])"
+_BETWEEN_ITEMS = 256
+_BETWEEN_LINES = r"(?:" + _ESCAPE + r"[rn\"']|[ \t\r\n\"',+.]|[bB](?=[\"'])){0,%d}" % _BETWEEN_ITEMS
+_BEGIN_WORDS, _BEGIN_WORD = 4, 16
+_BEGIN = r"-----BEGIN (?:[A-Z0-9]{1,%d} ){0,%d}PRIVATE KEY(?: BLOCK)?-----" % (_BEGIN_WORD, _BEGIN_WORDS)
 # A header's value never holds five dashes (another BEGIN line: each BEGIN re-read all the lines after it), and
 # headers are few and short: the search stays linear whatever the text.
-_HEADER = r"[A-Za-z][\w-]{0,64}: (?:[^\r\n\\-]|-(?!----)){0,512}"
+_HEADERS, _HEADER_NAME, _HEADER_VALUE = 16, 64, 512
+_HEADER = r"[A-Za-z][\w-]{0,%d}: (?:[^\r\n\\-]|-(?!----)){0,%d}" % (_HEADER_NAME, _HEADER_VALUE)
+_BODY_START = 40
 _PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----" + _BETWEEN_LINES  # (newlines turned to spaces too)
-    + r"(?:" + _HEADER + _LINE_BREAK + _BETWEEN_LINES + r"){0,16}(?:[A-Za-z0-9+]|\\?/){40}"
+    _BEGIN + _BETWEEN_LINES  # (newlines turned to spaces too)
+    + r"(?:" + _HEADER + _LINE_BREAK + _BETWEEN_LINES + r"){0,%d}" % _HEADERS
+    + r"(?:[A-Za-z0-9+]|\\{0,3}/){%d}" % _BODY_START
+)
+_LONGEST_ITEM = 4  # characters: an escape of three backslashes and its letter
+_LONGEST_BETWEEN = _BETWEEN_ITEMS * _LONGEST_ITEM
+PRIVATE_KEY_LONGEST_MATCH = (
+    len("-----BEGIN PRIVATE KEY BLOCK-----") + _BEGIN_WORDS * (_BEGIN_WORD + 1) + _LONGEST_BETWEEN
+    + _HEADERS * (1 + _HEADER_NAME + len(": ") + _HEADER_VALUE + _LONGEST_ITEM + _LONGEST_BETWEEN)
+    + _BODY_START * _LONGEST_ITEM
 )
 # For git's own search (`git grep`, `git log -G`: extended regular expressions) to find the few files worth
 # reading: a key's BEGIN line, and (`git log -G` sees only the lines a commit changed) a line that is body alone,
 # indented or quoted maybe, for a body written under a BEGIN line committed before.
 PRIVATE_KEY_LINE = "-----BEGIN .*PRIVATE KEY"
-PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,]*[A-Za-z0-9+/]{60}"
+PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,bB]*[A-Za-z0-9+/]{60}"
 
 
 def holds_private_key(text: str) -> bool:

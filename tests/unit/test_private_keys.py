@@ -7,7 +7,13 @@ import re
 
 import pytest
 
-from bso.git_rules import PRIVATE_KEY_CHANGE, PRIVATE_KEY_LINE, holds_private_key
+from bso.git_rules import (
+    _PRIVATE_KEY,
+    PRIVATE_KEY_CHANGE,
+    PRIVATE_KEY_LINE,
+    PRIVATE_KEY_LONGEST_MATCH,
+    holds_private_key,
+)
 
 BODY = "MIIEowIBAAKCAQEAx8fK3a2TvVQ3y5mL1KJ0cP7k8Wq9b0oZ1f2Yc3d4e5f6g7h8i9j0\nk1l2m3n4o5p6q7r8s9t0u1v2w3x4y5z6A7B8C9D0E1F2G3H4I5J6K7L8M9N0O1P2Q3\n"
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{BODY}-----END RSA PRIVATE KEY-----\n"
@@ -24,6 +30,7 @@ SLASHED = PEM.replace("MIIEow", "MIIE/ow/")
 # A key kept as one string literal a line, as code embeds it.
 PYTHON_LINES = "KEY = (\n" + "".join(f'    "{line}\\n"\n' for line in PEM.splitlines()) + ")\n"
 PHP_LINES = "$key =\n" + " .\n".join(f'    "{line}\\n"' for line in PEM.splitlines()) + ";\n"
+PYTHON_BYTES_LINES = "KEY = (\n" + "".join(f'    b"{line}\\n"\n' for line in PEM.splitlines()) + ")\n"
 JAVA_LINES = "String key =\n" + " +\n".join(f'    "{line}\\n"' for line in PEM.splitlines()) + ";\n"
 PGP = (
     "-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\nComment: a test key\n\n"
@@ -50,10 +57,14 @@ PGP = (
         JAVA_LINES,
         PHP_LINES,
         'PRIVATE_KEY: "' + " ".join(PEM.splitlines()) + '"\n',  # an env var's value, its newlines turned to spaces
+        PYTHON_BYTES_LINES,
+        json.dumps({"settings": json.dumps({"key": ENCRYPTED})}),  # JSON kept inside a JSON string: `\\n`
+        json.dumps({"settings": json.dumps({"key": SLASHED}).replace("/", "\\/")}),
     ],
     ids=["pem", "pkcs8", "ec", "pkcs8-encrypted", "crlf", "openssh", "encrypted-headers", "pgp", "among-text",
          "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals",
-         "php-line-literals", "newlines-as-spaces"],
+         "php-line-literals", "newlines-as-spaces", "python-bytes-line-literals", "json-in-a-json-string",
+         "json-in-a-json-string-escaped-slashes"],
 )
 def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
     assert holds_private_key(text)
@@ -93,9 +104,10 @@ HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
         "-----BEGIN " + "A " * 20000,
         (HEADER + "a: 1\n" + "x" * 39 + "\n") * 1000,
         "k: -----BEGIN PRIVATE KEY-----\n" * 20_000,  # each BEGIN read the others as its headers: 200 KB took 12 s
+        (HEADER + "\\\\\\n b'\\\\\\/" * 300 + "x" * 39 + "\n") * 100,  # escapes, bytes literals, escaped slashes
     ],
     ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies",
-         "begin-lines-as-header-values"],
+         "begin-lines-as-header-values", "escapes"],
 )
 def test_a_text_built_to_make_the_search_backtrack_is_no_key_at_once(text: str) -> None:
     """Each of these is given up in milliseconds; backtracking over the ways to split them would take years (the
@@ -107,3 +119,15 @@ def test_a_line_of_key_body_alone_is_a_change_git_shows_for_reading() -> None:
     """`git log -G` sees only the lines a commit changed: a body written under a BEGIN line committed before."""
     assert re.search(PRIVATE_KEY_CHANGE, BODY, re.MULTILINE)
     assert not re.search(PRIVATE_KEY_CHANGE, "def parse(text):\n    return text.split()\n", re.MULTILINE)
+
+
+def test_no_key_is_longer_than_the_overlap_a_stream_read_in_blocks_keeps() -> None:
+    """Every part of the armour at its longest (words on the BEGIN line, separators, headers, escapes) is still a
+    key, and its match is within PRIVATE_KEY_LONGEST_MATCH (a longer one would be missed across a block's end)."""
+    between = "\\\\\\n" * 256  # (three backslashes and an n, 256 times)
+    header = "H" + "h" * 64 + ": " + "v" * 512 + "\\\\\\n" + between
+    longest = ("-----BEGIN " + "A" * 16 + " " + "B" * 16 + " " + "C" * 16 + " " + "D" * 16 + " PRIVATE KEY BLOCK-----"
+               + between + header * 16 + "\\\\\\/" * 40 + "\n")
+    match = _PRIVATE_KEY.search("x" * 100 + longest)
+    assert match is not None and match.end() - match.start() <= PRIVATE_KEY_LONGEST_MATCH
+    assert PRIVATE_KEY_LONGEST_MATCH - (match.end() - match.start()) < 64  # (the bound is that text, near enough)

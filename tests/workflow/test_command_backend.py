@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -371,6 +372,31 @@ def test_a_key_across_the_blocks_a_file_is_read_in_is_seen(tmp_path: Path, monke
         assert git_ops._file_holds_private_key(str(path)), block
     path.write_text("x" * 1000 + KEY.replace("PRIVATE", "PUBLIC"))
     assert not git_ops._file_holds_private_key(str(path))
+
+
+def test_a_key_at_its_longest_across_a_blocks_end_is_seen() -> None:
+    """Its BEGIN line, separators and headers (~27 KB at their longest) before a block's end, its body after."""
+    from bso.git_rules import PRIVATE_KEY_LONGEST_MATCH
+
+    between = "\\\\\\n" * 256
+    header = "Comment: " + "v" * 512 + "\\\\\\n" + between
+    start = "-----BEGIN PRIVATE KEY-----" + between + header * 16
+    body = "\\\\\\/" * 40
+    assert 0.9 * PRIVATE_KEY_LONGEST_MATCH < len(start + body) <= PRIVATE_KEY_LONGEST_MATCH
+    for cut in (1, len(start) // 2, len(start), len(start) + 50):
+        text = ("x" * (git_ops._KEY_SCAN_BYTES - cut) + start + body).encode()
+        assert git_ops._stream_holds_private_key(io.BytesIO(text)), cut
+
+
+def test_a_blob_git_cannot_give_is_an_error_not_no_key(tmp_path: Path) -> None:
+    """(A blob missing from a partial clone, say.) Taken as "no key", a key in it would be merged unchecked."""
+    root = make_git_project(tmp_path)
+    with pytest.raises(git_ops.GitError, match="could not be checked for a private key"):
+        git_ops._blob_holds_private_key(str(root), "0" * 40)
+    for text, holds in (("-----BEGIN PRIVATE KEY-----\n" + "A" * 64 + "\n", True), ("no key\n", False)):
+        (tmp_path / "blob").write_text(text)
+        blob = git(root, "hash-object", "-w", str(tmp_path / "blob")).strip()
+        assert git_ops._blob_holds_private_key(str(root), blob) is holds
 
 
 async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -> None:
