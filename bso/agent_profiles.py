@@ -179,7 +179,7 @@ class GitSettings(_Strict):
     secret_patterns: list[str] = Field(
         default_factory=lambda: [
             ".env", ".env.*", ".envrc", "*.pem", "*.key", "id_rsa*", "id_dsa*", "id_ed25519*", "id_ecdsa*", "*.p12",
-            "*.pfx", "credentials", "credentials.json", ".git-credentials", ".netrc", ".npmrc", ".pypirc",
+            "*.pfx", "*.ppk", "credentials", "credentials.json", ".git-credentials", ".netrc", ".npmrc", ".pypirc",
             "*.keystore", "*.tfvars", "secrets.*",
         ]
     )

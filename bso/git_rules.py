@@ -62,7 +62,12 @@ _LINE_BREAK = r"(?:" + _ESCAPE + r"[rn]|[\r\n])"
 _BETWEEN_ITEMS = 256
 _BETWEEN_LINES = r"(?:" + _ESCAPE + r"[rn\"']|[ \t\r\n\"',+.]|[bB](?=[\"'])){0,%d}" % _BETWEEN_ITEMS
 _BEGIN_WORDS, _BEGIN_WORD = 4, 16
-_BEGIN = r"-----BEGIN (?:[A-Z0-9]{1,%d} ){0,%d}PRIVATE KEY(?: BLOCK)?-----" % (_BEGIN_WORD, _BEGIN_WORDS)
+# PEM, PKCS#8, OpenSSH and PGP armour; SSH2's (ssh.com, `ssh-keygen -e`); PuTTY's .ppk, whose private part
+# follows its `Private-Lines: N` line.
+_SSH2_BEGIN = "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----"
+_PUTTY_BEGIN = "Private-Lines: "
+_BEGIN = r"(?:-----BEGIN (?:[A-Z0-9]{1,%d} ){0,%d}PRIVATE KEY(?: BLOCK)?-----|%s|%s[0-9]{1,4})" % (
+    _BEGIN_WORD, _BEGIN_WORDS, re.escape(_SSH2_BEGIN), _PUTTY_BEGIN)
 # A header's value never holds five dashes (another BEGIN line: each BEGIN re-read all the lines after it), and
 # headers are few and short: the search stays linear whatever the text.
 _HEADERS, _HEADER_NAME, _HEADER_VALUE = 16, 64, 512
@@ -76,20 +81,22 @@ _PRIVATE_KEY = re.compile(
 _LONGEST_ITEM = 4  # characters: an escape of three backslashes and its letter
 _LONGEST_BETWEEN = _BETWEEN_ITEMS * _LONGEST_ITEM
 PRIVATE_KEY_LONGEST_MATCH = (
-    len("-----BEGIN PRIVATE KEY BLOCK-----") + _BEGIN_WORDS * (_BEGIN_WORD + 1) + _LONGEST_BETWEEN
+    max(len("-----BEGIN PRIVATE KEY BLOCK-----") + _BEGIN_WORDS * (_BEGIN_WORD + 1), len(_SSH2_BEGIN),
+        len(_PUTTY_BEGIN) + 4)
+    + _LONGEST_BETWEEN
     + _HEADERS * (1 + _HEADER_NAME + len(": ") + _HEADER_VALUE + _LONGEST_ITEM + _LONGEST_BETWEEN)
     + _BODY_START * _LONGEST_ITEM
 )
 # For git's own search (`git grep`, `git log -G`: extended regular expressions) to find the few files worth
 # reading: a key's BEGIN line, and (`git log -G` sees only the lines a commit changed) a line that is body alone,
 # indented or quoted maybe, for a body written under a BEGIN line committed before.
-PRIVATE_KEY_LINE = "-----BEGIN .*PRIVATE KEY"
+PRIVATE_KEY_LINE = f"-----BEGIN .*PRIVATE KEY|{_SSH2_BEGIN}|{_PUTTY_BEGIN}[0-9]"
 PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,bB]*[A-Za-z0-9+/]{60}"
 
 
 def holds_private_key(text: str) -> bool:
-    """Does this text carry a private key (PEM, OpenSSH, PGP armour), under whatever name its file has? (`git mv
-    key.pem notes.txt` took a key past the secret file names.)"""
+    """Does this text carry a private key (PEM, OpenSSH, PGP or SSH2 armour, PuTTY's), under whatever name its
+    file has? (`git mv key.pem notes.txt` took a key past the secret file names.)"""
     return _PRIVATE_KEY.search(text) is not None
 
 

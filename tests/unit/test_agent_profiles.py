@@ -262,7 +262,8 @@ def test_git_rules() -> None:
             story_branch("s", bad)
     patterns = AgentsFile().git.secret_patterns
     for secret in (".env", "config/.env.production", "id_rsa", "certs/server.key", "a/credentials.json",
-                   "certs/SERVER.PEM", ".ENV", ".envrc", ".git-credentials", "infra/prod.tfvars", "id_dsa"):
+                   "certs/SERVER.PEM", ".ENV", ".envrc", ".git-credentials", "infra/prod.tfvars", "id_dsa",
+                   "keys/deploy.ppk"):
         assert is_secret_path(secret, patterns), secret
     for fine in (".env.example", "src/env.py", "keys.md", "src/app.py"):
         assert not is_secret_path(fine, patterns), fine

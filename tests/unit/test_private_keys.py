@@ -36,6 +36,16 @@ PGP = (
     "-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: GnuPG v2\nComment: a test key\n\n"
     "lQOYBF8AAAABCADJ3a2TvVQ3y5mL1KJ0cP7k8Wq9b0oZ1f2Yc3d4e5f6g7h8i9j0k1\n-----END PGP PRIVATE KEY BLOCK-----\n"
 )
+SSH2 = (
+    "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nSubject: bso\nComment: \"2048-bit rsa, bso@example\"\n"
+    "P2/56wAAA+sAAAA3aWYtbW9kbntzaWdue3JzYS1wa2NzMS1zaGExfSxlbmNyeXB0e3JzYS1wa2NzMXYyLW9hZXB9fQAAAARub25lAAADog\n"
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----\n"
+)
+PUTTY = (
+    "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: bso@example\nPublic-Lines: 2\n"
+    "AAAAC3NzaC1lZDI1NTE5AAAAIOb6r8z9N1o2b3c4d5e6f7g8h9i0j1k2l3m4n5o6p7q8\nr9s0\nPrivate-Lines: 1\n"
+    "AAAAIFh4Yw1bYzR0c3VwZXJzZWNyZXRrZXlfbm90X3JlYWxseV9idXRfbG9uZw==\nPrivate-MAC: 0123abcd\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -60,11 +70,13 @@ PGP = (
         PYTHON_BYTES_LINES,
         json.dumps({"settings": json.dumps({"key": ENCRYPTED})}),  # JSON kept inside a JSON string: `\\n`
         json.dumps({"settings": json.dumps({"key": SLASHED}).replace("/", "\\/")}),
+        SSH2,
+        PUTTY,
     ],
     ids=["pem", "pkcs8", "ec", "pkcs8-encrypted", "crlf", "openssh", "encrypted-headers", "pgp", "among-text",
          "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals",
          "php-line-literals", "newlines-as-spaces", "python-bytes-line-literals", "json-in-a-json-string",
-         "json-in-a-json-string-escaped-slashes"],
+         "json-in-a-json-string-escaped-slashes", "ssh2", "putty"],
 )
 def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
     assert holds_private_key(text)
@@ -80,10 +92,14 @@ def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
         "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----\n",  # a placeholder in the docs
         PEM.replace("PRIVATE", "PUBLIC"),
         PEM.replace("RSA PRIVATE KEY", "CERTIFICATE"),
+        PUTTY.split("Private-Lines")[0],  # a .ppk's public part
+        SSH2.replace("ENCRYPTED PRIVATE", "PUBLIC"),
+        'if line.startswith("Private-Lines: "):\n    count = int(line.split()[1])\n',
         "a private key belongs in a vault, not in the repository\n",
         "",
     ],
-    ids=["parser", "markers", "placeholder", "public-key", "certificate", "prose", "empty"],
+    ids=["parser", "markers", "placeholder", "public-key", "certificate", "putty-public-part", "ssh2-public-key",
+         "putty-parser", "prose", "empty"],
 )
 def test_what_only_names_a_key_is_no_key(text: str) -> None:
     assert not holds_private_key(text)
@@ -105,9 +121,10 @@ HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
         (HEADER + "a: 1\n" + "x" * 39 + "\n") * 1000,
         "k: -----BEGIN PRIVATE KEY-----\n" * 20_000,  # each BEGIN read the others as its headers: 200 KB took 12 s
         (HEADER + "\\\\\\n b'\\\\\\/" * 300 + "x" * 39 + "\n") * 100,  # escapes, bytes literals, escaped slashes
+        "Private-Lines: 1\n" * 20_000,
     ],
     ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies",
-         "begin-lines-as-header-values", "escapes"],
+         "begin-lines-as-header-values", "escapes", "putty-lines"],
 )
 def test_a_text_built_to_make_the_search_backtrack_is_no_key_at_once(text: str) -> None:
     """Each of these is given up in milliseconds; backtracking over the ways to split them would take years (the

@@ -242,15 +242,21 @@ KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
        "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n-----END OPENSSH PRIVATE KEY-----\n")
 
 
-async def test_a_key_under_a_name_that_does_not_look_secret_is_refused(tmp_path: Path) -> None:
+PUTTY_KEY = ("PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: k\nPublic-Lines: 1\n"
+             "AAAAC3NzaC1lZDI1NTE5AAAAIOb6r8z9N1o2b3c4d5e6f7g8h9i0j1k2l3m4n5o6p7q8\nPrivate-Lines: 1\n"
+             "AAAAIFh4Yw1bYzR0c3VwZXJzZWNyZXRrZXlfbm90X3JlYWxseV9idXRfbG9uZw==\nPrivate-MAC: 0123abcd\n")
+
+
+@pytest.mark.parametrize("key", [KEY, PUTTY_KEY], ids=["openssh", "putty"])
+async def test_a_key_under_a_name_that_does_not_look_secret_is_refused(tmp_path: Path, key: str) -> None:
     """`git mv key.pem deploy.txt`, a key pasted into notes.txt: P21 went by the name alone, and committed both.
     Code that only names a key's first line is committed as any other."""
     root = dev_project(tmp_path)
     wt = await ensure_worktree(str(root), "s1", STORY)
-    (Path(wt.path) / "key.pem").write_text(KEY)
+    (Path(wt.path) / "key.pem").write_text(key)
     git(wt.path, "add", "-f", "key.pem")
     git(wt.path, "mv", "key.pem", "deploy.txt")
-    (Path(wt.path) / "notes.txt").write_text("the server's key, for later:\n" + KEY)
+    (Path(wt.path) / "notes.txt").write_text("the server's key, for later:\n" + key)
     (Path(wt.path) / "parser.py").write_text('MARKER = "-----BEGIN OPENSSH PRIVATE KEY-----"\n')
     (Path(wt.path) / "work.py").write_text("x = 1\n")
     gate = await dev_gate(wt)
