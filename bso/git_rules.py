@@ -60,22 +60,27 @@ def is_secret_path(path: str, patterns: list[str]) -> bool:
 _ESCAPE = r"\\{1,3}"  # a string's backslash, maybe escaped once or twice more (a string inside a string)
 _LINE_BREAK = r"(?:" + _ESCAPE + r"[rn]|[\r\n])"
 _BETWEEN_ITEMS = 256
-_BETWEEN_LINES = r"(?:" + _ESCAPE + r"[rn\"']|[ \t\r\n\"',+.]|[bB](?=[\"'])){0,%d}" % _BETWEEN_ITEMS
+# (A `+` or a `b` between two lines is one only before a blank or a quote: a body holds both, and a run of
+# either read both ways made each BEGIN cost thousands of steps.)
+_BETWEEN_LINES = r"(?:" + _ESCAPE + r"[rn\"']|[ \t\r\n\"',.]|\+(?=[\s\"'])|[bB](?=[\"'])){0,%d}" % _BETWEEN_ITEMS
+# PEM, PKCS#8, OpenSSH and PGP armour; SSH2's (RFC 4716: ssh.com, PuTTYgen's export).
 _BEGIN_WORDS, _BEGIN_WORD = 4, 16
-# PEM, PKCS#8, OpenSSH and PGP armour; SSH2's (ssh.com, `ssh-keygen -e`); PuTTY's .ppk, whose private part
-# follows its `Private-Lines: N` line.
 _SSH2_BEGIN = "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----"
+_ARMOUR_BEGIN = r"(?:-----BEGIN (?:[A-Z0-9]{1,%d} ){0,%d}PRIVATE KEY(?: BLOCK)?-----|%s)" % (
+    _BEGIN_WORD, _BEGIN_WORDS, re.escape(_SSH2_BEGIN))
+# PuTTY's .ppk: its private part follows its `Private-Lines: N` line, with no header of its own.
 _PUTTY_BEGIN = "Private-Lines: "
-_BEGIN = r"(?:-----BEGIN (?:[A-Z0-9]{1,%d} ){0,%d}PRIVATE KEY(?: BLOCK)?-----|%s|%s[0-9]{1,4})" % (
-    _BEGIN_WORD, _BEGIN_WORDS, re.escape(_SSH2_BEGIN), _PUTTY_BEGIN)
-# A header's value never holds five dashes (another BEGIN line: each BEGIN re-read all the lines after it), and
-# headers are few and short: the search stays linear whatever the text.
+# A header's value never holds four dashes (another BEGIN line: each BEGIN re-read all the lines after it), and
+# headers are few and short: the search stays linear whatever the text. Its value may hold an escaped character
+# (a quoted comment inside a string, `\"`) and go on past a backslash at the end of its line (RFC 4716).
 _HEADERS, _HEADER_NAME, _HEADER_VALUE = 16, 64, 512
-_HEADER = r"[A-Za-z][\w-]{0,%d}: (?:[^\r\n\\-]|-(?!----)){0,%d}" % (_HEADER_NAME, _HEADER_VALUE)
+_HEADER = r"[A-Za-z][\w-]{0,%d}: (?:[^\r\n\\-]|-(?!---)|%s[^\r\n\\rn-]|\\\r?\n){0,%d}" % (
+    _HEADER_NAME, _ESCAPE, _HEADER_VALUE)
 _BODY_START = 40
 _PRIVATE_KEY = re.compile(
-    _BEGIN + _BETWEEN_LINES  # (newlines turned to spaces too)
+    r"(?:" + _ARMOUR_BEGIN + _BETWEEN_LINES  # (newlines turned to spaces too)
     + r"(?:" + _HEADER + _LINE_BREAK + _BETWEEN_LINES + r"){0,%d}" % _HEADERS
+    + r"|" + _PUTTY_BEGIN + r"[0-9]{1,4}" + _BETWEEN_LINES + r")"
     + r"(?:[A-Za-z0-9+]|\\{0,3}/){%d}" % _BODY_START
 )
 _LONGEST_ITEM = 4  # characters: an escape of three backslashes and its letter
@@ -84,14 +89,15 @@ PRIVATE_KEY_LONGEST_MATCH = (
     max(len("-----BEGIN PRIVATE KEY BLOCK-----") + _BEGIN_WORDS * (_BEGIN_WORD + 1), len(_SSH2_BEGIN),
         len(_PUTTY_BEGIN) + 4)
     + _LONGEST_BETWEEN
-    + _HEADERS * (1 + _HEADER_NAME + len(": ") + _HEADER_VALUE + _LONGEST_ITEM + _LONGEST_BETWEEN)
+    + _HEADERS * (1 + _HEADER_NAME + len(": ") + _HEADER_VALUE * _LONGEST_ITEM + _LONGEST_ITEM + _LONGEST_BETWEEN)
     + _BODY_START * _LONGEST_ITEM
 )
 # For git's own search (`git grep`, `git log -G`: extended regular expressions) to find the few files worth
 # reading: a key's BEGIN line, and (`git log -G` sees only the lines a commit changed) a line that is body alone,
-# indented or quoted maybe, for a body written under a BEGIN line committed before.
+# indented or quoted maybe, for a body written under a BEGIN line committed before (as long as the shortest body
+# _PRIVATE_KEY takes: a PuTTY ed25519 key's private part is one line of 48 characters).
 PRIVATE_KEY_LINE = f"-----BEGIN .*PRIVATE KEY|{_SSH2_BEGIN}|{_PUTTY_BEGIN}[0-9]"
-PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,bB]*[A-Za-z0-9+/]{60}"
+PRIVATE_KEY_CHANGE = PRIVATE_KEY_LINE + "|^[ \t\"'+,bB]*[A-Za-z0-9+/]{%d}" % _BODY_START
 
 
 def holds_private_key(text: str) -> bool:

@@ -72,11 +72,16 @@ PUTTY = (
         json.dumps({"settings": json.dumps({"key": SLASHED}).replace("/", "\\/")}),
         SSH2,
         PUTTY,
+        SSH2.replace('"2048-bit rsa, bso@example"', '"rsa-key-20240926 deploy key for the production, do n\\\nnot share"'),
+        json.dumps({"key": SSH2}),  # its quoted comment escaped
+        "KEY = (\n" + "".join(f"    {json.dumps(line + chr(10))}\n" for line in SSH2.splitlines()) + ")\n",
+        json.dumps({"key": PGP.replace("a test key", "https://keybase.io/download")}).replace("/", "\\/"),
     ],
     ids=["pem", "pkcs8", "ec", "pkcs8-encrypted", "crlf", "openssh", "encrypted-headers", "pgp", "among-text",
          "json-string", "python-string", "json-escaped-slashes", "python-line-literals", "java-line-literals",
          "php-line-literals", "newlines-as-spaces", "python-bytes-line-literals", "json-in-a-json-string",
-         "json-in-a-json-string-escaped-slashes", "ssh2", "putty"],
+         "json-in-a-json-string-escaped-slashes", "ssh2", "putty", "ssh2-header-continued", "ssh2-json-string",
+         "ssh2-python-line-literals", "pgp-url-comment-json-escaped-slashes"],
 )
 def test_a_private_key_is_seen_whatever_its_file(text: str) -> None:
     assert holds_private_key(text)
@@ -108,7 +113,7 @@ def test_what_only_names_a_key_is_no_key(text: str) -> None:
 HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(5)
 @pytest.mark.parametrize(
     "text",
     [
@@ -122,9 +127,14 @@ HEADER = "-----BEGIN RSA PRIVATE KEY-----\n"
         "k: -----BEGIN PRIVATE KEY-----\n" * 20_000,  # each BEGIN read the others as its headers: 200 KB took 12 s
         (HEADER + "\\\\\\n b'\\\\\\/" * 300 + "x" * 39 + "\n") * 100,  # escapes, bytes literals, escaped slashes
         "Private-Lines: 1\n" * 20_000,
+        # Just short of a body (39 `+`), one separator, again: each BEGIN read the lines after it as its headers.
+        (("Private-Lines: 1\n" + ("+" * 39 + ",") * 6 + "+" * 15) * 5000)[: 1 << 20],
+        ("k: ---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\n" + ("+" * 39 + ",") * 6 + "+" * 15) * 5000,
+        ("Private-Lines: 1\n" + "\\\\\\\"b'" * 80 + "\n") * 4000,
     ],
     ids=["header-spaces", "header-lines", "header-quotes", "separators", "begin-lines", "begin-words", "short-bodies",
-         "begin-lines-as-header-values", "escapes", "putty-lines"],
+         "begin-lines-as-header-values", "escapes", "putty-lines", "putty-lines-and-separators",
+         "ssh2-begin-lines-as-header-values", "putty-lines-and-escapes"],
 )
 def test_a_text_built_to_make_the_search_backtrack_is_no_key_at_once(text: str) -> None:
     """Each of these is given up in milliseconds; backtracking over the ways to split them would take years (the
@@ -142,7 +152,7 @@ def test_no_key_is_longer_than_the_overlap_a_stream_read_in_blocks_keeps() -> No
     """Every part of the armour at its longest (words on the BEGIN line, separators, headers, escapes) is still a
     key, and its match is within PRIVATE_KEY_LONGEST_MATCH (a longer one would be missed across a block's end)."""
     between = "\\\\\\n" * 256  # (three backslashes and an n, 256 times)
-    header = "H" + "h" * 64 + ": " + "v" * 512 + "\\\\\\n" + between
+    header = "H" + "h" * 64 + ": " + '\\\\\\"' * 512 + "\\\\\\n" + between  # (escaped quotes in its value)
     longest = ("-----BEGIN " + "A" * 16 + " " + "B" * 16 + " " + "C" * 16 + " " + "D" * 16 + " PRIVATE KEY BLOCK-----"
                + between + header * 16 + "\\\\\\/" * 40 + "\n")
     match = _PRIVATE_KEY.search("x" * 100 + longest)

@@ -336,11 +336,31 @@ def key_under_a_name_git_cannot_spell(root: Path, wt: str) -> None:
     agent_commit(wt, "notes", {b"notes-\xff.txt": KEY.encode()})
 
 
+def putty_private_line_written_after_its_header(root: Path, wt: str) -> None:
+    """An ed25519 key's private part is one line of 48 characters: git's search for a change of body alone
+    wanted 60."""
+    ppk = PUTTY_KEY.split("Private-Lines: 1\n")[0] + "Private-Lines: 1\n"
+    agent_commit(wt, "a key file, to fill in", {b"notes.txt": (ppk + "TODO\n").encode()})
+    agent_commit(wt, "filled in", {b"notes.txt": (ppk + "AAAAIFh4Yw1bYzR0c3VwZXJzZWNyZXRrZXlfbm90X3JlYWxs\n").encode()})
+
+
+def key_hidden_behind_a_replacement(root: Path, wt: str) -> None:
+    """`git replace <key's blob> <an innocent one>`: git's log and cat-file showed the innocent text, while the
+    commit (and what a push sends) still held the key."""
+    agent_commit(wt, "notes", {b"notes.txt": KEY.encode()})
+    (Path(wt) / "innocent.txt").write_text("nothing here\n")
+    innocent = git(wt, "hash-object", "-w", "innocent.txt").strip()
+    (Path(wt) / "innocent.txt").unlink()
+    git(wt, "replace", git(wt, "rev-parse", "HEAD:notes.txt").strip(), innocent)
+
+
 @pytest.mark.parametrize("commit", [key_in_a_binary_file, key_body_under_a_begin_line_committed_before,
                                     key_body_indented_under_a_begin_line_committed_before, key_added_by_a_merge_commit,
-                                    key_under_a_name_git_cannot_spell, key_under_a_name_ending_with_a_newline],
+                                    key_under_a_name_git_cannot_spell, key_under_a_name_ending_with_a_newline,
+                                    putty_private_line_written_after_its_header, key_hidden_behind_a_replacement],
                          ids=["binary-file", "body-under-an-old-begin-line", "indented-body", "merge-commit",
-                              "undecodable-name", "name-ending-with-a-newline"])
+                              "undecodable-name", "name-ending-with-a-newline", "putty-private-line-after",
+                              "git-replace"])
 async def test_a_key_the_agent_committed_where_git_would_not_show_it_is_never_merged(tmp_path: Path, commit) -> None:
     root = dev_project(tmp_path)
     (root / "docs.txt").write_text(KEY.split("\n", 1)[0] + "\n")
@@ -381,11 +401,11 @@ def test_a_key_across_the_blocks_a_file_is_read_in_is_seen(tmp_path: Path, monke
 
 
 def test_a_key_at_its_longest_across_a_blocks_end_is_seen() -> None:
-    """Its BEGIN line, separators and headers (~27 KB at their longest) before a block's end, its body after."""
+    """Its BEGIN line, separators and headers (~50 KB at their longest) before a block's end, its body after."""
     from bso.git_rules import PRIVATE_KEY_LONGEST_MATCH
 
     between = "\\\\\\n" * 256
-    header = "Comment: " + "v" * 512 + "\\\\\\n" + between
+    header = "Comment: " + '\\\\\\"' * 512 + "\\\\\\n" + between
     start = "-----BEGIN PRIVATE KEY-----" + between + header * 16
     body = "\\\\\\/" * 40
     assert 0.9 * PRIVATE_KEY_LONGEST_MATCH < len(start + body) <= PRIVATE_KEY_LONGEST_MATCH
