@@ -81,7 +81,8 @@ stop:
 		rm -f $$pidfile; \
 	done
 
-clean:
+# Stops the demo's server and worker first: their pid records and the server's database go with the files.
+clean: stop
 	rm -rf .demo $(RUN_DIR) .temporal
 
 bench: venv

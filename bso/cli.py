@@ -1223,7 +1223,7 @@ AGENTS_SAID = {
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
-    epic: Annotated[str | None, typer.Option(help="only this epic's stories (N or epic-N)")] = None,
+    epic: Annotated[list[str] | None, typer.Option(help="only this epic's stories (N or epic-N)")] = None,
     story: Annotated[list[str] | None, typer.Option(help="only these stories (full or short key); repeatable")] = None,
     backend: Annotated[str, typer.Option(help="agent backend: simulated, external or command")] = "simulated",
     set_: Annotated[list[str] | None, typer.Option("--set", help="config knob override key=value; repeatable")] = None,
@@ -1238,6 +1238,10 @@ def sprint_start(
     async def go() -> None:
         if not task_queue.strip() or task_queue != task_queue.strip():
             raise BsoError(f"--task-queue {task_queue!r}: a task queue name, with no space around it (default {SPRINT_TASK_QUEUE})")
+        if epic is not None and len(epic) > 1:  # (a plain option kept the last one given: epic 1 never ran)
+            raise BsoError(f"--epic given {len(epic)} times: a sprint takes one epic (name stories of several "
+                           "with --story, or run a sprint per epic)")
+        one_epic = epic[0] if epic else None
         root = project.expanduser().resolve()
         if not root.is_dir():
             raise BsoError(f"project directory not found: {project}")
@@ -1266,7 +1270,7 @@ def sprint_start(
             except ValueError as e:
                 detail = describe_validation_error(e) if isinstance(e, ValidationError) else str(e)
                 raise BsoError(f"--simulation {simulation}: {detail}") from None
-        to_run = _check_selection(status_path, epic, story or [], named)
+        to_run = _check_selection(status_path, one_epic, story or [], named)
         if to_run is not None:
             _check_stories(root, status_file, to_run)
         sid = sprint_id or new_sprint_id()
@@ -1280,7 +1284,7 @@ def sprint_start(
             project_root=str(root),
             status_file=status_file,
             session_id=sid,
-            epic=epic,
+            epic=one_epic,
             story_keys=story or None,
             agent_backend=backend,
             config_overrides=overrides,
@@ -1612,6 +1616,8 @@ def sprint_decide(
     note: Annotated[str, typer.Option()] = "",
 ) -> None:
     """A human decision for a story waiting on one, or a re-arm of a needs-intervention story (update `decide`)."""
+    if state is not None and decision != "rearm":  # (it was dropped without a word)
+        raise _fail(f"--state is for rearm only: {decision} sets the story's state itself", 2)
     try:
         request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
     except ValidationError as err:

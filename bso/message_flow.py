@@ -955,7 +955,7 @@ def _agent_complete(value: dict[str, Any], recipient: str) -> dict[str, Any]:
         parts.append(f"verdict {value['verdict']}")
     if isinstance(value.get("score"), int):  # a scored review (Gear 2)
         parts.append(f"score {value['score']}")
-    if value.get("findings"):
+    if isinstance(value.get("findings"), list) and value["findings"]:  # (a rejected answer's may be any value)
         parts.append(f"{len(value['findings'])} findings")
     parts.append(f"{value.get('tokens_used', 0)} tokens")
     return {

@@ -1048,9 +1048,13 @@ def _yaml_transition(
         return TransitionResult("cas-mismatch", key, current, current, {}, text)
     new_text = set_value(text, key, new, source)
     values[key] = new
-    epic_changes = compute_epic_changes(values, epic_key_of(key))
-    for ek, ev in epic_changes.items():
-        new_text = set_value(new_text, ek, ev, source)
+    epic_changes: dict[str, str] = {}
+    for ek, ev in compute_epic_changes(values, epic_key_of(key)).items():
+        try:
+            new_text = set_value(new_text, ek, ev, source)
+        except StatusFileError:  # (an anchor, a folded value: the roll-up is a courtesy; it never fails the story)
+            continue
+        epic_changes[ek] = ev
     if "last_updated" in doc and doc["last_updated"] is not None and not isinstance(
         doc["last_updated"], Mapping | list
     ):

@@ -84,6 +84,21 @@ def test_a_sprint_id_with_spaces_or_control_characters_is_refused_before_the_sta
     assert "use no spaces, line breaks or other control characters" in result.output, result.output
 
 
+def test_an_epic_given_twice_is_refused_not_cut_to_the_last(tmp_path: Path):
+    """`--epic 1 --epic 3` started a sprint of epic 3 alone, without a word."""
+    result = runner.invoke(app, ["sprint", "start", str(EXAMPLE), "--epic", "1", "--epic", "2"])
+    assert result.exit_code == 1, result.output
+    assert "--epic given 2 times: a sprint takes one epic" in result.output, result.output
+
+
+def test_a_state_given_with_a_decision_other_than_rearm_is_refused_before_it_is_sent(monkeypatch):
+    """`decide ... force_pass --state done` was applied, its --state dropped without a word."""
+    monkeypatch.setattr(bso.cli, "_client", lambda: pytest.fail("nothing is sent"))
+    result = runner.invoke(app, ["sprint", "decide", "s1", "1-4", "force_pass", "--state", "done"])
+    assert result.exit_code == 2, result.output
+    assert "--state is for rearm only" in result.output, result.output
+
+
 def test_watch_refuses_an_interval_that_would_never_poll_again():
     result = runner.invoke(app, ["sprint", "watch", "any", "--interval", "inf"])
     assert result.exit_code == 2 and "--interval" in result.output, result.output

@@ -602,3 +602,13 @@ def test_a_debug_request_that_was_not_delivered_is_listed():
     flow = [m for m in message_flow([slave.history()]) if m.type == "DEBUG_REQUEST"]
     assert [(m.sender, m.recipient, m.story) for m in flow] == [("slave-batch-1", "debugger", "1-1-login")], flow
     assert flow[0].detail == "DBG-1: not delivered: external workflow execution not found: boom at line 3", flow[0].detail
+
+
+def test_a_rejected_answer_whose_findings_are_no_list_is_not_counted_by_their_length() -> None:
+    """`"findings": "none"` (rejected) was listed as `4 findings`: the length of the string."""
+    from bso.message_flow import _agent_complete
+
+    assert _agent_complete({"status": "success", "findings": "none"}, "slave")["detail"] == "success, 0 tokens"
+    assert _agent_complete({"status": "success", "findings": [{}, {}]}, "slave")["detail"] == (
+        "success, 2 findings, 0 tokens"
+    )

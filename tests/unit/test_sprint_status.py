@@ -404,6 +404,18 @@ def test_epic_done_when_all_done() -> None:
     assert compute_epic_changes({"epic-1": "backlog", "1-1-a": "backlog"}, "epic-1") == {}
 
 
+@pytest.mark.parametrize(
+    "epic_line", ["epic-1: &st backlog", "epic-1: >-\n    backlog"], ids=["anchored", "folded"]
+)
+def test_an_epic_whose_value_cannot_be_edited_in_place_never_fails_its_stories(epic_line: str) -> None:
+    """An anchor on the epic's value failed every write of its stories (retried, then needs-intervention after
+    each story's first agent): the epic's roll-up is left, the story's own line written."""
+    text = f"development_status:\n  {epic_line}\n  1-1-a: backlog\n  1-2-b: backlog\n"
+    r = apply_story_transition(text, "1-1", "backlog", "ready-for-dev", NOW, SRC)
+    assert r.outcome == "written" and r.epic_changes == {}
+    assert changed_lines(text, r.text) == ["-  1-1-a: backlog", "+  1-1-a: ready-for-dev"]
+
+
 @pytest.mark.parametrize("quoted", [False, True], ids=["fast-path", "yaml-path"])
 def test_an_epic_spelled_with_a_leading_zero_is_rolled_up_as_the_file_spells_it(quoted: bool) -> None:
     """`epic-01` names the epic of the stories `1-...`: it was never rolled up (looked up as `epic-1`)."""
