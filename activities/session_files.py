@@ -33,7 +33,15 @@ def safe_name(identifier: str) -> str:
 def session_path(project_root: str, *parts: str) -> Path:
     path = Path(project_root, SESSION_DIR, *parts)
     try:
+        # Never the project's folder itself: one moved away mid-sprint was made again, empty, and the sprint's
+        # files went there (moved back, the project landed inside it).
+        Path(project_root, SESSION_DIR).mkdir(exist_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError:  # retried: put back, the sprint goes on
+        raise ApplicationError(
+            f"the project directory {project_root} is gone (moved or deleted?): put it back for the sprint to go on",
+            type="ProjectRootMissing",
+        ) from None
     except (FileExistsError, NotADirectoryError):  # a file where a folder must be: no retry mends that
         raise _session_dir_error(
             session_dir_problem(project_root) or f"cannot make {path.parent}: a file is in the way"
