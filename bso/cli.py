@@ -1117,6 +1117,20 @@ async def _sprint_running_on(client: Client, root: Path, status_path: Path | Non
     return None
 
 
+async def _how_to_end(client: Client, sprint_id: str) -> str:
+    """What ends a sprint in the way. A shutdown or a cancel is carried out by a worker: on a queue no worker
+    polls (a mistyped --task-queue) neither ever would, and the project stayed held."""
+    advice = f"wait for it, or `bso sprint shutdown {sprint_id}` first"
+    try:
+        queue = (await client.get_workflow_handle(sprint_id).describe()).task_queue
+    except RPCError:
+        return advice
+    if await _worker_polls(client, queue):
+        return advice
+    return (f"no worker polls its task queue {queue}, so a shutdown or cancel would wait for one too: start a worker "
+            f"on {queue}, or end it at once with `temporal workflow terminate --workflow-id {sprint_id}`")
+
+
 CLAIM_WAIT_SECONDS = 3.0  # the Master's first step claims the project; a worker takes well under a second
 
 
@@ -1295,7 +1309,7 @@ def sprint_start(
         if (other := await _sprint_running_on(client, root, status_path)) is not None:
             raise BsoError(
                 f"sprint {other} is already running on {root} or on its status file {status_path}: two sprints "
-                f"would drive the same stories and status file (wait for it, or `bso sprint shutdown {other}` first)"
+                f"would drive the same stories and status file ({await _how_to_end(client, other)})"
             )
         try:
             await client.start_workflow(

@@ -347,3 +347,41 @@ def test_a_sprint_started_where_no_worker_polls_is_not_held_for_its_claim(monkey
     assert result.exit_code == 0, result.output
     assert started == ["s-unserved"] and "started sprint s-unserved" in result.stdout
     assert "bso: warning: no worker polls task queue bso-sprint: sprint s-unserved waits until one does" in result.stderr
+
+
+@pytest.mark.parametrize("polled", [True, False], ids=["served", "on-a-queue-no-worker-polls"])
+def test_a_sprint_in_the_way_on_a_queue_no_worker_polls_is_said_to_need_a_terminate(monkeypatch, polled):
+    """A sprint started on a mistyped queue held the project: the refusal said to shut it down, which (carried
+    out by a worker) never happened."""
+
+    class _Handle:
+        async def describe(self):
+            return SimpleNamespace(task_queue="bso-sprnt")
+
+    class _Server:
+        def get_workflow_handle(self, workflow_id):
+            assert workflow_id == "tq1"
+            return _Handle()
+
+    async def client():
+        return _Server()
+
+    async def running(*args):
+        return "tq1"
+
+    async def worker_polls(client, task_queue):
+        assert task_queue == "bso-sprnt"
+        return polled
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    monkeypatch.setattr(bso.cli, "_sprint_running_on", running)
+    monkeypatch.setattr(bso.cli, "_worker_polls", worker_polls)
+    result = runner.invoke(app, ["sprint", "start", str(EXAMPLE), "--id", "tq2"])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "sprint tq1 is already running on" in said, said
+    if polled:
+        assert "(wait for it, or `bso sprint shutdown tq1` first)" in said, said
+    else:
+        assert ("no worker polls its task queue bso-sprnt, so a shutdown or cancel would wait for one too: start a "
+                "worker on bso-sprnt, or end it at once with `temporal workflow terminate --workflow-id tq1`") in said
