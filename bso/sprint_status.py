@@ -380,6 +380,9 @@ def _load(text: str, source: str) -> Any:
             start.line != exc.problem_mark.line
         ):  # an unclosed bracket is noticed on a later line: name the line that opened it too
             problem += f" ({exc.context} started at line {start.line + 1}, column {start.column + 1})"
+        elif "<stream end>" in problem and (lines := text.rstrip().splitlines()):
+            # noticed past the last line (an unclosed `[` there): the line to look at is that last one
+            problem += f" (the file ends inside a value: see its last line, line {len(lines)})"
         raise _err(source, f"YAML error: {problem}", line, col) from None
     except YAMLError as exc:
         raise _err(source, f"YAML error: {exc}") from None

@@ -65,6 +65,8 @@ STATUS_CORPUS = {
     # A line separator in a quoted value: the edit of `last_updated` found the wrong line, or every write failed.
     "unicode_line_break.yaml": "line 3, column 15: a Unicode line break (U+2028), which YAML readers split lines at "
     "differently: BSO cannot edit the file safely",
+    # Noticed past the end: the error named a line after the last one, never the line with the unclosed `[`.
+    "unclosed_bracket_on_the_last_line.yaml": "the file ends inside a value: see its last line, line 10",
 }
 
 
