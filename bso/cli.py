@@ -1512,6 +1512,10 @@ def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:
     start, terminated, timed out) shows where it was, not `planning` as if it still were. (A run that continued
     as new did not end the sprint: its next run carries on.)"""
     going_on = status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
+    # A sprint fails as a workflow only when it refuses its input, whichever check refused it (a bad file or
+    # root said `failed`, a bad knob `ended in starting`, an unknown story `ended in planning`).
+    if status is WorkflowExecutionStatus.FAILED:
+        return "ended at its start"
     if not phase:  # none said yet: not taken up by a worker yet, or refused before (a bad input)
         return "" if going_on else "ended at its start"
     return phase if going_on or phase in ENDED_PHASES else f"ended in {phase}"

@@ -328,13 +328,15 @@ def test_sprint_list_says_where_a_sprint_that_ended_early_was():
 
     from bso.cli import _phase_shown
 
-    assert _phase_shown("planning", S.FAILED) == "ended in planning"
+    # A sprint fails as a workflow only refusing its input: one wording whichever check refused it (it was
+    # `failed`, `ended in starting` or `ended in planning` by the check's place).
+    for phase in ("", "starting", "planning", "failed"):
+        assert _phase_shown(phase, S.FAILED) == "ended at its start", phase
     assert _phase_shown("running", S.TERMINATED) == "ended in running"
     assert _phase_shown("planning", S.RUNNING) == "planning"
     assert _phase_shown("running", S.CONTINUED_AS_NEW) == "running"  # its next run carries on
     assert _phase_shown("completed", S.COMPLETED) == "completed"
     assert _phase_shown("canceled", S.CANCELED) == "canceled"
-    assert _phase_shown("", S.FAILED) == "ended at its start"  # a bad input: it was blank, beside `ended in starting`
     assert _phase_shown("", S.RUNNING) == ""  # no worker has taken it up yet
 
 
