@@ -1458,7 +1458,7 @@ def sprint_list(
             help="only sprints in this execution status (running, completed, failed, canceled or cancelled, terminated)"
         ),
     ] = None,
-    session: Annotated[str | None, typer.Option(help="only this BsoSessionId")] = None,
+    session: Annotated[str | None, typer.Option(help="only this BsoSessionId (a sprint's session is its id)")] = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
 ) -> None:
     """Sprints known to the server (a visibility query on the BSO search attributes)."""
@@ -1483,7 +1483,9 @@ def sprint_list(
         if session:
             if any(c in session for c in '"\\\'') or sprint_id_characters_error(session) is not None:
                 raise BsoError(f"--session {session!r}: not a sprint id (no quotes, backslashes, spaces or control characters)")
-            query += f' AND {SA_SESSION_ID.name} = "{session}"'
+            # (or its id: a sprint no worker has taken up yet has no session attribute yet; a sprint's session is
+            # its id, and a continued run keeps both)
+            query += f' AND ({SA_SESSION_ID.name} = "{session}" OR WorkflowId = "{session}")'
         client = await _client()
         table = Table(box=None, pad_edge=False)
         for column in ("sprint", "status", "phase", "outcome", "started", "closed"):

@@ -644,6 +644,18 @@ def test_start_on_a_queue_no_worker_polls_says_so(cli_env, tmp_path: Path, misty
             assert hint in started.stderr and "a mistyped --task-queue?" in started.stderr
             assert f"temporal workflow terminate --address {cli_env['address']}" in started.stderr, started.stderr
             assert f"--workflow-id {sprint_id}` and start it again" in started.stderr, started.stderr
+            # No worker has set its session attribute: `--session` found nothing, though `list` showed it.
+            _wait_for(
+                lambda: sprint_id in bso(cli_env, "sprint", "list", "--session", sprint_id).stdout,
+                "the sprint no worker took up, listed by its session",
+            )
+            # It holds the project: the refusal said to shut it down, which a worker would have to carry out.
+            again = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", f"{sprint_id}-2")
+            said_again = " ".join(again.stderr.split())
+            assert again.returncode == 1, again.stdout
+            assert f"sprint {sprint_id} is already running on" in said_again, said_again
+            assert f"no worker polls its task queue {queue}" in said_again, said_again
+            assert f"`temporal workflow terminate --workflow-id {sprint_id}`" in said_again, said_again
         else:
             # The worker of that server: it is not the default one here.
             hint = f"start one with `bso --address {cli_env['address']} worker --queue-prefix {prefix}`"
@@ -653,6 +665,7 @@ def test_start_on_a_queue_no_worker_polls_says_so(cli_env, tmp_path: Path, misty
         assert f"no worker answered the status query ({hint}" in " ".join(status.stderr.split()), status.stderr
     finally:
         _terminate(cli_env, sprint_id)
+        _terminate(cli_env, f"{sprint_id}-2")  # (started only if the refusal above failed)
 
 
 def test_start_on_a_queue_a_worker_polls_says_nothing_more(cli_env, tmp_path: Path):
