@@ -90,8 +90,8 @@ def _project_root(project_root: str) -> tuple[str, str]:
     if not project_root:
         raise _fail("project_root is empty")
     root = os.path.abspath(project_root)
-    if not os.path.exists(root):
-        raise _fail(f"{project_root}: project root does not exist")
+    if not os.path.exists(root):  # retryable, as a missing file: a project moved away mid-sprint is waited for
+        raise _unreadable(f"{project_root}: project root does not exist (moved or deleted?)")
     if not os.path.isdir(root):
         raise _fail(f"{project_root}: project root is not a directory")
     return root, os.path.realpath(root)

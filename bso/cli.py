@@ -1127,8 +1127,9 @@ async def _how_to_end(client: Client, sprint_id: str) -> str:
         return advice
     if await _worker_polls(client, queue):
         return advice
-    return (f"no worker polls its task queue {queue}, so a shutdown or cancel would wait for one too: start a worker "
-            f"on {queue}, or end it at once with `temporal workflow terminate --workflow-id {sprint_id}`")
+    _, target, namespace = _target()
+    return (f"no worker polls its task queue {queue}, so a shutdown or cancel would wait for one too: "
+            f"{worker_hint(queue, sprint_id, target, namespace)}")
 
 
 CLAIM_WAIT_SECONDS = 3.0  # the Master's first step claims the project; a worker takes well under a second
@@ -1237,7 +1238,7 @@ AGENTS_SAID = {
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
-    epic: Annotated[list[str] | None, typer.Option(help="only this epic's stories (N or epic-N)")] = None,
+    epic: Annotated[list[str] | None, typer.Option(help="only this epic's stories (N or epic-N)", metavar="EPIC")] = None,
     story: Annotated[list[str] | None, typer.Option(help="only these stories (full or short key); repeatable")] = None,
     backend: Annotated[str, typer.Option(help="agent backend: simulated, external or command")] = "simulated",
     set_: Annotated[list[str] | None, typer.Option("--set", help="config knob override key=value; repeatable")] = None,
@@ -1636,12 +1637,12 @@ def sprint_decide(
     note: Annotated[str, typer.Option()] = "",
 ) -> None:
     """A human decision for a story waiting on one, or a re-arm of a needs-intervention story (update `decide`)."""
-    if state is not None and decision != "rearm":  # (it was dropped without a word)
-        raise _fail(f"--state is for rearm only: {decision} sets the story's state itself", 2)
     try:
         request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
     except ValidationError as err:
         raise _fail(f"invalid decision: {describe_validation_error(err)}", 2) from None
+    if state is not None and decision != "rearm":  # (it was dropped without a word)
+        raise _fail(f"--state is for rearm only: {decision} sets the story's state itself", 2)
 
     async def act(handle: WorkflowHandle[Any, Any]) -> None:
         view = await _update(handle, UPDATE_DECIDE, request.model_dump(mode="json", exclude_none=True))

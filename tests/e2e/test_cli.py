@@ -655,7 +655,8 @@ def test_start_on_a_queue_no_worker_polls_says_so(cli_env, tmp_path: Path, misty
             assert again.returncode == 1, again.stdout
             assert f"sprint {sprint_id} is already running on" in said_again, said_again
             assert f"no worker polls its task queue {queue}" in said_again, said_again
-            assert f"`temporal workflow terminate --workflow-id {sprint_id}`" in said_again, said_again
+            terminate = f"`temporal workflow terminate --address {cli_env['address']} --workflow-id {sprint_id}`"
+            assert terminate in said_again, said_again
         else:
             # The worker of that server: it is not the default one here.
             hint = f"start one with `bso --address {cli_env['address']} worker --queue-prefix {prefix}`"

@@ -97,6 +97,8 @@ def test_a_state_given_with_a_decision_other_than_rearm_is_refused_before_it_is_
     result = runner.invoke(app, ["sprint", "decide", "s1", "1-4", "force_pass", "--state", "done"])
     assert result.exit_code == 2, result.output
     assert "--state is for rearm only" in result.output, result.output
+    typo = runner.invoke(app, ["sprint", "decide", "s1", "1-4", "rearmm", "--state", "ready-for-dev"])
+    assert typo.exit_code == 2 and "invalid decision: " in typo.output, typo.output  # the typo named, first
 
 
 def test_watch_refuses_an_interval_that_would_never_poll_again():
@@ -384,5 +386,8 @@ def test_a_sprint_in_the_way_on_a_queue_no_worker_polls_is_said_to_need_a_termin
     if polled:
         assert "(wait for it, or `bso sprint shutdown tq1` first)" in said, said
     else:
-        assert ("no worker polls its task queue bso-sprnt, so a shutdown or cancel would wait for one too: start a "
-                "worker on bso-sprnt, or end it at once with `temporal workflow terminate --workflow-id tq1`") in said
+        assert "no worker polls its task queue bso-sprnt, so a shutdown or cancel would wait for one too: " in said
+        # (the server's address, as every command BSO prints: another server's terminate would end the wrong sprint)
+        args = ["--address", "temporal.example:7233", "sprint", "start", str(EXAMPLE), "--id", "tq2"]
+        said = " ".join(runner.invoke(app, args).output.split())
+        assert "`temporal workflow terminate --address temporal.example:7233 --workflow-id tq1`" in said, said

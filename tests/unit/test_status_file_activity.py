@@ -129,7 +129,10 @@ async def test_load_status_file_path_escape_refused(tmp_path: Path) -> None:
 
 
 async def test_load_missing_project_root(tmp_path: Path) -> None:
-    await expect_error(load(tmp_path / "nope"), "project root does not exist")
+    # Retryable, as a missing file: a project moved away mid-sprint is waited for (a sprint's first read refuses
+    # it at once: it lists the type as non-retryable).
+    await expect_error(load(tmp_path / "nope"), "project root does not exist (moved or deleted?)",
+                       non_retryable=False, error_type="StatusFileUnreadable")
     f = tmp_path / "file"
     f.write_text("x")
     await expect_error(load(f), "not a directory")

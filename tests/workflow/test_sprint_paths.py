@@ -742,6 +742,29 @@ async def test_a_status_file_left_broken_is_waited_for_and_the_agents_result_kep
     assert failures == []
 
 
+async def test_a_project_moved_away_mid_sprint_is_waited_for_not_made_again(local_env, tmp_path: Path):
+    """`mv project project-moved` while an agent works, then back: the worker made the folder again, empty, for
+    the sprint's files (moved back, the project landed inside it), and a status write meanwhile ended the story
+    needs-intervention. Now nothing is made, the agent's attempt is retried, and the sprint goes on. (On the dev
+    server: the retries' backoff in real time.)"""
+    root, moved = tmp_path / "project", tmp_path / "project-moved"
+    root.mkdir()
+    make_project(root, {K1: "ready-for-dev", K2: "review"})
+    inp = sprint_input(root, session_id="moved", simulation={"stories": {"1-1": {"duration_ms": 1500}}})
+    async with bso_worker(local_env.client) as queue:
+        handle = await start_sprint(local_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev-runner")
+        root.rename(moved)
+        await asyncio.sleep(3)  # the agent answers meanwhile, with nowhere to record it
+        made_again = root.exists()
+        moved.rename(root)
+        report = await sprint_result(handle)
+        failures = await workflow_task_failures(local_env.client, slave_workflow_id("moved", 1))
+    assert not made_again
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert status_values(root)[K1] == "done" and failures == []
+
+
 async def test_a_sprint_cancelled_while_a_story_waits_for_the_status_file_says_what_was_lost(local_env, tmp_path: Path):
     """While it waits, the story shows no agent in flight (its agent answered) and that agent's tokens count;
     cancelled then, the story says its last agent's result was not recorded (nothing said so), and the tokens
