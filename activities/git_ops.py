@@ -527,8 +527,8 @@ def _blob_holds_private_key(cwd: str, blob: str) -> bool:
     """holds_private_key over a committed blob of any length, read as git writes it (never held whole: a blob of
     hundreds of MB). A blob git cannot give (missing from a partial clone) is an error, never "no key"."""
     with tempfile.TemporaryFile() as errors, subprocess.Popen(
-        git_argv(cwd, "--no-replace-objects", "cat-file", "blob", blob), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-        env={**os.environ, **_GIT_ENV},
+        git_argv(cwd, "--no-replace-objects", "cat-file", "blob", blob),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, env={**os.environ, **_GIT_ENV},
     ) as proc:
         try:
             if _stream_holds_private_key(proc.stdout):
@@ -561,8 +561,8 @@ async def _keys_committed(cwd: str, revisions: str) -> set[str]:
     merge by what it holds that none of its parents did: `--cc`), and those blobs are read by their ids (a path
     git's output cannot spell is still read). Objects as the commits hold them: a `git replace` would show
     another text in the key's place."""
-    logged = await git(cwd, "--no-replace-objects", "log", f"-G{PRIVATE_KEY_CHANGE}", "--text", "--cc", "--raw", "--no-abbrev", "--format=",
-                       "-z", "--no-renames", "--diff-filter=d", revisions)
+    logged = await git(cwd, "--no-replace-objects", "log", f"-G{PRIVATE_KEY_CHANGE}", "--text", "--cc", "--raw",
+                       "--no-abbrev", "--format=", "-z", "--no-renames", "--diff-filter=d", revisions)
     found: set[str] = set()
     read: set[str] = set()
     words = logged.split("\x00")  # ":mode(s) id(s) status", its path, ... (a merge's: "::modes ids statuses")

@@ -1238,7 +1238,9 @@ AGENTS_SAID = {
 @sprint_app.command("start")
 def sprint_start(
     project: Annotated[Path, typer.Argument(help="the BMAD project's root directory")],
-    epic: Annotated[list[str] | None, typer.Option(help="only this epic's stories (N or epic-N)", metavar="EPIC")] = None,
+    epic: Annotated[
+        list[str] | None, typer.Option(help="only this epic's stories (N or epic-N)", metavar="EPIC")
+    ] = None,
     story: Annotated[list[str] | None, typer.Option(help="only these stories (full or short key); repeatable")] = None,
     backend: Annotated[str, typer.Option(help="agent backend: simulated, external or command")] = "simulated",
     set_: Annotated[list[str] | None, typer.Option("--set", help="config knob override key=value; repeatable")] = None,
