@@ -340,7 +340,7 @@ def putty_private_line_written_after_its_header(root: Path, wt: str) -> None:
     """An ed25519 key's private part is one line of 48 characters: git's search for a change of body alone
     wanted 60."""
     ppk = PUTTY_KEY.split("Private-Lines: 1\n")[0] + "Private-Lines: 1\n"
-    agent_commit(wt, "a key file, to fill in", {b"notes.txt": (ppk + "TODO\n").encode()})
+    agent_commit(wt, "a key file, to fill in", {b"notes.txt": (ppk + "(its private line comes later)\n").encode()})
     agent_commit(wt, "filled in", {b"notes.txt": (ppk + "AAAAIFh4Yw1bYzR0c3VwZXJzZWNyZXRrZXlfbm90X3JlYWxs\n").encode()})
 
 
