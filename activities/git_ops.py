@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -80,7 +81,10 @@ class GitError(RuntimeError):
         self.output = output  # what git said
 
 
-async def git(cwd: str, *args: str, check: bool = True, timeout: float = 120, index_file: str | None = None) -> str:
+_GIT_TIMEOUT = 120.0  # seconds a git command may take (a lazy fetch in a partial clone is the slow case)
+
+
+async def git(cwd: str, *args: str, check: bool = True, timeout: float = _GIT_TIMEOUT, index_file: str | None = None) -> str:
     env = {**os.environ, **_GIT_ENV}
     if index_file is not None:  # an index of BSO's own, beside the worktree's
         env["GIT_INDEX_FILE"] = index_file
@@ -523,19 +527,27 @@ def _file_holds_private_key(path: str) -> bool:
         return False
 
 
-def _blob_holds_private_key(cwd: str, blob: str) -> bool:
+def _blob_holds_private_key(cwd: str, blob: str, timeout: float = _GIT_TIMEOUT) -> bool:
     """holds_private_key over a committed blob of any length, read as git writes it (never held whole: a blob of
-    hundreds of MB). A blob git cannot give (missing from a partial clone) is an error, never "no key"."""
+    hundreds of MB). A blob git cannot give (missing from a partial clone, or not given within `timeout`: a fetch
+    that hangs) is an error, never "no key"."""
     with tempfile.TemporaryFile() as errors, subprocess.Popen(
         git_argv(cwd, "--no-replace-objects", "cat-file", "blob", blob),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, env={**os.environ, **_GIT_ENV},
     ) as proc:
+        timed_out = threading.Event()
+        watchdog = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
+        watchdog.start()
         try:
             if _stream_holds_private_key(proc.stdout):
                 return True
             failed = proc.wait() != 0
         finally:
+            watchdog.cancel()
             proc.kill()  # (a key found early: the rest is not read; once git has ended, nothing)
+        if timed_out.is_set():
+            raise GitError(f"git cat-file blob {blob} gave no answer within {timeout:g} s, so it could not be "
+                           "checked for a private key")
         if failed:
             errors.seek(0)
             said = errors.read(800).decode(errors="replace").strip()

@@ -425,6 +425,19 @@ def test_a_blob_git_cannot_give_is_an_error_not_no_key(tmp_path: Path) -> None:
         assert git_ops._blob_holds_private_key(str(root), blob) is holds
 
 
+def test_a_blob_git_never_gives_is_an_error_within_its_timeout(tmp_path: Path, monkeypatch) -> None:
+    """(A lazy fetch of a partial clone that hangs, say.) cat-file had no timeout: the check waited forever."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "git").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake_bin / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    with pytest.raises(git_ops.GitError, match="gave no answer within 0.5 s, so it could not be checked"):
+        git_ops._blob_holds_private_key(str(tmp_path), "0" * 40, timeout=0.5)
+    assert time.monotonic() - started < 30  # (the sleep's 60 s not waited for: it was killed)
+
+
 async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -> None:
     """A story that removes the key the project had committed failed every dispatch, and could never merge."""
     from activities.git_ops import finish_story_git
