@@ -643,6 +643,11 @@ def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, s
     vline, vcol = _lc_value(mapping, key)
     if vline is None or vcol is None:
         raise _err(source, f"cannot locate the value of {key!r}")
+    kline, kcol = _lc_key(mapping, key)
+    if kline is not None and kcol is not None and (vline, vcol) < (kline, kcol):
+        # An alias (`key: *name`): ruamel places its value at the anchor, which always comes before it.
+        raise _err(source, f"cannot edit the value of {key!r} in place: it is an alias of the value on line {vline} "
+                           "(write the state itself in its place)", kline, kcol)
     spans = _line_spans(text)
     if vline - 1 >= len(spans):
         raise _err(source, f"cannot locate the value of {key!r}", vline)
@@ -656,6 +661,9 @@ def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, s
     col = _offset_in_line(text, vline, vcol)
     end = _token_end(line, col, flow)
     if end is None:
+        if line[col:col + 1] == "&":  # other lines may take it by its alias: the edit would change them too
+            raise _err(source, f"cannot edit the value of {key!r} in place: it carries an anchor "
+                               f"({line[col:].split()[0]}; remove it)", vline, vcol)
         raise _err(source, f"cannot edit the value of {key!r} in place (not a one-line scalar)", vline, vcol)
     return lstart + col, lstart + end, line[col:end]
 

@@ -416,6 +416,27 @@ def test_an_epic_whose_value_cannot_be_edited_in_place_never_fails_its_stories(e
     assert changed_lines(text, r.text) == ["-  1-1-a: backlog", "+  1-1-a: ready-for-dev"]
 
 
+@pytest.mark.parametrize(
+    ("text", "story", "where", "why"),
+    [
+        ("development_status:\n  1-1-a: &st backlog\n  1-2-b: *st\n", "1-2", "line 3, column 3",
+         "'1-2-b' in place: it is an alias of the value on line 2"),
+        ("development_status: {1-1-a: &st backlog, 1-2-b: *st}\n", "1-2", "line 1, column 42",
+         "'1-2-b' in place: it is an alias of the value on line 1"),
+        ("development_status:\n  1-1-a: &st backlog\n  1-2-b: *st\n", "1-1", "line 2, column 10",
+         "'1-1-a' in place: it carries an anchor (&st; remove it)"),
+    ],
+    ids=["alias", "alias-in-flow", "anchored"],
+)
+def test_a_story_value_that_is_an_alias_or_an_anchor_is_named_at_the_storys_own_line(
+    text: str, story: str, where: str, why: str
+) -> None:
+    """An alias's error named the anchor's line (another story's), and both said only "not a one-line scalar"."""
+    with pytest.raises(StatusFileError) as caught:
+        apply_story_transition(text, story, "backlog", "ready-for-dev", NOW, SRC)
+    assert f"{where}: cannot edit the value of {why}" in str(caught.value)
+
+
 @pytest.mark.parametrize("quoted", [False, True], ids=["fast-path", "yaml-path"])
 def test_an_epic_spelled_with_a_leading_zero_is_rolled_up_as_the_file_spells_it(quoted: bool) -> None:
     """`epic-01` names the epic of the stories `1-...`: it was never rolled up (looked up as `epic-1`)."""
