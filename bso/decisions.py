@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bso.dispatch import Outcome, Transition, intervention
 from bso.messages import BatchSpec
-from bso.models import StoryMeta, StoryProgress
+from bso.dependencies import skipped_for
+from bso.models import StoryMeta, StoryProgress, StoryView
+from bso.planning import dependency_order
 from bso.states import StoryState
 
 
@@ -86,16 +88,35 @@ def check_rearm(request: DecisionRequest, current_state: str | None) -> None:
         )
 
 
-def rearm_position(queue: list[BatchSpec], story_key: str, stories: Mapping[str, StoryMeta]) -> int:
-    """Where a rearmed story's batch goes in the queue: before the first queued batch holding a story that
-    depends on it (that batch would wait for it, and with one Slave at a time hold up everything behind it),
-    at the end when none does; and in any case after the queued batches holding what it depends on itself."""
-    own = set(stories[story_key].depends_on) if story_key in stories else set()
+def rearm_position(queue: list[BatchSpec], story_keys: str | list[str], stories: Mapping[str, StoryMeta]) -> int:
+    """Where a rearmed batch (its story, and the dependants that come back with it) goes in the queue: before
+    the first queued batch holding a story that depends on one of them (that batch would wait for it, and with
+    one Slave at a time hold up everything behind it), at the end when none does; and in any case after the
+    queued batches holding what they depend on themselves."""
+    keys = [story_keys] if isinstance(story_keys, str) else story_keys
+    own = {dep for key in keys if key in stories for dep in stories[key].depends_on}
     after_own = max((i + 1 for i, spec in enumerate(queue) if own.intersection(spec.stories)), default=0)
     for position, spec in enumerate(queue):
-        if any(story_key in stories[key].depends_on for key in spec.stories if key in stories):
+        if any(key in stories[other].depends_on for other in spec.stories if other in stories for key in keys):
             return max(position, after_own)
     return len(queue)
+
+
+def dependants_brought_back(
+    story_key: str, views: Mapping[str, StoryView], stories: Mapping[str, StoryMeta]
+) -> list[str]:
+    """The stories skipped because `story_key` would never be done, directly or through one another (each
+    skipped for a dependency among these), in dependency order: a rearm of `story_key` brings them back with it,
+    in its batch (a rearm could not take a skipped story, nor a course correction one of the sprint's own)."""
+    found = {story_key}
+    grew = True
+    while grew:
+        grew = False
+        for key, view in views.items():
+            if key not in found and key in stories and skipped_for(view) in found:
+                found.add(key)
+                grew = True
+    return [meta.key for meta in dependency_order([m for k, m in stories.items() if k in found and k != story_key])]
 
 
 def apply_decision(progress: StoryProgress, request: DecisionRequest) -> Transition:

@@ -8,6 +8,7 @@ path, against which a plan's makespan is measured.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from bso.dispatch import Outcome, Transition
@@ -70,6 +71,9 @@ def check_dependencies(depends_on: list[str], states: dict[str, str]) -> Depende
     return DependencyCheck(ready=not waiting, waiting_for=tuple(waiting))
 
 
+_SKIPPED_FOR = re.compile(r"dependency (\S+) ended \S+: story skipped")
+
+
 def skipped_for_dependency(progress: StoryProgress, dependency: str, dep_state: str) -> Transition:
     reason = f"dependency {dependency} ended {dep_state}: story skipped"
     return Transition(
@@ -77,6 +81,15 @@ def skipped_for_dependency(progress: StoryProgress, dependency: str, dep_state: 
         Outcome.SKIPPED,
         reason,
     )
+
+
+def skipped_for(view: StoryView) -> str | None:
+    """The dependency a skipped story was skipped for (skipped_for_dependency's reason), or None: skipped for
+    another reason (a course correction, a human decision), or not skipped."""
+    if view.state != StoryState.SKIPPED or view.error is None:
+        return None
+    match = _SKIPPED_FOR.fullmatch(view.error)
+    return match.group(1) if match else None
 
 
 def critical_path(stories: list[StoryMeta], cost: dict[str, float]) -> tuple[float, list[str]]:

@@ -65,8 +65,15 @@ with workflow.unsafe.imports_passed_through():
         sprint_id_collision,
         sprint_id_length_error,
     )
-    from bso.dependencies import UNFINISHED, state_for_dependants
-    from bso.decisions import Decision, DecisionError, DecisionRequest, check_rearm, rearm_position
+    from bso.dependencies import UNFINISHED, skipped_for, state_for_dependants
+    from bso.decisions import (
+        Decision,
+        DecisionError,
+        DecisionRequest,
+        check_rearm,
+        dependants_brought_back,
+        rearm_position,
+    )
     from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
     from bso.messages import (
         PATCH_STORY_UPDATE_FROM_ITS_BATCH,
@@ -90,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         SprintStatusView,
         StatusSnapshot,
         StatusWriteInput,
+        StatusWriteResult,
         StoryMeta,
         StoryProgress,
         StoryUpdate,
@@ -154,6 +162,10 @@ PATCH_ONE_REARM = "master-one-rearm-at-a-time"
 # Slave's timeout with one Slave at a time).
 PATCH_REARM_BEFORE_DEPENDANTS = "master-rearm-before-dependants"
 PATCH_FAILURE_STOPS_RESIDENTS = "master-failure-stops-residents"
+# A rearm brings back, in its batch, the stories skipped because the rearmed one would never be done (no rearm
+# took a skipped story: they stayed skipped, their state overwritten, and the next sprint had nothing to run).
+# Patched only where it brings one back.
+PATCH_REARM_BRINGS_BACK_DEPENDANTS = "master-rearm-brings-back-dependants"
 # A rearm and a course correction exclude each other: the correction replaces the queue (the rearm's batch was
 # lost) and plans with batch ids the rearm could take too.
 REARM_DURING_REPLAN = "a course correction is being applied: send the rearm again once it is done"
@@ -489,20 +501,15 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if self._replanning:  # the course correction would replace the queue, and this batch with it
                 raise invalid_decision(REARM_DURING_REPLAN)
             self._deciding[key] = parsed.decision
+        brought_back: list[str] = []
         try:
-            written = await workflow.execute_activity(
-                write_story_status,
-                StatusWriteInput(
-                    project_root=self._project_root,
-                    status_file=s.status_file,
-                    story_key=key,
-                    expected=s.views[key].state,
-                    new=target,
-                ),
-                summary=f"rearm {key}: {s.views[key].state} -> {target}",
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
-            )
+            written = await self._write_rearm(key, s.views[key].state, target)
+            if (
+                written.outcome != "cas-mismatch"
+                and (dependants := dependants_brought_back(key, s.views, s.stories))
+                and workflow.patched(PATCH_REARM_BRINGS_BACK_DEPENDANTS)
+            ):
+                brought_back = await self._bring_back(key, dependants)
         finally:
             if one_at_a_time:
                 self._deciding.pop(key, None)
@@ -511,19 +518,61 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         batch_id = s.next_batch_id
         s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
-        # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
-        s.earlier_work[key] = s.earlier_work.get(key, StoryWork()).plus(s.views[key])
-        if s.views[key].batch_id in self._running_batches:  # its tokens reach s.tokens_used when that batch ends
-            self._left_running_batches.append((s.views[key].batch_id, key, s.views[key]))
-        self._put_view(key, StoryView(state=target, batch_id=batch_id))
-        spec = BatchSpec(batch_id=batch_id, stories=[key])
+        for story, state in [(key, target), *((k, s.stories[k].state) for k in brought_back)]:
+            # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
+            s.earlier_work[story] = s.earlier_work.get(story, StoryWork()).plus(s.views[story])
+            if s.views[story].batch_id in self._running_batches:  # its tokens reach s.tokens_used when it ends
+                self._left_running_batches.append((s.views[story].batch_id, story, s.views[story]))
+            self._put_view(story, StoryView(state=state, batch_id=batch_id))
+        spec = BatchSpec(batch_id=batch_id, stories=[key, *brought_back])
         if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
-            s.queue.insert(rearm_position(s.queue, key, s.stories), spec)
+            s.queue.insert(rearm_position(s.queue, spec.stories, s.stories), spec)
         else:
             s.queue.append(spec)
-        workflow.logger.info("rearmed %s to %s in batch %d%s", key, target, batch_id, f": {parsed.note}" if parsed.note else "")
+        workflow.logger.info(
+            "rearmed %s to %s in batch %d%s%s", key, target, batch_id,
+            f", with the stories skipped for it: {', '.join(brought_back)}" if brought_back else "",
+            f": {parsed.note}" if parsed.note else "",
+        )
         self._show()
         return s.views[key]
+
+    async def _write_rearm(self, key: str, expected: str, target: str) -> StatusWriteResult:
+        return await workflow.execute_activity(
+            write_story_status,
+            StatusWriteInput(
+                project_root=self._project_root,
+                status_file=self._state.status_file,
+                story_key=key,
+                expected=expected,
+                new=target,
+            ),
+            summary=f"rearm {key}: {expected} -> {target}",
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
+        )
+
+    async def _bring_back(self, key: str, dependants: list[str]) -> list[str]:
+        """Each story skipped for `key` (or for one brought back before it) back to its state before the skip,
+        in the status file: those whose line says otherwise now (edited by hand) or cannot be written stay."""
+        back: list[str] = []
+        for story in dependants:
+            if skipped_for(self._state.views[story]) not in (key, *back):
+                continue  # what it was skipped for stays as it is
+            try:
+                written = await self._write_rearm(story, StoryState.SKIPPED.value, self._state.stories[story].state)
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
+                workflow.logger.warning("rearm %s: %s stays skipped: %s", key, story, err.cause or err)
+                continue
+            if written.outcome == "cas-mismatch":
+                workflow.logger.warning(
+                    "rearm %s: %s stays as sprint-status.yaml shows it (%s)", key, story, written.current
+                )
+                continue
+            back.append(story)
+        return back
 
     def _decision(self, request: Any) -> DecisionRequest:
         """The decision with its story key made full (`1-2` -> `1-2-login-form`) when it is unambiguous."""

@@ -1,10 +1,11 @@
-"""bso.decisions: where a rearmed story's batch goes in the queue."""
+"""bso.decisions: where a rearmed story's batch goes in the queue, and which skipped stories come back in it."""
 
 from __future__ import annotations
 
-from bso.decisions import rearm_position
+from bso.decisions import dependants_brought_back, rearm_position
+from bso.dependencies import skipped_for_dependency
 from bso.messages import BatchSpec
-from bso.models import StoryMeta
+from bso.models import StoryMeta, StoryProgress, StoryView
 
 
 def meta(key: str, *depends_on: str) -> StoryMeta:
@@ -31,3 +32,38 @@ def test_after_the_queued_batches_of_what_it_depends_on():
     goes after batch 3, not ahead of it, where it would wait for 1-1-a."""
     queue = [BatchSpec(batch_id=2, stories=["1-3-c"]), BatchSpec(batch_id=3, stories=["1-1-a"])]
     assert rearm_position(queue, "1-2-b", STORIES) == 2
+
+
+def test_with_the_dependants_that_come_back_with_it():
+    """A rearm of 1-1-a brings back 1-2-b and 1-3-c (a dependant of 1-2-b): their batch goes before a queued
+    batch depending on any of them."""
+    queue = [BatchSpec(batch_id=2, stories=["1-4-d"]), BatchSpec(batch_id=3, stories=["1-5-e"])]
+    stories = {**STORIES, "1-5-e": meta("1-5-e", "1-3-c")}
+    assert rearm_position(queue, ["1-1-a", "1-2-b", "1-3-c"], stories) == 1
+    assert rearm_position(queue, ["1-1-a"], stories) == rearm_position(queue, "1-1-a", stories) == 2
+
+
+def skipped(key: str, dependency: str, its_state: str = "needs-intervention") -> StoryView:
+    progress = StoryProgress(key=key, state="ready-for-dev")
+    done = skipped_for_dependency(progress, dependency, its_state).progress
+    return StoryView(state=done.state, error=done.error, batch_id=1)
+
+
+def test_the_stories_skipped_for_a_rearmed_one_come_back_in_dependency_order():
+    stories = {m.key: m for m in (
+        meta("1-1-a"), meta("1-3-c", "1-2-b"), meta("1-2-b", "1-1-a"), meta("1-4-d", "1-1-a"), meta("1-5-e", "1-1-a"),
+        meta("1-6-f", "1-5-e"), meta("1-7-g", "1-9-z"), meta("1-8-h", "1-1-a"),
+    )}
+    views = {
+        "1-1-a": StoryView(state="needs-intervention", error="dev failed", batch_id=1),
+        "1-3-c": skipped("1-3-c", "1-2-b", "skipped"),  # listed before what it was skipped for
+        "1-2-b": skipped("1-2-b", "1-1-a"),
+        "1-4-d": StoryView(state="skipped", error="skipped by a human decision", batch_id=1),
+        "1-5-e": StoryView(state="done", batch_id=1),
+        "1-6-f": StoryView(state="skipped", error="dropped by course correction", batch_id=1),
+        "1-7-g": skipped("1-7-g", "1-9-z"),  # skipped for another story
+        "1-8-h": skipped("1-8-h", "1-1-a", "unfinished:review"),
+    }
+    assert dependants_brought_back("1-1-a", views, stories) == ["1-2-b", "1-3-c", "1-8-h"]
+    assert dependants_brought_back("1-2-b", views, stories) == ["1-3-c"]
+    assert dependants_brought_back("1-5-e", views, stories) == []

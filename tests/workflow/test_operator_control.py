@@ -1072,6 +1072,37 @@ async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(t
     assert errors == []
 
 
+async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp_path: Path):
+    """B depends on A, C on B; A failed, so B and C were skipped. Rearmed, A ran again, but B and C stayed
+    skipped: no rearm took a skipped story, nor a course correction one of the sprint's own, and their
+    `ready-for-dev` was overwritten in the file (the next sprint had nothing to run). They come back in A's new
+    batch, after it (a batch of its own each when planned: the plan never puts a dependant beside its dependency)."""
+    a, b, c, d = "1-1-login-form", "1-2-logout", "1-3-profile", "1-4-slow-page"
+    make_project(
+        tmp_path, {a: "ready-for-dev", b: "ready-for-dev", c: "backlog", d: "ready-for-dev"},
+        {b: "# Story 1.2: Logout\n\nDepends on: 1-1\n", c: "# Story 1.3: Profile\n\nDepends on: 1-2\n"},
+    )
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-4": {"duration_ms": 4000}}}  # D: still running
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="rearm-deps", simulation=simulation),
+        )
+        await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
+        assert [status_values(tmp_path)[k] for k in (b, c)] == ["skipped", "skipped"]
+        view = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"}
+        )
+        assert view.state == "review" and view.batch_id == 4
+        now = await handle.query(SprintMasterWorkflow.status)
+        assert [(now.stories[k].state, now.stories[k].batch_id) for k in (b, c)] == [("ready-for-dev", 4), ("backlog", 4)]
+        assert [status_values(tmp_path)[k] for k in (a, b, c)] == ["review", "ready-for-dev", "backlog"]
+        report = await sprint_result(handle)
+    assert report.stories == {a: "done", b: "done", c: "done", d: "done"}, report.stories
+    assert [x.batch_id for x in report.batches if any(r.story_key == c for r in x.results.story_results)] == [3, 4]
+    assert await workflow_task_failures(ts_env.client, "rearm-deps") == []
+
+
 async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path: Path):
     """command backend: K1 is done and its squash-and-merge runs when the sprint is cancelled. The cancel was
     taken for a merge failure and the Slave went on to K2, dispatching a new agent after the cancel."""
