@@ -25,6 +25,7 @@ from pathlib import PurePath
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.process import heartbeating
 from activities.session_files import ProjectBusyError, claim_project, status_lock_path
@@ -54,7 +55,7 @@ from bso.sprint_status import (
     story_values,
     title_from_slug,
 )
-from bso.temporal_client import is_running
+from bso.temporal_client import is_running, sprint_started_on
 
 MAX_STORY_FILE_BYTES = MAX_STATUS_BYTES
 MAX_SNAPSHOT_BYTES = 1_900_000
@@ -298,6 +299,8 @@ async def _load_and_claim(inp: LoadStatusInput) -> StatusSnapshot:
         try:
             # U4 takes this lock for every write: a folder in its place would fail them all, so it fails the start.
             os.close(os.open(status_lock_path(snapshot.status_file), os.O_RDWR | os.O_CREAT, 0o644))
+            if (other := await _sprint_past_its_claim_on(inp.project_root, info.workflow_id)) is not None:
+                raise ProjectBusyError(other, inp.project_root)
             await claim_project(
                 inp.project_root, info.workflow_id, info.workflow_run_id, partial(is_running, activity.client()),
                 status_real=snapshot.status_file,
@@ -315,6 +318,19 @@ async def _load_and_claim(inp: LoadStatusInput) -> StatusSnapshot:
                 non_retryable=True,
             ) from None
     return snapshot
+
+
+async def _sprint_past_its_claim_on(project_root: str, sprint_id: str) -> str | None:
+    """A running sprint that claimed the project before, asked of the server: its claim record may be gone
+    (`.sprint-session/` deleted, by `git clean -fdX` say), and then the project's claim alone let a second sprint
+    run every story again. Only sprints past their first step count: of two starting at once, the claim decides."""
+    try:
+        return await sprint_started_on(activity.client(), PurePath(project_root), besides=sprint_id, claimed=True)
+    except RPCError as err:
+        if err.status != RPCStatusCode.UNIMPLEMENTED:
+            raise  # the server busy or away: retried
+        activity.logger.warning("the server cannot list workflows (%s): only the project's claim record is checked", err)
+        return None
 
 
 # What no retry of a claim mends: a folder where a file must be (or the reverse), no permission, a read-only disk.

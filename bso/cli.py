@@ -64,6 +64,7 @@ from bso.constants import (
     FAILURE_INVALID_INPUT,
     IN_PROCESS_AGENT_BACKENDS,
     FAILURE_MISSING_INPUT,
+    MASTER_TYPE,
     QUERY_REPORT,
     QUERY_STATUS,
     SA_PHASE,
@@ -118,12 +119,17 @@ from bso.sprint_status import (
 )
 from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
 from bso.summary import render_from_histories, sprint_input
-from bso.temporal_client import connect_config, connect_failure_reason, fetch_sprint_histories, is_running
+from bso.temporal_client import (
+    connect_config,
+    connect_failure_reason,
+    fetch_sprint_histories,
+    is_running,
+    sprint_started_on,
+)
 from bso.terminal_text import printable, printable_model
 
 T = TypeVar("T")
 
-MASTER_TYPE = "SprintMasterWorkflow"
 QUERY_TIMEOUT = timedelta(seconds=5)
 # A closed sprint's status query waits for a worker to replay its last run; without one the server holds the
 # query to its deadline. Its report (in its close event, no worker needed) stands in after this.
@@ -1085,7 +1091,6 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
     return shlex.join(command)
 
 
-RUNNING_SPRINTS_CHECKED = 1000  # a first history page each: cheap, and more sprints than a team runs at once
 
 
 async def _sprint_running_on(client: Client, root: Path, status_path: Path | None = None) -> str | None:
@@ -1101,20 +1106,7 @@ async def _sprint_running_on(client: Client, root: Path, status_path: Path | Non
         for other, other_run, _ in claims_on_status_file(str(status_path.resolve()), besides=root.resolve()):
             if await is_running(client, other, other_run):
                 return other
-    query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
-    async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
-        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
-        async for event in handle.fetch_history_events(page_size=1):
-            payloads = event.workflow_execution_started_event_attributes.input.payloads
-            try:
-                started_on = json.loads(payloads[0].data).get("project_root") if payloads else None
-                same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == root
-            except (ValueError, AttributeError, OSError):  # not a JSON object or not a path: not a sprint BSO runs
-                same = False
-            if same:
-                return wf.id
-            break
-    return None
+    return await sprint_started_on(client, root)
 
 
 async def _how_to_end(client: Client, sprint_id: str) -> str:

@@ -55,6 +55,7 @@ CHILD_WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 # (a batch still running then is terminated with the Master, its children's default parent-close policy).
 SLAVE_CANCEL_WAIT = timedelta(seconds=30)
 
+MASTER_TYPE = "SprintMasterWorkflow"  # the Sprint Master's workflow type, as the server lists it
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")
 SA_PHASE = SearchAttributeKey.for_keyword("BsoPhase")

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowHistory
 
 from bso.config import ConfigError, SprintConfig, resolve_config
+from bso.constants import MASTER_TYPE
 from bso.course_correction import dropped_stories
 from bso.message_flow import AgentStats, agent_performance, decode, file_safe_unique, message_flow
 from bso.models import SlaveResult, SprintInput, SprintReport
@@ -207,7 +208,6 @@ def render_summary(
     return "\n".join(lines)
 
 
-MASTER_TYPE = "SprintMasterWorkflow"
 
 
 def sprint_input(histories: Sequence[WorkflowHistory]) -> SprintInput | None:

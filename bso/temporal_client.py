@@ -13,7 +13,11 @@ from bso.data_converter import data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-from bso.constants import SEARCH_ATTRIBUTES
+import json
+from pathlib import Path, PurePath
+
+from bso.constants import MASTER_TYPE, SA_PHASE, SEARCH_ATTRIBUTES
+from bso.states import SprintPhase
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -98,6 +102,36 @@ async def is_running(client: Client, workflow_id: str, first_run_id: str | None 
         return False
     chain = described.raw_description.workflow_execution_info.first_run_id
     return not (first_run_id and chain and chain != first_run_id)  # (a server that does not say: by the id)
+
+
+RUNNING_SPRINTS_CHECKED = 1000  # a first history page each: cheap, and more sprints than a team runs at once
+# A sprint in these phases may not have claimed its project yet (its first step does).
+_NOT_CLAIMED_YET = frozenset({SprintPhase.STARTING.value, SprintPhase.PLANNING.value})
+
+
+async def sprint_started_on(
+    client: Client, root: PurePath, *, besides: str | None = None, claimed: bool = False
+) -> str | None:
+    """A running sprint (other than `besides`) whose input names the project `root`, from each running
+    Master's input (its first history event): a sprint whose worker has not run yet counts too, unless `claimed`
+    (only those past their first step, which claims the project). The search reads the visibility store, which
+    lags by a second or two."""
+    query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
+    async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
+        if wf.id == besides or (claimed and wf.typed_search_attributes.get(SA_PHASE) in (None, *_NOT_CLAIMED_YET)):
+            continue
+        handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            try:
+                started_on = json.loads(payloads[0].data).get("project_root") if payloads else None
+                same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == Path(root).resolve()
+            except (ValueError, AttributeError, OSError):  # not a JSON object or not a path: not a sprint BSO runs
+                same = False
+            if same:
+                return wf.id
+            break
+    return None
 
 
 async def fetch_sprint_histories(client: Client, sprint_id: str) -> list[WorkflowHistory]:

@@ -4,6 +4,7 @@ simulated agents writing into a temporary project."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -907,6 +908,34 @@ async def test_a_second_sprint_on_a_running_sprints_project_is_refused_by_its_cl
     assert isinstance(nothing_left.value.cause, ApplicationError), nothing_left.value.cause
     assert (nothing_left.value.cause.type, nothing_left.value.cause.message) == ("InvalidSprintInput", NOTHING_TO_RUN)
     assert await workflow_task_failures(ts_env.client, third.id) == []
+
+
+async def test_a_second_sprint_is_refused_when_the_running_ones_claim_record_was_deleted(local_env, tmp_path: Path):
+    """`.sprint-session/` deleted mid-sprint (`git clean -fdX`: the README has it ignored): the claim record gone,
+    a second sprint started with the temporal CLI ran every story left a second time. Its first step now asks
+    the server too. (On the dev server: its visibility store.)"""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    slow = {"default": {"duration_ms": 1500}}
+    async with bso_worker(local_env.client) as queue:
+        first = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="kept", simulation=slow))
+        await wait_status(first, lambda s: s.phase == "running", "the first sprint running")
+
+        async def listed_running() -> bool:
+            query = 'WorkflowId = "kept" AND BsoPhase = "running"'
+            return [wf.id async for wf in local_env.client.list_workflows(query)] == ["kept"]
+
+        await poll_until(listed_running, "the first sprint running in the visibility store")
+        shutil.rmtree(tmp_path / ".sprint-session")
+        second = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id="again"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await second.result()
+        assert (await first.result()).status is SprintStatus.COMPLETE
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "ProjectBusy", cause
+    assert f"sprint kept is already running on {tmp_path}" in cause.message, cause.message
+    started = [e for e in (await second.fetch_history()).events if e.HasField("activity_task_scheduled_event_attributes")]
+    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in started] == ["load_sprint_status"]
+    assert await workflow_task_failures(local_env.client, second.id) == []
 
 
 async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_refused(ts_env, tmp_path: Path):
