@@ -39,6 +39,7 @@ from bso.models import (
     StoryMeta,
 )
 from bso.sprint_status import (
+    NOT_WRITABLE_NOW,
     MAX_STATUS_BYTES,
     StatusFileError,
     StoryKeyError,
@@ -158,6 +159,36 @@ def _unreadable(message: str) -> ApplicationError:
     return ApplicationError(
         message, type=UNREADABLE_ERROR_TYPE, non_retryable=False, category=ApplicationErrorCategory.BENIGN
     )
+
+
+# A disk full or read-only for now (a remount, a quota): no reason to give a story up, as an unreadable file is
+# none. Waited for as one is (it ended the story needs-intervention after the write's retries, the file behind).
+NOT_WRITABLE_NOW_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _not_writable_now(path: str, exc: OSError) -> ApplicationError:
+    return _unreadable(
+        f"{path}: {NOT_WRITABLE_NOW} ({exc.strerror or exc}): make room on the disk, or make it writable again, "
+        "and the sprint goes on"
+    )
+
+
+def _probe_writable(status_real: str) -> None:
+    """Raises the not-writable-now error while a write of the status file could not land: its lock opened for
+    writing, and a file of its size written and synced beside it (a full disk takes an empty file)."""
+    try:
+        os.close(os.open(status_lock_path(status_real), os.O_RDWR | os.O_CREAT, 0o644))
+        fd, probe = tempfile.mkstemp(dir=os.path.dirname(status_real), prefix=".bso-write-probe-", suffix=".tmp")
+        try:
+            os.write(fd, b"\0" * (os.stat(status_real).st_size + 1))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
+            raise _not_writable_now(status_real, exc) from None
+        # (anything else is no wait's to mend: the write says it)
 
 
 def _parse(text: str, source: str):
@@ -342,15 +373,17 @@ STATUS_FILE_POLL_SECONDS = 1.0
 
 @activity.defn
 async def wait_for_status_file(inp: LoadStatusInput) -> bool:
-    """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict):
-    whether it found it broken at all (False: it parsed at the first look). Reads it every second, heartbeating
+    """Returns once sprint-status.yaml parses again (someone left it broken: a half-typed line, a merge conflict)
+    and a write of it could land (the disk full or read-only for a while): whether it found it broken at all
+    (False: all was well at the first look). Reads it every second, heartbeating
     the problem (the Web UI shows it on the pending activity); the wait adds nothing to the workflow's history
     however long it lasts. A problem no wait mends (the file moved out of the project, too large) fails it at
     once, as the load would."""
     broken = bool(activity.info().heartbeat_details)  # an attempt before this one (its worker lost) saw it broken
     while True:
         try:
-            await asyncio.to_thread(_read_parsed, inp)
+            status_real = (await asyncio.to_thread(_read_parsed, inp))[2]
+            await asyncio.to_thread(_probe_writable, status_real)
             return broken
         except ApplicationError as err:
             if err.type != UNREADABLE_ERROR_TYPE:
@@ -395,6 +428,8 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
     try:
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
+        if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
+            raise _not_writable_now(target, exc) from None
         raise ApplicationError(f"{lock_path}: cannot open lock file: {exc.strerror or exc}", type=ERROR_TYPE) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -412,7 +447,12 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         except StoryKeyError as exc:  # the story is not in the file (renamed or removed by hand)
             raise _fail(str(exc)) from None
         if result.outcome == "written":
-            _atomic_replace(target, result.text.encode("utf-8"), mode)
+            try:
+                _atomic_replace(target, result.text.encode("utf-8"), mode)
+            except OSError as exc:
+                if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
+                    raise _not_writable_now(target, exc) from None
+                raise
             # read back and verify (the bytes, then the story's value: a line scan for BMAD's layout)
             back = _read_text(target)
             try:

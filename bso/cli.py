@@ -107,6 +107,7 @@ from bso.planning import PlanningError, dependency_order
 from bso.report import batch_errors, batches_total, planned_batches, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
+    NOT_WRITABLE_NOW,
     NO_STORIES,
     NOTHING_TO_RUN,
     StatusFileError,
@@ -631,11 +632,13 @@ def _status_file_waits(view: SprintStatusView) -> list[Text]:
     where, _, said = problem.partition(": ")
     if where.startswith("/") and said:
         problem = said
+    headline, then = f"sprint-status.yaml does not parse: {problem}", "fix the file and the sprint goes on within a second"
+    if problem.startswith(NOT_WRITABLE_NOW):  # the disk full or read-only: the problem says what to do
+        headline, then = f"sprint-status.yaml {problem}", "the sprint goes on within a second of a write landing"
     return [
-        Text(f"sprint-status.yaml does not parse: {_shorten(problem, 400)}", style="bold yellow"),
+        Text(_shorten(headline, 430), style="bold yellow"),
         Text(
-            f"  {', '.join(waiting)} wait{'s' if len(waiting) == 1 else ''} for it (results kept): fix the file and "
-            "the sprint goes on within a second",
+            f"  {', '.join(waiting)} wait{'s' if len(waiting) == 1 else ''} for it (results kept): {then}",
             style="yellow",
         ),
     ]

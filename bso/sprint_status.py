@@ -266,6 +266,8 @@ def resolve_epic(requested: int | str, known_full_keys: list[str], *, numbered: 
 # A story in one of these states is not taken on by a new sprint: its journey is over (done, skipped) or a human
 # must act first (needs-intervention: set its state back in the file, e.g. to ready-for-dev, to run it again).
 SETTLED_AT_START = frozenset(TERMINAL_VALUES)
+# Said of a status file a write cannot land in for now (its disk full or read-only): the sprint waits for it.
+NOT_WRITABLE_NOW = "cannot be written now"
 NOTHING_TO_RUN = (
     "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
     "needs-intervention story again, set its state in the status file back, e.g. to ready-for-dev)"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import shutil
 import stat
+import tempfile
 import threading
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.status_file as status_file
 from activities.status_file import load_sprint_status, wait_for_status_file, write_story_status
 from bso.models import DEFAULT_STATUS_FILE, LoadStatusInput, StatusWriteInput
 from bso.sprint_status import parse_status_text, render_story_file
@@ -275,6 +278,48 @@ async def test_a_broken_file_fails_the_write_for_good_from_the_attempt_the_slave
         env.info = dataclasses.replace(env.info, attempt=attempt)
         await expect_error(env.run(write_story_status, inp), "YAML error", non_retryable=final,
                            error_type="StatusFileUnreadable")
+
+
+def disk_full_for(monkeypatch, calls: int) -> list[str]:
+    """The status file's folder takes no new file for the next `calls` tries (ENOSPC); the paths tried."""
+    real, tried = tempfile.mkstemp, []
+
+    def mkstemp(*args, **kwargs):
+        tried.append(str(kwargs.get("dir")))
+        if len(tried) <= calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(status_file.tempfile, "mkstemp", mkstemp)
+    return tried
+
+
+async def test_a_disk_full_for_now_is_waited_for_not_a_story_given_up(tmp_path: Path, monkeypatch):
+    """ENOSPC (or EROFS) failed the write as any error: retried a few times, then the story ended
+    needs-intervention, the file behind the sprint. It is now the unreadable file's kind: retried, then (from the
+    attempt the Slave names) final, and the Slave's wait returns once a write could land."""
+    root, status = make_project(tmp_path)
+    before = status.read_text()
+    disk_full_for(monkeypatch, 2)
+    inp = StatusWriteInput(project_root=str(root), status_file=str(status), story_key="1-2", expected="review",
+                           new="done", wait_when_unreadable_after=2)
+    env = ActivityEnvironment()
+    for attempt, final in ((1, False), (2, True)):
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        await expect_error(env.run(write_story_status, inp), "cannot be written now (No space left on device)",
+                           non_retryable=final, error_type="StatusFileUnreadable")
+    assert status.read_text() == before
+    env.info = dataclasses.replace(env.info, attempt=3)
+    assert (await env.run(write_story_status, inp)).outcome == "written"
+
+    monkeypatch.setattr(status_file, "STATUS_FILE_POLL_SECONDS", 0.01)
+    tried = disk_full_for(monkeypatch, 2)
+    said: list[str] = []
+    waiting = ActivityEnvironment()
+    waiting.on_heartbeat = lambda *details: said.extend(details)
+    assert await waiting.run(wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status)))
+    assert len(tried) == 3 and tried[0] == str(status.parent) and "cannot be written now" in said[0], (tried, said)
+    assert sorted(p.name for p in status.parent.iterdir() if p.name.startswith(".")) == []  # no probe left
 
 
 async def test_a_value_that_parses_but_cannot_be_edited_in_place_is_not_unreadable(tmp_path: Path):

@@ -4,7 +4,9 @@ simulated agents writing into a temporary project."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import shutil
+import tempfile
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +18,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+import activities.status_file as status_file_activities
 from activities.session_files import recorded_running_sprint
 from bso.cli import BsoError, _check_selection, _refused_at_its_claim, _sprint_running_on, _status_file_waits
 from bso.config import resolve_config
@@ -669,6 +672,36 @@ async def edited_while_in_flight(
     status_file = Path(inp.project_root) / DEFAULT_STATUS_FILE
     status_file.write_text(status_file.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
     return handle
+
+
+async def test_a_disk_full_for_a_while_is_waited_for_and_the_story_goes_on(ts_env, tmp_path: Path, monkeypatch):
+    """The disk full (or remounted read-only) while K1's agent works: its state write failed a few times and
+    K1 ended needs-intervention, the file still saying `ready-for-dev`. Now the story waits, shown so, and goes
+    on once the disk takes the write."""
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
+    real, full = tempfile.mkstemp, asyncio.Event()
+
+    def mkstemp(*args, **kwargs):  # the status file's folder: its writes and the wait's probes
+        if full.is_set() and str(kwargs.get("prefix", "")).startswith((".sprint-status.yaml", ".bso-write-probe")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(status_file_activities.tempfile, "mkstemp", mkstemp)
+    inp = sprint_input(tmp_path, session_id="disk-full", simulation={"stories": {"1-1": {"duration_ms": 1000}}})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await wait_status(handle, lambda s: s.stories[K1].agent_in_flight == "dev-runner", "K1's dev-runner")
+        full.set()
+        waiting = await wait_status(handle, lambda s: s.stories[K1].status_file_problem is not None, "K1 waiting")
+        full.clear()
+        report = await sprint_result(handle)
+        failures = await workflow_task_failures(ts_env.client, slave_workflow_id("disk-full", 1))
+    assert "cannot be written now (No space left on device)" in waiting.stories[K1].status_file_problem
+    assert [line.plain for line in _status_file_waits(waiting)][0].startswith(
+        "sprint-status.yaml cannot be written now (No space left on device): make room"
+    )
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert status_values(tmp_path)[K1] == "done" and failures == []
 
 
 async def test_a_story_renamed_in_the_status_file_mid_run_stops_that_story_not_the_batch(ts_env, tmp_path: Path):
