@@ -632,7 +632,8 @@ def _status_file_waits(view: SprintStatusView) -> list[Text]:
     where, _, said = problem.partition(": ")
     if where.startswith("/") and said:
         problem = said
-    headline, then = f"sprint-status.yaml does not parse: {problem}", "fix the file and the sprint goes on within a second"
+    headline = f"sprint-status.yaml does not parse: {problem}"
+    then = "fix the file and the sprint goes on within a second"
     if problem.startswith(NOT_WRITABLE_NOW):  # the disk full or read-only: the problem says what to do
         headline, then = f"sprint-status.yaml {problem}", "the sprint goes on within a second of a write landing"
     return [
