@@ -1583,10 +1583,21 @@ def sprint_resume(
 ) -> None:
     """Resume a paused sprint, optionally with a higher token budget (signal `resume`)."""
     request = ResumeRequest(token_limit=token_limit, reason=reason)
+
+    async def resume(handle: WorkflowHandle[Any, Any]) -> None:
+        if token_limit is not None:
+            view, _ = await _query_status(handle)
+            # The sprint only ever raises its budget: a lower one was said to be applied, and ignored.
+            if view is not None and token_limit <= view.token_limit:
+                raise BsoError(
+                    f"--token-limit {token_limit:,} does not raise sprint {sprint_id}'s token budget "
+                    f"({view.token_limit:,}, {view.tokens_used:,} used): a resume only raises it"
+                )
+        await handle.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True))
+
     _operator_action(
-        sprint_id,
-        lambda h: h.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True)),
-        f"resume requested for sprint {sprint_id}" + (f" (token limit {token_limit})" if token_limit else ""),
+        sprint_id, resume,
+        f"resume requested for sprint {sprint_id}" + (f" (token limit {token_limit:,})" if token_limit else ""),
     )
 
 

@@ -190,6 +190,10 @@ def test_operator_actions(cli_env, tmp_path: Path):
     second = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim))
     assert second.returncode == 1 and f"sprint {sprint_id} is already running on {project.resolve()}" in second.stderr
 
+    # A lower budget was said to be applied, and ignored (the sprint only raises it): refused, nothing sent.
+    line = _one_line_error(bso(cli_env, "sprint", "resume", sprint_id, "--token-limit", "1000"))
+    assert f"--token-limit 1,000 does not raise sprint {sprint_id}'s token budget (" in line, line
+    assert _status(cli_env, sprint_id)["pause_reason"] == "lunch"
     resumed = bso(cli_env, "sprint", "resume", sprint_id, "--token-limit", "5000000")
     assert resumed.returncode == 0, resumed.stderr
     status = _wait_for(
