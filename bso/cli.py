@@ -65,6 +65,7 @@ from bso.constants import (
     IN_PROCESS_AGENT_BACKENDS,
     FAILURE_MISSING_INPUT,
     MASTER_TYPE,
+    slave_workflow_id,
     QUERY_REPORT,
     QUERY_STATUS,
     SA_PHASE,
@@ -645,6 +646,34 @@ def _status_file_waits(view: SprintStatusView) -> list[Text]:
     ]
 
 
+EXTERNAL_WAITS_SHOWN = 5
+
+
+def _external_answers_awaited(view: SprintStatusView) -> list[Text]:
+    """External agents (agent_backend external): which stories wait for an answer, and where it goes. Nothing is
+    pending on the server then (the assignment is published), and the status showed only an agent in flight."""
+    if view.agent_backend != AgentBackend.EXTERNAL:
+        return []
+    waiting = [(key, story) for key, story in view.stories.items() if story.agent_in_flight and story.dispatch_id]
+    if not waiting:
+        return []
+    lines = [Text(
+        f"{len(waiting)} stor{'y waits' if len(waiting) == 1 else 'ies wait'} for an external agent's answer "
+        "(its assignment in .sprint-session/assignments/ of the project; the answer's fields: bso protocol "
+        "schema):",
+        style="yellow",
+    )]
+    for key, story in waiting[:EXTERNAL_WAITS_SHOWN]:
+        batch = slave_workflow_id(view.session_id, story.batch_id) if story.batch_id is not None else "its batch"
+        lines.append(Text(
+            f"  {key}: {story.in_flight}, dispatch_id {story.dispatch_id}: signal agent_complete to {batch}",
+            style="yellow",
+        ))
+    if len(waiting) > EXTERNAL_WAITS_SHOWN:
+        lines.append(Text(f"  ... and {len(waiting) - EXTERNAL_WAITS_SHOWN} more (--json)", style="yellow"))
+    return lines
+
+
 def _shorten(text: str, limit: int) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -699,6 +728,7 @@ def _progress(
         *_story_problems(view),
         *_awaiting_decisions(view),
         *_status_file_waits(view),
+        *_external_answers_awaited(view),
         *_rejections(view, rejected_by_children or {}),
     ]
     for stalled in (waiting, silent):

@@ -207,6 +207,23 @@ def _rendered(view: SprintStatusView) -> str:
     return console.export_text()
 
 
+def test_status_says_which_stories_wait_for_an_external_agents_answer_and_where_it_goes():
+    """External agents: nothing is pending on the server once the assignment is published, and the status showed
+    only an agent in flight, for ever, with no word of the signal the sprint waits for."""
+    in_flight = {"agent_in_flight": "story-creator", "mode_in_flight": "create"}
+    stories = {
+        "1-2-pantry": StoryView(state="backlog", batch_id=1, dispatch_id="ext/batch-1/1-2/1", **in_flight),
+        "2-1-login": StoryView(state="backlog", batch_id=2, dispatch_id="ext/batch-2/2-1/1", **in_flight),
+        "2-2-done": StoryView(state="done", batch_id=2),
+    }
+    view = SprintStatusView(session_id="ext", phase=SprintPhase.RUNNING, agent_backend="external", stories=stories)
+    text = " ".join(_rendered(view).split())
+    assert "2 stories wait for an external agent's answer (its assignment in .sprint-session/assignments/" in text
+    assert "1-2-pantry: story-creator/create, dispatch_id ext/batch-1/1-2/1: signal agent_complete to ext/batch-1" in text
+    assert "2-1-login: story-creator/create, dispatch_id ext/batch-2/2-1/1: signal agent_complete to ext/batch-2" in text
+    assert "external agent" not in " ".join(_rendered(view.model_copy(update={"agent_backend": "simulated"})).split())
+
+
 def test_status_shows_the_finished_batches_errors_with_the_sprints():
     """A batch out of time said so only in the report: the status showed nothing of it."""
     view = SprintStatusView(
