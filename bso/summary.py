@@ -77,7 +77,12 @@ def render_summary(
             batch_of[r.story_key] = batch.batch_id
             if r.error:
                 errors[r.story_key] = r.error
+    rearmed_not_run: set[str] = set()
     for key, batch_id in planned_batches(report).items():  # stories that never ran: where they wait(ed)
+        if batch_id > batch_of.get(key, batch_id):  # rearmed into a batch that never started: that failure is behind it
+            errors.pop(key, None)
+            rearmed_not_run.add(key)
+            batch_of[key] = batch_id
         batch_of.setdefault(key, batch_id)
     # A story a course correction dropped is skipped for that correction's reason and note (it ran in no batch).
     for key, why in dropped_stories(report.course_corrections).items():
@@ -161,8 +166,9 @@ def render_summary(
     for key, state in stories.items():
         if state == StoryState.DONE:
             continue
-        if state not in TERMINAL_STATES and not dispatched.get(key) and key not in errors:
-            not_run.append(f"`{key}` ({state})")  # a shutdown, a stop or a cancel came first: nothing failed
+        if state not in TERMINAL_STATES and (not dispatched.get(key) or key in rearmed_not_run) and key not in errors:
+            # a shutdown, a stop or a cancel came first: nothing failed
+            not_run.append(f"`{key}` ({state}{', rearmed' if key in rearmed_not_run else ''})")
             continue
         why = errors.get(key, "")
         if not why and state not in TERMINAL_STATES:  # its step finished, or was stopped, as the sprint ended

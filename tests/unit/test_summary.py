@@ -143,6 +143,21 @@ def test_a_dropped_story_says_why_and_the_corrections_are_listed_with_their_note
     assert "## Course Corrections" not in render_summary(SprintReport(session_id="s", status="sprint-complete"))
 
 
+def test_a_story_rearmed_into_a_batch_that_never_started_is_not_run_not_failed():
+    """1-2-b failed in batch 1 and was rearmed to ready-for-dev; the sprint was cancelled before its new batch
+    started. The summary put it in batch 1, among the failures with batch 1's error, and not among those not run."""
+    failed = _ran(1, "1-2-b", "needs-intervention")
+    failed.results.story_results[0].error = "story-creator/create: no AGENT_COMPLETE within 5s"
+    report = SprintReport(
+        session_id="s", status="sprint-cancelled", batches=[failed], stories={"1-2-b": "ready-for-dev"},
+        unstarted_batches=[BatchSpec(batch_id=6, stories=["1-2-b"])],
+    )
+    text = render_summary(report)
+    assert "| 1-2-b | 6 | ready-for-dev | 0 | 1 |" in _section(text, "Story Details")
+    failures = _section(text, "Failures")
+    assert "no AGENT_COMPLETE" not in failures and "`1-2-b` (ready-for-dev, rearmed)" in failures, failures
+
+
 def test_a_note_with_carriage_returns_and_control_characters_stays_on_its_row():
     """A correction's note `a\\r\\nb | c`, `x\\ry` and a NUL and an ESC (a `course_correct` update sent by hand): a
     carriage return split the table's row in three, and the NUL made the file binary to grep and git."""
