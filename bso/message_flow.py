@@ -44,6 +44,7 @@ from bso.constants import (
     SIGNAL_STORY_UPDATES,
     UPDATE_BROWSE,
     UPDATE_COURSE_CORRECT,
+    UPDATE_DECIDE,
     UPDATE_RESEARCH,
 )
 from bso.debugging import DebugRequest, DebugResult
@@ -843,6 +844,12 @@ def _slave_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[Fl
                 add(event, **_dependency_update(decode(attrs.input), me, checked_for))
             elif attrs.signal_name == SIGNAL_DECISION:
                 add(event, **_decision(decode(attrs.input), me))
+        elif et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            # A decision sent to the batch itself (`temporal workflow update execute --workflow-id S/batch-N`): its
+            # validator let it in (a refused one is in no history).
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == UPDATE_DECIDE:
+                add(event, **{**_decision(decode(request.input.args), me), "sender": OPERATOR})
         elif et == EventType.EVENT_TYPE_TIMER_STARTED and arming and not event.user_metadata.HasField("summary"):
             # The deadline of a dispatch answered by the agent itself (the story-updates hold timer has a summary).
             timers[event.timer_started_event_attributes.timer_id] = arming.pop(0)

@@ -61,6 +61,7 @@ from bso.models import SprintStatusView
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from activities.session_files import SESSION_DIR
+from bso.message_flow import message_flow
 from bso.report import work_per_story
 from bso.summary import render_summary, summary_filename
 from tests.conftest import bso_worker
@@ -282,6 +283,11 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
             view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "skip_story"})
             assert view.state == "skipped" and view.story_review_rounds == 1
             final = "skipped"
+            # `bso messages` lists the decision sent to the batch itself too (it listed only those the Master forwarded).
+            flow = message_flow([await slave.fetch_history()])
+            assert [(m.sender, m.recipient, m.detail) for m in flow if m.type == "DECISION"] == [
+                ("sprint-master", "slave-batch-1", "retry"), ("operator", "slave-batch-1", "skip_story")
+            ]
         report = await sprint_result(handle)
         details = await current_details(handle)
     assert report.stories == {K1: final}
