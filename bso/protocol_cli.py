@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from bso.po_agent import with_read_time
 from bso.messages import (
@@ -64,8 +64,19 @@ def _load(path: Path) -> Any:
         return YAML(typ="safe").load(text)
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as err:
+        if path.suffix.lower() == ".json":  # the JSON parser's words: the YAML parser's came on four lines
+            raise ValueError(f"not valid JSON: {err}") from None
         return YAML(typ="safe").load(text)  # JSON is YAML; a .txt or extension-less YAML file works too
+
+
+def _one_line(err: Exception) -> str:
+    """A YAML parser's error on one line (its text spans several, with the offending line drawn)."""
+    if isinstance(err, MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"YAML error: {err.problem or err.context or type(err).__name__}{where}"
+    return " ".join(str(err).split())
 
 
 @protocol_app.command()
@@ -78,7 +89,7 @@ def validate(
     try:
         raw = _load(file)
     except (OSError, UnicodeDecodeError, YAMLError, ValueError) as err:
-        why = err.strerror if isinstance(err, OSError) and err.strerror else err  # not `[Errno 2] ...: 'file'` again
+        why = err.strerror if isinstance(err, OSError) and err.strerror else _one_line(err)  # not `[Errno 2] ...` again
         typer.echo(f"bso: error: cannot read {file}: {why}", err=True)  # as every `bso` error
         raise typer.Exit(2) from None
     # As the sprint reads an agent's answer: a missing timestamp is the time it is read.

@@ -135,3 +135,18 @@ def test_validate_a_file_that_cannot_be_read_says_so_as_every_bso_error(tmp_path
     assert result.exit_code == 2 and result.stdout == "", result.output
     # The OS's words once, not Python's `[Errno 2] No such file or directory: '<the path again>'`.
     assert result.stderr == f"bso: error: cannot read {tmp_path / 'nope.json'}: No such file or directory\n", result.stderr
+
+
+def test_validate_a_file_that_does_not_parse_says_so_on_one_line(tmp_path: Path) -> None:
+    """The YAML parser's error came on four lines (`while parsing a flow node ... ^ (line: 2)`), for a .json file
+    too: one line now, as every `bso` error, with the JSON parser's words for a .json file."""
+    cases = {
+        "bad.json": ('{"msg_type": "AGENT_COMPLETE",\n  "x": [1, 2\n', "not valid JSON: Expecting ',' delimiter: line 3"),
+        "bad.yaml": ("a: [1, 2\nb: 3\n", "YAML error: expected ',' or ']', but got ':' (line 2, column 2)"),
+        "bad.txt": ('{"a": [1,\n', "YAML error: expected the node content, but found '<stream end>' (line 2, column 1)"),
+    }
+    for name, (text, said) in cases.items():
+        (tmp_path / name).write_text(text)
+        result = runner.invoke(protocol_app, ["validate", str(tmp_path / name)])
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"bso: error: cannot read {tmp_path / name}: {said}"), result.stderr
