@@ -19,6 +19,7 @@ import secrets
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -64,6 +65,7 @@ from bso.constants import (
     FAILURE_INVALID_INPUT,
     IN_PROCESS_AGENT_BACKENDS,
     FAILURE_MISSING_INPUT,
+    HANDING_OVER,
     MASTER_TYPE,
     slave_workflow_id,
     QUERY_REPORT,
@@ -1709,7 +1711,29 @@ async def _note_no_worker(handle: WorkflowHandle[Any, Any], update: asyncio.Futu
     )
 
 
+# How long an update refused while the sprint hands over to its next run is sent again (a hand-over takes seconds).
+HANDOVER_RETRY_SECONDS = 30.0
+HANDOVER_RETRY_INTERVAL = 1.0
+
+
 async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
+    """`_update_once`, sent again while the sprint refuses it for its hand-over to its next run (continue-as-new):
+    in a sprint that hands over often, an operator had to send a course correction again and again."""
+    deadline = time.monotonic() + HANDOVER_RETRY_SECONDS
+    noted = False
+    while True:
+        try:
+            return await _update_once(handle, name, arg)
+        except BsoError as err:
+            if HANDING_OVER not in str(err) or time.monotonic() >= deadline:
+                raise
+            if not noted:
+                err_console.print(f"{HANDING_OVER}: sending it again in a moment ...", markup=False)
+                noted = True
+        await asyncio.sleep(HANDOVER_RETRY_INTERVAL)
+
+
+async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
     """Execute an update; a rejection (validator or handler) becomes the operator's one-line error. The update
     waits for a worker to take it: when none answers within a few seconds (the status query says so, as in
     `bso sprint status`), one note on stderr says what it waits for, and it keeps waiting."""

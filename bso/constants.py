@@ -55,6 +55,8 @@ CHILD_WORKFLOW_TASK_TIMEOUT = timedelta(seconds=5)
 # (a batch still running then is terminated with the Master, its children's default parent-close policy).
 SLAVE_CANCEL_WAIT = timedelta(seconds=30)
 
+# Why the Master refuses a rearm or a course correction for a few seconds; `bso` sends such an update again.
+HANDING_OVER = "the sprint is handing over to its next run (continue-as-new)"
 MASTER_TYPE = "SprintMasterWorkflow"  # the Sprint Master's workflow type, as the server lists it
 SA_SESSION_ID = SearchAttributeKey.for_keyword("BsoSessionId")
 SA_BATCH_ID = SearchAttributeKey.for_int("BsoBatchId")

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.config import ConfigError, SprintConfig, limits_error, resolve_config
     from bso.constants import (
         CHILD_WORKFLOW_TASK_TIMEOUT,
+        HANDING_OVER,
         QUERY_REPORT,
         QUERY_STATUS,
         SA_BATCH_ID,
@@ -622,7 +623,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if self._ending or s.shutdown or s.stopped_early or s.phase in (SprintPhase.COMPLETED, SprintPhase.FAILED):
             return "the sprint is ending"
         if self._handing_over:
-            return "the sprint is handing over to its next run (continue-as-new); send it again in a few seconds"
+            return f"{HANDING_OVER}; send it again in a few seconds"
         return None
 
     def _tell_dependants(self, states: dict[str, str], from_batch: int | None) -> None:

@@ -12,11 +12,18 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from temporalio.client import WorkflowExecutionStatus, WorkflowHistory, WorkflowQueryFailedError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowHistory,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from typer.testing import CliRunner
 
 import bso.cli
+from bso.constants import HANDING_OVER
 from bso.cli import (
     CLOSED_QUERY_TIMEOUT,
     FROM_REPORT_NOTE,
@@ -259,6 +266,38 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
     assert asyncio.run(scenario()) == {"state": "done"}  # applied once a worker comes back
     expected = "waiting for a worker to take the update (no worker polls tq-bso-sprint? start one with `bso worker --queue-prefix tq-`) ...\n"
     assert notes.getvalue() == ("" if worker_answers else expected)
+
+
+class _HandingOver:
+    """A sprint whose Master refuses the update `refusals` times while it hands over to its next run."""
+
+    def __init__(self, refusals: int, why: str = f"CC_REJECTED: {HANDING_OVER}; send it again in a few seconds") -> None:
+        self.refusals, self.why, self.sent = refusals, why, 0
+
+    async def execute_update(self, name, arg, result_type=None):
+        self.sent += 1
+        if self.sent <= self.refusals:
+            raise WorkflowUpdateFailedError(ApplicationError(self.why))
+        return {"applied": True}
+
+
+def test_an_update_refused_while_the_sprint_hands_over_is_sent_again(monkeypatch):
+    """A sprint that hands over often (continue-as-new) refused 6 of 22 course corrections sent in a row: the
+    operator had to send each again. `bso` does, for a while, saying so once."""
+    notes = io.StringIO()
+    monkeypatch.setattr(bso.cli, "err_console", Console(file=notes, width=200))
+    monkeypatch.setattr(bso.cli, "HANDOVER_RETRY_INTERVAL", 0.01)
+    handle = _HandingOver(refusals=3)
+    assert asyncio.run(_update(handle, "course_correct", {})) == {"applied": True}
+    assert handle.sent == 4 and notes.getvalue().count("sending it again") == 1, notes.getvalue()
+    # For a while only: then the refusal is the operator's error, as any other.
+    monkeypatch.setattr(bso.cli, "HANDOVER_RETRY_SECONDS", 0.05)
+    with pytest.raises(BsoError, match="handing over"):
+        asyncio.run(_update(_HandingOver(refusals=1000), "course_correct", {}))
+    other = _HandingOver(refusals=1, why="CC_REJECTED: unknown story '9-9'")  # any other refusal: at once
+    with pytest.raises(BsoError, match="^CC_REJECTED: unknown story '9-9'$"):
+        asyncio.run(_update(other, "course_correct", {}))
+    assert other.sent == 1
 
 
 class _ClosedSprint:
