@@ -1617,14 +1617,15 @@ def sprint_resume(
     request = ResumeRequest(token_limit=token_limit, reason=reason)
 
     async def resume(handle: WorkflowHandle[Any, Any]) -> None:
-        if token_limit is not None:
-            view, _ = await _query_status(handle)
-            # The sprint only ever raises its budget: a lower one was said to be applied, and ignored.
-            if view is not None and token_limit <= view.token_limit:
-                raise BsoError(
-                    f"--token-limit {token_limit:,} does not raise sprint {sprint_id}'s token budget "
-                    f"({view.token_limit:,}, {view.tokens_used:,} used): a resume only raises it"
-                )
+        view, _ = await _query_status(handle)  # (no answer: no worker now; the signal waits for one)
+        # The sprint only ever raises its budget: a lower one was said to be applied, and ignored.
+        if view is not None and token_limit is not None and token_limit <= view.token_limit:
+            raise BsoError(
+                f"--token-limit {token_limit:,} does not raise sprint {sprint_id}'s token budget "
+                f"({view.token_limit:,}, {view.tokens_used:,} used): a resume only raises it"
+            )
+        if view is not None and token_limit is None and view.pause_reason is None:  # it said "resume requested"
+            raise BsoError(f"sprint {sprint_id} is not paused ({view.phase.value}): nothing to resume")
         await handle.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True))
 
     _operator_action(

@@ -183,6 +183,8 @@ def test_operator_actions(cli_env, tmp_path: Path):
     )
     assert started.returncode == 0, started.stderr
 
+    line = _one_line_error(bso(cli_env, "sprint", "resume", sprint_id))  # (it said "resume requested")
+    assert f"sprint {sprint_id} is not paused (" in line and "nothing to resume" in line, line
     paused = bso(cli_env, "sprint", "pause", sprint_id, "--reason", "lunch")
     assert paused.returncode == 0 and paused.stdout.strip() == f"pause requested for sprint {sprint_id}"
     _wait_for(lambda: _status(cli_env, sprint_id)["pause_reason"] == "lunch", "the pause")
