@@ -824,10 +824,14 @@ def _agent_answer(
     if raw is None:
         raw = output.complete
     if not isinstance(raw, dict):
+        # A crash says why on stderr, most often (its transcript beside the result file, redacted as it was written).
+        said = _last_line(result_file.parent / "stderr.log") if run.returncode else ""
         why = output.cli_error or (
             "no AGENT_COMPLETE of the agent's own: its output only repeats the example answer of its prompt"
             if output.echoed_prompt else "no AGENT_COMPLETE"
-        ) + f" (exit code {run.returncode}; last output: {run.last_line!r})"
+        ) + f" (exit code {run.returncode}; last output: {run.last_line!r}" + (
+            f"; last error output: {said!r})" if said else ")"
+        )
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
     try:
         complete = AgentComplete.model_validate({**lenient_answer(raw), **base})  # it cannot re-address its answer

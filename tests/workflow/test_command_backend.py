@@ -1352,6 +1352,8 @@ async def test_crash_is_a_failure_and_cli_json_is_parsed_without_result_file(tmp
     root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="crash")
     done = await ActivityEnvironment().run(command.run, assignment(root))
     assert done.status is AgentStatus.FAILURE and "no AGENT_COMPLETE" in done.error
+    # Why it crashed, from its stderr (the reason said only `last output: ''`).
+    assert done.error.endswith("(exit code 3; last output: ''; last error output: 'Traceback: fake crash')"), done.error
 
     root2 = dev_project(tmp_path / "b", FAKE_AGENT_BEHAVIOR="no-result-file")
     done2 = await ActivityEnvironment().run(command.run, assignment(root2))
