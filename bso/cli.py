@@ -701,7 +701,13 @@ def _progress(
     bars.add_column(no_wrap=True)
     bars.add_column(min_width=5, max_width=40)
     bars.add_column(no_wrap=True)
-    bars.add_row("overall", _bar(len(stories), done), f"{done}/{len(stories)} stories")
+    # The bar counts the stories that ended; how many of them are done is said beside it when not all are (a
+    # sprint's stories all needs-intervention read as nearly finished).
+    ended_done = sum(s.state == StoryState.DONE for s in stories.values())
+    bars.add_row(
+        "overall", _bar(len(stories), done),
+        f"{done}/{len(stories)} stories" + (f" ({ended_done} done)" if ended_done != done else ""),
+    )
     batches: dict[int, list[StoryView]] = {}
     for s in stories.values():
         if s.batch_id is not None:

@@ -357,6 +357,17 @@ def test_sprint_list_says_where_a_sprint_that_ended_early_was():
     assert _phase_shown("", S.RUNNING) == ""  # no worker has taken it up yet
 
 
+def test_the_overall_count_says_how_many_of_the_ended_stories_are_done():
+    """`4/5 stories` for a sprint whose stories had ended needs-intervention but one: it read as nearly done."""
+    states = ["done", "needs-intervention", "needs-intervention", "skipped", "review"]
+    stories = {f"1-{i}-story": StoryView(state=state, batch_id=1) for i, state in enumerate(states, 1)}
+    view = SprintStatusView(session_id="s-1", phase=SprintPhase.RUNNING, stories=stories, running_batches=[1])
+    assert "4/5 stories (1 done)" in _rendered(view)
+    all_done = {k: v.model_copy(update={"state": "done"}) for k, v in stories.items()}
+    text = _rendered(view.model_copy(update={"stories": all_done}))
+    assert "5/5 stories" in text and "done)" not in text, text
+
+
 def test_the_bars_give_way_on_a_narrow_terminal_and_the_counts_stay_whole():
     """At 45 columns the 40-column bars pushed the counts off: `5…`, `27800/2000…`."""
     stories = {f"1-{i}-story": StoryView(state="done" if i < 3 else "review", batch_id=1) for i in range(1, 6)}
