@@ -7,6 +7,7 @@ All git runs through `git -C <dir> ...` argv lists (no shell). The rules live in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -534,9 +535,16 @@ def _blob_holds_private_key(cwd: str, blob: str, timeout: float = _GIT_TIMEOUT) 
     with tempfile.TemporaryFile() as errors, subprocess.Popen(
         git_argv(cwd, "--no-replace-objects", "cat-file", "blob", blob),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, env={**os.environ, **_GIT_ENV},
+        start_new_session=True,  # its group: a lazy fetch it starts holds the pipe open too, and goes with it
     ) as proc:
         timed_out = threading.Event()
-        watchdog = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
+
+        def give_up() -> None:
+            timed_out.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        watchdog = threading.Timer(timeout, give_up)
         watchdog.start()
         try:
             if _stream_holds_private_key(proc.stdout):
@@ -544,7 +552,8 @@ def _blob_holds_private_key(cwd: str, blob: str, timeout: float = _GIT_TIMEOUT) 
             failed = proc.wait() != 0
         finally:
             watchdog.cancel()
-            proc.kill()  # (a key found early: the rest is not read; once git has ended, nothing)
+            with contextlib.suppress(ProcessLookupError):  # (a key found early: the rest is not read)
+                os.killpg(proc.pid, signal.SIGKILL)
         if timed_out.is_set():
             raise GitError(f"git cat-file blob {blob} gave no answer within {timeout:g} s, so it could not be "
                            "checked for a private key")

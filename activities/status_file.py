@@ -180,7 +180,9 @@ def _probe_writable(status_real: str) -> None:
         os.close(os.open(status_lock_path(status_real), os.O_RDWR | os.O_CREAT, 0o644))
         fd, probe = tempfile.mkstemp(dir=os.path.dirname(status_real), prefix=".bso-write-probe-", suffix=".tmp")
         try:
-            os.write(fd, b"\0" * (os.stat(status_real).st_size + 1))
+            left = memoryview(b"\0" * (os.stat(status_real).st_size + 1))
+            while left:  # a nearly full disk takes part of a write without an error: the next part raises ENOSPC
+                left = left[os.write(fd, left):]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -17,7 +17,7 @@ import json
 from pathlib import Path, PurePath
 
 from bso.constants import MASTER_TYPE, SA_PHASE, SEARCH_ATTRIBUTES
-from bso.states import SprintPhase
+from bso.states import ENDED_PHASES, SprintPhase
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -118,7 +118,8 @@ async def sprint_started_on(
     lags by a second or two."""
     query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
     async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
-        if wf.id == besides or (claimed and wf.typed_search_attributes.get(SA_PHASE) in (None, *_NOT_CLAIMED_YET)):
+        phase = wf.typed_search_attributes.get(SA_PHASE)
+        if wf.id == besides or (claimed and phase in (None, *_NOT_CLAIMED_YET, *ENDED_PHASES)):
             continue
         handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
         async for event in handle.fetch_history_events(page_size=1):
@@ -128,7 +129,9 @@ async def sprint_started_on(
                 same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == Path(root).resolve()
             except (ValueError, AttributeError, OSError):  # not a JSON object or not a path: not a sprint BSO runs
                 same = False
-            if same:
+            # The visibility store lags a sprint's end: asked of the server itself before it counts (a sprint started
+            # right after the last one ended was refused for it).
+            if same and await is_running(client, wf.id):
                 return wf.id
             break
     return None

@@ -465,3 +465,22 @@ def test_a_sprint_does_not_start_on_a_status_file_it_cannot_write(tmp_path: Path
         _load_sync(LoadStatusInput(project_root=str(tmp_path), claim_project=True))
     assert err.value.non_retryable and f"{denied_path} is not writable" in str(err.value)
     assert "the sprint could not record any story's state" in str(err.value)
+
+
+def test_the_write_probe_fails_on_a_disk_that_takes_only_part_of_the_file(tmp_path: Path, monkeypatch):
+    """(From a review.) On a nearly full disk write(2) writes what fits and says so, with no error: the probe
+    said "writable", the wait ended, the write failed again, and after a few rounds the story gave up."""
+    root, status = make_project(tmp_path)
+    free, real_write = [1024], os.write
+    assert status.stat().st_size > free[0]
+
+    def write(fd, data):
+        if free[0] == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        done = real_write(fd, bytes(data[: free[0]]))
+        free[0] -= done
+        return done
+
+    monkeypatch.setattr(status_file.os, "write", write)
+    with pytest.raises(ApplicationError, match="cannot be written now"):
+        status_file._probe_writable(str(status))

@@ -438,6 +438,27 @@ def test_a_blob_git_never_gives_is_an_error_within_its_timeout(tmp_path: Path, m
     assert time.monotonic() - started < 30  # (the sleep's 60 s not waited for: it was killed)
 
 
+def test_a_lazy_fetch_that_hangs_is_ended_with_the_blobs_read(tmp_path: Path) -> None:
+    """(From a review.) In a partial clone cat-file starts a fetch, which held the pipe open once cat-file alone
+    was killed: the check still read 10 s after a 1 s timeout. The whole process group goes now."""
+    origin, clone = tmp_path / "origin", tmp_path / "clone"
+    origin.mkdir()
+    git(origin, "init", "-q")
+    (origin / "f.txt").write_text("data\n")
+    git(origin, "add", "f.txt")
+    git(origin, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x")
+    git(origin, "config", "uploadpack.allowFilter", "true")
+    subprocess.run(["git", "clone", "-q", "--filter=blob:none", "--no-checkout", f"file://{origin}", str(clone)],
+                   check=True, capture_output=True)
+    git(clone, "config", "protocol.ext.allow", "always")
+    git(clone, "config", "remote.origin.url", "ext::sh -c sleep% 30")  # the fetch hangs
+    blob = git(clone, "rev-parse", "HEAD:f.txt").strip()
+    started = time.monotonic()
+    with pytest.raises(git_ops.GitError, match="within 1 s"):
+        git_ops._blob_holds_private_key(str(clone), blob, timeout=1)
+    assert time.monotonic() - started < 10
+
+
 async def test_deleting_a_committed_key_is_no_secret_to_refuse(tmp_path: Path) -> None:
     """A story that removes the key the project had committed failed every dispatch, and could never merge."""
     from activities.git_ops import finish_story_git

@@ -971,6 +971,21 @@ async def test_a_second_sprint_is_refused_when_the_running_ones_claim_record_was
     assert await workflow_task_failures(local_env.client, second.id) == []
 
 
+async def test_sprints_run_one_after_the_other_are_not_refused_by_the_visibility_stores_lag(local_env, tmp_path: Path):
+    """(From a review.) The server search at a sprint's start took the last sprint, just ended, for running (the
+    visibility store lags its end): the next one failed ProjectBusy. A match is asked of the server now."""
+    refused = []
+    async with bso_worker(local_env.client) as queue:
+        for n in range(10):
+            make_project(tmp_path, {K1: "review"})
+            handle = await start_sprint(local_env.client, queue, sprint_input(tmp_path, session_id=f"lag-{n}"))
+            try:
+                await handle.result()
+            except WorkflowFailureError as err:
+                refused.append(f"lag-{n}: {err.cause}")
+    assert refused == [], refused
+
+
 async def test_a_second_sprint_on_the_same_status_file_through_another_root_is_refused(ts_env, tmp_path: Path):
     """The second sprint names a folder of the project as its root and the same status file below it: each
     claimed its own root, and both ran every story. Now its claim finds the first sprint's on the file."""
