@@ -166,31 +166,37 @@ def _unreadable(message: str) -> ApplicationError:
 NOT_WRITABLE_NOW_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
-def _not_writable_now(path: str, exc: OSError) -> ApplicationError:
-    return _unreadable(
-        f"{path}: {NOT_WRITABLE_NOW} ({exc.strerror or exc}): make room on the disk, or make it writable again, "
-        "and the sprint goes on"
-    )
+@contextlib.contextmanager
+def _waited_for_when_disk_full(path: str) -> Iterator[None]:
+    """A disk full or read-only for now, met writing `path`, is the retryable not-writable-now error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NOT_WRITABLE_NOW_ERRNOS:
+            raise
+        raise _unreadable(
+            f"{path}: {NOT_WRITABLE_NOW} ({exc.strerror or exc}): make room on the disk, or make it writable "
+            "again, and the sprint goes on"
+        ) from None
 
 
 def _probe_writable(status_real: str) -> None:
     """Raises the not-writable-now error while a write of the status file could not land: its lock opened for
     writing, and a file of its size written and synced beside it (a full disk takes an empty file)."""
     try:
-        os.close(os.open(status_lock_path(status_real), os.O_RDWR | os.O_CREAT, 0o644))
-        fd, probe = tempfile.mkstemp(dir=os.path.dirname(status_real), prefix=".bso-write-probe-", suffix=".tmp")
-        try:
-            left = memoryview(b"\0" * (os.stat(status_real).st_size + 1))
-            while left:  # a nearly full disk takes part of a write without an error: the next part raises ENOSPC
-                left = left[os.write(fd, left):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
-            raise _not_writable_now(status_real, exc) from None
-        # (anything else is no wait's to mend: the write says it)
+        with _waited_for_when_disk_full(status_real):
+            os.close(os.open(status_lock_path(status_real), os.O_RDWR | os.O_CREAT, 0o644))
+            fd, probe = tempfile.mkstemp(dir=os.path.dirname(status_real), prefix=".bso-write-probe-", suffix=".tmp")
+            try:
+                left = memoryview(b"\0" * (os.stat(status_real).st_size + 1))
+                while left:  # a nearly full disk takes part of a write without an error: the next part raises
+                    left = left[os.write(fd, left):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+    except OSError:
+        pass  # anything else is no wait's to mend: the write says it
 
 
 def _parse(text: str, source: str):
@@ -428,10 +434,9 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
     target = _status_path(root, root_real, inp.status_file)
     lock_path = status_lock_path(target)
     try:
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with _waited_for_when_disk_full(target):
+            lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
-            raise _not_writable_now(target, exc) from None
         raise ApplicationError(f"{lock_path}: cannot open lock file: {exc.strerror or exc}", type=ERROR_TYPE) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
@@ -449,12 +454,8 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         except StoryKeyError as exc:  # the story is not in the file (renamed or removed by hand)
             raise _fail(str(exc)) from None
         if result.outcome == "written":
-            try:
+            with _waited_for_when_disk_full(target):
                 _atomic_replace(target, result.text.encode("utf-8"), mode)
-            except OSError as exc:
-                if exc.errno in NOT_WRITABLE_NOW_ERRNOS:
-                    raise _not_writable_now(target, exc) from None
-                raise
             # read back and verify (the bytes, then the story's value: a line scan for BMAD's layout)
             back = _read_text(target)
             try:

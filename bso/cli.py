@@ -67,7 +67,6 @@ from bso.constants import (
     FAILURE_MISSING_INPUT,
     HANDING_OVER,
     MASTER_TYPE,
-    slave_workflow_id,
     QUERY_REPORT,
     QUERY_STATUS,
     SA_PHASE,
@@ -79,6 +78,7 @@ from bso.constants import (
     UPDATE_COURSE_CORRECT,
     UPDATE_DECIDE,
     agents_task_queue_for,
+    slave_workflow_id,
     sprint_id_characters_error,
     sprint_id_error,
 )
@@ -1131,8 +1131,6 @@ def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, ta
         del payload["session_id"]
     command += ["--input", json.dumps(payload, separators=(",", ":"))]
     return shlex.join(command)
-
-
 
 
 async def _sprint_running_on(client: Client, root: Path, status_path: Path | None = None) -> str | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
+from pathlib import Path, PurePath
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -12,9 +14,6 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from bso.data_converter import data_converter
 from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
-
-import json
-from pathlib import Path, PurePath
 
 from bso.constants import MASTER_TYPE, SA_PHASE, SEARCH_ATTRIBUTES
 from bso.states import ENDED_PHASES, SprintPhase
@@ -116,6 +115,7 @@ async def sprint_started_on(
     Master's input (its first history event): a sprint whose worker has not run yet counts too, unless `claimed`
     (only those past their first step, which claims the project). The search reads the visibility store, which
     lags by a second or two."""
+    project = Path(root).resolve()
     query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "Running"'
     async for wf in client.list_workflows(query, limit=RUNNING_SPRINTS_CHECKED):
         phase = wf.typed_search_attributes.get(SA_PHASE)
@@ -126,7 +126,7 @@ async def sprint_started_on(
             payloads = event.workflow_execution_started_event_attributes.input.payloads
             try:
                 started_on = json.loads(payloads[0].data).get("project_root") if payloads else None
-                same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == Path(root).resolve()
+                same = isinstance(started_on, str) and Path(started_on).expanduser().resolve() == project
             except (ValueError, AttributeError, OSError):  # not a JSON object or not a path: not a sprint BSO runs
                 same = False
             # The visibility store lags a sprint's end: asked of the server itself before it counts (a sprint started
