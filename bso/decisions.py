@@ -8,7 +8,7 @@ the Master, which starts a new batch for it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -108,7 +108,28 @@ def dependants_brought_back(
     """The stories skipped because `story_key` would never be done, directly or through one another (each
     skipped for a dependency among these), in dependency order: a rearm of `story_key` brings them back with it,
     in its batch (a rearm could not take a skipped story, nor a course correction one of the sprint's own)."""
-    found = {story_key}
+    return _in_dependency_order(_skipped_through({story_key}, views, stories) - {story_key}, stories)
+
+
+def skipped_for_stories_pending_again(
+    ended: Iterable[str],
+    views: Mapping[str, StoryView],
+    stories: Mapping[str, StoryMeta],
+    blocks: Callable[[str], bool],
+) -> list[str]:
+    """The stories of an ended batch it skipped for a dependency that no longer `blocks` them (a rearm made it
+    pending again after the batch had seen it fail: the story sat behind another, or its skip was on its way),
+    with the stories skipped for them in turn, in dependency order: they come back as the rearm's own do."""
+    roots = {
+        key for key in ended
+        if key in views and (dependency := skipped_for(views[key])) in views and not blocks(dependency)
+    }
+    return _in_dependency_order(_skipped_through(roots, views, stories), stories) if roots else []
+
+
+def _skipped_through(causes: set[str], views: Mapping[str, StoryView], stories: Mapping[str, StoryMeta]) -> set[str]:
+    """`causes` and every story skipped for one of them, directly or through one another."""
+    found = set(causes)
     grew = True
     while grew:
         grew = False
@@ -116,7 +137,11 @@ def dependants_brought_back(
             if key not in found and key in stories and skipped_for(view) in found:
                 found.add(key)
                 grew = True
-    return [meta.key for meta in dependency_order([m for k, m in stories.items() if k in found and k != story_key])]
+    return found
+
+
+def _in_dependency_order(keys: set[str], stories: Mapping[str, StoryMeta]) -> list[str]:
+    return [meta.key for meta in dependency_order([m for k, m in stories.items() if k in keys])]
 
 
 def apply_decision(progress: StoryProgress, request: DecisionRequest) -> Transition:

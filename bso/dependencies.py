@@ -55,6 +55,12 @@ def checked_dependency_update(states: dict[str, str], stories: list[StoryMeta]) 
     return taken, f"ignored for stories no story of this batch depends on: {named} (it depends on: {depends_on})"
 
 
+def never_done(state: str) -> bool:
+    """A dependency in `state` (as state_for_dependants gives it) will not be done in this sprint: its
+    dependants are skipped."""
+    return state in (StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED) or state.startswith(UNFINISHED)
+
+
 def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:
     """Where `depends_on` stands, given the known `states` (keys absent from `states` are not planned in
     this sprint and do not count)."""
@@ -65,7 +71,7 @@ def check_dependencies(depends_on: list[str], states: dict[str, str]) -> Depende
         state = states[dep]
         if state == StoryState.DONE:
             continue
-        if state in (StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED) or state.startswith(UNFINISHED):
+        if never_done(state):
             return DependencyCheck(ready=False, blocked_by=(dep, state))
         waiting.append(dep)
     return DependencyCheck(ready=not waiting, waiting_for=tuple(waiting))

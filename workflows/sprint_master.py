@@ -66,7 +66,7 @@ with workflow.unsafe.imports_passed_through():
         sprint_id_collision,
         sprint_id_length_error,
     )
-    from bso.dependencies import UNFINISHED, skipped_for, state_for_dependants
+    from bso.dependencies import UNFINISHED, never_done, skipped_for, state_for_dependants
     from bso.decisions import (
         Decision,
         DecisionError,
@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         check_rearm,
         dependants_brought_back,
         rearm_position,
+        skipped_for_stories_pending_again,
     )
     from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
     from bso.messages import (
@@ -167,6 +168,9 @@ PATCH_FAILURE_STOPS_RESIDENTS = "master-failure-stops-residents"
 # took a skipped story: they stayed skipped, their state overwritten, and the next sprint had nothing to run).
 # Patched only where it brings one back.
 PATCH_REARM_BRINGS_BACK_DEPENDANTS = "master-rearm-brings-back-dependants"
+# ... and the stories a batch still running at the rearm skipped after it (one sat behind a slow story, or its skip
+# was on its way), once that batch ends: they stayed skipped. Patched only where a batch skipped one for a story.
+PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM = "master-brings-back-skipped-after-rearm"
 # A rearm and a course correction exclude each other: the correction replaces the queue (the rearm's batch was
 # lost) and plans with batch ids the rearm could take too.
 REARM_DURING_REPLAN = "a course correction is being applied: send the rearm again once it is done"
@@ -510,26 +514,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 and (dependants := dependants_brought_back(key, s.views, s.stories))
                 and workflow.patched(PATCH_REARM_BRINGS_BACK_DEPENDANTS)
             ):
-                brought_back = await self._bring_back(key, dependants)
+                brought_back = await self._bring_back((key,), dependants)
         finally:
             if one_at_a_time:
                 self._deciding.pop(key, None)
         if written.outcome == "cas-mismatch":
             raise invalid_decision(f"sprint-status.yaml shows {key} as {written.current!r}; nothing rearmed")
-        batch_id = s.next_batch_id
-        s.next_batch_id += 1
         s.stories[key] = s.stories[key].model_copy(update={"state": target})
-        for story, state in [(key, target), *((k, s.stories[k].state) for k in brought_back)]:
-            # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
-            s.earlier_work[story] = s.earlier_work.get(story, StoryWork()).plus(s.views[story])
-            if s.views[story].batch_id in self._running_batches:  # its tokens reach s.tokens_used when it ends
-                self._left_running_batches.append((s.views[story].batch_id, story, s.views[story]))
-            self._put_view(story, StoryView(state=state, batch_id=batch_id))
-        spec = BatchSpec(batch_id=batch_id, stories=[key, *brought_back])
-        if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
-            s.queue.insert(rearm_position(s.queue, spec.stories, s.stories), spec)
-        else:
-            s.queue.append(spec)
+        batch_id = self._queue_again([(key, target), *((k, s.stories[k].state) for k in brought_back)])
         workflow.logger.info(
             "rearmed %s to %s in batch %d%s%s", key, target, batch_id,
             f", with the stories skipped for it: {', '.join(brought_back)}" if brought_back else "",
@@ -553,24 +545,80 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["StatusFileError"]),
         )
 
-    async def _bring_back(self, key: str, dependants: list[str]) -> list[str]:
-        """Each story skipped for `key` (or for one brought back before it) back to its state before the skip,
-        in the status file: those whose line says otherwise now (edited by hand) or cannot be written stay."""
+    def _queue_again(self, stories: list[tuple[str, str]]) -> int:
+        """`stories` (key, the state it starts at) in a new batch, queued before the batches of their dependants;
+        its id."""
+        s = self._state
+        batch_id = s.next_batch_id
+        s.next_batch_id += 1
+        for story, state in stories:
+            # The story's batches so far: its new batch's Slave counts from zero (a status count, no command).
+            s.earlier_work[story] = s.earlier_work.get(story, StoryWork()).plus(s.views[story])
+            if s.views[story].batch_id in self._running_batches:  # its tokens reach s.tokens_used when it ends
+                self._left_running_batches.append((s.views[story].batch_id, story, s.views[story]))
+            self._put_view(story, StoryView(state=state, batch_id=batch_id))
+        spec = BatchSpec(batch_id=batch_id, stories=[key for key, _ in stories])
+        if workflow.patched(PATCH_REARM_BEFORE_DEPENDANTS):
+            s.queue.insert(rearm_position(s.queue, spec.stories, s.stories), spec)
+        else:
+            s.queue.append(spec)
+        return batch_id
+
+    async def _bring_back_skipped_after_rearm(self, result: SlaveResult) -> None:
+        """The stories an ended batch skipped for a dependency a rearm made pending again while the batch ran,
+        with those skipped for them in turn: back to their state before the skip, in a new batch."""
+        s = self._state
+        skipped = [
+            r.story_key for r in result.results.story_results
+            if (view := s.views.get(r.story_key)) is not None
+            and view.batch_id == result.batch_id
+            and skipped_for(view) is not None
+        ]
+        if not skipped or not workflow.patched(PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM):
+            return
+        if self._rearm_in_flight():  # its views are not in yet: what it rearms would still look failed
+            await workflow.wait_condition(lambda: not self._rearm_in_flight())
+        stories = skipped_for_stories_pending_again(
+            skipped, s.views, s.stories, lambda dependency: never_done(self._dependency_state(dependency))
+        )
+        if not stories:
+            return
+        if (why := self._not_replannable() or (REARM_DURING_REPLAN if self._replanning else None)) is not None:
+            workflow.logger.warning("%s stay skipped: %s", ", ".join(stories), why)
+            return
+        causes = tuple(dict.fromkeys(d for k in stories if (d := skipped_for(s.views[k])) not in stories))
+        for key in stories:  # a course correction waits for these writes, as for a rearm's
+            self._deciding[key] = Decision.REARM
+        try:
+            back = await self._bring_back(causes, stories)
+        finally:
+            for key in stories:
+                self._deciding.pop(key, None)
+        if back:
+            batch_id = self._queue_again([(k, s.stories[k].state) for k in back])
+            workflow.logger.info(
+                "%s skipped by batch %d for %s, rearmed since: back in batch %d",
+                ", ".join(back), result.batch_id, ", ".join(causes), batch_id,
+            )
+            self._show()
+
+    async def _bring_back(self, causes: tuple[str, ...], dependants: list[str]) -> list[str]:
+        """Each story skipped for one of `causes` (or for one brought back before it) back to its state before
+        the skip, in the status file: those whose line says otherwise now (edited by hand) or cannot be written
+        stay."""
         back: list[str] = []
         for story in dependants:
-            if skipped_for(self._state.views[story]) not in (key, *back):
+            if skipped_for(self._state.views[story]) not in (*causes, *back):
                 continue  # what it was skipped for stays as it is
             try:
                 written = await self._write_rearm(story, StoryState.SKIPPED.value, self._state.stories[story].state)
             except ActivityError as err:
                 if is_cancelled_exception(err):
                     raise
-                workflow.logger.warning("rearm %s: %s stays skipped: %s", key, story, err.cause or err)
+                workflow.logger.warning("%s stays skipped: %s", story, err.cause or err)
                 continue
             if written.outcome == "cas-mismatch":
-                workflow.logger.warning(
-                    "rearm %s: %s stays as sprint-status.yaml shows it (%s)", key, story, written.current
-                )
+                workflow.logger.warning("%s stays as sprint-status.yaml shows it (%s)", story, written.current)
                 continue
             back.append(story)
         return back
@@ -1169,6 +1217,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 }
                 if unfinished:
                     self._tell_dependants(unfinished, batch_id)
+                await self._bring_back_skipped_after_rearm(result)
         return False
 
     def _next_batch(self) -> tuple[int | None, str | None]:

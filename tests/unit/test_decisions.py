@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bso.decisions import dependants_brought_back, rearm_position
+from bso.decisions import dependants_brought_back, rearm_position, skipped_for_stories_pending_again
 from bso.dependencies import skipped_for_dependency
 from bso.messages import BatchSpec
 from bso.models import StoryMeta, StoryProgress, StoryView
@@ -67,3 +67,24 @@ def test_the_stories_skipped_for_a_rearmed_one_come_back_in_dependency_order():
     assert dependants_brought_back("1-1-a", views, stories) == ["1-2-b", "1-3-c", "1-8-h"]
     assert dependants_brought_back("1-2-b", views, stories) == ["1-3-c"]
     assert dependants_brought_back("1-5-e", views, stories) == []
+
+
+def test_the_stories_a_batch_skipped_for_one_pending_again_come_back_with_those_skipped_for_them():
+    stories = {m.key: m for m in (
+        meta("1-1-a"), meta("1-2-b", "1-1-a"), meta("1-3-c", "1-2-b"), meta("1-4-d", "1-9-z"), meta("1-9-z"),
+        meta("1-5-e", "1-1-a"), meta("1-6-f"),
+    )}
+    views = {
+        "1-1-a": StoryView(state="review", batch_id=7),  # rearmed: pending again
+        "1-9-z": StoryView(state="needs-intervention", error="dev failed", batch_id=1),  # still failed
+        "1-3-c": skipped("1-3-c", "1-2-b", "skipped"),  # in another batch, skipped for B in turn
+        "1-2-b": skipped("1-2-b", "1-1-a"),
+        "1-4-d": skipped("1-4-d", "1-9-z"),
+        "1-5-e": StoryView(state="skipped", error="skipped by a human decision", batch_id=1),
+        "1-6-f": StoryView(state="done", batch_id=1),
+    }
+    never_done = {"1-9-z"}.__contains__
+    ended = ["1-2-b", "1-4-d", "1-5-e", "1-6-f"]
+    assert skipped_for_stories_pending_again(ended, views, stories, never_done) == ["1-2-b", "1-3-c"]
+    assert skipped_for_stories_pending_again(["1-4-d", "1-6-f"], views, stories, never_done) == []
+    assert skipped_for_stories_pending_again(ended, views, stories, lambda _: True) == []

@@ -1109,6 +1109,32 @@ async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp
     assert await workflow_task_failures(ts_env.client, "rearm-deps") == []
 
 
+async def test_a_dependant_skipped_after_the_rearm_by_a_running_batch_comes_back(ts_env, tmp_path: Path):
+    """B depends on A; B's batch runs the slow Y first. A failed and was rearmed while B still waited its turn:
+    the batch then skipped B for A's old failure, and B stayed skipped though A was done (the rearm had brought
+    back only the stories skipped so far). Once its batch ends, B comes back in a batch of its own, after A."""
+    a, x, y, b = "1-1-login-form", "1-2-logout", "1-3-profile", "1-4-settings"
+    make_project(
+        tmp_path, {a: "ready-for-dev", x: "review", y: "review", b: "review"},
+        {y: "# Story 1.3: Profile\n\nDepends on: 1-2\n", b: "# Story 1.4: Settings\n\nDepends on: 1-1\n"},
+    )
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-3": {"duration_ms": 4000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-running", simulation=simulation)
+        )
+        now = await wait_status(handle, lambda s: s.stories[y].agent_in_flight is not None, "Y running")
+        assert now.stories[a].state == "needs-intervention" and now.stories[b].batch_id == now.stories[y].batch_id
+        assert now.stories[b].state == "review"  # not reached yet: its batch runs Y first
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"})
+        report = await sprint_result(handle)
+    assert report.stories == {a: "done", x: "done", y: "done", b: "done"}, (report.stories, status_values(tmp_path))
+    assert status_values(tmp_path)[b] == "done"
+    ran_b = [x.batch_id for x in report.batches if any(r.story_key == b for r in x.results.story_results)]
+    assert len(ran_b) == 2 and ran_b[0] == now.stories[b].batch_id, ran_b  # skipped in its batch, done in a new one
+    assert await workflow_task_failures(ts_env.client, "rearm-running") == []
+
+
 async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path: Path):
     """command backend: K1 is done and its squash-and-merge runs when the sprint is cancelled. The cancel was
     taken for a merge failure and the Slave went on to K2, dispatching a new agent after the cancel."""

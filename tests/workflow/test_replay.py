@@ -32,6 +32,7 @@ from workflows.sprint_master import (
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_EPIC_SPELLINGS,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
+    PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM,
     PATCH_REARM_BRINGS_BACK_DEPENDANTS,
     PATCH_SESSION_ID_IS_WORKFLOW_ID,
     PATCH_SHARED_NUMBERS_REFUSED,
@@ -248,6 +249,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-28-unconverted/lax-sim.json", PATCH_SIMULATION_UNCONVERTED),
         # 1-1 rearmed after 1-2 and 1-3 were skipped for it: they stayed skipped.
         ("before-2026-11-29-rearm-dependants/rearm-deps.json", PATCH_REARM_BRINGS_BACK_DEPENDANTS),
+        # 1-1 rearmed while its dependant 1-4 waited behind a slow story: its batch skipped 1-4 after, for good.
+        ("before-2026-11-29-skipped-after-rearm/rearm-running.json", PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
