@@ -1682,7 +1682,7 @@ def sprint_decide(
     state: Annotated[str | None, typer.Option(help="rearm only: the state the story starts again from")] = None,
     note: Annotated[str, typer.Option()] = "",
 ) -> None:
-    """A human decision for a story waiting on one, or a re-arm of a needs-intervention story (update `decide`)."""
+    """A human decision for a story waiting on one, or a re-arm of a needs-intervention or skipped story (update `decide`)."""
     try:
         request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
     except ValidationError as err:

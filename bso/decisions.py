@@ -2,7 +2,7 @@
 
 A story waits for a decision when its story review rounds are exhausted and `story_review_fallback` is
 `ask_user`; an operator answers with the `decide` update (on the Slave, or on the Master, which forwards it).
-A story that ended in needs-intervention can be re-armed the same way (`rearm`, to a chosen state), through
+A story that ended in needs-intervention (or skipped) can be re-armed the same way (`rearm`, to a chosen state), through
 the Master, which starts a new batch for it.
 """
 
@@ -74,14 +74,27 @@ def check_waiting_decision(request: DecisionRequest, progress: StoryProgress | N
         raise DecisionError(f"story {request.story_key!r} is not awaiting a decision (state {progress.state})")
 
 
-def check_rearm(request: DecisionRequest, current_state: str | None) -> None:
-    """A rearm is for a needs-intervention story, to a state with a dispatch-table row. Its batch may still run:
-    its Slave is done with the story (needs-intervention is final there), so the rearm's batch is queued and
-    runs once a Slave is free, before the sprint ends."""
-    if current_state is None:
-        raise DecisionError(f"unknown story {request.story_key!r}")
-    if current_state != StoryState.NEEDS_INTERVENTION:
-        raise DecisionError(f"story {request.story_key!r} is {current_state}, not needs-intervention: nothing to rearm")
+def check_rearm(request: DecisionRequest, view: StoryView | None, still_failed: Callable[[str], bool]) -> None:
+    """A rearm is for a needs-intervention story, or a skipped one, to a state with a dispatch-table row. Its batch
+    may still run: its Slave is done with the story (both states are final there), so the rearm's batch is queued
+    and runs once a Slave is free, before the sprint ends. A story skipped for a dependency that `still_failed`
+    (it will not be done in this sprint) would be skipped again at once: that dependency is the one to rearm; a
+    story a course correction dropped comes back by a course correction."""
+    key = request.story_key
+    if view is None:
+        raise DecisionError(f"unknown story {key!r}")
+    if view.state == StoryState.SKIPPED:
+        if (dependency := skipped_for(view)) is not None and still_failed(dependency):
+            raise DecisionError(
+                f"story {key!r} was skipped because {dependency} will not be done: rearm {dependency} "
+                "(the stories skipped for it come back with it)"
+            )
+        if view.batch_id is None:
+            raise DecisionError(f"story {key!r} was dropped by a course correction: add it back with a course correction (`bso sprint cc ID --add KEY`)")
+    elif view.state != StoryState.NEEDS_INTERVENTION:
+        raise DecisionError(
+            f"story {key!r} is {view.state}, not needs-intervention or skipped: nothing to rearm"
+        )
     if request.rearm_state() not in REARM_STATES:
         raise DecisionError(
             f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(s.value for s in REARM_STATES)

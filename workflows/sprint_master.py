@@ -647,7 +647,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
                 if self._replanning:
                     raise DecisionError(REARM_DURING_REPLAN)
-                check_rearm(parsed, view.state if view else None)
+                check_rearm(parsed, view, lambda dependency: never_done(self._dependency_state(dependency)))
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
             elif parsed.story_key in self._deciding:

@@ -1,11 +1,25 @@
-"""bso.decisions: where a rearmed story's batch goes in the queue, and which skipped stories come back in it."""
+"""bso.decisions: which stories a rearm takes, where its batch goes in the queue, and which skipped stories come
+back in it."""
 
 from __future__ import annotations
 
-from bso.decisions import dependants_brought_back, rearm_position, skipped_for_stories_pending_again
+import re
+
+import pytest
+
+from bso.decisions import (
+    Decision,
+    DecisionError,
+    DecisionRequest,
+    check_rearm,
+    dependants_brought_back,
+    rearm_position,
+    skipped_for_stories_pending_again,
+)
 from bso.dependencies import skipped_for_dependency
 from bso.messages import BatchSpec
 from bso.models import StoryMeta, StoryProgress, StoryView
+from bso.states import StoryState
 
 
 def meta(key: str, *depends_on: str) -> StoryMeta:
@@ -88,3 +102,28 @@ def test_the_stories_a_batch_skipped_for_one_pending_again_come_back_with_those_
     assert skipped_for_stories_pending_again(ended, views, stories, never_done) == ["1-2-b", "1-3-c"]
     assert skipped_for_stories_pending_again(["1-4-d", "1-6-f"], views, stories, never_done) == []
     assert skipped_for_stories_pending_again(ended, views, stories, lambda _: True) == []
+
+
+@pytest.mark.parametrize(
+    ("view", "error"),
+    [
+        (StoryView(state="needs-intervention", error="dev failed", batch_id=1), None),
+        (StoryView(state="skipped", error="skipped by a human decision", batch_id=1), None),
+        (skipped("1-2-b", "1-9-z"), None),  # what it was skipped for is pending again (rearmed)
+        (skipped("1-2-b", "1-1-a"), "skipped because 1-1-a will not be done: rearm 1-1-a"),
+        (StoryView(state="skipped", error="dropped by course correction (user_request)", batch_id=None),
+         "dropped by a course correction: add it back"),
+        (StoryView(state="review", batch_id=1), "is review, not needs-intervention or skipped: nothing to rearm"),
+        (None, "unknown story"),
+    ],
+)
+def test_a_rearm_takes_a_failed_story_or_a_skipped_one_that_could_run(view, error):
+    request = DecisionRequest(story_key="1-2-b", decision=Decision.REARM)
+    still_failed = {"1-1-a"}.__contains__
+    if error is None:
+        check_rearm(request, view, still_failed)
+    else:
+        with pytest.raises(DecisionError, match=re.escape(error)):
+            check_rearm(request, view, still_failed)
+    with pytest.raises(DecisionError, match="cannot rearm to 'done'"):
+        check_rearm(request.model_copy(update={"state": StoryState.DONE}), StoryView(state="needs-intervention"), still_failed)

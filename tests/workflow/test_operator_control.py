@@ -1096,6 +1096,11 @@ async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp
         )
         await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
         assert [status_values(tmp_path)[k] for k in (b, c)] == ["skipped", "skipped"]
+        # B cannot run while A is failed: the rearm to send is A's (its skipped dependants come with it).
+        await rejected(
+            handle.execute_update(SprintMasterWorkflow.decide, {"story_key": b, "decision": "rearm"}),
+            f"skipped because {a} will not be done: rearm {a}",
+        )
         view = await handle.execute_update(
             SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"}
         )
@@ -1107,6 +1112,34 @@ async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp
     assert report.stories == {a: "done", b: "done", c: "done", d: "done"}, report.stories
     assert [x.batch_id for x in report.batches if any(r.story_key == c for r in x.results.story_results)] == [3, 4]
     assert await workflow_task_failures(ts_env.client, "rearm-deps") == []
+
+
+async def test_a_story_skipped_by_a_human_decision_can_be_rearmed_with_its_dependants(ts_env, tmp_path: Path):
+    """K1 was skipped by a `skip_story` decision (K2, depending on it, would be skipped too). A rearm took only
+    needs-intervention stories: the decision could not be taken back while the sprint ran. Rearmed, K1 runs
+    again, and K2 after it."""
+    make_project(tmp_path, {K1: "story-doc-review", K2: "ready-for-dev"}, {K2: "# Story 1.2: Logout\n\nDepends on: 1-1\n"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(
+                tmp_path, session_id="rearm-skipped", simulation=NEEDS_IMPROVE,
+                config_overrides={**ASK, "first_story_checkpoint": "pause"},
+            ),
+        )
+        await _awaiting(handle)
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "skip_story"})
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_done == 1, "checkpoint")
+        assert status_values(tmp_path)[K1] == "skipped"
+        view = await handle.execute_update(
+            SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "ready-for-dev"}
+        )
+        assert view.state == "ready-for-dev" and status_values(tmp_path)[K1] == "ready-for-dev"
+        await handle.signal(SprintMasterWorkflow.resume)
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "done", K2: "done"}, report.stories
+    assert [status_values(tmp_path)[k] for k in (K1, K2)] == ["done", "done"]
+    assert await workflow_task_failures(ts_env.client, "rearm-skipped") == []
 
 
 async def test_a_dependant_skipped_after_the_rearm_by_a_running_batch_comes_back(ts_env, tmp_path: Path):
