@@ -517,7 +517,7 @@ def apply_agent_result(
                 # e2e -> review -> e2e must not loop for ever while the code reviews stay clean.
                 return intervention(
                     progress.model_copy(update={"e2e_rounds": rounds}),
-                    f"e2e still failing after {rounds} rounds (max_review_rounds {config.max_review_rounds})",
+                    f"e2e still failing after {_rounds(rounds)} (max_review_rounds {config.max_review_rounds})",
                     tokens,
                 )
             return Transition(
@@ -555,7 +555,7 @@ def _story_review(
         return Transition(
             _settled(progress, tokens, state=StoryState.READY_FOR_DEV.value),
             Outcome.ADVANCED,
-            f"story doc force-passed after {rounds} rounds",
+            f"story doc force-passed after {_rounds(rounds)}",
         )
     if config.story_review_fallback == "skip_story":
         return Transition(
@@ -563,17 +563,21 @@ def _story_review(
                 progress,
                 tokens,
                 state=StoryState.SKIPPED.value,
-                error=f"story doc did not pass in {rounds} rounds",
+                error=f"story doc did not pass in {_rounds(rounds)}",
             ),
             Outcome.SKIPPED,
             "story skipped (story_review_fallback: skip_story)",
         )
     # ask_user: the story stays where it is and waits for a human decision (bso.decisions).
     question = (
-        f"story doc did not pass in {rounds} rounds; decide force_pass, skip_story or retry "
+        f"story doc did not pass in {_rounds(rounds)}; decide force_pass, skip_story or retry "
         "(story_review_fallback: ask_user)"
     )
     return Transition(_settled(progress, tokens, awaiting_decision=question), Outcome.AWAITING_DECISION, question)
+
+
+def _rounds(count: int) -> str:
+    return f"{count} round{'' if count == 1 else 's'}"
 
 
 def review_shortfalls(result: AgentComplete, config: SprintConfig) -> list[str]:

@@ -339,6 +339,14 @@ def test_story_review_fallback_skip_story():
     assert p.error
 
 
+@pytest.mark.parametrize(("rounds", "said"), [(1, "did not pass in 1 round"), (3, "did not pass in 3 rounds")])
+def test_the_story_review_fallback_counts_its_rounds_in_words(rounds, said):
+    skipped, _, _ = _story_review_loop(config(story_review_fallback="skip_story", max_story_review_rounds=rounds))
+    asked, _, _ = _story_review_loop(config(max_story_review_rounds=rounds))
+    assert skipped.error == f"story doc {said}"
+    assert asked.awaiting_decision.startswith(f"story doc {said};")
+
+
 def test_story_review_passing_on_last_round_is_not_a_fallback():
     p = progress("story-doc-review", story_review_rounds=2)
     t = apply_agent_result(p, STORY_REVIEW, result(STORY_REVIEW, verdict=Verdict.PASSED), config(), [])
