@@ -98,6 +98,7 @@ from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import (
+    DEFAULT_PAUSE_REASON,
     DEFAULT_STATUS_FILE,
     ResumeRequest,
     SprintInput,
@@ -1605,7 +1606,7 @@ def _operator_action(sprint_id: str, act: Callable[[WorkflowHandle[Any, Any]], A
 @sprint_app.command("pause")
 def sprint_pause(
     sprint_id: Annotated[str, typer.Argument()],
-    reason: Annotated[str, typer.Option(help="shown in status and the Web UI")] = "paused by operator",
+    reason: Annotated[str, typer.Option(help="shown in status and the Web UI")] = DEFAULT_PAUSE_REASON,
 ) -> None:
     """No new batch starts and no running batch dispatches a new agent; agents in flight finish (signal `pause`)."""
     _operator_action(sprint_id, lambda h: h.signal(SIGNAL_PAUSE, reason), f"pause requested for sprint {sprint_id}")

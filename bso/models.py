@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from bso.config import SprintConfig
 from bso.improvements import ImprovementRecord
-from bso.messages import BatchPlanReady, BatchSpec, FeedbackItem, Finding, RejectedMessage
+from bso.messages import BatchPlanReady, BatchSpec, FeedbackItem, Finding, RejectedMessage, cut_text
 from bso.roster import Roster
 from bso.states import (
     AgentMode,
@@ -445,6 +446,22 @@ class SprintStatusView(_Model):
     message_errors: list[dict[str, Any]] = Field(default_factory=list)  # the Master's and finished batches'
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # signals the Master ignored
     rejected_total: int = 0
+
+
+DEFAULT_PAUSE_REASON = "paused by operator"
+
+
+def pause_reason(raw: Any) -> str:
+    """A pause signal's reason: its text, or an object's `reason` (`{"reason": "lunch"}`, as `resume` takes an
+    object). Input that is neither still pauses (the safe side), and the reason says what came instead."""
+    if isinstance(raw, dict) and isinstance(raw.get("reason"), str):
+        raw = raw["reason"]
+    if raw is None or raw == "":
+        return DEFAULT_PAUSE_REASON
+    if isinstance(raw, str):
+        return raw
+    shown = cut_text(json.dumps(raw, default=str), 80)
+    return f"{DEFAULT_PAUSE_REASON} (its input {shown} is no reason text: send a string, or {{\"reason\": ...}})"
 
 
 class ResumeRequest(_Model):

@@ -106,6 +106,7 @@ with workflow.unsafe.imports_passed_through():
         StoryView,
         StoryWork,
         TERMINAL_VALUES,
+        pause_reason,
         short_key,
     )
     from bso.story_tally import StoryTally
@@ -444,7 +445,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         """No new batch starts and no running Slave dispatches while paused; agents in flight finish.
 
         `reason` is Any: with `str | None` the SDK dropped a pause whose reason was not a string."""
-        reason = reason if isinstance(reason, str) and reason else "paused by operator"
+        reason = pause_reason(reason)
         if len(reason) > MAX_PAUSE_REASON_CHARS and workflow.patched(PATCH_PAUSE_REASON_CUT):
             reason = f"{reason[:MAX_PAUSE_REASON_CHARS]}... (cut: {len(reason)} characters)"
         self._pause(reason)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from bso.dispatch import check_agent_complete
+from bso.models import pause_reason
 from bso.messages import (
     ERROR_TYPES,
     MESSAGE_ADAPTER,
@@ -329,3 +330,18 @@ def test_a_rejection_keeps_only_a_bounded_part_of_what_the_sender_wrote(rejectio
     assert len(rejected.model_dump_json()) < 5_000, rejected.reason[:200]
     assert rejected.reason  # still says why
     assert RejectedMessage.model_validate(rejected.model_dump()) == rejected  # cutting again changes nothing
+
+
+@pytest.mark.parametrize(
+    ("sent", "reason"),
+    [
+        ("lunch", "lunch"),
+        ({"reason": "lunch"}, "lunch"),  # an object, as resume takes one
+        (None, "paused by operator"),
+        ("", "paused by operator"),
+        (12345, 'paused by operator (its input 12345 is no reason text: send a string, or {"reason": ...})'),
+        ({"why": "x"}, 'paused by operator (its input {"why": "x"} is no reason text: send a string, or {"reason": ...})'),
+    ],
+)
+def test_a_pause_takes_its_reason_from_a_text_or_an_object_and_says_what_came_otherwise(sent, reason):
+    assert pause_reason(sent) == reason

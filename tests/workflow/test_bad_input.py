@@ -208,7 +208,7 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         await handle.signal("story_update", forged)
         await handle.signal("resume", {"token_limit": -5})  # invalid
         await handle.signal("resume", [1, 2, 3])
-        await handle.signal("pause", 12345)  # not a string: paused with the default reason
+        await handle.signal("pause", 12345)  # not a string: paused all the same, the reason saying what came
         await handle.signal("no_such_signal", {"x": 1})
         # Valid JSON no parser here reads (a number of 5,000 digits): the SDK dropped it, said only in the log.
         await handle.signal("resume", RawValue(Payload(
@@ -219,7 +219,8 @@ async def test_master_signals_with_wrong_shapes_are_ignored(ts_env, tmp_path: Pa
         assert status.rejected_messages[-1].reason.startswith(
             "its input could not be read as JSON: Invalid JSON: number out of range"
         ), status.rejected_messages[-1]
-        assert status.phase == "paused" and status.pause_reason == "paused by operator"
+        assert status.phase == "paused"
+        assert status.pause_reason == 'paused by operator (its input 12345 is no reason text: send a string, or {"reason": ...})'
         assert "9-9-not-in-sprint" not in status.stories
         assert status.stories[K1].state != "done", "a story update no batch sent set the story's view"
         assert any(r.reason.startswith(f"{K1} is not a story of a running batch 99") for r in status.rejected_messages)
