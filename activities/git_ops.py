@@ -291,10 +291,33 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
             await _add_worktree(project_root, str(path), branch)
             return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
         # Recorded before the branch is made: a retry after a crash in between records the HEAD it then uses.
-        base = await head(project_root)
+        base = start = await head(project_root)
+        if (earlier := await _earlier_sprints_work(project_root, session_id, story_key)) is not None:
+            # An earlier sprint's work on the story, never merged (it stopped, or a human set the story back):
+            # the branch goes on from it. From HEAD, a review found nothing and the story was done without it.
+            start = earlier[1]
+            base = (await git(project_root, "merge-base", base, start)).strip()
+            activity.logger.info("%s: goes on from %s (%s), an earlier sprint's work not merged",
+                                 story_key, earlier[0], start[:12])
         write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
-        await _add_worktree(project_root, "-b", branch, str(path), base)
+        await _add_worktree(project_root, "-b", branch, str(path), start)
         return Worktree(str(path), branch, base)
+
+
+async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str) -> tuple[str, str] | None:
+    """The latest branch of another sprint for this story (bso/<sprint>/<story key>) with commits the project's
+    HEAD lacks, and its commit; None when there is none."""
+    refs = await git(project_root, "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
+                     "refs/heads/bso/")
+    for line in refs.splitlines():
+        name, _, commit = line.rpartition(" ")
+        name = name.removeprefix("refs/heads/")
+        sprint, _, key = name.removeprefix("bso/").partition("/")
+        if key != story_key or sprint == session_id:
+            continue
+        if int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
+            return name, commit
+    return None
 
 
 async def back_on_story_branch(wt: Worktree) -> str | None:

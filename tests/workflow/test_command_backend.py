@@ -1355,6 +1355,33 @@ async def test_a_rearmed_storys_dev_run_that_finds_the_work_on_its_branch_is_not
     assert again.status is AgentStatus.SUCCESS, again.error
 
 
+async def test_a_story_an_earlier_sprint_left_unmerged_goes_on_from_that_work(tmp_path: Path) -> None:
+    """Sprint s0 stopped (shutdown) with the story at review, its code committed on bso/s0/<story>. The next
+    sprint's branch started from HEAD: its review found nothing, the story was done, "sprint-complete", and
+    the code never reached the project. It goes on from the earlier branch now, and its squash carries that work."""
+    root = dev_project(tmp_path)
+    before = git(root, "rev-parse", "HEAD").strip()
+    earlier = await ensure_worktree(str(root), "s0", STORY)
+    agent_commit(earlier.path, "feat: the story's code", {b"feature.py": b"x = 1\n"})
+    agent_commit(earlier.path, "fix: review", {b"feature.py": b"x = 2\n"})
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert (Path(wt.path) / "feature.py").read_text() == "x = 2\n" and wt.base == before, wt
+    result = await finish(root)
+    assert result.merged and result.squashed, result
+    assert git(root, "show", "HEAD:feature.py") == "x = 2\n"
+
+
+async def test_an_earlier_sprints_merged_work_is_not_taken_again(tmp_path: Path) -> None:
+    """Only work the project lacks is carried over: a branch already merged (an ancestor of HEAD) is not."""
+    root = dev_project(tmp_path)
+    earlier = await ensure_worktree(str(root), "s0", STORY)
+    agent_commit(earlier.path, "feat", {b"feature.py": b"x = 1\n"})
+    git(root, "merge", "-q", "--ff-only", earlier.branch)
+    now = git(root, "rev-parse", "HEAD").strip()
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert wt.base == now and git(wt.path, "rev-parse", "HEAD").strip() == now
+
+
 async def test_a_story_set_back_after_its_merge_still_needs_new_work_from_its_dev_run(tmp_path: Path) -> None:
     """Merged, then set back by hand: its branch holds nothing the project lacks, so a dev run that changes
     nothing is still an empty diff (the story would be done again with no new work)."""
