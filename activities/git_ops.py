@@ -305,8 +305,10 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
 
 
 async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str) -> tuple[str, str] | None:
-    """The latest branch of another sprint for this story (bso/<sprint>/<story key>) with commits the project's
-    HEAD lacks, and its commit; None when there is none."""
+    """The latest branch of another sprint for this story (bso/<sprint>/<story key>) with work the project's HEAD
+    lacks, and its commit; None when there is none. Its commits alone do not say so: a squash merged them as
+    another commit (a later sprint that went on from the branch), so a merge that would change nothing is none."""
+    here = (await git(project_root, "rev-parse", "HEAD^{tree}")).strip()
     refs = await git(project_root, "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
                      "refs/heads/bso/")
     for line in refs.splitlines():
@@ -315,7 +317,10 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
         sprint, _, key = name.removeprefix("bso/").partition("/")
         if key != story_key or sprint == session_id:
             continue
-        if int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
+        if not int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
+            continue
+        merged = await git(project_root, "merge-tree", "--write-tree", "HEAD", commit, check=False)  # "": conflicts
+        if merged.split()[:1] != [here]:
             return name, commit
     return None
 

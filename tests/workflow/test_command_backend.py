@@ -1369,6 +1369,9 @@ async def test_a_story_an_earlier_sprint_left_unmerged_goes_on_from_that_work(tm
     result = await finish(root)
     assert result.merged and result.squashed, result
     assert git(root, "show", "HEAD:feature.py") == "x = 2\n"
+    # Merged as a squash, the earlier branch's commits are still not in HEAD: a third sprint does not take them again.
+    third = await ensure_worktree(str(root), "s2", STORY)
+    assert git(third.path, "rev-parse", "HEAD").strip() == git(root, "rev-parse", "HEAD").strip()
 
 
 async def test_an_earlier_sprints_merged_work_is_not_taken_again(tmp_path: Path) -> None:
