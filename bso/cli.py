@@ -107,7 +107,7 @@ from bso.models import (
     StoryView,
     short_key,
 )
-from bso.planning import PlanningError, dependency_order
+from bso.planning import SHUTTING_DOWN, PlanningError, dependency_order
 from bso.report import batch_errors, batches_total, planned_batches, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
@@ -743,6 +743,8 @@ def _progress(
     for stalled in (waiting, silent):
         if stalled is not None:
             parts.append(Text(stalled.describe(), style="bold yellow"))
+    if view.shutting_down:
+        parts.append(Text(SHUTTING_DOWN, style="yellow"))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
     if view.pause_reason:

@@ -423,6 +423,7 @@ class SprintStatusView(_Model):
     # counted here too)
     finished_batches: dict[int, tuple[int, int]] = Field(default_factory=dict)
     batch_held: str | None = None  # why the next batch waits for a running one (they touch one file), if it does
+    shutting_down: bool = False  # a shutdown was requested: the running batches finish the story in hand
     batches_total: int = 0
     batches_done: int = 0
     stories: dict[str, StoryView] = Field(default_factory=dict)

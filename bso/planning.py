@@ -135,3 +135,21 @@ def plan_batches(
         batches=[BatchSpec(batch_id=i + 1, stories=keys) for i, keys in enumerate(batches)],
         dependency_graph=graph,
     )
+
+
+# A shutdown requested: said in status and the Web UI (the phase stays `running` until the running batches end).
+SHUTTING_DOWN = "Shutting down: the running batches finish the story in hand; no new batch starts"
+
+
+def history_hold(running: list[int], deciding: list[int]) -> str:
+    """Why queued batches wait while the Master's history is long: it continues as new (a fresh history) only
+    with nothing running, so no batch starts until the running ones end; one waiting for a decision holds all."""
+    names = ", ".join(str(b) for b in running)
+    text = (
+        f"no new batch starts until batch{'es' if len(running) > 1 else ''} {names} "
+        f"end{'s' if len(running) == 1 else ''}: the sprint's history is long, and it continues as new once "
+        "nothing runs"
+    )
+    if deciding:
+        text += f" (batch {', '.join(str(b) for b in deciding)} waits for your decision: `bso sprint decide`)"
+    return text

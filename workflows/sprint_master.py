@@ -138,7 +138,7 @@ with workflow.unsafe.imports_passed_through():
         shared_numbers,
         too_large_to_carry,
     )
-    from bso.planning import startable_batch, still_on_its_files
+    from bso.planning import SHUTTING_DOWN, history_hold, startable_batch, still_on_its_files
     from bso.states import ENDED_PHASES, TERMINAL_STATES, AgentBackend, SprintPhase, SprintStatus, StoryState
     from bso.roster import slave_name, temp_name
     from workflows.course_corrector import CourseCorrector
@@ -324,7 +324,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             current_batch=min(self._running_batches) if self._running_batches else None,
             running_batches=sorted(self._running_batches),
             finished_batches={r.batch_id: _settled_of(r, s.views) for r in s.results},
-            batch_held=self._next_batch()[1],
+            batch_held=self._why_no_batch_starts(),
+            shutting_down=s.shutdown and s.phase not in ENDED_PHASES,
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
             batches_done=len(s.results),
             stories={k: s.earlier_work[k].added_to(v) if k in s.earlier_work else v for k, v in s.views.items()},
@@ -336,7 +337,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             agent_backend=self._input.agent_backend,
             runs=s.runs,
             checkpoint=s.checkpoint,
-            awaiting_decision={k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision},
+            awaiting_decision={  # an ended sprint takes no decision
+                k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision and s.phase not in ENDED_PHASES
+            },
             roster=s.roster,
             unavailable_residents=dict(s.unavailable_residents),
             total_agents_created=s.agents_created,
@@ -702,6 +705,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     async def shutdown_request(self) -> None:
         """Stop the sprint gracefully: running Slaves finish the story in hand; no new batch starts."""
         self._state.shutdown = True
+        self._show()
         for slave_id in list(self._running_batches.values()):
             try:
                 await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
@@ -1219,6 +1223,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 if unfinished:
                     self._tell_dependants(unfinished, batch_id)
                 await self._bring_back_skipped_after_rearm(result)
+                self._show()  # its result and tokens counted (the details showed the batch gone, its result not in)
         return False
 
     def _next_batch(self) -> tuple[int | None, str | None]:
@@ -1251,15 +1256,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         """Whether a queued batch may start now. A long history stops new batches too: with
         max_concurrent_slaves > 1 the running set would otherwise never empty, and the Master would
         never reach a point where it may continue as new."""
+        return self._batches_go_on() and not self._history_is_long()
+
+    def _batches_go_on(self) -> bool:
+        """No shutdown, pause, early stop, course correction or cancel holds the queued batches."""
         s = self._state
-        return (
-            not s.shutdown
-            and s.paused_reason is None
-            and not s.stopped_early
-            and not self._replanning
-            and not self._cancelling
-            and not self._history_is_long()
-        )
+        return not (s.shutdown or s.paused_reason is not None or s.stopped_early or self._replanning or self._cancelling)
 
     def _settle(self, result: SlaveResult) -> None:
         """A batch ended: count its tokens, apply the budget rule (P26), and queue again what it did not start
@@ -1302,6 +1304,15 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 await workflow.get_external_workflow_handle(slave_id).signal(SIGNAL_SHUTDOWN)
             except Exception as err:  # the Slave may have just ended: nothing left to stop
                 workflow.logger.info("fail_fast: %s not signalled (%s)", slave_id, err)
+
+    def _why_no_batch_starts(self) -> str | None:
+        """Why queued batches wait though a Slave may be free (status and the Web UI say it), or None."""
+        s = self._state
+        if s.queue and self._running_batches and self._batches_go_on() and self._history_is_long():
+            running = sorted(self._running_batches)
+            deciding = sorted({s.views[k].batch_id for k in self._tally.awaiting if k in s.views} & set(running))
+            return history_hold(running, deciding)
+        return self._next_batch()[1]
 
     def _history_is_long(self) -> bool:
         return history_is_long_now(self._state.config.continue_as_new_after_events)
@@ -1536,19 +1547,25 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         rows = "\n".join(
             f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |" for k, v in self._running_views()
         )
-        waiting = [f"{k} ({why})" for k, why in self._tally.awaiting.items()]
-        pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason and s.phase not in ENDED_PHASES else ""
+        going_on = s.phase not in ENDED_PHASES
+        waiting = [f"{k} ({why})" for k, why in self._tally.awaiting.items()] if going_on else []
+        pause = f"\n\nPaused: {s.paused_reason}" if s.paused_reason and going_on else ""
+        if s.shutdown and going_on:
+            pause += f"\n\n{SHUTTING_DOWN}"
         if s.checkpoint:
             pause += f"\n\nFirst story checkpoint: {s.checkpoint}"
         if waiting:
             pause += "\n\nAwaiting a human decision (`decide` update): " + "; ".join(waiting)
-        if held := self._next_batch()[1]:
+        if held := self._why_no_batch_starts():
             pause += f"\n\n{held}"
+        ended = self._ended_report if not going_on else None
+        outcome = f" ({ended.status.value})" if ended is not None else ""
         workflow.set_current_details(
-            f"**Sprint `{s.session_id}`**: {s.phase.value}, {self._tally.done}/{len(s.views)} stories done, "
+            f"**Sprint `{s.session_id}`**: {s.phase.value}{outcome}, {self._tally.done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
-            f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}\n\n"
-            "| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows
+            f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}"
+            # (no table once no batch runs: a header alone read as an empty sprint)
+            + ("\n\n| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows if rows else "")
         )
 
 

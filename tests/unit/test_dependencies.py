@@ -16,7 +16,7 @@ from bso.dependencies import (
 )
 from bso.dispatch import Outcome
 from bso.models import StoryMeta, StoryProgress, StoryView
-from bso.planning import plan_batches, shares_files, startable_batch, still_on_its_files
+from bso.planning import plan_batches, shares_files, startable_batch, still_on_its_files, history_hold
 from bso.sprint_status import parse_story_file
 
 
@@ -181,3 +181,11 @@ def test_a_dependency_update_names_only_the_batchs_dependencies():
         "ignored for stories no story of this batch depends on: 9-0-x, 9-1-x, 9-2-x, 9-3-x, 9-4-x and 2 more "
         "(it depends on: none)",
     )
+
+
+def test_the_hand_over_hold_names_the_batches_it_waits_for_and_those_waiting_for_a_decision():
+    assert history_hold([3], []) == (
+        "no new batch starts until batch 3 ends: the sprint's history is long, and it continues as new once nothing runs"
+    )
+    assert history_hold([3, 5], [5]).startswith("no new batch starts until batches 3, 5 end: ")
+    assert history_hold([3, 5], [5]).endswith("(batch 5 waits for your decision: `bso sprint decide`)")

@@ -58,6 +58,7 @@ from bso.models import (
     StoryMeta,
 )
 from bso.models import SprintStatusView
+from bso.planning import SHUTTING_DOWN
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from activities.session_files import SESSION_DIR
@@ -339,6 +340,32 @@ async def test_two_decisions_for_one_story_apply_once(ts_env, tmp_path: Path):
     assert report.stories == {K1: "done"}
 
 
+async def test_batches_held_for_the_masters_hand_over_say_so(ts_env, tmp_path: Path):
+    """Past continue_as_new_after_events the Master starts no batch until the running ones end (it continues as
+    new with nothing running): with K1 waiting for a decision, the queued batches waited for it with a Slave free,
+    and status and the Web UI said only `running`."""
+    keys = [K1, K2, K3, "1-4-settings", "1-5-search"]
+    make_project(tmp_path, {K1: "story-doc-review", **{k: "review" for k in keys[1:]}})
+    overrides = {**ASK, "batch_size": 1, "max_concurrent_slaves": 2, "continue_as_new_after_events": 100}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id="held-long", config_overrides=overrides, simulation=NEEDS_IMPROVE),
+        )
+        status = await wait_status(
+            handle, lambda s: "history is long" in (s.batch_held or "") and K1 in s.awaiting_decision, "held for K1"
+        )
+        batch = status.stories[K1].batch_id
+        assert status.batch_held == (
+            f"no new batch starts until batch {batch} ends: the sprint's history is long, and it continues as new "
+            f"once nothing runs (batch {batch} waits for your decision: `bso sprint decide`)"
+        ), status.batch_held
+        assert status.batch_held in await current_details(handle)
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
+        report = await sprint_result(handle)
+    assert set(report.stories.values()) == {"done"}, report.stories
+
+
 async def test_a_decision_racing_a_shutdown_gets_an_answer_and_the_sprint_ends(ts_env, tmp_path: Path):
     """The batch may end on the shutdown before its Slave takes the decision: the update then says so
     (it used to wait forever, and the sprint with it, for all its handlers to finish)."""
@@ -355,6 +382,8 @@ async def test_a_decision_racing_a_shutdown_gets_an_answer_and_the_sprint_ends(t
         except WorkflowUpdateFailedError as err:  # refused, or the batch ended first
             assert "not running" in str(err.cause) or "ended before the decision reached it" in str(err.cause), err.cause
         report = await sprint_result(handle)  # time skips: a sprint stuck here would time out, not return
+        ended = await handle.query(SprintMasterWorkflow.status)
+    assert ended.awaiting_decision == {}, ended.awaiting_decision  # an ended sprint asks for no decision
     assert report.status is SprintStatus.PARTIAL
     assert report.stories[K1] in ("story-doc-review", "ready-for-dev", "done")
 
@@ -500,8 +529,17 @@ async def test_shutdown_mid_batch_finishes_the_story_in_hand(ts_env, tmp_path: P
     async with bso_worker(ts_env.client) as queue:
         handle = await start_with_k1_dev_in_flight(ts_env.client, queue, tmp_path, "stop-1", 500)
         await handle.signal(SprintMasterWorkflow.shutdown_request)
+        # Said while the story in hand finishes (status, the Web UI): it looked like any running sprint.
+        winding_down = await handle.query(SprintMasterWorkflow.status)
+        assert winding_down.shutting_down and winding_down.phase is SprintPhase.RUNNING
+        assert SHUTTING_DOWN in await current_details(handle)
         report = await sprint_result(handle)
         status = await handle.query(SprintMasterWorkflow.status)
+        details = await current_details(handle)
+    assert not status.shutting_down
+    # The ended sprint's details say how it ended, with no empty table of running stories under it.
+    assert details.startswith("**Sprint `stop-1`**: completed (sprint-partial), 1/3 stories done"), details
+    assert "| story |" not in details and SHUTTING_DOWN not in details
     assert report.status is SprintStatus.PARTIAL
     assert report.stories == {K1: "done", K2: "ready-for-dev", K3: "ready-for-dev"}
     assert status.finished_batches == {1: (1, 3)}  # the bar counts the story finished, not the two never started
