@@ -796,6 +796,8 @@ def _epic_roll_up(epic_key: str, current: str, stories: list[str]) -> dict[str, 
         return {}
     if all(v in _FINISHED for v in stories) and any(v == "done" for v in stories):
         return {} if current == "done" else {epic_key: "done"}
+    if current == "done" and any(v not in _FINISHED for v in stories):
+        return {epic_key: "in-progress"}  # a story of it runs again (a rearm, a course correction brought it back)
     if current == "backlog" and any(v not in _NOT_STARTED for v in stories):
         return {epic_key: "in-progress"}
     return {}

@@ -404,6 +404,20 @@ def test_epic_done_when_all_done() -> None:
     assert compute_epic_changes({"epic-1": "backlog", "1-1-a": "backlog"}, "epic-1") == {}
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["bmad-layout", "yaml-path"])
+def test_a_done_epic_whose_story_runs_again_is_in_progress_again(fast: bool) -> None:
+    """A rearm brought back a story skipped in an epic rolled up to done (its other story done): the epic stayed
+    `done` over a `ready-for-dev` story, and the sprint's shutdown left it so."""
+    text = "development_status:\n  epic-2: done\n  2-1-a: skipped\n  2-2-b: done\n"
+    if not fast:
+        text = text.replace("epic-2: done", "epic-2: 'done'")  # quoted: not BMAD's plain layout
+    r = apply_story_transition(text, "2-1", "skipped", "ready-for-dev", NOW, SRC)
+    assert r.epic_changes == {"epic-2": "in-progress"}
+    assert parse_status_text(r.text, SRC).values()["epic-2"] == "in-progress"
+    done = apply_story_transition(r.text, "2-1", "ready-for-dev", "done", NOW, SRC)
+    assert done.epic_changes == {"epic-2": "done"}
+
+
 @pytest.mark.parametrize(
     "epic_line", ["epic-1: &st backlog", "epic-1: >-\n    backlog"], ids=["anchored", "folded"]
 )
