@@ -172,6 +172,9 @@ PATCH_REARM_BRINGS_BACK_DEPENDANTS = "master-rearm-brings-back-dependants"
 # ... and the stories a batch still running at the rearm skipped after it (one sat behind a slow story, or its skip
 # was on its way), once that batch ends: they stayed skipped. Patched only where a batch skipped one for a story.
 PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM = "master-brings-back-skipped-after-rearm"
+# A skipped story a rearm would bring back, found set to done by hand, is taken as done (it stayed skipped in the
+# report, and the stories skipped for it stayed skipped). Patched only where one is.
+PATCH_BRING_BACK_TAKES_DONE_BY_HAND = "master-bring-back-takes-done-by-hand"
 # A rearm and a course correction exclude each other: the correction replaces the queue (the rearm's batch was
 # lost) and plans with batch ids the rearm could take too.
 REARM_DURING_REPLAN = "a course correction is being applied: send the rearm again once it is done"
@@ -609,10 +612,11 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     async def _bring_back(self, causes: tuple[str, ...], dependants: list[str]) -> list[str]:
         """Each story skipped for one of `causes` (or for one brought back before it) back to its state before
         the skip, in the status file: those whose line says otherwise now (edited by hand) or cannot be written
-        stay."""
+        stay; one set to done by hand is taken as done, and its own dependants come back."""
         back: list[str] = []
+        done_by_hand: list[str] = []
         for story in dependants:
-            if skipped_for(self._state.views[story]) not in (*causes, *back):
+            if skipped_for(self._state.views[story]) not in (*causes, *back, *done_by_hand):
                 continue  # what it was skipped for stays as it is
             try:
                 written = await self._write_rearm(story, StoryState.SKIPPED.value, self._state.stories[story].state)
@@ -622,6 +626,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 workflow.logger.warning("%s stays skipped: %s", story, err.cause or err)
                 continue
             if written.outcome == "cas-mismatch":
+                if written.current == StoryState.DONE.value and workflow.patched(PATCH_BRING_BACK_TAKES_DONE_BY_HAND):
+                    # As a Slave takes a story set done by hand: the report said skipped, the file done, and the
+                    # stories skipped for it stayed skipped.
+                    view = self._state.views[story]
+                    self._put_view(story, view.model_copy(update={"state": written.current, "error": None}))
+                    done_by_hand.append(story)
+                    workflow.logger.info("%s: set to done in sprint-status.yaml by hand; taken as it is", story)
+                    continue
                 workflow.logger.warning("%s stays as sprint-status.yaml shows it (%s)", story, written.current)
                 continue
             back.append(story)

@@ -1152,6 +1152,31 @@ async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp
     assert await workflow_task_failures(ts_env.client, "rearm-deps") == []
 
 
+async def test_a_skipped_dependant_set_done_by_hand_is_taken_as_done_and_its_own_dependants_come_back(
+    ts_env, tmp_path: Path
+):
+    """B (skipped for A) was set to done by hand before A's rearm: the report said B skipped while the file said
+    done, and C (skipped for B) stayed skipped though nothing held it any more."""
+    a, b, c, d = "1-1-login-form", "1-2-logout", "1-3-profile", "1-4-slow-page"
+    make_project(
+        tmp_path, {a: "ready-for-dev", b: "ready-for-dev", c: "backlog", d: "ready-for-dev"},
+        {b: "# Story 1.2: Logout\n\nDepends on: 1-1\n", c: "# Story 1.3: Profile\n\nDepends on: 1-2\n"},
+    )
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-4": {"duration_ms": 4000}}}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-hand-done", simulation=simulation)
+        )
+        await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
+        status_file = tmp_path / DEFAULT_STATUS_FILE
+        status_file.write_text(status_file.read_text().replace(f"{b}: skipped", f"{b}: done"))
+        await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"})
+        report = await sprint_result(handle)
+    assert report.stories == {a: "done", b: "done", c: "done", d: "done"}, report.stories
+    assert [status_values(tmp_path)[k] for k in (a, b, c)] == ["done", "done", "done"]
+    assert await workflow_task_failures(ts_env.client, "rearm-hand-done") == []
+
+
 async def test_a_story_skipped_by_a_human_decision_can_be_rearmed_with_its_dependants(ts_env, tmp_path: Path):
     """K1 was skipped by a `skip_story` decision (K2, depending on it, would be skipped too). A rearm took only
     needs-intervention stories: the decision could not be taken back while the sprint ran. Rearmed, K1 runs

@@ -32,6 +32,7 @@ from workflows.sprint_master import (
     PATCH_CANCEL_STARTED_SLAVES,
     PATCH_EPIC_SPELLINGS,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
+    PATCH_BRING_BACK_TAKES_DONE_BY_HAND,
     PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM,
     PATCH_REARM_BRINGS_BACK_DEPENDANTS,
     PATCH_SESSION_ID_IS_WORKFLOW_ID,
@@ -251,6 +252,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-29-rearm-dependants/rearm-deps.json", PATCH_REARM_BRINGS_BACK_DEPENDANTS),
         # 1-1 rearmed while its dependant 1-4 waited behind a slow story: its batch skipped 1-4 after, for good.
         ("before-2026-11-29-skipped-after-rearm/rearm-running.json", PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM),
+        # 1-2, skipped for 1-1, set to done by hand before 1-1's rearm: it stayed skipped, and 1-3 skipped for it.
+        ("before-2026-11-29-rearm-hand-done/rearm-hand-done.json", PATCH_BRING_BACK_TAKES_DONE_BY_HAND),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
