@@ -91,7 +91,7 @@ from bso.message_flow import (
     filter_messages,
     message_flow,
 )
-from bso.decisions import DecisionRequest
+from bso.decisions import REARM_STATE_VALUES, DecisionRequest
 from bso.dev_server import dev_server_args
 from bso.agent_profiles import profile_errors
 from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
@@ -1631,6 +1631,11 @@ def sprint_resume(
                 f"--token-limit {token_limit:,} does not raise sprint {sprint_id}'s token budget "
                 f"({view.token_limit:,}, {view.tokens_used:,} used): a resume only raises it"
             )
+        if view is not None and token_limit is not None and token_limit <= view.tokens_used:
+            raise BsoError(
+                f"--token-limit {token_limit:,} is not above the {view.tokens_used:,} tokens sprint {sprint_id} has "
+                "used: it would pause again after its next story"
+            )
         if view is not None and token_limit is None and view.pause_reason is None:  # it said "resume requested"
             raise BsoError(f"sprint {sprint_id} is not paused ({view.phase.value}): nothing to resume")
         await handle.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True))
@@ -1687,6 +1692,8 @@ def sprint_decide(
 ) -> None:
     """A human decision for a story waiting on one, or a re-arm of a needs-intervention or skipped story (update `decide`)."""
     try:
+        if decision == "rearm" and state is not None and state not in REARM_STATE_VALUES:  # as the validator says it
+            raise _fail(f"cannot rearm to {state!r}; use one of: {', '.join(REARM_STATE_VALUES)}", 2)
         request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
     except ValidationError as err:
         raise _fail(f"invalid decision: {describe_validation_error(err)}", 2) from None

@@ -41,6 +41,7 @@ REARM_STATES = (
     StoryState.E2E_VERIFY,
     StoryState.NEEDS_FIX,
 )
+REARM_STATE_VALUES = tuple(state.value for state in REARM_STATES)
 
 
 class DecisionRequest(BaseModel):
@@ -97,7 +98,7 @@ def check_rearm(request: DecisionRequest, view: StoryView | None, still_failed: 
         )
     if request.rearm_state() not in REARM_STATES:
         raise DecisionError(
-            f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(s.value for s in REARM_STATES)
+            f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(REARM_STATE_VALUES)
         )
 
 

@@ -106,6 +106,11 @@ def test_a_state_given_with_a_decision_other_than_rearm_is_refused_before_it_is_
     assert "--state is for rearm only" in result.output, result.output
     typo = runner.invoke(app, ["sprint", "decide", "s1", "1-4", "rearmm", "--state", "ready-for-dev"])
     assert typo.exit_code == 2 and "invalid decision: " in typo.output, typo.output  # the typo named, first
+    # A state no rearm takes: the states it takes (the enum's list offered done, then the sprint refused it).
+    for state in ("wip", "done"):
+        refused = runner.invoke(app, ["sprint", "decide", "s1", "1-4", "rearm", "--state", state])
+        assert refused.exit_code == 2, refused.output
+        assert f"cannot rearm to '{state}'; use one of: backlog, story-doc-improved," in refused.output, refused.output
 
 
 def test_watch_refuses_an_interval_that_would_never_poll_again():
@@ -430,3 +435,29 @@ def test_a_sprint_in_the_way_on_a_queue_no_worker_polls_is_said_to_need_a_termin
         args = ["--address", "temporal.example:7233", "sprint", "start", str(EXAMPLE), "--id", "tq2"]
         said = " ".join(runner.invoke(app, args).output.split())
         assert "`temporal workflow terminate --address temporal.example:7233 --workflow-id tq1`" in said, said
+
+
+@pytest.mark.parametrize(("limit", "refused"), [(6000, True), (8000, True), (8001, False)])
+def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, limit, refused):
+    """Paused on its budget (5,000, 8,000 used), `resume --token-limit 6000` was taken: the sprint ran one story
+    and paused again."""
+    view = SprintStatusView(session_id="s1", phase=SprintPhase.PAUSED, token_limit=5000, tokens_used=8000,
+                            pause_reason="token budget exhausted")
+    signals: list = []
+
+    class Handle:
+        async def signal(self, name, arg):
+            signals.append((name, arg))
+
+    async def query_status(handle):
+        return view, None
+
+    monkeypatch.setattr(bso.cli, "_query_status", query_status)
+    monkeypatch.setattr(bso.cli, "_operator_action", lambda sprint_id, act, done: asyncio.run(act(Handle())))
+    if refused:
+        with pytest.raises(bso.cli.BsoError, match=f"--token-limit {limit:,} is not above the 8,000 tokens sprint s1"):
+            bso.cli.sprint_resume("s1", token_limit=limit, reason="")
+        assert signals == []
+    else:
+        bso.cli.sprint_resume("s1", token_limit=limit, reason="")
+        assert signals == [("resume", {"token_limit": limit, "reason": ""})]
