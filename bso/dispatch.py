@@ -270,6 +270,8 @@ def taken_from_file(progress: StoryProgress, found: str | None) -> StoryProgress
         return intervention(progress, "story no longer in sprint-status.yaml").progress
     if found != progress.state and found in (StoryState.DONE.value, StoryState.SKIPPED.value):
         return changed_by_hand(progress, progress.state, found).progress
+    if found != progress.state and found == StoryState.NEEDS_INTERVENTION.value:  # it ended with no reason said
+        return intervention(progress, "set to needs-intervention in sprint-status.yaml by hand").progress
     return progress.model_copy(update={"state": found})
 
 

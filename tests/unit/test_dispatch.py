@@ -1018,3 +1018,6 @@ def test_a_story_not_started_takes_the_files_value():
     assert taken_from_file(waiting, "done").state == "done"
     gone = taken_from_file(waiting, None)
     assert gone.state == "needs-intervention" and gone.error == "story no longer in sprint-status.yaml"
+    held = taken_from_file(waiting, "needs-intervention")  # (it ended with no reason: the report said nothing)
+    assert held.state == "needs-intervention" and held.error == "set to needs-intervention in sprint-status.yaml by hand"
+    assert taken_from_file(held, "needs-intervention") == held
