@@ -93,7 +93,7 @@ from bso.message_flow import (
 )
 from bso.decisions import REARM_STATE_VALUES, DecisionRequest
 from bso.dev_server import dev_server_args
-from bso.agent_profiles import profile_errors
+from bso.agent_profiles import PROFILES_FILES, profile_errors
 from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
@@ -1266,8 +1266,16 @@ AGENTS_SAID = {
     AgentBackend.SIMULATED: "simulated (the default: scripted answers, no real work; the status file is updated "
     "as if it were done. --backend command runs real coding agents)",
     AgentBackend.EXTERNAL: "external (each assignment waits for its AGENT_COMPLETE signal)",
-    AgentBackend.COMMAND: "command (the coding-agent CLIs of .bso/agents.toml, in git worktrees)",
+    AgentBackend.COMMAND: "command (the coding-agent CLIs of {agents_file}, in git worktrees)",
 }
+
+
+def agents_said(backend: AgentBackend, root: Path) -> str:
+    """AGENTS_SAID, naming the agents file the command backend reads (with none, its built-in `claude` profile)."""
+    found = next((rel for rel in PROFILES_FILES if (root / rel).is_file()), None)
+    return AGENTS_SAID[backend].format(
+        agents_file=found or "no .bso/agents.toml: the built-in `claude` profile for every agent"
+    )
 
 
 @sprint_app.command("start")
@@ -1370,7 +1378,7 @@ def sprint_start(
         if polled and (refused := await _refused_at_its_claim(client, sid, root)) is not None:
             raise BsoError(f"sprint {sid} was refused: {refused}")
         out.print(f"started sprint {sid}", markup=False)
-        out.print(f"  agents:   {AGENTS_SAID[AgentBackend(backend)]}", markup=False)
+        out.print(f"  agents:   {agents_said(AgentBackend(backend), root)}", markup=False)
         out.print(f"  Web UI:   {ui_link(target, namespace, sid)}", markup=False)
         out.print(f"  watch:    bso sprint watch {shlex.quote(sid)}", markup=False)
         out.print(f"  temporal: {temporal_start_command(inp, sid, task_queue, target, namespace)}", markup=False)

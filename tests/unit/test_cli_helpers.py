@@ -28,6 +28,7 @@ from bso.dev_server import dynamic_config_args
 from bso.temporal_client import connect_failure_reason
 import bso.cli
 from bso.cli import (
+    agents_said,
     BsoError,
     RejectedSoFar,
     _flow_table,
@@ -46,7 +47,7 @@ from bso.cli import (
 )
 from bso.models import SlaveResult, SlaveResults, SprintInput, SprintReport, SprintStatusView, StoryView
 from bso.report import batch_errors
-from bso.states import BatchStatus, SprintPhase, SprintStatus
+from bso.states import AgentBackend, BatchStatus, SprintPhase, SprintStatus
 from bso.temporal_client import connect_config
 
 
@@ -618,3 +619,12 @@ def test_a_finished_sprints_batches_from_its_report_count_those_a_correction_pla
     # A report made before the unstarted batches were kept: the first plan's, as before.
     old = report.model_copy(update={"unstarted_batches": None, "course_corrections": []})
     assert _view_from_report(old).batches_total == 3
+
+
+def test_start_names_the_agents_file_the_command_backend_reads(tmp_path: Path):
+    """With no agents file it said `.bso/agents.toml` all the same; every story then failed on a missing `claude`."""
+    assert "the built-in `claude` profile for every agent" in agents_said(AgentBackend.COMMAND, tmp_path)
+    (tmp_path / ".bso").mkdir()
+    (tmp_path / ".bso" / "agents.yaml").write_text("{}\n")
+    assert agents_said(AgentBackend.COMMAND, tmp_path).startswith("command (the coding-agent CLIs of .bso/agents.yaml,")
+    assert agents_said(AgentBackend.SIMULATED, tmp_path).startswith("simulated (the default")
