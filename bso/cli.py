@@ -625,6 +625,15 @@ def _awaiting_decisions(view: SprintStatusView) -> list[Text]:
     return lines
 
 
+def _dependency_waits(view: SprintStatusView) -> list[Text]:
+    """Stories of running batches held by a dependency not done yet (they showed as idle)."""
+    return [
+        Text(f"{key} waits for its dependenc{'y' if len(deps) == 1 else 'ies'} {', '.join(deps)} (not done yet)",
+             style="yellow")
+        for key, deps in view.waiting_for.items()
+    ]
+
+
 def _status_file_waits(view: SprintStatusView) -> list[Text]:
     """Stories whose next state waits for sprint-status.yaml to parse again: the user has a file to mend."""
     waiting = {key: story.status_file_problem for key, story in view.stories.items() if story.status_file_problem}
@@ -736,6 +745,7 @@ def _progress(
         _StoriesTable(view, left_out=_NOT_IN_THE_REPORT if from_report else ()),
         *_story_problems(view),
         *_awaiting_decisions(view),
+        *_dependency_waits(view),
         *_status_file_waits(view),
         *_external_answers_awaited(view),
         *_rejections(view, rejected_by_children or {}),

@@ -9,6 +9,7 @@ path, against which a plan's makespan is measured.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from bso.dispatch import Outcome, Transition
@@ -59,6 +60,22 @@ def never_done(state: str) -> bool:
     """A dependency in `state` (as state_for_dependants gives it) will not be done in this sprint: its
     dependants are skipped."""
     return state in (StoryState.NEEDS_INTERVENTION, StoryState.SKIPPED) or state.startswith(UNFINISHED)
+
+
+def dependencies_waited_for(
+    running: Iterable[tuple[str, StoryView]], views: Mapping[str, StoryView], stories: Mapping[str, StoryMeta]
+) -> dict[str, list[str]]:
+    """The running batches' stories no agent works on yet, with their planned dependencies still on their way:
+    what each waits for (or will, once its batch reaches it). Status shows it: such a story looked merely idle."""
+    waits: dict[str, list[str]] = {}
+    for key, view in running:
+        if view.state in TERMINAL_VALUES or view.in_flight or view.agents_dispatched or key not in stories:
+            continue
+        # (one that failed is not waited for: the story is skipped when its batch reaches it)
+        pending = [dep for dep in stories[key].depends_on if dep in views and views[dep].state not in TERMINAL_VALUES]
+        if pending:
+            waits[key] = pending
+    return waits
 
 
 def check_dependencies(depends_on: list[str], states: dict[str, str]) -> DependencyCheck:

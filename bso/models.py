@@ -438,6 +438,8 @@ class SprintStatusView(_Model):
     runs: int = 1
     checkpoint: str | None = None
     awaiting_decision: dict[str, str] = Field(default_factory=dict)  # story key -> the question
+    # story key -> its planned dependencies not done yet, for a running batch's story no agent works on
+    waiting_for: dict[str, list[str]] = Field(default_factory=dict)
     roster: Roster | None = None
     unavailable_residents: dict[str, str] = Field(default_factory=dict)
     total_agents_created: int = 0

@@ -66,7 +66,13 @@ with workflow.unsafe.imports_passed_through():
         sprint_id_collision,
         sprint_id_length_error,
     )
-    from bso.dependencies import UNFINISHED, never_done, skipped_for, state_for_dependants
+    from bso.dependencies import (
+        UNFINISHED,
+        dependencies_waited_for,
+        never_done,
+        skipped_for,
+        state_for_dependants,
+    )
     from bso.decisions import (
         Decision,
         DecisionError,
@@ -340,6 +346,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             agent_backend=self._input.agent_backend,
             runs=s.runs,
             checkpoint=s.checkpoint,
+            waiting_for=dependencies_waited_for(self._running_views(), s.views, s.stories),
             awaiting_decision={  # an ended sprint takes no decision
                 k: v.awaiting_decision for k, v in s.views.items() if v.awaiting_decision and s.phase not in ENDED_PHASES
             },

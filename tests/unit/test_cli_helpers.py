@@ -225,6 +225,14 @@ def test_status_says_which_stories_wait_for_an_external_agents_answer_and_where_
     assert "external agent" not in " ".join(_rendered(view.model_copy(update={"agent_backend": "simulated"})).split())
 
 
+def test_status_says_which_stories_wait_for_a_dependency():
+    """A story held by its dependency showed `ready-for-dev` in a running batch, nothing in flight, no reason."""
+    stories = {"1-1-base": StoryView(state="review", batch_id=1), "1-2-dep": StoryView(state="ready-for-dev", batch_id=2)}
+    view = SprintStatusView(session_id="s", phase=SprintPhase.RUNNING, stories=stories,
+                            waiting_for={"1-2-dep": ["1-1-base"]})
+    assert "1-2-dep waits for its dependency 1-1-base (not done yet)" in " ".join(_rendered(view).split())
+
+
 def test_status_shows_the_finished_batches_errors_with_the_sprints():
     """A batch out of time said so only in the report: the status showed nothing of it."""
     view = SprintStatusView(

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bso.dependencies import (
+    dependencies_waited_for,
     checked_dependency_update,
     MERGING,
     UNFINISHED,
@@ -189,3 +190,25 @@ def test_the_hand_over_hold_names_the_batches_it_waits_for_and_those_waiting_for
     )
     assert history_hold([3, 5], [5]).startswith("no new batch starts until batches 3, 5 end: ")
     assert history_hold([3, 5], [5]).endswith("(batch 5 waits for your decision: `bso sprint decide`)")
+
+
+def test_status_names_the_dependencies_a_running_batchs_idle_story_waits_for():
+    stories = {
+        "1-1-a": StoryMeta(key="1-1-a", epic="epic-1", short_key="1-1", state="review", story_path="s/a.md"),
+        "1-2-b": StoryMeta(key="1-2-b", epic="epic-1", short_key="1-2", state="ready-for-dev", story_path="s/b.md",
+                           depends_on=["1-1-a", "1-9-outside"]),
+        "1-3-c": StoryMeta(key="1-3-c", epic="epic-1", short_key="1-3", state="review", story_path="s/c.md",
+                           depends_on=["1-1-a"]),
+        "1-4-d": StoryMeta(key="1-4-d", epic="epic-1", short_key="1-4", state="review", story_path="s/d.md",
+                           depends_on=["1-5-e"]),
+        "1-5-e": StoryMeta(key="1-5-e", epic="epic-1", short_key="1-5", state="review", story_path="s/e.md"),
+    }
+    views = {
+        "1-1-a": StoryView(state="review", batch_id=1, agent_in_flight="review-runner"),
+        "1-2-b": StoryView(state="ready-for-dev", batch_id=2),  # waits for 1-1-a (1-9-outside is not planned)
+        "1-3-c": StoryView(state="review", batch_id=2, agent_in_flight="review-runner"),  # at work: not waiting
+        "1-4-d": StoryView(state="review", batch_id=2),  # its dependency failed: it will be skipped, not wait
+        "1-5-e": StoryView(state="needs-intervention", batch_id=1),
+    }
+    running = [(k, views[k]) for k in ("1-1-a", "1-2-b", "1-3-c", "1-4-d")]
+    assert dependencies_waited_for(running, views, stories) == {"1-2-b": ["1-1-a"]}

@@ -1222,7 +1222,10 @@ async def test_a_dependant_skipped_after_the_rearm_by_a_running_batch_comes_back
         now = await wait_status(handle, lambda s: s.stories[y].agent_in_flight is not None, "Y running")
         assert now.stories[a].state == "needs-intervention" and now.stories[b].batch_id == now.stories[y].batch_id
         assert now.stories[b].state == "review"  # not reached yet: its batch runs Y first
+        assert now.waiting_for == {}  # A failed: B is not waiting for it (it will be skipped)
         await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"})
+        rearmed = await handle.query(SprintMasterWorkflow.status)
+        assert rearmed.waiting_for == {b: [a]}, rearmed.waiting_for  # (status shows it: B looked idle)
         report = await sprint_result(handle)
     assert report.stories == {a: "done", x: "done", y: "done", b: "done"}, (report.stories, status_values(tmp_path))
     assert status_values(tmp_path)[b] == "done"
