@@ -1636,7 +1636,7 @@ def sprint_pause(
 def sprint_resume(
     sprint_id: Annotated[str, typer.Argument()],
     token_limit: Annotated[int | None, typer.Option(help="raise the token budget to this many tokens", min=1)] = None,
-    reason: Annotated[str, typer.Option()] = "",
+    reason: Annotated[str, typer.Option(help="a note sent with the resume (`bso messages` shows it)")] = "",
 ) -> None:
     """Resume a paused sprint, optionally with a higher token budget (signal `resume`)."""
     request = ResumeRequest(token_limit=token_limit, reason=reason)
