@@ -432,6 +432,18 @@ def _atomic_replace(target: str, data: bytes, mode: int) -> None:
 _SAVES_IN_BETWEEN = 5  # the file changed under a write this often in a row: the activity is retried
 
 
+def _read_during_a_save(target: str) -> str:
+    """The file read again within a write: an editor saving by rename leaves a moment with no file, and that
+    attempt is retried (as a file not there at the start is), not taken for a file gone for good."""
+    try:
+        return _read_text(target)
+    except ApplicationError:
+        raise ApplicationError(
+            f"{target} was being saved by someone else while BSO wrote it; retried", type="StatusFileBusy",
+            non_retryable=False,
+        ) from None
+
+
 def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
     root, root_real = _project_root(inp.project_root)
     target = _status_path(root, root_real, inp.status_file)
@@ -443,8 +455,8 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         raise ApplicationError(f"{lock_path}: cannot open lock file: {exc.strerror or exc}", type=ERROR_TYPE) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        for _ in range(_SAVES_IN_BETWEEN):
-            text = _read_text(target)
+        for attempt in range(_SAVES_IN_BETWEEN):
+            text = _read_text(target) if attempt == 0 else _read_during_a_save(target)
             mode = stat.S_IMODE(os.stat(target).st_mode)
             try:
                 result = apply_story_transition(
@@ -459,7 +471,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 raise _fail(str(exc)) from None
             # An editor takes no lock: a save since the read would be overwritten by this write (3% of saves made
             # during a tight loop of writes were lost). The change is made again on what the file holds now.
-            if result.outcome != "written" or _read_text(target) == text:
+            if result.outcome != "written" or _read_during_a_save(target) == text:
                 break
         else:
             raise ApplicationError(

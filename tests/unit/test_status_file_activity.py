@@ -403,6 +403,26 @@ async def test_an_editors_save_during_a_write_is_kept_not_overwritten(tmp_path: 
     assert f"(edit {saves - 1})" in text and "2-2-chunk-manager: story-doc-review" in text, text
 
 
+async def test_a_file_an_editor_has_moved_aside_for_a_moment_during_a_write_is_retried(tmp_path: Path, monkeypatch):
+    """vim saves by renaming the file aside, then writing a new one: the write's re-read met no file and the
+    story was given up (a non-retryable StatusFileError), where a file missing at the start is waited for."""
+    root, status = make_project(tmp_path)
+    original = status_file.apply_story_transition
+    before = status.read_text()
+
+    def editor_mid_save(text, *args):
+        result = original(text, *args)
+        os.replace(status, status.with_name(status.name + "~"))
+        return result
+
+    monkeypatch.setattr(status_file, "apply_story_transition", editor_mid_save)
+    await expect_error(
+        write(root, status, "2-2", "backlog", "story-doc-review"), "was being saved by someone else while BSO wrote it",
+        non_retryable=False, error_type="StatusFileBusy",
+    )
+    assert status.with_name(status.name + "~").read_text() == before and not status.exists()  # nothing written
+
+
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     n = 20
     lines = ["# concurrency", "last_updated: 2025-01-01T00:00:00Z", "development_status:", "  epic-1: backlog"]
