@@ -590,14 +590,16 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         ]
         if not skipped or not workflow.patched(PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM):
             return
-        if self._rearm_in_flight():  # its views are not in yet: what it rearms would still look failed
-            await workflow.wait_condition(lambda: not self._rearm_in_flight())
+        if self._rearm_in_flight() or self._replanning:
+            # A rearm's views are not in yet (what it rearms would still look failed); a course correction would
+            # replace the queue. Neither waits for this loop.
+            await workflow.wait_condition(lambda: not (self._rearm_in_flight() or self._replanning))
         stories = skipped_for_stories_pending_again(
             skipped, s.views, s.stories, lambda dependency: never_done(self._dependency_state(dependency))
         )
         if not stories:
             return
-        if (why := self._not_replannable() or (REARM_DURING_REPLAN if self._replanning else None)) is not None:
+        if (why := self._not_replannable()) is not None:
             workflow.logger.warning("%s stay skipped: %s", ", ".join(stories), why)
             return
         causes = tuple(dict.fromkeys(d for k in stories if (d := skipped_for(s.views[k])) not in stories))
