@@ -294,21 +294,31 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
         base = start = await head(project_root)
         if (earlier := await _earlier_sprints_work(project_root, session_id, story_key)) is not None:
             # An earlier sprint's work on the story, never merged (it stopped, or a human set the story back):
-            # the branch goes on from it. From HEAD, a review found nothing and the story was done without it.
-            start = earlier[1]
-            base = (await git(project_root, "merge-base", base, start)).strip()
+            # the branch starts from HEAD with that work merged in. From HEAD alone its review found nothing and
+            # the story was done without it; from the old branch, the work merged since was missing.
+            start = earlier.merged_with_head
             activity.logger.info("%s: goes on from %s (%s), an earlier sprint's work not merged",
-                                 story_key, earlier[0], start[:12])
-        write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
+                                 story_key, earlier.branch, earlier.tip[:12])
+        record = {"story": story_key, "base": base}
+        if earlier is not None:  # its branch goes with this one's track, once merged (clear_story_track)
+            record.update(taken_up=earlier.branch, taken_up_tip=earlier.tip)
+        write_json_atomic(_story_base_record(project_root, session_id, story_key), record)
         await _add_worktree(project_root, "-b", branch, str(path), start)
         return Worktree(str(path), branch, base)
 
 
-async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str) -> tuple[str, str] | None:
+@dataclass
+class EarlierWork:
+    branch: str
+    tip: str
+    merged_with_head: str  # a merge commit of HEAD and the tip
+
+
+async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str) -> EarlierWork | None:
     """The latest branch of another sprint for this story (bso/<sprint>/<story key>) with work the project's HEAD
-    lacks, and its commit; None when there is none. Its commits alone do not say so: a squash merged them as
-    another commit (a later sprint that went on from the branch), so a merge that would change nothing is none."""
-    here = (await git(project_root, "rev-parse", "HEAD^{tree}")).strip()
+    lacks, merged with HEAD; None when there is none. Its commits alone do not say so: a squash merged them as
+    another commit (a later sprint that went on from the branch), so a merge that would change nothing is none.
+    One that does not merge cleanly ends the story, naming the branch: a human settles it."""
     refs = await git(project_root, "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
                      "refs/heads/bso/")
     for line in refs.splitlines():
@@ -319,9 +329,28 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
             continue
         if not int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
             continue
-        merged = await git(project_root, "merge-tree", "--write-tree", "HEAD", commit, check=False)  # "": conflicts
-        if merged.split()[:1] != [here]:
-            return name, commit
+        merged = await run_command(git_argv(project_root, "merge-tree", "--write-tree", "HEAD", commit),
+                                   cwd=project_root, env={**os.environ, **_GIT_ENV}, timeout=_GIT_TIMEOUT)
+        tree = merged.output.split()[0] if merged.returncode == 0 and merged.output.split() else None
+        if tree is None:
+            why = (
+                "does not merge cleanly with the project's HEAD" if merged.returncode == 1
+                else f"cannot be test-merged by this git (`git merge-tree --write-tree` needs git 2.38 or later: {merged.output.strip()[-200:]})"
+            )
+            raise ApplicationError(
+                f"an earlier sprint's unmerged work on {story_key} (branch {name}) {why}: merge it into your branch "
+                f"by hand, or delete it to start the story afresh (`git branch -D {name}`), then rearm the story",
+                type="AgentConfigError",
+                non_retryable=True,
+            )
+        if tree == (await git(project_root, "rev-parse", "HEAD^{tree}")).strip():
+            continue  # merged already (as a squash)
+        message = f"Take up {name}: an earlier sprint's work on {story_key}"
+        merge_commit = (await git(
+            project_root, *await identity_args(project_root), "commit-tree", tree, "-p", "HEAD", "-p", commit,
+            "-m", message,
+        )).strip().splitlines()[-1]
+        return EarlierWork(branch=name, tip=commit, merged_with_head=merge_commit)
     return None
 
 
@@ -1078,6 +1107,17 @@ async def clear_story_track(project_root: str, session_id: str, story_key: str, 
     if (await git(project_root, "branch", "--list", branch)).strip():
         await git(project_root, "branch", "-D", branch)  # merged: its commits are reachable from HEAD
         removed.append(f"branch {branch}")
+    record = _story_base_record(project_root, session_id, story_key)
+    taken_up = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+    if taken_up.get("taken_up"):
+        # The earlier sprint's branch this story went on from: merged now with it (as a squash, so not by its
+        # commits: a later sprint would take it up again). Only if it still ends where it did then.
+        deleted = await run_command(
+            git_argv(project_root, "update-ref", "-d", f"refs/heads/{taken_up['taken_up']}", taken_up["taken_up_tip"]),
+            cwd=project_root,
+        )
+        if deleted.returncode == 0:
+            removed.append(f"branch {taken_up['taken_up']} (taken up)")
     scratch = session_path(project_root, "agents", "stories", story_key)
     if scratch.is_dir():
         shutil.rmtree(scratch)

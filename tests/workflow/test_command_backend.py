@@ -26,7 +26,7 @@ import activities.git_ops as git_ops
 import activities.process as process
 from activities.backends import command
 from activities.git_ops import ensure_worktree, finish_story_git, worktree_path
-from activities.process import machine_id, run_command
+from activities.process import Finished, machine_id, run_command
 from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
 from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome, checkout_moves, work_outside_worktree
@@ -1358,20 +1358,65 @@ async def test_a_rearmed_storys_dev_run_that_finds_the_work_on_its_branch_is_not
 async def test_a_story_an_earlier_sprint_left_unmerged_goes_on_from_that_work(tmp_path: Path) -> None:
     """Sprint s0 stopped (shutdown) with the story at review, its code committed on bso/s0/<story>. The next
     sprint's branch started from HEAD: its review found nothing, the story was done, "sprint-complete", and
-    the code never reached the project. It goes on from the earlier branch now, and its squash carries that work."""
+    the code never reached the project. It starts from HEAD with that work merged in now (from the old branch
+    alone, a dependency merged since was missing), its squash carries it, and the old branch goes with its track."""
     root = dev_project(tmp_path)
-    before = git(root, "rev-parse", "HEAD").strip()
     earlier = await ensure_worktree(str(root), "s0", STORY)
     agent_commit(earlier.path, "feat: the story's code", {b"feature.py": b"x = 1\n"})
     agent_commit(earlier.path, "fix: review", {b"feature.py": b"x = 2\n"})
+    agent_commit(str(root), "a dependency merged since", {b"dep.py": b"y = 1\n"})
+    now = git(root, "rev-parse", "HEAD").strip()
     wt = await ensure_worktree(str(root), "s1", STORY)
-    assert (Path(wt.path) / "feature.py").read_text() == "x = 2\n" and wt.base == before, wt
+    assert (Path(wt.path) / "feature.py").read_text() == "x = 2\n" and (Path(wt.path) / "dep.py").exists()
+    assert wt.base == now, wt
     result = await finish(root)
     assert result.merged and result.squashed, result
-    assert git(root, "show", "HEAD:feature.py") == "x = 2\n"
-    # Merged as a squash, the earlier branch's commits are still not in HEAD: a third sprint does not take them again.
+    assert git(root, "show", "HEAD:feature.py") == "x = 2\n" and git(root, "show", "HEAD:dep.py") == "y = 1\n"
+    assert not git(root, "branch", "--list", earlier.branch).strip()  # taken up: it went with the story's track
     third = await ensure_worktree(str(root), "s2", STORY)
     assert git(third.path, "rev-parse", "HEAD").strip() == git(root, "rev-parse", "HEAD").strip()
+
+
+async def test_an_earlier_sprints_work_merged_as_a_squash_is_not_taken_again(tmp_path: Path) -> None:
+    """Its commits are not in HEAD (a squash merged them as another), but a merge of it would change nothing."""
+    root = dev_project(tmp_path)
+    earlier = await ensure_worktree(str(root), "s0", STORY)
+    agent_commit(earlier.path, "feat", {b"feature.py": b"x = 1\n"})
+    git(root, "merge", "-q", "--squash", earlier.branch)
+    git(root, "-c", "user.email=a@b", "-c", "user.name=u", "commit", "-qm", "squashed by hand")
+    now = git(root, "rev-parse", "HEAD").strip()
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    assert wt.base == now and git(wt.path, "rev-parse", "HEAD").strip() == now
+
+
+@pytest.mark.parametrize("git_says", ["conflict", "old-git"])
+async def test_an_earlier_sprints_work_that_does_not_merge_ends_the_story_naming_its_branch(
+    tmp_path: Path, monkeypatch, git_says: str
+) -> None:
+    """Work git cannot merge with HEAD (or a git too old to try it aside) is left to a human, named: never dropped
+    (the story done without it), never taken over HEAD's own changes."""
+    root = dev_project(tmp_path)
+    earlier = await ensure_worktree(str(root), "s0", STORY)
+    agent_commit(earlier.path, "feat", {b"feature.py": b"x = 1\n"})
+    agent_commit(str(root), "the same file, otherwise", {b"feature.py": b"x = 42\n"})
+    if git_says == "old-git":
+        agent_commit(str(root), "no conflict", {b"feature.py": b"x = 1\n"})
+        agent_commit(str(root), "no conflict", {b"other.py": b"z = 1\n"})
+        original = git_ops.run_command
+
+        async def git_2_37(argv, *args, **kwargs):
+            if "merge-tree" in argv:
+                return Finished(returncode=129, output="usage: git merge-tree <base-tree> <branch1> <branch2>", timed_out=False)
+            return await original(argv, *args, **kwargs)
+
+        monkeypatch.setattr(git_ops, "run_command", git_2_37)
+    with pytest.raises(ApplicationError) as refused:
+        await ensure_worktree(str(root), "s1", STORY)
+    assert refused.value.non_retryable and refused.value.type == "AgentConfigError"
+    said = str(refused.value)
+    assert f"an earlier sprint's unmerged work on {STORY} (branch {earlier.branch})" in said, said
+    assert ("does not merge cleanly" if git_says == "conflict" else "needs git 2.38 or later") in said, said
+    assert f"`git branch -D {earlier.branch}`" in said
 
 
 async def test_an_earlier_sprints_merged_work_is_not_taken_again(tmp_path: Path) -> None:
