@@ -51,15 +51,20 @@ def _bso() -> str:
     return str(Path(sys.executable).parent / "bso")
 
 
-def _wait_http(url: str, timeout: float = 60) -> None:
+def _wait_http(url: str, server: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    """Until the UI answers; a server that exited (a port taken meanwhile) is said at once, with its log's end."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(url, timeout=2).read(64)
             return
         except OSError:
+            if server.poll() is not None:
+                raise RuntimeError(
+                    f"the dev server exited ({server.returncode}) before {url} answered: {log.read_text()[-1500:]}"
+                ) from None
             time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout:.0f}s")
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f}s: the server's log ends {log.read_text()[-1500:]}")
 
 
 def _process(stack: ExitStack, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -135,16 +140,23 @@ def capture(out: Path, sprint_id: str | None = None, settings: list[str] = ()) -
     """Start a dev server with the UI and a worker, run a sprint (`settings`: `--set` overrides), screenshot
     its pages. With `continue_as_new_after_events` among the settings, the list must show a hand-over."""
     sprint_id = sprint_id or f"ui-sprint-{int(time.time())}"
-    port, ui_port = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         scratch = Path(tmp)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
-        env.update(TEMPORAL_ADDRESS=f"127.0.0.1:{port}", TEMPORAL_NAMESPACE="default")
-        server = [_bso(), "server", "--port", str(port), "--ui-port", str(ui_port)]
-        server += ["--db-filename", str(scratch / "dev.db")]
-        _process(stack, server, env, scratch / "server.log")
-        ui = f"http://127.0.0.1:{ui_port}"
-        _wait_http(ui)
+        for attempt in range(3):  # a free port may be taken by another process before the server binds it
+            port, ui_port = _free_port(), _free_port()
+            env.update(TEMPORAL_ADDRESS=f"127.0.0.1:{port}", TEMPORAL_NAMESPACE="default")
+            server = [_bso(), "server", "--port", str(port), "--ui-port", str(ui_port)]
+            server += ["--db-filename", str(scratch / f"dev-{attempt}.db")]
+            log = scratch / f"server-{attempt}.log"
+            server_process = _process(stack, server, env, log)
+            ui = f"http://127.0.0.1:{ui_port}"
+            try:
+                _wait_http(ui, server_process, log)
+                break
+            except RuntimeError:
+                if server_process.poll() is None or attempt == 2:
+                    raise
         _process(stack, [_bso(), "worker"], env, scratch / "worker.log")
         run_sprint(scratch, env, sprint_id, settings)
         handed_over = any(setting.startswith("continue_as_new_after_events=") for setting in settings)
