@@ -1116,23 +1116,31 @@ async def test_a_rearmed_story_runs_before_the_queued_batch_that_depends_on_it(t
     assert errors == []
 
 
+A_B_C_D = ("1-1-login-form", "1-2-logout", "1-3-profile", "1-4-slow-page")
+
+
+async def c_skipped_for_a(client: Client, queue: str, root: Path, session_id: str) -> WorkflowHandle:
+    """B depends on A, C on B: A fails its dev step, so B and C are skipped; D (4 s) still runs. Started, and
+    returned once C is skipped."""
+    a, b, c, d = A_B_C_D
+    make_project(
+        root, {a: "ready-for-dev", b: "ready-for-dev", c: "backlog", d: "ready-for-dev"},
+        {b: "# Story 1.2: Logout\n\nDepends on: 1-1\n", c: "# Story 1.3: Profile\n\nDepends on: 1-2\n"},
+    )
+    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-4": {"duration_ms": 4000}}}
+    handle = await start_sprint(client, queue, sprint_input(root, session_id=session_id, simulation=simulation))
+    await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
+    return handle
+
+
 async def test_a_rearm_brings_back_the_stories_skipped_because_of_it(ts_env, tmp_path: Path):
     """B depends on A, C on B; A failed, so B and C were skipped. Rearmed, A ran again, but B and C stayed
     skipped: no rearm took a skipped story, nor a course correction one of the sprint's own, and their
     `ready-for-dev` was overwritten in the file (the next sprint had nothing to run). They come back in A's new
     batch, after it (a batch of its own each when planned: the plan never puts a dependant beside its dependency)."""
-    a, b, c, d = "1-1-login-form", "1-2-logout", "1-3-profile", "1-4-slow-page"
-    make_project(
-        tmp_path, {a: "ready-for-dev", b: "ready-for-dev", c: "backlog", d: "ready-for-dev"},
-        {b: "# Story 1.2: Logout\n\nDepends on: 1-1\n", c: "# Story 1.3: Profile\n\nDepends on: 1-2\n"},
-    )
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-4": {"duration_ms": 4000}}}  # D: still running
+    a, b, c, d = A_B_C_D
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue,
-            sprint_input(tmp_path, session_id="rearm-deps", simulation=simulation),
-        )
-        await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
+        handle = await c_skipped_for_a(ts_env.client, queue, tmp_path, "rearm-deps")
         assert [status_values(tmp_path)[k] for k in (b, c)] == ["skipped", "skipped"]
         # B cannot run while A is failed: the rearm to send is A's (its skipped dependants come with it).
         await rejected(
@@ -1157,17 +1165,9 @@ async def test_a_skipped_dependant_set_done_by_hand_is_taken_as_done_and_its_own
 ):
     """B (skipped for A) was set to done by hand before A's rearm: the report said B skipped while the file said
     done, and C (skipped for B) stayed skipped though nothing held it any more."""
-    a, b, c, d = "1-1-login-form", "1-2-logout", "1-3-profile", "1-4-slow-page"
-    make_project(
-        tmp_path, {a: "ready-for-dev", b: "ready-for-dev", c: "backlog", d: "ready-for-dev"},
-        {b: "# Story 1.2: Logout\n\nDepends on: 1-1\n", c: "# Story 1.3: Profile\n\nDepends on: 1-2\n"},
-    )
-    simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-4": {"duration_ms": 4000}}}
+    a, b, c, d = A_B_C_D
     async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(
-            ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-hand-done", simulation=simulation)
-        )
-        await wait_status(handle, lambda s: s.stories[c].state == "skipped", "C skipped")
+        handle = await c_skipped_for_a(ts_env.client, queue, tmp_path, "rearm-hand-done")
         status_file = tmp_path / DEFAULT_STATUS_FILE
         status_file.write_text(status_file.read_text().replace(f"{b}: skipped", f"{b}: done"))
         await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": a, "decision": "rearm", "state": "review"})
