@@ -1566,7 +1566,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         # This runs on every story_updates signal: no walk over every story (the tally counts them), and only
         # the stories of running batches get a row, so the details stay small on a sprint of any size.
         rows = "\n".join(
-            f"| {k} | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |" for k, v in self._running_views()
+            # (the key as code, numbers centred: the Web UI pads no cell, and `1-10-x` ran into its batch `3`)
+            f"| `{k}` | {v.batch_id} | {v.state} | {v.review_round} | {v.in_flight} |" for k, v in self._running_views()
         )
         going_on = s.phase not in ENDED_PHASES
         waiting = [f"{k} ({why})" for k, why in self._tally.awaiting.items()] if going_on else []
@@ -1586,7 +1587,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
             f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}"
             # (no table once no batch runs: a header alone read as an empty sprint)
-            + ("\n\n| story | batch | state | review round | agent in flight |\n|---|---|---|---|---|\n" + rows if rows else "")
+            + ("\n\n| story | batch | state | review round | agent in flight |\n|---|:-:|---|:-:|---|\n" + rows if rows else "")
         )
 
 

@@ -1478,7 +1478,7 @@ class SprintSlaveWorkflow:
 
     def _show(self) -> None:
         rows = [
-            f"| {k} | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
+            f"| `{k}` | {p.state} | {p.review_rounds} | {p.fix_rounds} | "
             f"{describe_in_flight(p.pending_agent, p.pending_mode, p.pending_debug_id)}"
             f"{' awaiting decision: ' + p.awaiting_decision if p.awaiting_decision else ''}"
             f"{' waits for sprint-status.yaml to parse: ' + p.status_file_problem if p.status_file_problem else ''} |"
@@ -1490,7 +1490,7 @@ class SprintSlaveWorkflow:
             + (" (paused: no new dispatch)" if self._paused else "")
             + (" (out of time: no new dispatch)" if self._out_of_time else "")
             + (f" ({self._current} waits for {', '.join(self._waiting_for)})" if self._waiting_for else "")
-            + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|---|---|---|\n"
+            + "\n\n| story | state | review round | fixes | agent in flight |\n|---|---|:-:|:-:|---|\n"
             + "\n".join(rows)
         )
 

@@ -265,7 +265,7 @@ async def test_ask_user_waits_for_a_decision_on_the_master(ts_env, tmp_path: Pat
         assert "force_pass, skip_story or retry" in status.awaiting_decision[K1]
         # What the Web UI shows of the Master: progress, the running batch's stories, who waits for whom.
         details = await current_details(handle)
-        assert "0/1 stories done" in details and f"| {K1} | 1 | story-doc-review |" in details
+        assert "0/1 stories done" in details and f"| `{K1}` | 1 | story-doc-review |" in details
         assert f"Awaiting a human decision (`decide` update): {K1} (" in details
         # Bad decisions are rejected by the validator and change nothing.
         for bad, why in (
