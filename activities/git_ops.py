@@ -299,12 +299,12 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
             start = earlier.merged_with_head
             activity.logger.info("%s: goes on from %s (%s), an earlier sprint's work not merged",
                                  story_key, earlier.branch, earlier.tip[:12])
-        record = {"story": story_key, "base": base}
-        if earlier is not None:  # its branch goes with this one's track, once merged (clear_story_track)
-            record.update(taken_up=earlier.branch, taken_up_tip=earlier.tip)
-        write_json_atomic(_story_base_record(project_root, session_id, story_key), record)
+        write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
         await _add_worktree(project_root, "-b", branch, str(path), start)
         return Worktree(str(path), branch, base)
+
+
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 @dataclass
@@ -320,22 +320,38 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
     another commit (a later sprint that went on from the branch), so a merge that would change nothing is none.
     One that does not merge cleanly ends the story, naming the branch: a human settles it."""
     refs = await git(project_root, "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
-                     "refs/heads/bso/")
+                     "refs/heads/bso/", "refs/bso-originals/")
+    branches: list[tuple[str, str]] = []  # (branch, tip) of other sprints, latest first
+    originals: list[str] = []  # pre-squash tips: a branch a later sprint took up and squashed is inside one
     for line in refs.splitlines():
-        name, _, commit = line.rpartition(" ")
-        name = name.removeprefix("refs/heads/")
-        sprint, _, key = name.removeprefix("bso/").partition("/")
-        if key != story_key or sprint == session_id:
+        ref, _, commit = line.rpartition(" ")
+        kind, _, name = ref.removeprefix("refs/").partition("/")
+        sprint, _, key = name.removeprefix("bso/").partition("/") if kind == "heads" else name.partition("/")
+        if key != story_key:
             continue
+        if kind == "bso-originals":
+            originals.append(commit)
+        elif sprint != session_id:
+            branches.append((name, commit))
+    for name, commit in branches:
         if not int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
+            continue
+        # Taken up already by a later sprint's branch (kept when it stopped, or squashed into its originals): that
+        # one holds this work and more, and a merge of this older one alone would undo what came after.
+        if any([
+            other != commit and await _is_ancestor(project_root, commit, other)
+            for other in [tip for _, tip in branches] + originals
+        ]):
             continue
         merged = await run_command(git_argv(project_root, "merge-tree", "--write-tree", "HEAD", commit),
                                    cwd=project_root, env={**os.environ, **_GIT_ENV}, timeout=_GIT_TIMEOUT)
-        tree = merged.output.split()[0] if merged.returncode == 0 and merged.output.split() else None
+        tree = next((w for w in merged.output.split() if _OBJECT_ID.fullmatch(w)), None) if merged.returncode == 0 else None
+        if merged.returncode not in (0, 1, 129):  # 129: a git without --write-tree (before 2.38), its usage
+            raise GitError(f"git merge-tree failed ({merged.returncode}): {merged.output.strip()[-800:]}", merged.output)
         if tree is None:
             why = (
                 "does not merge cleanly with the project's HEAD" if merged.returncode == 1
-                else f"cannot be test-merged by this git (`git merge-tree --write-tree` needs git 2.38 or later: {merged.output.strip()[-200:]})"
+                else "cannot be test-merged by this git (`git merge-tree --write-tree` needs git 2.38 or later)"
             )
             raise ApplicationError(
                 f"an earlier sprint's unmerged work on {story_key} (branch {name}) {why}: merge it into your branch "
@@ -1107,17 +1123,6 @@ async def clear_story_track(project_root: str, session_id: str, story_key: str, 
     if (await git(project_root, "branch", "--list", branch)).strip():
         await git(project_root, "branch", "-D", branch)  # merged: its commits are reachable from HEAD
         removed.append(f"branch {branch}")
-    record = _story_base_record(project_root, session_id, story_key)
-    taken_up = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
-    if taken_up.get("taken_up"):
-        # The earlier sprint's branch this story went on from: merged now with it (as a squash, so not by its
-        # commits: a later sprint would take it up again). Only if it still ends where it did then.
-        deleted = await run_command(
-            git_argv(project_root, "update-ref", "-d", f"refs/heads/{taken_up['taken_up']}", taken_up["taken_up_tip"]),
-            cwd=project_root,
-        )
-        if deleted.returncode == 0:
-            removed.append(f"branch {taken_up['taken_up']} (taken up)")
     scratch = session_path(project_root, "agents", "stories", story_key)
     if scratch.is_dir():
         shutil.rmtree(scratch)

@@ -437,11 +437,10 @@ def _read_during_a_save(target: str) -> str:
     attempt is retried (as a file not there at the start is), not taken for a file gone for good."""
     try:
         return _read_text(target)
-    except ApplicationError:
-        raise ApplicationError(
-            f"{target} was being saved by someone else while BSO wrote it; retried", type="StatusFileBusy",
-            non_retryable=False,
-        ) from None
+    except ApplicationError as err:
+        if err.type == UNREADABLE_ERROR_TYPE:
+            raise
+        raise _unreadable(f"{target}: being saved by someone else while BSO wrote it ({err.message})") from None
 
 
 def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:

@@ -417,8 +417,8 @@ async def test_a_file_an_editor_has_moved_aside_for_a_moment_during_a_write_is_r
 
     monkeypatch.setattr(status_file, "apply_story_transition", editor_mid_save)
     await expect_error(
-        write(root, status, "2-2", "backlog", "story-doc-review"), "was being saved by someone else while BSO wrote it",
-        non_retryable=False, error_type="StatusFileBusy",
+        write(root, status, "2-2", "backlog", "story-doc-review"), "being saved by someone else while BSO wrote it",
+        non_retryable=False, error_type="StatusFileUnreadable",  # waited for, as a file missing at the start is
     )
     assert status.with_name(status.name + "~").read_text() == before and not status.exists()  # nothing written
 
