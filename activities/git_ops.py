@@ -292,7 +292,7 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
             return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
         # Recorded before the branch is made: a retry after a crash in between records the HEAD it then uses.
         base = start = await head(project_root)
-        if (earlier := await _earlier_sprints_work(project_root, session_id, story_key)) is not None:
+        if (earlier := await _earlier_sprints_work(project_root, session_id, story_key, base)) is not None:
             # An earlier sprint's work on the story, never merged (it stopped, or a human set the story back):
             # the branch starts from HEAD with that work merged in. From HEAD alone its review found nothing and
             # the story was done without it; from the old branch, the work merged since was missing.
@@ -314,9 +314,9 @@ class EarlierWork:
     merged_with_head: str  # a merge commit of HEAD and the tip
 
 
-async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str) -> EarlierWork | None:
+async def _earlier_sprints_work(project_root: str, session_id: str, story_key: str, base: str) -> EarlierWork | None:
     """The latest branch of another sprint for this story (bso/<sprint>/<story key>) with work the project's HEAD
-    lacks, merged with HEAD; None when there is none. Its commits alone do not say so: a squash merged them as
+    (`base`) lacks, merged with it; None when there is none. Its commits alone do not say so: a squash merged them as
     another commit (a later sprint that went on from the branch), so a merge that would change nothing is none.
     One that does not merge cleanly ends the story, naming the branch: a human settles it."""
     refs = await git(project_root, "for-each-ref", "--sort=-committerdate", "--format=%(refname) %(objectname)",
@@ -334,7 +334,7 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
         elif sprint != session_id:
             branches.append((name, commit))
     for name, commit in branches:
-        if not int((await git(project_root, "rev-list", "--count", f"HEAD..{commit}")).strip() or 0):
+        if not int((await git(project_root, "rev-list", "--count", f"{base}..{commit}")).strip() or 0):
             continue
         # Taken up already by a later sprint's branch (kept when it stopped, or squashed into its originals): that
         # one holds this work and more, and a merge of this older one alone would undo what came after.
@@ -343,7 +343,7 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
             for other in [tip for _, tip in branches] + originals
         ]):
             continue
-        merged = await run_command(git_argv(project_root, "merge-tree", "--write-tree", "HEAD", commit),
+        merged = await run_command(git_argv(project_root, "merge-tree", "--write-tree", base, commit),
                                    cwd=project_root, env={**os.environ, **_GIT_ENV}, timeout=_GIT_TIMEOUT)
         tree = next((w for w in merged.output.split() if _OBJECT_ID.fullmatch(w)), None) if merged.returncode == 0 else None
         if merged.returncode not in (0, 1, 129):  # 129: a git without --write-tree (before 2.38), its usage
@@ -359,11 +359,11 @@ async def _earlier_sprints_work(project_root: str, session_id: str, story_key: s
                 type="AgentConfigError",
                 non_retryable=True,
             )
-        if tree == (await git(project_root, "rev-parse", "HEAD^{tree}")).strip():
+        if tree == (await git(project_root, "rev-parse", f"{base}^{{tree}}")).strip():
             continue  # merged already (as a squash)
         message = f"Take up {name}: an earlier sprint's work on {story_key}"
         merge_commit = (await git(
-            project_root, *await identity_args(project_root), "commit-tree", tree, "-p", "HEAD", "-p", commit,
+            project_root, *await identity_args(project_root), "commit-tree", tree, "-p", base, "-p", commit,
             "-m", message,
         )).strip().splitlines()[-1]
         return EarlierWork(branch=name, tip=commit, merged_with_head=merge_commit)
