@@ -454,8 +454,8 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         raise ApplicationError(f"{lock_path}: cannot open lock file: {exc.strerror or exc}", type=ERROR_TYPE) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        for attempt in range(_SAVES_IN_BETWEEN):
-            text = _read_text(target) if attempt == 0 else _read_during_a_save(target)
+        text = _read_text(target)
+        for _ in range(_SAVES_IN_BETWEEN):
             mode = stat.S_IMODE(os.stat(target).st_mode)
             try:
                 result = apply_story_transition(
@@ -470,8 +470,9 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 raise _fail(str(exc)) from None
             # An editor takes no lock: a save since the read would be overwritten by this write (3% of saves made
             # during a tight loop of writes were lost). The change is made again on what the file holds now.
-            if result.outcome != "written" or _read_during_a_save(target) == text:
+            if result.outcome != "written" or (now := _read_during_a_save(target)) == text:
                 break
+            text = now
         else:
             raise ApplicationError(
                 f"{target} changed {_SAVES_IN_BETWEEN} times while {inp.story_key} was being written; retried",

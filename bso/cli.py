@@ -91,7 +91,7 @@ from bso.message_flow import (
     filter_messages,
     message_flow,
 )
-from bso.decisions import REARM_STATE_VALUES, DecisionRequest
+from bso.decisions import DecisionRequest, cannot_rearm_to
 from bso.dev_server import dev_server_args
 from bso.agent_profiles import PROFILES_FILES, profile_errors
 from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
@@ -1710,8 +1710,8 @@ def sprint_decide(
 ) -> None:
     """A human decision for a story waiting on one, or a re-arm of a needs-intervention or skipped story (update `decide`)."""
     try:
-        if decision == "rearm" and state is not None and state not in REARM_STATE_VALUES:  # as the validator says it
-            raise _fail(f"cannot rearm to {state!r}; use one of: {', '.join(REARM_STATE_VALUES)}", 2)
+        if decision == "rearm" and state is not None and (why := cannot_rearm_to(state)) is not None:
+            raise _fail(why, 2)  # (the states a rearm takes, not every state there is)
         request = DecisionRequest(story_key=story, decision=decision, state=state, note=note)
     except ValidationError as err:
         raise _fail(f"invalid decision: {describe_validation_error(err)}", 2) from None

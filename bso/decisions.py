@@ -91,15 +91,21 @@ def check_rearm(request: DecisionRequest, view: StoryView | None, still_failed: 
                 "(the stories skipped for it come back with it)"
             )
         if view.batch_id is None:
-            raise DecisionError(f"story {key!r} was dropped by a course correction: add it back with a course correction (`bso sprint cc ID --add KEY`)")
+            raise DecisionError(
+                f"story {key!r} was dropped by a course correction: add it back with a course correction "
+                "(`bso sprint cc ID --add KEY`)"
+            )
     elif view.state != StoryState.NEEDS_INTERVENTION:
         raise DecisionError(
             f"story {key!r} is {view.state}, not needs-intervention or skipped: nothing to rearm"
         )
-    if request.rearm_state() not in REARM_STATES:
-        raise DecisionError(
-            f"cannot rearm to {request.rearm_state().value!r}; use one of: " + ", ".join(REARM_STATE_VALUES)
-        )
+    if (why := cannot_rearm_to(request.rearm_state().value)) is not None:
+        raise DecisionError(why)
+
+
+def cannot_rearm_to(state: str) -> str | None:
+    """Why a rearm cannot take a story to `state` (no dispatch-table row for it), or None."""
+    return None if state in REARM_STATE_VALUES else f"cannot rearm to {state!r}; use one of: {', '.join(REARM_STATE_VALUES)}"
 
 
 def rearm_position(queue: list[BatchSpec], story_keys: str | list[str], stories: Mapping[str, StoryMeta]) -> int:
