@@ -1536,6 +1536,8 @@ def sprint_list(
             if status.lower() not in statuses:
                 raise BsoError(f"--status {status!r}: use one of {', '.join(statuses)}")
             query += f' AND ExecutionStatus = "{names[statuses[status.lower()]]}"'
+        else:  # a sprint's runs that continued as new are that sprint going on: one row, its latest run's
+            query += f' AND ExecutionStatus != "{names[WorkflowExecutionStatus.CONTINUED_AS_NEW]}"'
         if session:
             if any(c in session for c in '"\\\'') or sprint_id_characters_error(session) is not None:
                 raise BsoError(f"--session {session!r}: not a sprint id (no quotes, backslashes, spaces or control characters)")
@@ -1548,13 +1550,14 @@ def sprint_list(
             table.add_column(column)
         found = [wf async for wf in client.list_workflows(query, limit=limit)]
         outcomes = await asyncio.gather(*(_outcome(client, wf) for wf in found))
+        started = await _sprints_started(client, found)
         for wf, outcome in zip(found, outcomes, strict=True):
             table.add_row(
                 wf.id,
                 _status_name(wf.status),
                 _phase_shown(wf.typed_search_attributes.get(SA_PHASE) or "", wf.status),
                 outcome,
-                wf.start_time.strftime("%Y-%m-%d %H:%M:%S") if wf.start_time else "",
+                started[wf.run_id].strftime("%Y-%m-%d %H:%M:%S"),
                 wf.close_time.strftime("%Y-%m-%d %H:%M:%S") if wf.close_time else "",
             )
         if found:
@@ -1563,6 +1566,28 @@ def sprint_list(
             err_console.print("no sprints found", markup=False)
 
     _run(go())
+
+
+async def _sprints_started(client: Client, found: list[WorkflowExecution]) -> dict[str, datetime]:
+    """When each listed run's sprint started: a run a continue-as-new began started when the run before it
+    closed, back to the sprint's first run (`bso sprint list` showed the time of the latest hand-over)."""
+    ids = sorted({wf.id for wf in found if not any(c in wf.id for c in '"\\')})  # (one no query can name: its own)
+    continued: list[WorkflowExecution] = []
+    for chunk in (ids[i : i + 50] for i in range(0, len(ids), 50)):  # (a query's length stays modest)
+        named = ", ".join(f'"{wf_id}"' for wf_id in chunk)
+        query = f'WorkflowType = "{MASTER_TYPE}" AND ExecutionStatus = "ContinuedAsNew" AND WorkflowId IN ({named})'
+        continued += [wf async for wf in client.list_workflows(query)]
+    return {wf.run_id: sprint_started_at(wf, continued) for wf in found}
+
+
+def sprint_started_at(run: WorkflowExecution, continued: list[WorkflowExecution]) -> datetime:
+    """The start of `run`'s sprint: the runs of its id that continued as new, each closed the moment the next
+    began, walked back from `run` (an earlier sprint under the same id ended otherwise: it is not taken)."""
+    closed_at = {wf.close_time: wf for wf in continued if wf.id == run.id and wf.close_time is not None}
+    start = run.start_time
+    while (before := closed_at.pop(start, None)) is not None:  # (popped: a bad record cannot loop)
+        start = before.start_time
+    return start
 
 
 def _phase_shown(phase: str, status: WorkflowExecutionStatus | None) -> str:

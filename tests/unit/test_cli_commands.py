@@ -18,6 +18,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from typer.testing import CliRunner
@@ -173,6 +174,48 @@ def test_a_folder_that_cannot_be_made_fails_before_the_table(recorded_sprint, tm
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == f"bso: error: {option} {given}: cannot make the folder {target}: Not a directory"
     assert result.stdout == ""
+
+
+def test_sprint_list_shows_a_continued_sprint_once_from_its_first_start(monkeypatch):
+    """A sprint that had continued as new twice was listed three times, the last row with the time of its last
+    hand-over; an earlier sprint under the same id (failed, then started again) is not taken for its start."""
+    from datetime import UTC, datetime
+
+    def at(minute: int) -> datetime:
+        return datetime(2026, 11, 29, 10, minute, tzinfo=UTC)
+
+    def run(run_id, status, start, close):
+        return SimpleNamespace(
+            id="s-1", run_id=run_id, status=status, start_time=at(start), close_time=close and at(close),
+            typed_search_attributes=TypedSearchAttributes.empty,
+        )
+
+    continued = WorkflowExecutionStatus.CONTINUED_AS_NEW
+    runs = [
+        run("r0", WorkflowExecutionStatus.FAILED, 1, 2),  # an earlier sprint under the id
+        run("r1", continued, 5, 7),
+        run("r2", continued, 7, 9),
+        run("r3", WorkflowExecutionStatus.RUNNING, 9, None),
+    ]
+    queries: list[str] = []
+
+    class Client:
+        async def list_workflows(self, query, limit=None):
+            queries.append(query)
+            for wf in runs:
+                if ('!= "ContinuedAsNew"' in query) is (wf.status is not continued):  # the list, or the walk back
+                    yield wf
+
+    async def client():
+        return Client()
+
+    monkeypatch.setattr(bso.cli, "_client", client)
+    monkeypatch.setattr(bso.cli, "out", Console(file=(terminal := io.StringIO()), width=120, color_system=None))
+    assert runner.invoke(app, ["sprint", "list"]).exit_code == 0
+    rows = [line.split() for line in terminal.getvalue().splitlines()[1:]]
+    assert [(row[0], row[1]) for row in rows] == [("s-1", "failed"), ("s-1", "running")], rows
+    assert "2026-11-29 10:01:00" in terminal.getvalue() and "2026-11-29 10:05:00" in terminal.getvalue()
+    assert 'WorkflowId IN ("s-1")' in queries[-1]
 
 
 def test_sprint_list_takes_cancelled_as_canceled(monkeypatch):
