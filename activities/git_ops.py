@@ -266,6 +266,26 @@ async def _add_worktree(project_root: str, *args: str) -> None:
         ) from None
 
 
+async def _clear_half_made_worktree(project_root: str, path: Path) -> None:
+    """A `git worktree add` killed before it finished (its worker killed hard) leaves the worktree locked
+    `initializing` (git's own word, removed when it is done), its files partly checked out: taken as made, the
+    files missing looked deleted to the agent's commit; with no `.git` in it yet, every add after was refused (a
+    missing but locked worktree) and the story ended. It is removed, once no git works there any more (the killed
+    worker's git may still), and made again; the branch stays."""
+    listed = await git(project_root, "worktree", "list", "--porcelain", check=False)
+    where = os.path.realpath(path)
+    for entry in listed.split("\n\n"):
+        lines = entry.splitlines()
+        if f"worktree {where}" in lines and "locked initializing" in lines:
+            break
+    else:
+        return
+    if users := processes_using([Path(project_root), path], path / ".git", named="git"):
+        raise GitError(f"{path}: a `git worktree add` still makes it (processes {users}); trying again")
+    await git(project_root, "worktree", "remove", "--force", "--force", str(path))
+    activity.logger.warning("%s was left half made by a `git worktree add` killed midway: removed, made again", path)
+
+
 async def ensure_worktree(project_root: str, session_id: str, story_key: str) -> Worktree:
     """The story's worktree on `bso/<session>/<story key>`, created once from the project's HEAD of that moment."""
     try:
@@ -276,6 +296,7 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
     async with repo_lock(project_root):
         await sprint_base(project_root, session_id)  # recorded once per sprint (and stale worktrees cleared)
         path = worktree_path(project_root, session_id, story_key)
+        await _clear_half_made_worktree(project_root, path)
         if (path / ".git").exists():
             return Worktree(str(path), branch, await story_base(project_root, session_id, story_key))
         if path.is_file() or path.is_symlink() or (path.is_dir() and any(path.iterdir())):  # git would refuse it

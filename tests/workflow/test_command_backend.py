@@ -836,6 +836,73 @@ async def test_a_worktree_git_refuses_for_good_is_named_at_once_in_gits_words(
     assert "Preparing worktree" not in refused.value.message  # git's refusal, not its progress
 
 
+def _pids_running(*words: str) -> list[int]:
+    """Processes (by procfs) whose command line holds every one of `words`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\x00")
+        except OSError:
+            continue
+        if all(word in argv for word in words):
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("left", ["checked-out-in-part", "no-git-file-yet"])
+async def test_a_worktree_whose_making_was_killed_midway_is_made_again_whole(tmp_path: Path, left: str) -> None:
+    """A worker killed hard inside `git worktree add` left the worktree locked `initializing`: with its `.git`
+    there, it was taken as made, the files not checked out yet missing (the agent's commit would delete them);
+    without, every attempt after was refused (`missing but locked worktree`) and the story ended."""
+    root = dev_project(tmp_path)
+    flag, reached = tmp_path / "slow-checkout", tmp_path / "checking-out"
+    # A smudge filter holds the checkout in the middle (a.txt written, z.txt not yet) while the flag is there.
+    git(root, "config", "filter.slow.smudge", f"sh -c 'if [ -e {flag} ]; then touch {reached}; sleep 60; fi; cat'")
+    (root / ".gitattributes").write_text("m-slow.txt filter=slow\n")
+    for name in ("a.txt", "m-slow.txt", "z.txt"):
+        (root / name).write_text(f"{name}\n")
+    git(root, "add", ".gitattributes", "a.txt", "m-slow.txt", "z.txt")
+    git(root, "commit", "-qm", "files to check out")
+    path = worktree_path(str(root), "s1", STORY)
+    flag.touch()
+    first = asyncio.create_task(ensure_worktree(str(root), "s1", STORY))
+    async def checking_out() -> bool:
+        return reached.exists()
+
+    await poll_until(checking_out, "the checkout to reach the slow file", timeout=30)
+    [adding] = _pids_running("worktree", "add")
+    os.killpg(adding, signal.SIGKILL)  # the worker killed hard, its git with it: no clean-up of git's own
+    with pytest.raises(git_ops.GitError):
+        await first
+    flag.unlink()
+    assert (path / ".git").exists() and not (path / "z.txt").exists()  # as git left it
+    if left == "no-git-file-yet":
+        subprocess.run(["rm", "-rf", str(path)], check=True)  # killed before git wrote the worktree's .git
+    wt = await ensure_worktree(str(root), "s1", STORY)  # the activity's retry
+    assert (Path(wt.path) / "z.txt").read_text() == "z.txt\n"
+    assert git(Path(wt.path), "status", "--porcelain") == ""
+    assert "locked" not in git(root, "worktree", "list", "--porcelain")
+    assert git(Path(wt.path), "rev-parse", "--abbrev-ref", "HEAD").strip() == f"bso/s1/{STORY}"
+
+
+async def test_a_worktree_a_git_still_makes_is_left_to_it(tmp_path: Path) -> None:
+    """The killed worker's `git worktree add` may still run (only the worker was killed): its worktree, locked
+    `initializing` meanwhile, is not removed under it; the attempt is retried."""
+    root = dev_project(tmp_path)
+    wt = await ensure_worktree(str(root), "s1", STORY)
+    admin = Path(git(wt.path, "rev-parse", "--absolute-git-dir").strip())
+    (admin / "locked").write_text("initializing")  # as git keeps it while it makes the worktree
+    still = subprocess.Popen(["git", "hash-object", "--stdin"], cwd=wt.path, stdin=subprocess.PIPE)
+    try:
+        with pytest.raises(git_ops.GitError, match="a `git worktree add` still makes it"):
+            await ensure_worktree(str(root), "s1", STORY)
+        assert (Path(wt.path) / ".git").exists()
+    finally:
+        still.communicate(b"")
+    (admin / "locked").unlink()  # git is done with it
+    assert (await ensure_worktree(str(root), "s1", STORY)).path == wt.path
+
+
 async def test_a_lock_another_git_process_holds_at_the_worktrees_creation_is_retried(tmp_path: Path) -> None:
     """`cannot lock ref` is also git's word for a ref's lock held by another git process: that one passes."""
     root = dev_project(tmp_path)
