@@ -27,6 +27,8 @@ def req(**kw) -> CourseCorrectionRequest:
 
 def test_add_and_drop_resolve_short_keys():
     assert check_request(req(add_stories=["2-1"], drop_stories=["1-3"]), SPRINT, PENDING, OUTSIDE) == (["2-1-d"], ["1-3-c"])
+    # Neither list: a re-plan of the pending stories only, as the Master's own after repeated failures (README).
+    assert check_request(req(), SPRINT, PENDING, OUTSIDE) == ([], [])
 
 
 @pytest.mark.parametrize(
