@@ -20,6 +20,7 @@ import shlex
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -44,6 +45,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
@@ -1795,15 +1797,42 @@ async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) ->
     """Execute an update; a rejection (validator or handler) becomes the operator's one-line error. The update
     waits for a worker to take it: when none answers within a few seconds (the status query says so, as in
     `bso sprint status`), one note on stderr says what it waits for, and it keeps waiting."""
-    update = asyncio.ensure_future(handle.execute_update(name, arg, result_type=dict))
-    try:
-        done, _ = await asyncio.wait({update}, timeout=UPDATE_NOTE_AFTER_SECONDS)
-        if not done:
-            await _note_no_worker(handle, update)
-        return await update
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
+    # One id however often it is sent: a server that went away after the sprint took the update answers the same
+    # id again with its outcome, not by applying it twice (the CLI said "error" of a correction applied meanwhile).
+    update_id = f"bso-cli-{name}-{uuid.uuid4()}"
+    gave_up_at: float | None = None
+    while True:
+        update = asyncio.ensure_future(handle.execute_update(name, arg, id=update_id, result_type=dict))
+        try:
+            done, _ = await asyncio.wait({update}, timeout=UPDATE_NOTE_AFTER_SECONDS)
+            if not done:
+                await _note_no_worker(handle, update)
+            return await update
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
+        except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+            if isinstance(err, RPCError) and err.status not in _SERVER_AWAY:
+                raise
+            if gave_up_at is None:
+                gave_up_at = time.monotonic() + UPDATE_SERVER_WAIT_SECONDS
+                err_console.print(
+                    f"the Temporal server did not answer ({err}): the sprint may have taken the {name} already; "
+                    f"asking again with the same update id until it answers (up to {UPDATE_SERVER_WAIT_SECONDS:.0f} s) ...",
+                    markup=False,
+                )
+            elif time.monotonic() >= gave_up_at:
+                raise BsoError(
+                    f"the Temporal server did not answer for {UPDATE_SERVER_WAIT_SECONDS:.0f} s: the {name} may or may not "
+                    f"have been applied; `bso sprint status {handle.id}` says"
+                ) from None
+        await asyncio.sleep(UPDATE_SERVER_RETRY_INTERVAL)
+
+
+# An update the server did not answer (down, restarting): sent again, with its id, for this long.
+_SERVER_AWAY = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+UPDATE_SERVER_WAIT_SECONDS = 120.0
+UPDATE_SERVER_RETRY_INTERVAL = 1.0
 
 
 # --- bso messages -------------------------------------------------------------------------------

@@ -284,7 +284,7 @@ class _PendingUpdate:
         self.worker_answers = worker_answers
         self.worker_back = asyncio.Event()
 
-    async def execute_update(self, name, arg, result_type=None):
+    async def execute_update(self, name, arg, id=None, result_type=None):
         await self.worker_back.wait()
         return {"state": "done"}
 
@@ -316,13 +316,48 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
     assert notes.getvalue() == ("" if worker_answers else expected)
 
 
+class _ServerAway:
+    """A server that goes away (killed, restarting) `away` times while the update is sent, then answers."""
+
+    def __init__(self, away: int) -> None:
+        self.away, self.ids = away, []
+
+    async def execute_update(self, name, arg, id=None, result_type=None):
+        self.ids.append(id)
+        if len(self.ids) <= self.away:
+            raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+        return {"applied": True}
+
+    id = "s-1"
+
+
+def test_an_update_the_server_did_not_answer_is_asked_again_with_its_id(monkeypatch):
+    """The server killed after the sprint took a course correction: `bso sprint cc` said `error: Temporal server:
+    UNAVAILABLE` and exited 1, and the correction was applied. It asks again under the same update id (the server
+    answers that one with its outcome, it does not apply it twice) and says so once; for a while only."""
+    notes = io.StringIO()
+    monkeypatch.setattr(bso.cli, "err_console", Console(file=notes, width=300))
+    monkeypatch.setattr(bso.cli, "UPDATE_SERVER_RETRY_INTERVAL", 0.01)
+    handle = _ServerAway(away=3)
+    assert asyncio.run(_update(handle, "course_correct", {})) == {"applied": True}
+    assert len(handle.ids) == 4 and len(set(handle.ids)) == 1 and handle.ids[0], handle.ids
+    assert notes.getvalue().count("may have taken the course_correct already") == 1, notes.getvalue()
+    monkeypatch.setattr(bso.cli, "UPDATE_SERVER_WAIT_SECONDS", 0.05)
+    with pytest.raises(BsoError, match=r"the course_correct may or may not have been applied; `bso sprint status s-1` says"):
+        asyncio.run(_update(_ServerAway(away=10**6), "course_correct", {}))
+    first, second = _ServerAway(away=0), _ServerAway(away=0)  # each sending of the command its own id
+    asyncio.run(_update(first, "decide", {}))
+    asyncio.run(_update(second, "decide", {}))
+    assert first.ids != second.ids
+
+
 class _HandingOver:
     """A sprint whose Master refuses the update `refusals` times while it hands over to its next run."""
 
     def __init__(self, refusals: int, why: str = f"CC_REJECTED: {HANDING_OVER}; send it again in a few seconds") -> None:
         self.refusals, self.why, self.sent = refusals, why, 0
 
-    async def execute_update(self, name, arg, result_type=None):
+    async def execute_update(self, name, arg, id=None, result_type=None):
         self.sent += 1
         if self.sent <= self.refusals:
             raise WorkflowUpdateFailedError(ApplicationError(self.why))
