@@ -137,6 +137,10 @@ class SprintConfig(_Knobs):
     git_squash_strategy: Literal["per_story", "per_phase", "none"] = "per_story"
     auto_clear_git_track: bool = True
     slave_timeout_seconds: int = Field(5400, gt=0)
+    # A deadline (an agent's, a batch's working time) whose timer fires this long past its moment was slept
+    # through: the machine or the Temporal server was not running then (a closed laptop, a server down), and the
+    # time was not the agent's. The agent starts again with its whole time; that working stretch does not count.
+    asleep_after_seconds: int = Field(30, gt=0)
     # The Master continues as new between batches when Temporal suggests it, or after this many
     # history events (a lower bound for tests and very long sprints; None: only when suggested).
     continue_as_new_after_events: int | None = Field(None, ge=100)
@@ -177,6 +181,7 @@ def limits_error(config: SprintConfig) -> str | None:
     timeouts = config.agent_timeout_seconds
     seconds = {
         "slave_timeout_seconds": config.slave_timeout_seconds,
+        "asleep_after_seconds": config.asleep_after_seconds,
         "decision_timeout_seconds": config.decision_timeout_seconds,
         "agent_retry.heartbeat_timeout_seconds": config.agent_retry.heartbeat_timeout_seconds,
         "agent_retry.initial_interval_seconds": config.agent_retry.initial_interval_seconds,

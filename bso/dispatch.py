@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -694,6 +694,19 @@ def story_priority(story_key: str, config: SprintConfig, scripted: str | None = 
     short = "-".join(story_key.split("-")[:2])
     value = config.story_priorities.get(story_key) or config.story_priorities.get(short)
     return MessagePriority(value) if value else None
+
+
+# --- deadlines slept through ------------------------------------------------------------------------
+
+# A dispatch whose deadline was slept through starts again at most this often (each sleep is one).
+MAX_WAKES_PER_DISPATCH = 10
+
+
+def slept_through(moment: datetime, now: datetime, config: SprintConfig) -> bool:
+    """Whether a deadline meant for `moment`, its timeout seen at `now` (workflow time), came so late that the
+    machine or the Temporal server was not running at `moment`: the server fires an overdue timer when it runs
+    again, with the agent's time spent asleep (asleep_after_seconds)."""
+    return now - moment > timedelta(seconds=config.asleep_after_seconds)
 
 
 # --- token budget (P26) --------------------------------------------------------------------------

@@ -87,7 +87,9 @@ with workflow.unsafe.imports_passed_through():
         apply_no_answer,
         fatal_error,
         BudgetLevel,
+        MAX_WAKES_PER_DISPATCH,
         budget_level,
+        slept_through,
         changed_by_hand,
         taken_from_file,
         intervention,
@@ -278,6 +280,11 @@ PATCH_HANDS_OVER_WHEN_LONG = "slave-hands-over-when-long"
 # to the deadline) is out of time like one still running then: it was reported "agent activity failed: Timeout".
 # Asked only when that timeout comes.
 PATCH_UNSTARTED_AGENT_OUT_OF_TIME = "slave-unstarted-agent-out-of-time"
+# An agent's deadline that fires long past its moment (bso.dispatch.slept_through: a closed laptop, a server down)
+# starts the agent again with its whole time, and a working stretch through which the timer of the batch's working
+# time fired so late does not count: both ended the story, or the batch, for time nobody worked. Asked only then.
+PATCH_AGENT_WAKES_AFTER_SLEEP = "slave-agent-wakes-after-sleep"
+PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
 
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
@@ -1116,32 +1123,57 @@ class SprintSlaveWorkflow:
         if self._input.agent_backend == "command":
             activity_deadline += AGENT_ACTIVITY_GRACE + COMMAND_CHECKS_ALLOWANCE
         agent_queue = agent_task_queue(self._input.agent_backend, workflow.info().task_queue)
-        handle = workflow.start_activity(
-            run_agent,
-            assignment,
-            task_queue=agent_queue,
-            activity_id=dispatch_id,
-            # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
-            # running then is timed out and answered as "no AGENT_COMPLETE". The command backend enforces the
-            # deadline itself and has the time to report it and to check the agent's work.
-            schedule_to_close_timeout=activity_deadline,
-            start_to_close_timeout=activity_deadline + AGENT_ACTIVITY_GRACE,
-            heartbeat_timeout=timedelta(seconds=retry.heartbeat_timeout_seconds),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=retry.initial_interval_seconds),
-                maximum_attempts=retry.maximum_attempts,
-                non_retryable_error_types=["UnknownBackend", "StatusFileError", "AgentConfigError"],
-            ),
-            summary=f"{step.agent_type.value} ({step.mode.value}) for story {meta.key}",
-            **extra,
-        )
-        handle.add_done_callback(_consume_outcome)
-        deadline = workflow.now() + timeout
+
+        def start_agent() -> workflow.ActivityHandle[Any]:
+            started = workflow.start_activity(
+                run_agent,
+                assignment,
+                task_queue=agent_queue,
+                activity_id=dispatch_id,
+                # The agent's deadline, kept by the server (no workflow timer per dispatch): an activity still
+                # running then is timed out and answered as "no AGENT_COMPLETE". The command backend enforces the
+                # deadline itself and has the time to report it and to check the agent's work.
+                schedule_to_close_timeout=activity_deadline,
+                start_to_close_timeout=activity_deadline + AGENT_ACTIVITY_GRACE,
+                heartbeat_timeout=timedelta(seconds=retry.heartbeat_timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=retry.initial_interval_seconds),
+                    maximum_attempts=retry.maximum_attempts,
+                    non_retryable_error_types=["UnknownBackend", "StatusFileError", "AgentConfigError"],
+                ),
+                summary=f"{step.agent_type.value} ({step.mode.value}) for story {meta.key}",
+                **extra,
+            )
+            started.add_done_callback(_consume_outcome)
+            return started
+
+        handle = start_agent()
+        # The agent's deadline, and the activity's (the command backend's is later: it checks the work after).
+        deadline, activity_ends = workflow.now() + timeout, workflow.now() + activity_deadline
         no_answer = f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
+        wakes = 0
+
+        def woke_past(moment: datetime) -> bool:
+            """The deadline `moment` was slept through (a closed laptop, a server down): the agent gets its whole
+            time again, its dispatch id the same (PATCH_AGENT_WAKES_AFTER_SLEEP; asked only then)."""
+            return (
+                wakes < MAX_WAKES_PER_DISPATCH
+                and slept_through(moment, workflow.now(), config)
+                and SLAVE_PATCHES.patched(PATCH_AGENT_WAKES_AFTER_SLEEP)
+            )
+
         try:
-            await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done())
-            if dispatch_id not in self._answers:
+            while True:
+                await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done())
+                if dispatch_id in self._answers:
+                    break
                 failure = handle.exception() if not handle.cancelled() else None
+                if failure is not None and _deadline_passed(failure) and woke_past(activity_ends):
+                    wakes += 1
+                    workflow.logger.warning("[Slave] %s: its deadline was slept through; started again", dispatch_id)
+                    handle = start_agent()
+                    deadline, activity_ends = workflow.now() + timeout, workflow.now() + activity_deadline
+                    continue
                 if failure is not None:
                     self._open_dispatches.pop(dispatch_id, None)
                     if _error_type(failure) == AGENT_CONFIG_ERROR:  # the agent cannot start at all
@@ -1154,11 +1186,20 @@ class SprintSlaveWorkflow:
                 receipt = handle.result()
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
                     self._receive_answer(receipt.answer, came_as="the agent activity's result")
-            if dispatch_id not in self._answers:
+                break
+            while dispatch_id not in self._answers:
                 # The agent answers by itself (external backend) within what is left of its time.
                 left = deadline - workflow.now()
-                if left > timedelta(0):
+                if left <= timedelta(0):
+                    break
+                try:
                     await workflow.wait_condition(lambda: dispatch_id in self._answers, timeout=left)
+                except asyncio.TimeoutError:
+                    if not woke_past(deadline):
+                        raise
+                    wakes += 1
+                    workflow.logger.warning("[Slave] %s: its deadline was slept through; waits again", dispatch_id)
+                    deadline = workflow.now() + timeout
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
@@ -1360,11 +1401,16 @@ class SprintSlaveWorkflow:
                 continue
             since = workflow.now()
             # At least a second: the clock may put `worked` at the limit a moment before the timer would fire.
-            timer = asyncio.create_task(
-                workflow.sleep(max(limit - worked, timedelta(seconds=1)), summary=WORKING_TIME_SUMMARY)
-            )
+            length = max(limit - worked, timedelta(seconds=1))
+            timer = asyncio.create_task(workflow.sleep(length, summary=WORKING_TIME_SUMMARY))
             await workflow.wait_condition(lambda: timer.done() or self._idle() or self._closing)
             if timer.done():
+                if slept_through(since + length, workflow.now(), self._input.config) and SLAVE_PATCHES.patched(
+                    PATCH_WORKING_TIME_WAKES_AFTER_SLEEP
+                ):
+                    # Fired when the server ran again: the stretch was slept through, and is not counted.
+                    workflow.logger.warning("[Slave] working time: the stretch was slept through; not counted")
+                    continue
                 self._run_out_of_time(limit)
                 return
             if self._closing:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from bso.config import ReviewDegradation, SprintConfig, resolve_config
 from bso.dispatch import (
+    slept_through,
     CODE_REVIEW,
     CREATE,
     DEV,
@@ -1021,3 +1022,14 @@ def test_a_story_not_started_takes_the_files_value():
     held = taken_from_file(waiting, "needs-intervention")  # (it ended with no reason: the report said nothing)
     assert held.state == "needs-intervention" and held.error == "set to needs-intervention in sprint-status.yaml by hand"
     assert taken_from_file(held, "needs-intervention") == held
+
+
+def test_a_deadline_seen_long_past_its_moment_was_slept_through():
+    """The server fires an overdue timer when it runs again: seen more than asleep_after_seconds (30) past its
+    moment, the machine or the server was not running then (a closed laptop), and the agent's time was not spent."""
+    moment = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert not slept_through(moment, moment + timedelta(seconds=1), SprintConfig())  # on time: a real timeout
+    assert not slept_through(moment, moment + timedelta(seconds=30), SprintConfig())
+    assert slept_through(moment, moment + timedelta(seconds=31), SprintConfig())
+    assert slept_through(moment, moment + timedelta(hours=9), SprintConfig())  # a night
+    assert not slept_through(moment, moment + timedelta(hours=9), SprintConfig(asleep_after_seconds=10 * 3600))

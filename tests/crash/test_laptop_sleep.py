@@ -1,0 +1,80 @@
+"""A closed laptop for longer than an agent's deadline, or than the batch's working time, while the agent works:
+the worker and the dev server it runs stand still (SIGSTOP) and go on (SIGCONT). The server fires its overdue
+timers on waking: the story ended needs-intervention ("no AGENT_COMPLETE within ..."), or the batch out of time,
+the sprint sprint-failed, for time nobody worked. The timeouts are scaled down (a 10 s deadline and a 20 s sleep
+stand for a 30 min one and a night), `asleep_after_seconds` with them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bench.infra import DevServer, WorkerProcess, make_project, status_values
+from bso.constants import SPRINT_TASK_QUEUE
+from bso.models import SprintInput
+from bso.states import SprintStatus
+from tests.workflow.helpers import poll_until, workflow_task_failures
+from workflows.sprint_master import SprintMasterWorkflow
+
+pytestmark = pytest.mark.e2e
+
+STORY = "1-1-laptop-story"
+SLEEP_SECONDS = 20
+
+
+@pytest.mark.parametrize("deadline", ["agent", "working-time"])
+async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path: Path, deadline: str) -> None:
+    overrides: dict = {
+        "asleep_after_seconds": 5,
+        "agent_retry": {"heartbeat_timeout_seconds": 3, "initial_interval_seconds": 0.5},
+    }
+    if deadline == "agent":
+        overrides["agent_timeout_seconds"] = {"dev_execution": 10}
+    else:
+        overrides["slave_timeout_seconds"] = 10
+    root = tmp_path / "project"
+    make_project(root, {STORY: "ready-for-dev"})
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
+    server.start()
+    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
+    try:
+        client = await server.wait_ready()
+        worker.start()
+        inp = SprintInput(
+            project_root=str(root), session_id="laptop", agent_backend="simulated", config_overrides=overrides,
+            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 6000}}},
+        )
+        handle = await client.start_workflow(
+            SprintMasterWorkflow.run, inp, id="laptop", task_queue="laptop-" + SPRINT_TASK_QUEUE
+        )
+
+        async def dev_in_flight() -> bool:
+            try:
+                view = await handle.query(SprintMasterWorkflow.status)
+            except Exception:  # noqa: BLE001 - not taken up yet
+                return False
+            story = view.stories.get(STORY)
+            return bool(story and story.state == "ready-for-dev" and view.running_batches)
+
+        await poll_until(dev_in_flight, "the dev agent in flight")
+        await asyncio.sleep(2)  # the dev agent (6 s) is working
+        worker.suspend()
+        server.suspend()  # the laptop closes: every process stands still
+        await asyncio.sleep(SLEEP_SECONDS)
+        server.resume()
+        worker.resume()
+        report = await asyncio.wait_for(handle.result(), 180)
+        assert report.status is SprintStatus.COMPLETE, report
+        assert status_values(root)[STORY] == "done"
+        assert await workflow_task_failures(client, "laptop/batch-1") == []
+        slave = client.get_workflow_handle("laptop/batch-1")
+        events = [e for e in (await slave.fetch_history()).events if e.HasField("marker_recorded_event_attributes")]
+        patch = "slave-agent-wakes-after-sleep" if deadline == "agent" else "slave-working-time-wakes-after-sleep"
+        assert any(patch in str(e.marker_recorded_event_attributes.details) for e in events), "not slept through?"
+    finally:
+        worker.resume()
+        server.resume()
+        worker.kill9()
+        server.kill9()
