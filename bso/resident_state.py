@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from bso.browser import BrowserRequest
-from bso.config import SprintConfig
+from bso.config import MAX_SECONDS, SprintConfig
 from bso.debugging import DebugRequest
 from bso.messages import RejectedMessage
 from bso.research import ResearchRequest
@@ -55,7 +55,7 @@ class ResidentRunInput(ResidentInput):
 
     continue_as_new_after_events: int | None = Field(None, ge=1)
     carried_state: ResidentState | None = None
-    start_delay_seconds: int = Field(0, ge=0)  # simulation: the resident is this slow to report ready
+    start_delay_seconds: int = Field(0, ge=0, le=MAX_SECONDS)  # simulation: the resident is this slow to report ready
 
 
 def resident_handover_limit(config: SprintConfig) -> int | None:

@@ -339,6 +339,11 @@ class ResidentWorkflow:
     async def run(self, inp: ResidentRunInput | RawInput | None = None) -> ResidentSummary:
         inp = self._input  # as __init__ validated it
         self._ends_on_any_cancel = workflow.patched(PATCH_RESIDENT_ENDS_ON_ANY_CANCEL)
+        if inp.carried_state is not None and workflow.info().continued_run_id is None:
+            raise ApplicationError(  # (a resident started by hand: none recorded before this check)
+                "carried_state: it is what a resident hands over to its next run, not an input of a new one; "
+                "leave it out", type="InvalidResidentInput", non_retryable=True,
+            )
         if inp.carried_state is None:  # a new run after a hand-over is the same resident: ready already
             if inp.fail_start:
                 raise ApplicationError(f"{inp.role} resident failed to start (simulated)", type="ResidentStartFailed")

@@ -135,7 +135,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.messages import CompletionReportPayload, GateIssue, PlanSubmissionPayload
     from bso.states import AgentStatus, AgentType
     from bso.report import build_slave_result
-    from bso.config import SprintConfig
+    from bso.config import SprintConfig, limits_error
     from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome
     from bso.simulation import SimulationScript
 
@@ -538,6 +538,10 @@ class SprintSlaveWorkflow:
 
     @workflow.run
     async def run(self, inp: SlaveInput | RawInput | None = None) -> SlaveResult:
+        if workflow.info().parent is None and (error := limits_error(self._input.config)) is not None:
+            # A batch started by hand: the Master refuses such knobs at its sprint's start, and its batches' are
+            # checked; this one's failed the workflow task in a loop. (No batch recorded before this check met it.)
+            raise ApplicationError(error, type="InvalidSlaveInput", non_retryable=True)
         SLAVE_PATCHES.decide()
         self._updates_held_without_clock = SLAVE_PATCHES.patched(PATCH_UPDATES_HELD_WITHOUT_CLOCK)  # the same on replay
         self._updates_held_after_close = self._updates_held_without_clock and SLAVE_PATCHES.patched(PATCH_UPDATES_HELD_AFTER_CLOSE)
