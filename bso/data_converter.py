@@ -15,6 +15,7 @@ workflows.inputs refuses in one line (it failed the workflow with pydantic's rep
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, get_args
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
@@ -98,6 +99,23 @@ class BsoPayloadConverter(CompositePayloadConverter):
                 for c in DefaultPayloadConverter.default_encoding_payload_converters
             )
         )
+
+    def from_payloads(self, payloads: Sequence[Payload], type_hints: list[type] | None = None) -> list[Any]:
+        """A payload of an encoding BSO does not read (none, `text/yaml`, `json/protobuf`: another client's
+        converter, `--input-meta encoding=...`) for a handler or input that takes any JSON is an UnreadablePayload
+        too: as a start input it failed the workflow task in a loop, as a signal it was dropped unrecorded."""
+        hints: list[Any] = list(type_hints or [])
+        values = []
+        for index, payload in enumerate(payloads):
+            hint = hints[index] if index < len(hints) else None
+            try:
+                values += super().from_payloads([payload], [hint] if hint is not None else None)
+            except Exception as err:  # noqa: BLE001 - KeyError (unknown encoding) or the converter's own failure
+                if not _takes_any_json(hint):
+                    raise
+                encoding = payload.metadata.get("encoding", b"").decode(errors="replace") or "none given"
+                values.append(UnreadablePayload(f"payload encoding {encoding!r} not read ({err}); BSO reads json/plain"))
+        return values
 
 
 data_converter = DataConverter(payload_converter_class=BsoPayloadConverter)
