@@ -256,11 +256,16 @@ def changed_by_hand(progress: StoryProgress, expected: str, found: str, tokens: 
         error = note if found == StoryState.SKIPPED.value else None
         outcome = Outcome.ADVANCED if found == StoryState.DONE.value else Outcome.SKIPPED
         return Transition(_settled(progress, tokens, state=found, error=error, fix_pending=False), outcome, note)
-    return intervention(
+    return by_hand(intervention(
         progress,
         f"sprint-status.yaml changed under the Slave (expected {expected!r}, found {found!r}); nothing written",
         tokens,
-    )
+    ))
+
+
+def by_hand(transition: Transition) -> Transition:
+    """A needs-intervention a human's edit of the status file made: no agent failed (no repeated failure)."""
+    return Transition(transition.progress.model_copy(update={"set_by_hand": True}), transition.outcome, transition.note)
 
 
 def taken_from_file(progress: StoryProgress, found: str | None) -> StoryProgress:
@@ -271,7 +276,7 @@ def taken_from_file(progress: StoryProgress, found: str | None) -> StoryProgress
     if found != progress.state and found in (StoryState.DONE.value, StoryState.SKIPPED.value):
         return changed_by_hand(progress, progress.state, found).progress
     if found != progress.state and found == StoryState.NEEDS_INTERVENTION.value:  # it ended with no reason said
-        return intervention(progress, "set to needs-intervention in sprint-status.yaml by hand").progress
+        return by_hand(intervention(progress, "set to needs-intervention in sprint-status.yaml by hand")).progress
     return progress.model_copy(update={"state": found})
 
 

@@ -177,6 +177,8 @@ class StoryProgress(_Model):
     # command backend: done, but its branch did not merge back (bso.git_rules.MergeOutcome); None: not said (no
     # merge, or recorded before the flag: bso.report reads the story's error then)
     work_left_out: bool | None = None
+    # needs-intervention because a human set the status file so, not because an agent failed: no repeated failure
+    set_by_hand: bool = False
 
 
 class StoryResult(_Model):
@@ -244,6 +246,7 @@ class StoryView(_Model):
     # command backend: done, but its branch did not merge back (bso.git_rules.MergeOutcome); None: not said (no
     # merge, or recorded before the flag: bso.report reads the story's error then)
     work_left_out: bool | None = None
+    set_by_hand: bool = False  # needs-intervention set in the status file by a human (StoryProgress.set_by_hand)
 
     @property
     def in_flight(self) -> str:

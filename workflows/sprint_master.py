@@ -285,6 +285,9 @@ PATCH_SPRINT_SIZE_BOUNDED = "master-sprint-size-bounded"
 # `"epic": true` is refused (it ran epic 1) and `"epic": "01"` names epic 1 (it named none).
 PATCH_EPIC_SPELLINGS = "master-epic-spellings"
 
+# A story set to needs-intervention in the status file by hand (StoryView.set_by_hand) is not counted towards
+# consecutive_failure_threshold. Asked only for such a story.
+PATCH_HAND_SET_IS_NO_FAILURE = "master-hand-set-is-no-failure"
 # A `carried_state` in the input of a sprint started by hand (it is the sprint's own hand-over to its next run):
 # it skipped the start's checks and its claim, and a queue naming a story it did not hold failed the workflow task
 # in a loop. Asked only then.
@@ -429,7 +432,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             )
             # A story still merging (command backend) has finished for none of these yet: its next update says so.
             if update.view.state in TERMINAL_VALUES and not update.view.merging:
-                self._count_failure(update.view.state)
+                # (A human's needs-intervention is no agent's failure: three stories parked by hand paused an
+                # unattended sprint for "repeated failures".)
+                if not (update.view.set_by_hand and workflow.patched(PATCH_HAND_SET_IS_NO_FAILURE)):
+                    self._count_failure(update.view.state)
                 self._tell_dependants({update.story_key: update.view.state}, update.batch_id)
                 if self._first_story_checkpoint(update.story_key, update.view) and s.paused_reason is None:
                     # Another story was first: this Slave paused itself for nothing.

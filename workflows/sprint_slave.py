@@ -321,6 +321,7 @@ def story_view(progress: StoryProgress, batch_id: int, merging: bool = False) ->
         merging=merging,
         status_file_problem=progress.status_file_problem,
         work_left_out=progress.work_left_out,
+        set_by_hand=progress.set_by_hand,
     )
 
 

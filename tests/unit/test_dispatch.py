@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from bso.config import ReviewDegradation, SprintConfig, resolve_config
 from bso.dispatch import (
+    changed_by_hand,
+    taken_from_file,
     slept_through,
     CODE_REVIEW,
     CREATE,
@@ -1033,3 +1035,13 @@ def test_a_deadline_seen_long_past_its_moment_was_slept_through():
     assert slept_through(moment, moment + timedelta(seconds=31), SprintConfig())
     assert slept_through(moment, moment + timedelta(hours=9), SprintConfig())  # a night
     assert not slept_through(moment, moment + timedelta(hours=9), SprintConfig(asleep_after_seconds=10 * 3600))
+
+
+def test_a_needs_intervention_a_human_set_is_said_to_be_set_by_hand():
+    """Three stories parked by hand paused an unattended sprint as repeated failures: the Master tells them apart."""
+    progress = StoryProgress(key="1-1-a", state="ready-for-dev")
+    assert taken_from_file(progress, "needs-intervention").set_by_hand
+    assert changed_by_hand(progress, "ready-for-dev", "needs-intervention").progress.set_by_hand
+    assert changed_by_hand(progress, "ready-for-dev", "in-progress").progress.set_by_hand  # left to that person
+    assert not taken_from_file(progress, None).set_by_hand  # gone from the file: not a human's state
+    assert not changed_by_hand(progress, "ready-for-dev", "done").progress.set_by_hand
