@@ -440,8 +440,8 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
             )
     return SprintStatusView(
         session_id=report.session_id,
-        batch_errors=batch_errors(report.batches, [report.error] if report.error else []),
-        errors=[report.error] if report.error else [],
+        batch_errors=batch_errors(report.batches, sprint_errors := _sprint_errors(report)),
+        errors=sprint_errors,
         phase=SprintPhase.CANCELED if report.status is SprintStatus.CANCELLED else SprintPhase.COMPLETED,
         batches_total=batches_total(report),
         batches_done=len(report.batches),
@@ -1568,6 +1568,11 @@ def sprint_list(
             err_console.print("no sprints found", markup=False)
 
     _run(go())
+
+
+def _sprint_errors(report: SprintReport) -> list[str]:
+    """The sprint's own errors as its status showed them, from its report (its `error` too, once)."""
+    return [*report.errors, *([report.error] if report.error and report.error not in report.errors else [])]
 
 
 async def _sprints_started(client: Client, found: list[WorkflowExecution]) -> dict[str, datetime]:

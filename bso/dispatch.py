@@ -723,6 +723,14 @@ class BudgetLevel(StrEnum):
     EXHAUSTED = "exhausted"
 
 
+def budget_warning(tokens_used: int, config: SprintConfig) -> str:
+    budget = config.token_budget
+    return (
+        f"token budget warning: {tokens_used:,} of {budget.limit:,} tokens used, past warning_threshold "
+        f"{budget.warning_threshold:g} (action at the limit: {budget.action})"
+    )
+
+
 def budget_level(tokens_used: int, config: SprintConfig) -> BudgetLevel:
     budget = config.token_budget
     if not budget.enabled:

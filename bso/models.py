@@ -350,6 +350,9 @@ class SprintReport(_Model):
     tokens_used: int = 0
     token_limit: int | None = None  # the budget in force at the end (a resume may have raised it); None: older
     error: str | None = None
+    # The sprint's own errors and warnings as its status showed them (a budget's warning or stop, a fail_fast, an
+    # improvement proposal refused ...): the report had none of them. Empty in reports made before.
+    errors: list[str] = Field(default_factory=list)
     improvements: list[ImprovementRecord] = Field(default_factory=list)  # the improvement cycle's stories
 
     total_agents_created: int = 0  # residents + Slaves + temps (the roster bookkeeping)
@@ -403,6 +406,7 @@ class MasterState(_Model):
     # Course correction (workflows/course_corrector.py).
     outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
     consecutive_failures: int = 0
+    budget_warned: bool = False  # the token budget's warning line was passed, and said
     course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
     corrections: list[CorrectionRecord] = Field(default_factory=list)  # each one in full, for the report
     # Each story a correction dropped, with the value it had (written back should a later correction add it again).

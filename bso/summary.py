@@ -176,6 +176,7 @@ def render_summary(
         failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
     for batch in report.batches:
         failures += [f"- batch {batch.batch_id}: {_cell(e)}" for e in batch.errors]
+    failures += [f"- sprint: {_cell(e)}" for e in report.errors if e != report.error]
     if report.error:
         failures.append(f"- sprint: {_cell(report.error)}")
     lines += failures or ["None."]

@@ -82,7 +82,7 @@ with workflow.unsafe.imports_passed_through():
         rearm_position,
         skipped_for_stories_pending_again,
     )
-    from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level
+    from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level, budget_warning
     from bso.messages import (
         PATCH_STORY_UPDATE_FROM_ITS_BATCH,
         BatchSpec,
@@ -285,6 +285,9 @@ PATCH_SPRINT_SIZE_BOUNDED = "master-sprint-size-bounded"
 # `"epic": true` is refused (it ran epic 1) and `"epic": "01"` names epic 1 (it named none).
 PATCH_EPIC_SPELLINGS = "master-epic-spellings"
 
+# The sprint's token budget over all its running batches (_mind_the_budget): past the limit they finish the story
+# in hand and start no other. Asked only then.
+PATCH_BUDGET_OVER_ALL_BATCHES = "master-budget-over-all-batches"
 # A story set to needs-intervention in the status file by hand (StoryView.set_by_hand) is not counted towards
 # consecutive_failure_threshold. Asked only for such a story.
 PATCH_HAND_SET_IS_NO_FAILURE = "master-hand-set-is-no-failure"
@@ -310,6 +313,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         self._state = inp.carried_state or MasterState(session_id=inp.session_id or workflow.info().workflow_id)
         self._tally = StoryTally.of(self._state.views)  # kept by _put_view: the details count without a walk
         self._running_batches: dict[int, str] = {}  # batch id -> Slave workflow id
+        self._told_over_budget: set[int] = set()  # running batches sent a shutdown for the sprint's budget
         self._cancelling = False  # a cancel request came: no batch starts any more
         self._cancel_slaves_once_started = False  # PATCH_CANCEL_STARTED_SLAVES, decided at the cancel
         self._batch_end_sends_a_command = False  # PATCH_BATCH_END_SENDS_A_COMMAND, decided at the run's start
@@ -424,7 +428,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if update.story_key in s.views:
             if s.views[update.story_key].awaiting_decision and not update.view.awaiting_decision:
                 self._decided_views.setdefault(update.story_key, update.view)
+            spent = update.view.tokens_used != s.views[update.story_key].tokens_used
             self._put_view(update.story_key, update.view)
+            if spent:
+                self._mind_the_budget()
             agent = update.view.agent_in_flight
             self._temp_seen(
                 update.story_key,
@@ -926,6 +933,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             tokens_used=s.tokens_used,
             token_limit=s.token_limit,
             error=error,
+            errors=list(s.errors),
             improvements=list(s.improvements),
             total_agents_created=s.agents_created,
             total_agents_destroyed=s.agents_destroyed,
@@ -1312,6 +1320,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         s = self._state
         s.results.append(result)
         s.tokens_used += result.tokens_used
+        self._mind_the_budget()
         if result.fatal_error is not None:
             s.errors.append(f"{result.fatal_error}: sprint stopped (fail_fast)")
             s.stopped_early = True
@@ -1336,6 +1345,29 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             for key in never_started:
                 self._put_view(key, s.views[key].model_copy(update={"batch_id": s.next_batch_id}))
             s.next_batch_id += 1
+
+    def _mind_the_budget(self) -> None:
+        """P26 over the whole sprint, with its batches running: a Slave counts its own tokens and those of the
+        batches ended before it started, so parallel batches ran on past the budget (2.4 times it with 2). The
+        Master adds up all of them: past the warning line it says so, once; past the limit the running batches
+        finish the story in hand and start no other (as a Slave does on its own count), and their ends apply the
+        budget's action."""
+        s = self._state
+        used = s.tokens_used + sum(view.tokens_used for _, view in self._running_views())
+        level = budget_level(used, self._config_now())
+        if level is BudgetLevel.OK:
+            return
+        if not s.budget_warned:
+            s.budget_warned = True
+            if level is BudgetLevel.WARNING:
+                s.errors.append(budget_warning(used, self._config_now()))
+                workflow.logger.warning(s.errors[-1])
+        untold = [b for b in sorted(self._running_batches) if b in self._started_batches and b not in self._told_over_budget]
+        if level is BudgetLevel.EXHAUSTED and untold and workflow.patched(PATCH_BUDGET_OVER_ALL_BATCHES):
+            self._told_over_budget.update(untold)
+            for batch_id in untold:
+                slave_id = self._running_batches[batch_id]
+                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, SIGNAL_SHUTDOWN)))
 
     async def _stop_running(self, batch_ids: list[int]) -> None:
         """fail_fast: the other running Slaves finish the story in hand and stop (the shutdown protocol)."""
