@@ -119,7 +119,7 @@ from bso.sprint_status import (
     StatusFileError,
     StoryKeyError,
     parse_status_text,
-    resolve_story_keys,
+    named_keys_error,
     shared_numbers,
     stories_to_run,
     too_large_to_carry,
@@ -1077,11 +1077,8 @@ def _check_selection(
     except StoryKeyError as err:
         raise BsoError(str(err)) from None
     # Stories the simulation script or a knob names: a typo would be ignored silently, the story run unscripted.
-    for where, keys in (named or {}).items():
-        try:
-            resolve_story_keys(keys, [e.key for e in entries])
-        except StoryKeyError as err:
-            raise BsoError(f"{where}: {err} (not a story of {status_path.name})") from None
+    if (error := named_keys_error(named or {}, [e.key for e in entries], status_path.name)) is not None:
+        raise BsoError(error)
     if not to_run:
         raise BsoError(NOTHING_TO_RUN)
     if (shared := shared_numbers(to_run)) is not None:

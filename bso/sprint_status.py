@@ -191,6 +191,17 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
     return out
 
 
+def named_keys_error(named: dict[str, list[str]], known_full_keys: list[str], file_name: str) -> str | None:
+    """A key the sprint's knobs or simulation script name (`where` -> keys) that is no story of the status file,
+    or None: a typo would be ignored silently, the story run without its priority or its script."""
+    for where, keys in named.items():
+        try:
+            resolve_story_keys(keys, known_full_keys)
+        except StoryKeyError as err:
+            return f"{where}: {err} (not a story of {file_name})"
+    return None
+
+
 SHARED_NUMBERS_AT_START = (
     "renumber one in the status file (and its story file), or leave all but one out of the sprint (--story)"
 )
