@@ -327,30 +327,38 @@ def title_from_slug(story_key: str) -> str:
 # --- parsing -------------------------------------------------------------------------------------
 
 
-class _LenientNumberConstructor(RoundTripConstructor):
+class _LenientScalarConstructor(RoundTripConstructor):
     """ruamel 0.19 resolves a few plain words as numbers (`._`, `+_`, `0x_`: its patterns let `_` stand for digits)
-    and then fails to convert them, so a valid file failed with no line. YAML 1.2 reads them as strings; so do we."""
+    and then fails to convert them, so a valid file failed with no line. YAML 1.2 reads them as strings; so do we.
+    Likewise a date that is no day (`generated: 2026-02-30`): the line scan takes it as text, and BSO needs no
+    top-level date as a date, so both paths read it as the text it is (it failed with Python's bare ValueError)."""
 
-    def _number_or_word(self, construct: Any, node: Any) -> Any:
+    def _value_or_text(self, construct: Any, node: Any) -> Any:
         try:
             return construct(self, node)
         except (ValueError, IndexError):
             return self.construct_yaml_str(node)
 
     def construct_lenient_int(self, node: Any) -> Any:
-        return self._number_or_word(RoundTripConstructor.construct_yaml_int, node)
+        return self._value_or_text(RoundTripConstructor.construct_yaml_int, node)
 
     def construct_lenient_float(self, node: Any) -> Any:
-        return self._number_or_word(RoundTripConstructor.construct_yaml_float, node)
+        return self._value_or_text(RoundTripConstructor.construct_yaml_float, node)
+
+    def construct_lenient_timestamp(self, node: Any) -> Any:
+        return self._value_or_text(RoundTripConstructor.construct_yaml_timestamp, node)
 
 
-_LenientNumberConstructor.add_constructor("tag:yaml.org,2002:int", _LenientNumberConstructor.construct_lenient_int)
-_LenientNumberConstructor.add_constructor("tag:yaml.org,2002:float", _LenientNumberConstructor.construct_lenient_float)
+_LenientScalarConstructor.add_constructor("tag:yaml.org,2002:int", _LenientScalarConstructor.construct_lenient_int)
+_LenientScalarConstructor.add_constructor("tag:yaml.org,2002:float", _LenientScalarConstructor.construct_lenient_float)
+_LenientScalarConstructor.add_constructor(
+    "tag:yaml.org,2002:timestamp", _LenientScalarConstructor.construct_lenient_timestamp
+)
 
 
 def _yaml() -> YAML:
     y = YAML(typ="rt")
-    y.Constructor = _LenientNumberConstructor
+    y.Constructor = _LenientScalarConstructor
     y.allow_duplicate_keys = False
     return y
 

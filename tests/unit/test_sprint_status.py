@@ -24,6 +24,7 @@ from bso.sprint_status import (
     compute_epic_changes,
     epic_key_of,
     format_last_updated,
+    insert_story_entry,
     is_inside,
     stories_to_run,
     parse_status_text,
@@ -449,6 +450,24 @@ def test_a_story_value_that_is_an_alias_or_an_anchor_is_named_at_the_storys_own_
     with pytest.raises(StatusFileError) as caught:
         apply_story_transition(text, story, "backlog", "ready-for-dev", NOW, SRC)
     assert f"{where}: cannot edit the value of {why}" in str(caught.value)
+
+
+@pytest.mark.parametrize("no_day", ["2026-02-30", "2026-13-01", "0000-01-01", "2026-02-28T25:00:00Z"])
+def test_a_date_that_is_no_day_is_read_as_its_text_by_both_paths(no_day: str) -> None:
+    """`generated: 2026-02-30` (a typo): the line scan took the file, the YAML path failed with Python's bare
+    "day is out of range for month" (no line, no field), so the first edit taking the YAML path (a story the
+    improvement cycle inserts) failed in a sprint the file had started."""
+    plain = f"generated: {no_day}\nlast_updated: {no_day}\ndevelopment_status:\n  epic-1: backlog\n  1-1-a: review\n"
+    quoted = plain.replace("  1-1-a:", "  '1-1-a':")  # the same file, one key quoted: the YAML path
+    assert sprint_status._fast_parsed(quoted) is None
+    assert parse_status_text(quoted, SRC) == parse_status_text(plain, SRC)
+    assert parse_status_text(quoted, SRC).last_updated == no_day
+    inserted = insert_story_entry(plain, "1-1-a", "1-2-b", "backlog", SRC)
+    assert changed_lines(plain, inserted) == ["+  1-2-b: backlog"]
+    for text in (plain, quoted):
+        r = apply_story_transition(text, "1-1-a", "review", "done", NOW, SRC)
+        assert r.outcome == "written" and r.text.startswith(f"generated: {no_day}\n")
+        assert f"\nlast_updated: {format_last_updated(no_day, NOW)}\n" in r.text
 
 
 @pytest.mark.parametrize("quoted", [False, True], ids=["fast-path", "yaml-path"])
