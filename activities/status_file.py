@@ -463,8 +463,9 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 )
             except StatusFileError as exc:
                 _parse(text, target)  # a file that does not parse is "unreadable": waited for (on the error path only)
-                # It parses, but the story's value cannot be edited in place (a folded or aliased value, say): no
-                # wait mends that; retried a little, as an editor's save in between would be, then given up.
+                # It parses, but the edit failed (its check after the edit, say; a story value it cannot edit in
+                # place does not parse): no wait mends that; retried a little, as an editor's save would be, then
+                # given up.
                 raise ApplicationError(str(exc), type=NOT_EDITABLE_ERROR_TYPE, non_retryable=False) from None
             except StoryKeyError as exc:  # the story is not in the file (renamed or removed by hand)
                 raise _fail(str(exc)) from None

@@ -483,14 +483,14 @@ def _parse_doc_cached(text: str, source: str) -> tuple[Any, ParsedStatus]:
         got = "an empty document" if doc is None else _type_name(doc)
         raise _err(source, f"top level must be a mapping, got {got}")
     try:
-        return doc, _build(doc, source)
+        return doc, _build(doc, text, source)
     except StatusFileError:
         raise
     except Exception as exc:  # noqa: BLE001 - odd YAML objects must not crash the caller
         raise _err(source, f"malformed status file: {type(exc).__name__}: {exc}") from None
 
 
-def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
+def _build(doc: Mapping[Any, Any], text: str, source: str) -> ParsedStatus:
     if "development_status" not in doc:
         raise _err(source, "missing development_status")
     ds = doc["development_status"]
@@ -537,6 +537,10 @@ def _build(doc: Mapping[Any, Any], source: str) -> ParsedStatus:
                 source, f"value of {k!r} is {len(v)} characters long, {v[:40]!r}...: a state is a word such as "
                 f"ready-for-dev (at most {MAX_VALUE_CHARS} characters)", vline or line, vcol or col,
             )  # fmt: skip
+        if kind == "story":
+            # BSO writes a story's state over its value, in place: a value it could not write there (an anchor, an
+            # alias, a block scalar, one continued on the next line) failed that write after the story's agent ran.
+            _locate(text, ds, k, source)
         entries.append(StatusEntry(key=k, kind=kind, value=str(v), line=line or 0))
     return ParsedStatus(
         project=_top_scalar(doc, "project", source),
@@ -560,7 +564,8 @@ def parse_status_text(text: str, source: str) -> ParsedStatus:
 # --- byte-preserving edit ------------------------------------------------------------------------
 
 
-def _line_spans(text: str) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=4)  # the parse locates every story's value in the same text
+def _line_spans(text: str) -> tuple[tuple[int, int], ...]:
     """(start, end-without-break) of each line, counting breaks the way ruamel does."""
     spans: list[tuple[int, int]] = []
     pos = 0
@@ -568,7 +573,7 @@ def _line_spans(text: str) -> list[tuple[int, int]]:
         spans.append((pos, m.start()))
         pos = m.end()
     spans.append((pos, len(text)))
-    return spans
+    return tuple(spans)
 
 
 def _token_end(line: str, col: int, flow: bool) -> int | None:
@@ -659,16 +664,24 @@ def _offset_in_line(text: str, line: int, column: int) -> int:
     return column - 1 + (1 if line == 1 and text.startswith("\ufeff") else 0)
 
 
+def _not_in_place(source: str, key: str, why: str, value: Any, line: int | None, column: int | None) -> StatusFileError:
+    plainly = f": `{key}: {value}`" if isinstance(value, str) and _PLAIN_SAFE_RE.match(value) else ""
+    return _err(
+        source, f"cannot edit the value of {key!r} in place: {why}; write it plainly on one line{plainly}", line, column
+    )
+
+
 def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, str]:
-    """(start offset, end offset, raw token) of the value of `key` in `mapping`."""
+    """(start offset, end offset, raw token) of the value of `key` in `mapping`: the one token on one line an
+    in-place edit replaces. A value that is not such a token raises StatusFileError saying why."""
     vline, vcol = _lc_value(mapping, key)
     if vline is None or vcol is None:
         raise _err(source, f"cannot locate the value of {key!r}")
+    value = mapping[key]
     kline, kcol = _lc_key(mapping, key)
     if kline is not None and kcol is not None and (vline, vcol) < (kline, kcol):
         # An alias (`key: *name`): ruamel places its value at the anchor, which always comes before it.
-        raise _err(source, f"cannot edit the value of {key!r} in place: it is an alias of the value on line {vline} "
-                           "(write the state itself in its place)", kline, kcol)
+        raise _not_in_place(source, key, f"it is an alias of the value on line {vline}", value, kline, kcol)
     spans = _line_spans(text)
     if vline - 1 >= len(spans):
         raise _err(source, f"cannot locate the value of {key!r}", vline)
@@ -682,11 +695,19 @@ def _locate(text: str, mapping: Any, key: str, source: str) -> tuple[int, int, s
     col = _offset_in_line(text, vline, vcol)
     end = _token_end(line, col, flow)
     if end is None:
-        if line[col:col + 1] == "&":  # other lines may take it by its alias: the edit would change them too
-            raise _err(source, f"cannot edit the value of {key!r} in place: it carries an anchor "
-                               f"({line[col:].split()[0]}; remove it)", vline, vcol)
-        raise _err(source, f"cannot edit the value of {key!r} in place (not a one-line scalar)", vline, vcol)
-    return lstart + col, lstart + end, line[col:end]
+        first = line[col:].split()[0] if line[col:].strip() else ""
+        if first.startswith("&"):  # other lines may take it by its alias: the edit would change them too
+            why = f"it carries an anchor ({first})"
+        elif first.startswith(("|", ">")):
+            why = f"it is a block scalar ({first})"
+        else:
+            why = "it is not a one-line scalar"
+        raise _not_in_place(source, key, why, value, vline, vcol)
+    token = line[col:end]
+    if isinstance(value, str) and not token.startswith(("'", '"')) and token != value:
+        # a plain value folded from several lines: the edit would replace its first line only
+        raise _not_in_place(source, key, "it goes on over the next line", value, vline, vcol)
+    return lstart + col, lstart + end, token
 
 
 def _replace(text: str, start: int, end: int, token: str) -> str:

@@ -322,17 +322,30 @@ async def test_a_disk_full_for_now_is_waited_for_not_a_story_given_up(tmp_path: 
     assert sorted(p.name for p in status.parent.iterdir() if p.name.startswith(".")) == []  # no probe left
 
 
-async def test_a_value_that_parses_but_cannot_be_edited_in_place_is_not_unreadable(tmp_path: Path):
-    """A folded value parses: waiting for the file to parse again would never end (the Slave wrote again and
-    waited again, for ever). It is its own retryable error, after which the story needs intervention."""
+async def test_a_story_value_that_cannot_be_edited_in_place_is_waited_for_as_a_broken_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A folded value parsed, and only the write of the story's state failed (retried, then the story needed
+    intervention, its agent's work lost). It no longer parses: the write waits for the file to be mended, as for
+    any file that does not parse, and the wait names the line and how to mend it."""
     root, status = make_project(tmp_path, "development_status:\n  1-1-a: >-\n    ready-for-dev\n")
+    why = "line 2, column 10: cannot edit the value of '1-1-a' in place: it is a block scalar (>-); write it plainly"
     await expect_error(
-        write(root, status, "1-1", "ready-for-dev", "review"), "not a one-line scalar", non_retryable=False,
-        error_type="StatusFileNotEditable",
+        write(root, status, "1-1", "ready-for-dev", "review"), why, non_retryable=False,
+        error_type="StatusFileUnreadable",
     )
-    assert await ActivityEnvironment().run(
-        wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status))
-    ) is False  # it parses: nothing to wait for
+    monkeypatch.setattr(status_file, "STATUS_FILE_POLL_SECONDS", 0.01)
+    beats: list = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    waiting = asyncio.ensure_future(
+        env.run(wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status)))
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and beats and why in beats[0][0]
+    status.write_text("development_status:\n  1-1-a: ready-for-dev\n")
+    assert await asyncio.wait_for(waiting, timeout=10) is True
+    assert (await write(root, status, "1-1", "ready-for-dev", "review")).outcome == "written"
 
 
 async def test_a_wait_taken_over_from_a_lost_worker_still_says_the_file_was_broken(tmp_path: Path):

@@ -62,6 +62,13 @@ STATUS_CORPUS = {
     "story_value_too_long.yaml": "line 8, column 15: value of '1-2-logout' is 6000 characters long, 'reviewreview",
     # A story taken from an anchor's map: its agent ran, then the write of its state (on a line of its own) failed.
     "merge_key.yaml": "line 7, column 1: development_status takes '1-1-login' from a YAML merge key (<<)",
+    # A story value BSO cannot write in place: its agent ran, then the write of its state failed.
+    "story_value_with_an_anchor.yaml": "line 7, column 14: cannot edit the value of '1-1-login' in place: it carries "
+    "an anchor (&st); write it plainly on one line: `1-1-login: review`",
+    "story_value_an_alias.yaml": "line 8, column 3: cannot edit the value of '1-2-logout' in place: it is an alias",
+    "story_value_folded.yaml": "line 7, column 14: cannot edit the value of '1-1-login' in place: it is a block scalar",
+    "story_value_continued.yaml": "line 7, column 14: cannot edit the value of '1-1-login' in place: it goes on over "
+    "the next line; write it plainly on one line",
     # A line separator in a quoted value: the edit of `last_updated` found the wrong line, or every write failed.
     "unicode_line_break.yaml": "line 3, column 15: a Unicode line break (U+2028), which YAML readers split lines at "
     "differently: BSO cannot edit the file safely",
