@@ -283,6 +283,10 @@ PATCH_UNSTARTED_AGENT_OUT_OF_TIME = "slave-unstarted-agent-out-of-time"
 # An agent's deadline that fires long past its moment (bso.dispatch.slept_through: a closed laptop, a server down)
 # starts the agent again with its whole time, and a working stretch through which the timer of the batch's working
 # time fired so late does not count: both ended the story, or the batch, for time nobody worked. Asked only then.
+# A step that keeps the story's state compares the file's value with it (a write of the same value: "already
+# applied", or another value a human set, taken as any hand edit): a story set skipped or done by hand during its
+# review-fix rounds went on being reviewed and fixed. Asked at each such step.
+PATCH_SAME_STATE_COMPARED = "slave-same-state-compared"
 PATCH_AGENT_WAKES_AFTER_SLEEP = "slave-agent-wakes-after-sleep"
 PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
 
@@ -1266,7 +1270,14 @@ class SprintSlaveWorkflow:
 
     async def _change_state(self, before: StoryProgress, transition: Transition) -> None:
         after = transition.progress
-        if after.state != before.state:
+        # A step that keeps the state (a review asking a fix, the fix answered) writes nothing: it compares, so a
+        # story set by hand meanwhile is taken, not reviewed and fixed on and on (PATCH_SAME_STATE_COMPARED).
+        compares = (
+            after.state == before.state
+            and not is_terminal(after)
+            and SLAVE_PATCHES.patched(PATCH_SAME_STATE_COMPARED)
+        )
+        if after.state != before.state or compares:
             # A local activity: the write runs in this worker within the workflow task (one marker event,
             # no activity task round trip through the server); same timeout, retries and idempotency.
             write = StatusWriteInput(
