@@ -48,6 +48,7 @@ from workflows.sprint_slave import (
     PATCH_CANCEL_AFTER_DEBUG_REQUEST,
     PATCH_DECIDE_ANSWERED_ON_CANCEL,
     PATCH_UPDATES_HELD_AFTER_CLOSE,
+    PATCH_SAME_STATE_COMPARED,
     PATCH_WORKING_TIME_WAKES_AFTER_SLEEP,
     PATCH_WRITE_SURVIVES_CANCEL,
 )
@@ -256,6 +257,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-29-skipped-after-rearm/rearm-running.json", PATCH_BRINGS_BACK_SKIPPED_AFTER_REARM),
         # 1-2, skipped for 1-1, set to done by hand before 1-1's rearm: it stayed skipped, and 1-3 skipped for it.
         ("before-2026-11-29-rearm-hand-done/rearm-hand-done.json", PATCH_BRING_BACK_TAKES_DONE_BY_HAND),
+        # Its review-fix rounds kept the state `review` and wrote nothing, not comparing the file's value.
+        ("example-sprint--batch-1.json", PATCH_SAME_STATE_COMPARED),
         # A closed laptop (worker and server stopped) past the dev agent's deadline: the story ended
         # needs-intervention for time nobody worked; past the batch's working time: the batch ended out of time.
         ("before-2026-11-29-laptop-agent/laptop--batch-1.json", PATCH_AGENT_WAKES_AFTER_SLEEP),
