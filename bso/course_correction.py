@@ -20,7 +20,7 @@ from bso.dispatch import DISPATCH_TABLE, normalize_state, unknown_values, unknow
 from bso.messages import BatchSpec, cut_text
 from bso.models import CorrectionRecord, StoryMeta
 from bso.planning import plan_batches
-from bso.sprint_status import resolve_story_keys
+from bso.sprint_status import SHORT_KEY_RE, STORY_KEY_RE, StoryKeyError, resolve_story_keys
 from bso.states import StoryState
 from bso.terminal_text import printable
 
@@ -103,6 +103,20 @@ def check_request(
     if set(add) & set(drop):
         raise CCRejected("CC_REJECTED: a story cannot be both added and dropped")
     return add, drop
+
+
+def keys_not_seen(requested: list[str], known: list[str]) -> list[str]:
+    """The keys to add that name no story the sprint knows yet but are story keys: lines added to the status file
+    since the sprint started (BMAD's create-story adds them), which the Master reads the file for before it
+    checks the correction (a key still unknown then is refused, named)."""
+    unseen = []
+    for key in requested:
+        try:
+            resolve_story_keys([key], known)
+        except StoryKeyError:
+            if STORY_KEY_RE.match(key.strip()) or SHORT_KEY_RE.match(key.strip()):
+                unseen.append(key)
+    return unseen
 
 
 def check_added_values(add: list[str], values: dict[str, str]) -> None:

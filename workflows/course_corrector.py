@@ -28,12 +28,13 @@ with workflow.unsafe.imports_passed_through():
         check_request,
         correction_record,
         dropped_note,
+        keys_not_seen,
         start_value,
     )
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error, story_key_too_long
     from bso.sprint_status import shared_numbers
-    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusWriteInput, StoryView, short_key
+    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusSnapshot, StatusWriteInput, StoryView, short_key
     from bso.states import SprintPhase, StoryState
 
 _WRITE = {
@@ -101,18 +102,29 @@ class CourseCorrector:
             raise _cc_rejected("CC_REJECTED: another course correction is being applied")
         if self._rearm_in_flight():
             raise _cc_rejected(CC_DURING_REARM)
+        # Stories added to the file since the sprint started: the update reads it, and checks them then.
+        unseen = self._keys_not_seen(parsed)
         try:
-            add, _ = self._cc_check(parsed)
+            add, _ = self._cc_check(parsed.model_copy(update={"add_stories": [k for k in parsed.add_stories if k not in unseen]}))
             check_added_values(add, self._state.outside_stories)
         except CCRejected as err:
             raise _cc_rejected(str(err)) from None
-        for key in add:  # (the validator only: a correction accepted before replays as it ran)
+        if (why := self._added_keys_problem(add)) is not None:  # (the validator only: one accepted before replays as it ran)
+            raise _cc_rejected(why)
+
+    def _keys_not_seen(self, request: CourseCorrectionRequest) -> list[str]:
+        return keys_not_seen(request.add_stories, [*self._state.views, *self._state.outside_stories])
+
+    def _added_keys_problem(self, add: list[str]) -> str | None:
+        """CC_REJECTED for added keys too long for an answer, or sharing a number with a story of the sprint."""
+        for key in add:
             if (why := story_key_too_long(key)) is not None:
-                raise _cc_rejected(f"CC_REJECTED: {why}")
+                return f"CC_REJECTED: {why}"
         numbers = {short_key(key) for key in add}  # the added stories' own: two older ones sharing one are let be
         sharing = [key for key in self._state.views if short_key(key) in numbers]
         if add and (why := shared_numbers(dict.fromkeys([*sharing, *add]), SHARED_NUMBER_ADDED)):
-            raise _cc_rejected(f"CC_REJECTED: {why}")
+            return f"CC_REJECTED: {why}"
+        return None
 
     def _cc_check(self, request: CourseCorrectionRequest) -> tuple[list[str], list[str]]:
         s = self._state
@@ -126,15 +138,23 @@ class CourseCorrector:
 
     async def _apply_course_correction(self, request: CourseCorrectionRequest) -> CourseCorrection:
         s = self._state
-        add, drop = self._cc_check(request)
+        snapshot = None
+        if unseen := self._keys_not_seen(request):  # (none in a correction accepted before: the validator refused)
+            snapshot = await self._read_status_file()
+            s.outside_stories.update({m.key: m.state for m in snapshot.stories if m.key not in s.views and m.key not in s.outside_stories})
+            try:
+                add, drop = self._cc_check(request)
+                check_added_values(add, s.outside_stories)
+            except CCRejected as err:
+                raise _cc_rejected(str(err)) from None
+            if (why := self._added_keys_problem([k for k in add if k not in s.views])) is not None:
+                raise _cc_rejected(why)
+            workflow.logger.info("course correction: %s added to sprint-status.yaml since the start", ", ".join(unseen))
+        else:
+            add, drop = self._cc_check(request)
         metas = {}
         if add:
-            snapshot = await workflow.execute_activity(
-                load_sprint_status,
-                LoadStatusInput(project_root=self._project_root, status_file=s.status_file),
-                summary="course correction: read sprint-status.yaml",
-                **_WRITE,
-            )
+            snapshot = snapshot or await self._read_status_file()
             metas = {m.key: m for m in snapshot.stories}
             # Outside the sprint when it started, gone from the file since (removed or renamed by hand).
             if missing := [key for key in add if key not in metas]:
@@ -192,6 +212,14 @@ class CourseCorrector:
         if drop:
             self._tell_dependants({key: s.views[key].state for key in drop}, None)
         return cc
+
+    async def _read_status_file(self) -> StatusSnapshot:
+        return await workflow.execute_activity(
+            load_sprint_status,
+            LoadStatusInput(project_root=self._project_root, status_file=self._state.status_file),
+            summary="course correction: read sprint-status.yaml",
+            **_WRITE,
+        )
 
     async def _cc_write(self, key: str, expected: str, new: str) -> str:
         written = await workflow.execute_activity(
