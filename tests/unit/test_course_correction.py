@@ -11,6 +11,7 @@ from bso.course_correction import (
     check_request,
     dropped_note,
     dropped_stories,
+    keys_not_seen,
     replan,
     start_value,
 )
@@ -97,3 +98,10 @@ def test_the_stories_left_dropped_by_the_corrections_in_order():
     assert dropped_stories([first, again]) == {"1-4-d": "dropped by course correction (user_request): later"}
     assert dropped_stories([first, again, third])["1-3-c"] == "dropped by course correction (user_request): no, out"
     assert dropped_stories([]) == {}
+
+
+def test_keys_to_add_the_sprint_has_not_seen_are_story_keys_it_does_not_know():
+    """A line added to the file since the sprint started: the Master reads the file for it (it was refused)."""
+    known = [*SPRINT, *OUTSIDE]
+    assert keys_not_seen(["2-1", "1-9", "1-9-new", "9-9-x", "not a key", "../x"], known) == ["1-9", "1-9-new", "9-9-x"]
+    assert keys_not_seen(["1-3-c", "2-2"], known) == []
