@@ -1290,13 +1290,31 @@ async def _past_index_lock(root: str, *args: str) -> Finished:
     INDEX_LOCK_PATIENCE_SECONDS). Refused for the lock, the ff merge fell through to a merge commit that stopped
     half-way ("fix conflicts" where there were none) and the abort failed on the same lock: MERGE_HEAD stayed,
     and every later story said the checkout was in the middle of a merge."""
-    waited = 0.0
+    waited, removed = 0.0, False
     while True:
         done = await run_command(git_argv(root, *args), cwd=root)
-        if done.returncode == 0 or "index.lock" not in done.output or waited >= INDEX_LOCK_PATIENCE_SECONDS:
+        if done.returncode == 0 or "index.lock" not in done.output:
             return done
+        if waited >= INDEX_LOCK_PATIENCE_SECONDS:
+            if removed or not await _remove_stale_index_lock(root):
+                return done
+            waited, removed = 0.0, True  # (once: a new lock of another git is waited out, then said)
         await asyncio.sleep(0.25)
         waited += 0.25
+
+
+async def _remove_stale_index_lock(root: str) -> bool:
+    """The user's checkout's index.lock when no git holds it: a git killed with SIGKILL left it (a container
+    stopped, the worker killed with its children in the middle of the merge), and every merge after it failed,
+    the user's own git too. Only once no git works in the checkout or holds the lock (procfs; without it, left)."""
+    lock = (await git_dir(root)) / "index.lock"
+    common = Path(root, (await git(root, "rev-parse", "--git-common-dir")).strip())
+    users = processes_using([Path(root), common], lock, named="git")
+    if users is None or users or not lock.exists():
+        return False
+    lock.unlink(missing_ok=True)
+    activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+    return True
 
 
 async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:

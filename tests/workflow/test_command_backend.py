@@ -1670,6 +1670,33 @@ async def test_the_merge_waits_out_a_moment_of_the_users_own_git(tmp_path: Path)
     assert "src/story_1_1_hello_world.py" in git(root, "ls-files", "src").split()
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["left-by-a-killed-git", "held-by-a-live-git"])
+async def test_an_index_lock_no_git_holds_in_the_users_checkout_is_removed_before_the_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """A worker killed with its children in the middle of the merge into the checkout (a container stopped) left
+    the checkout's index.lock: the retry's merge failed ("worktree kept"), the story was never merged, and the
+    user's own git failed on the lock. One no git holds goes; one a git working in the checkout may hold stays."""
+    monkeypatch.setattr(git_ops, "INDEX_LOCK_PATIENCE_SECONDS", 0.5)
+    root = dev_project(tmp_path)
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    lock = root / ".git" / "index.lock"
+    lock.write_text("")
+    live = subprocess.Popen(["git", "hash-object", "--stdin"], cwd=root, stdin=subprocess.PIPE) if held else None
+    try:
+        result = await finish(root)
+    finally:
+        if live is not None:
+            live.communicate(b"")
+    if held:
+        assert not result.merged and lock.exists(), result
+    else:
+        assert result.merged, result.note
+        assert not lock.exists() and not (root / ".git" / "MERGE_HEAD").exists()
+        assert "src/story_1_1_hello_world.py" in git(root, "ls-files", "src").split()
+
+
 async def test_a_check_that_leaves_a_child_running_is_done_when_it_exits(tmp_path: Path) -> None:
     """A verification command that left a server or a watcher running held the check for its whole timeout
     (up to 900 s), then reported it timed out; the child is killed, the command's output and exit code kept."""
