@@ -335,17 +335,21 @@ async def test_a_story_value_that_cannot_be_edited_in_place_is_waited_for_as_a_b
         error_type="StatusFileUnreadable",
     )
     monkeypatch.setattr(status_file, "STATUS_FILE_POLL_SECONDS", 0.01)
-    beats: list = []
-    env = ActivityEnvironment()
-    env.on_heartbeat = lambda *details: beats.append(details)
-    waiting = asyncio.ensure_future(
-        env.run(wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status)))
-    )
+    waiting, beats = _waiting_for(root, status)
     await asyncio.sleep(0.3)
     assert not waiting.done() and beats and why in beats[0][0]
     status.write_text("development_status:\n  1-1-a: ready-for-dev\n")
     assert await asyncio.wait_for(waiting, timeout=10) is True
     assert (await write(root, status, "1-1", "ready-for-dev", "review")).outcome == "written"
+
+
+def _waiting_for(root: Path, status: Path) -> tuple[asyncio.Future, list]:
+    """wait_for_status_file running on `status`, and the heartbeats it has sent so far."""
+    beats: list = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    inp = LoadStatusInput(project_root=str(root), status_file=str(status))
+    return asyncio.ensure_future(env.run(wait_for_status_file, inp)), beats
 
 
 async def test_a_wait_taken_over_from_a_lost_worker_still_says_the_file_was_broken(tmp_path: Path):
@@ -362,12 +366,7 @@ async def test_the_wait_returns_once_the_file_parses_and_says_it_was_broken(tmp_
     root, status = make_project(tmp_path)
     good = status.read_text()
     status.write_text("development_status:\n  1-1-a: [unclosed\n")
-    beats: list = []
-    env = ActivityEnvironment()
-    env.on_heartbeat = lambda *details: beats.append(details)
-    waiting = asyncio.ensure_future(
-        env.run(wait_for_status_file, LoadStatusInput(project_root=str(root), status_file=str(status)))
-    )
+    waiting, beats = _waiting_for(root, status)
     await asyncio.sleep(1.5)
     assert not waiting.done() and beats and "YAML error" in beats[0][0]
     status.write_text(good)

@@ -252,3 +252,17 @@ async def fix_assignments(client, slave_id: str) -> list[dict]:
                 if assignment["mode"] == "fix":
                     fixes.append(assignment)
     return fixes
+
+
+async def how_it_ended(handle: WorkflowHandle[Any, Any], seconds: float = 15) -> str:
+    """`completed`, the failure's cause as text, or `still running after N s` (then terminated): for a workflow
+    given a bad input, which must fail at once, never retry its workflow task."""
+    try:
+        await asyncio.wait_for(handle.result(), seconds)
+        return "completed"
+    except WorkflowFailureError as err:
+        return str(err.cause)
+    except TimeoutError:
+        await handle.terminate("test over")
+        return f"still running after {seconds:.0f} s"
+

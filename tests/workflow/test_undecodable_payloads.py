@@ -10,16 +10,14 @@ with its own converter, sends).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 from temporalio.api.common.v1 import Payload
-from temporalio.client import WorkflowFailureError
 from temporalio.common import RawValue
 
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, status_values, wait_status, workflow_task_failures
+from tests.workflow.helpers import how_it_ended, make_project, sprint_input, status_values, wait_status, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1 = "1-1-login-form"
@@ -38,13 +36,7 @@ async def test_an_undecodable_start_input_fails_the_sprint_not_its_task(ts_env, 
         handle = await ts_env.client.start_workflow(
             "SprintMasterWorkflow", RawValue(UNDECODABLE[name]), id=f"undecodable-{name}", task_queue=queue
         )
-        try:
-            await asyncio.wait_for(handle.result(), 15)
-            failed = "completed"
-        except WorkflowFailureError as err:
-            failed = str(err.cause)
-        except TimeoutError:
-            failed = "still running after 15 s"
+        failed = await how_it_ended(handle)
         failures = await workflow_task_failures(ts_env.client, handle.id)
     assert failures == [], f"{name}: {failures[:1]} (the sprint: {failed})"
     assert "invalid input" in failed, failed
