@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -259,9 +260,16 @@ RESULT_FILE_BYTES = 8 * 1024 * 1024
 def read_result_file(path: Path) -> Any:
     """The JSON an agent wrote to its result file. Raises UnreadableResultFile, saying why in a few words: a
     directory, bytes that are not UTF-8, JSON nested deeper than a parser goes (each failed the activity on every
-    attempt, and the story ended with a raw Python error), a file past RESULT_FILE_BYTES."""
+    attempt, and the story ended with a raw Python error), a file past RESULT_FILE_BYTES, a FIFO, socket or
+    device (a FIFO with no writer blocked the open for ever, and the dispatch with it)."""
     try:
-        with open(path, "rb") as fh:
+        # Non-blocking: the open returns at once whatever is there; only a regular file is read.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            kind = os.fstat(fh.fileno()).st_mode
+            if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # (a directory's read says so: "Is a directory")
+                raise UnreadableResultFile(
+                    "is not a regular file (a FIFO, socket or device?): write the answer to a plain file there"
+                )
             data = fh.read(RESULT_FILE_BYTES + 1)  # never more, however long it is (or grows)
     except OSError as err:
         raise UnreadableResultFile(f"cannot be read: {err.strerror or err}") from None

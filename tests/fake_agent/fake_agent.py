@@ -9,7 +9,7 @@ Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or 
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-answer (neither a result file nor an answer in its output), echo-prompt (a
 plain-text CLI: prints its prompt, then its last words, as plain text), linger (commits, then
-sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-deep (a result
+sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-fifo (a FIFO there, no writer), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
 dev-story does, and leaves the change / commits it), commit-in-plan (the dev-runner commits a file in the
@@ -260,6 +260,9 @@ def main():
         ]
     if "result-dir" in behavior:  # the result file's path taken by a directory
         Path(os.environ["BSO_RESULT_FILE"]).mkdir()
+        text = "Done."
+    elif "result-fifo" in behavior:  # a named pipe where the result file goes, with no one to write it
+        os.mkfifo(os.environ["BSO_RESULT_FILE"])
         text = "Done."
     elif "result-deep" in behavior:
         Path(os.environ["BSO_RESULT_FILE"]).write_text("[" * 100_000)

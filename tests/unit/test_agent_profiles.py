@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -232,6 +234,21 @@ def test_an_unreadable_result_file_or_output_is_said_in_a_few_words(tmp_path: Pa
     result.write_bytes(b'\xef\xbb\xbf{"status": "success"}')  # a BOM: "Expecting value" on every attempt
     assert read_result_file(result) == {"status": "success"}
     assert cli_output("[" * 100_000).complete is None and cli_output("[" * 100_000 + "\n{}").tokens == TokenUse()
+
+
+def test_a_fifo_as_the_result_file_is_refused_at_once(tmp_path: Path) -> None:
+    """Its open waited for a writer for ever (the dispatch never answered)."""
+    result = tmp_path / "result.json"
+    os.mkfifo(result)
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_result_file, result)
+        try:
+            refused = reading.exception(timeout=10)
+        finally:
+            if not reading.done():  # a writer lets the blocked reader go (EOF), and the test end
+                os.close(os.open(result, os.O_WRONLY | os.O_NONBLOCK))
+    assert isinstance(refused, UnreadableResultFile), refused
+    assert str(refused) == "is not a regular file (a FIFO, socket or device?): write the answer to a plain file there"
 
 
 def test_a_result_file_of_hundreds_of_mb_is_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

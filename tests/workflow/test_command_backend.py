@@ -1639,6 +1639,28 @@ async def test_an_unreadable_result_file_is_the_agents_failure_said_in_a_few_wor
     assert done.status is AgentStatus.FAILURE and done.error == said, done.error
 
 
+async def test_a_fifo_as_the_result_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO at $BSO_RESULT_FILE with no writer: its open blocked for ever, the dispatch never answered (each retry
+    blocked again, holding a worker thread for good)."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="result-fifo")
+    a = assignment(root)
+    result_file = command.run_dir_for(str(root), a.dispatch_id) / "result.json"
+    run = asyncio.ensure_future(ActivityEnvironment().run(command.run, a))
+    done = None
+    try:
+        done = await asyncio.wait_for(asyncio.shield(run), 60)
+    except TimeoutError:
+        pass
+    finally:
+        if done is None and result_file.exists():  # a writer lets the blocked reader go (EOF), and the test end
+            os.close(os.open(result_file, os.O_WRONLY | os.O_NONBLOCK))
+        await asyncio.wait([run], timeout=30)
+    assert done is not None, "the dispatch hung reading the FIFO at BSO_RESULT_FILE"
+    assert done.status is AgentStatus.FAILURE and done.error == (
+        "BSO_RESULT_FILE is not a regular file (a FIFO, socket or device?): write the answer to a plain file there"
+    ), done.error
+
+
 async def test_a_story_file_saved_in_another_encoding_is_read_past_its_odd_bytes(tmp_path: Path) -> None:
     """A story file a cp1252 editor saved (`Caf\\xe9`) failed the dev agent's activity on every attempt with
     "'utf-8' codec can't decode byte 0xe9", naming no file."""
