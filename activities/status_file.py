@@ -305,21 +305,34 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
     return snapshot
 
 
+def story_file_problem(path: str, root_real: str) -> str | None:
+    """Why BSO may neither read nor write the story file at `path`, or None (a missing one is no problem): a link
+    out of the project (a simulated story-creator overwrote the file it pointed to), or no regular file (the open
+    of a FIFO waits for a writer for ever)."""
+    real = os.path.realpath(path)
+    if not is_inside(root_real, real):
+        return f"{path} is a link out of the project (to {real}): replace the link by the story file itself"
+    if os.path.exists(real) and not os.path.isfile(real):
+        return f"{path} is not a regular file (a folder, FIFO or device?): move it away for the story file"
+    return None
+
+
+def read_story_text(path: str) -> str:
+    """A story file's text, its bytes that are not UTF-8 replaced (an editor's cp1252 `café` fails no agent)."""
+    with open(path, "rb") as fh:
+        return fh.read(MAX_STORY_FILE_BYTES).decode("utf-8", errors="replace")
+
+
 def _read_story_file(path: str, root_real: str):
     """The parsed story file, or None when absent, unreadable, outside the project or too large."""
     try:
-        if not os.path.isfile(path):
+        if not os.path.isfile(path) or story_file_problem(path, root_real) is not None:
             return None
-        real = os.path.realpath(path)
-        if not is_inside(root_real, real):
+        if os.stat(path).st_size > MAX_STORY_FILE_BYTES:
             return None
-        if os.stat(real).st_size > MAX_STORY_FILE_BYTES:
-            return None
-        with open(real, "rb") as fh:
-            text = fh.read(MAX_STORY_FILE_BYTES).decode("utf-8", errors="replace")
+        return parse_story_file(read_story_text(path))
     except OSError:
         return None
-    return parse_story_file(text)
 
 
 @activity.defn

@@ -4,6 +4,7 @@ story file; the others answer what the simulation script says for this call."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from activities.session_files import (
     record_dispatch_answer,
     session_path,
 )
+from activities.status_file import read_story_text, story_file_problem
 from bso.agent_progress import percent_of, progress_update
 from bso.dispatch import SCRIPT_KEYS
 from bso.messages import AgentComplete, TaskAssignment
@@ -33,8 +35,10 @@ HEARTBEAT_EVERY_SECONDS = 1.0
 def _write_story_doc(assignment: TaskAssignment) -> str:
     """What a story-creator does: write (create) or rewrite (revise) the BMAD story file."""
     target = Path(resolve_inside(assignment.project_root, assignment.story_path))
+    if (problem := story_file_problem(str(target), os.path.realpath(assignment.project_root))) is not None:
+        raise ApplicationError(f"story-creator: {problem}", type="StoryFileError", non_retryable=True)
     epic_num, story_num = short_key(assignment.story_key).split("-", 1)
-    existing = parse_story_file(target.read_text(encoding="utf-8")) if target.exists() else None
+    existing = parse_story_file(read_story_text(str(target))) if target.exists() else None
     title = assignment.story_title or (existing.title if existing else "") or title_from_slug(assignment.story_key)
     revision = assignment.mode_round if assignment.mode is AgentMode.REVISE else 0
     text = render_story_file(

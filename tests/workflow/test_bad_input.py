@@ -5,26 +5,34 @@ Add a file to tests/corpus/status/ and a row to STATUS_CORPUS for every new bad 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from activities.backends import simulated
 from activities.session_files import SESSION_DIR
 from bso.constants import slave_workflow_id
 from bso.cli import BsoError, _check_stories
 from bso.message_flow import message_flow
+from bso.messages import TaskAssignment
 from bso.models import DEFAULT_STATUS_FILE
+from bso.states import AgentMode, AgentType
 from bso.summary import summary_filename
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
+    run_sprint,
     sprint_input,
     sprint_result,
     start_sprint,
@@ -329,6 +337,59 @@ async def test_something_in_the_way_of_the_session_folder_is_named_at_the_start(
     assert "SessionDirError" in message or "Errno" not in message, message
     assert status_values(tmp_path) == before
     assert list(elsewhere.iterdir()) == []
+
+
+async def test_a_story_file_linked_out_of_the_project_is_never_written_through(ts_env, tmp_path: Path, tmp_path_factory):
+    """`1-1-login-form.md -> /elsewhere/notes.md`: the load skips it as outside the project, but the simulated
+    story-creator checked its path only as text, and overwrote the file outside with a story document."""
+    project = tmp_path / "project"
+    status = make_project(project, {K1: "backlog"})
+    outside = tmp_path_factory.mktemp("outside") / "notes.md"
+    outside.write_text("my own notes, not a story\n", encoding="utf-8")
+    os.symlink(outside, status.parent / f"{K1}.md")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(project, session_id="link-out"))
+        assert await workflow_task_failures(ts_env.client, "link-out") == []
+    assert outside.read_text(encoding="utf-8") == "my own notes, not a story\n"
+    errors = [r.error or "" for b in report.batches for r in b.results.story_results]
+    assert report.stories[K1] == "needs-intervention", report.stories
+    assert any(f"{K1}.md is a link out of the project (to {outside})" in e for e in errors), errors
+
+
+def test_a_fifo_where_the_story_file_goes_is_refused_not_waited_on(tmp_path: Path):
+    """The simulated story-creator opened a FIFO at the story's path (the load skips it), and waited for a writer
+    for ever."""
+    status = make_project(tmp_path, {K1: "backlog"})
+    story = status.parent / f"{K1}.md"
+    os.mkfifo(story)
+    creating = TaskAssignment(
+        dispatch_id="s1/batch-1/1-1/1", agent_type=AgentType.STORY_CREATOR, mode=AgentMode.CREATE, story_key=K1,
+        story_path=str(story.relative_to(tmp_path)), session_id="s1", batch_id=1, report_to="s1/batch-1",
+        project_root=str(tmp_path), backend="simulated",
+    )
+    with ThreadPoolExecutor(1) as pool:
+        writing = pool.submit(simulated._write_story_doc, creating)
+        try:
+            refused = writing.exception(timeout=10)
+        finally:
+            while not writing.done():  # a writer, then a reader, lets a creator blocked on the FIFO go, the test end
+                for flags in (os.O_WRONLY, os.O_RDONLY):
+                    with contextlib.suppress(OSError):
+                        os.close(os.open(story, flags | os.O_NONBLOCK))
+                time.sleep(0.1)
+    assert isinstance(refused, ApplicationError) and refused.non_retryable, refused
+    assert refused.message == f"story-creator: {story} is not a regular file (a folder, FIFO or device?): move it away for the story file"
+
+
+async def test_a_story_file_not_in_utf8_is_revised_past_its_odd_bytes(ts_env, tmp_path: Path):
+    """A story file a cp1252 editor saved (`café`): the load read it, bytes replaced, but the simulated
+    story-creator failed on a bare UnicodeDecodeError at every attempt, naming no file."""
+    status = make_project(tmp_path, {K1: "backlog"})
+    (status.parent / f"{K1}.md").write_bytes("# Story 1.1: Login caf\u00e9\n\nStatus: backlog\n".encode("cp1252"))
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="not-utf8"))
+        assert await workflow_task_failures(ts_env.client, "not-utf8") == []
+    assert report.stories[K1] == "done", report
 
 
 async def test_a_folder_where_the_status_files_lock_goes_is_refused_at_the_start(ts_env, tmp_path: Path):
