@@ -37,6 +37,10 @@ def session_path(project_root: str, *parts: str) -> Path:
         # Never the project's folder itself: one moved away mid-sprint was made again, empty, and the sprint's
         # files went there (moved back, the project landed inside it).
         Path(project_root, SESSION_DIR).mkdir(exist_ok=True)
+        # Checked at each write, not only at the start: a folder linked out of the project mid-sprint was
+        # written through. A link is rare: one lstat, the whole check only then.
+        if os.path.islink(Path(project_root, SESSION_DIR)) and (linked := session_dir_problem(project_root)):
+            raise _session_dir_error(linked)
         path.parent.mkdir(parents=True, exist_ok=True)
     except FileNotFoundError:  # retried: put back, the sprint goes on
         raise ApplicationError(

@@ -32,6 +32,7 @@ from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
 from tests.workflow.helpers import (
     make_project,
+    poll_until,
     run_sprint,
     sprint_input,
     sprint_result,
@@ -390,6 +391,33 @@ async def test_a_story_file_not_in_utf8_is_revised_past_its_odd_bytes(ts_env, tm
         report = await run_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="not-utf8"))
         assert await workflow_task_failures(ts_env.client, "not-utf8") == []
     assert report.stories[K1] == "done", report
+
+
+async def test_a_session_folder_linked_out_mid_sprint_is_not_written_through(ts_env, tmp_path: Path, tmp_path_factory):
+    """The start refuses a .sprint-session linked out of the project (above), but nothing checked it again: one
+    moved out and linked while the sprint ran had the agents go on writing through the link."""
+    project = tmp_path / "project"
+    make_project(project, {K1: "review"})
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "session"
+    session = project / SESSION_DIR
+    ledger = session / "simulated-agent-ledger.jsonl"
+
+    async def reviewer_started() -> bool:
+        return ledger.exists() and ledger.read_text() != ""
+
+    inp = sprint_input(project, session_id="linked-out", simulation={"default": {"duration_ms": 4000}})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(ts_env.client, queue, inp)
+        await poll_until(reviewer_started, "the reviewer started")
+        session.rename(elsewhere)  # the folder moved out, a link left in its place
+        session.symlink_to(elsewhere, target_is_directory=True)
+        report = await sprint_result(handle)
+        assert await workflow_task_failures(ts_env.client, handle.id) == []
+    ledger_out = [json.loads(line) for line in (elsewhere / ledger.name).read_text().splitlines() if line.strip()]
+    assert [e for e in ledger_out if e.get("event") == "finished"] == [], ledger_out
+    assert report.stories[K1] == "needs-intervention", report.stories
+    errors = [r.error or "" for b in report.batches for r in b.results.story_results]
+    assert any(f"{SESSION_DIR} is a link out of the project (to {elsewhere})" in e for e in errors), errors
 
 
 async def test_a_folder_where_the_status_files_lock_goes_is_refused_at_the_start(ts_env, tmp_path: Path):
