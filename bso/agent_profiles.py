@@ -68,6 +68,21 @@ def _no_nul(value: str) -> str:
 
 # A string given to a process: its argv or its environment.
 ProcessText = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _env_name(name: str) -> str:
+    # An environment entry is NAME=value: the name cannot be empty nor hold '=' (nor a NUL, as no value can).
+    wrong = "is empty" if not name else "holds '='" if "=" in name else "holds a NUL" if "\x00" in name else None
+    if wrong:
+        raise ValueError(
+            f"the environment variable name {name!r} {wrong}: write the name alone as the key, as in NAME = \"value\""
+        )
+    return name
+
+
+# A profile's or an agent's environment: the names are checked too (each dispatch failed on Python's bare
+# "illegal environment variable name", naming neither the key nor the file).
+ProcessEnv = dict[Annotated[str, AfterValidator(_env_name)], ProcessText]
 REVIEWING_AGENTS = frozenset({AgentType.STORY_REVIEWER, AgentType.REVIEW_RUNNER, AgentType.E2E_INSPECTOR})
 
 # Agents that write the story document work in the project; the others in the story's git worktree.
@@ -107,7 +122,7 @@ class AgentProfile(_Strict):
 
     argv: list[ProcessText] = Field(default_factory=list)
     prompt_via: Literal["arg", "stdin", "file"] = "arg"
-    env: dict[str, ProcessText] = Field(default_factory=dict)
+    env: ProcessEnv = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None  # None: the agent type's default
     timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
     output: Literal["json", "jsonl", "text"] = "json"
@@ -128,7 +143,7 @@ class ProfilePatch(_Strict):
     extends: str | None = None
     argv: list[ProcessText] | None = None
     prompt_via: Literal["arg", "stdin", "file"] | None = None
-    env: dict[str, ProcessText] | None = None
+    env: ProcessEnv | None = None
     workdir: Literal["worktree", "project"] | None = None
     timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
     output: Literal["json", "jsonl", "text"] | None = None
@@ -138,7 +153,7 @@ class AgentChoice(_Strict):
     """Which profile an agent type (or one of its modes) uses, with optional overrides."""
 
     profile: str | None = None
-    env: dict[str, ProcessText] = Field(default_factory=dict)
+    env: ProcessEnv = Field(default_factory=dict)
     workdir: Literal["worktree", "project"] | None = None
     timeout_seconds: Annotated[int | None, _NOT_A_BOOL] = Field(default=None, gt=0)  # `true` was 1 second
 

@@ -122,6 +122,11 @@ def test_whole_numbers_written_as_floats_are_still_taken() -> None:
         ('[git]\nsquash_message = "  "', "git.squash_message"),
         ('[profiles.x]\nextends="claude"\nenv = { A = "a\\u0000b" }', "NUL"),
         ('[verification]\ncommands = [["pytest", "\\u0000"]]', "NUL"),
+        # Names no process takes: each dispatch failed on Python's bare "illegal environment variable name".
+        ('[profiles.x]\nextends="claude"\n[profiles.x.env]\n"BAD=NAME" = "1"',
+         "agents.toml: profiles.x.env.BAD=NAME.[key]: Value error, the environment variable name 'BAD=NAME' holds '='"),
+        ('[agents.dev-runner.env]\n"" = "1"', "agents.dev-runner.env..[key]: Value error, the environment variable name '' is empty"),
+        ('[agents.dev-runner.modes.fix.env]\n"A=" = "1"', "agents.dev-runner.modes.fix.env.A=.[key]"),
         ("kill_grace_seconds = inf", "kill_grace_seconds"),
         ("heartbeat_seconds = 1e9", "heartbeat_seconds"),
         # A hunt, 2026-11-28: `inf` failed every agent's answer after its work (each ran again, up to 5 times);
@@ -139,6 +144,13 @@ def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
     with pytest.raises(AgentProfileError) as err:
         parse_agents_file(text, "agents.toml")
     assert needle in str(err.value)
+
+
+def test_an_env_name_holding_a_nul_is_refused_naming_it() -> None:
+    with pytest.raises(AgentProfileError) as err:
+        parse_agents_file('profiles:\n  x:\n    extends: claude\n    env: {"A\\0B": "1"}\n', ".bso/agents.yaml")
+    assert str(err.value).startswith(".bso/agents.yaml: profiles.x.env.A\x00B.[key]: Value error, the environment variable "
+                                     "name 'A\\x00B' holds a NUL"), str(err.value)
 
 
 def test_generic_needs_argv_and_reviewer_may_not_resume_a_session() -> None:

@@ -1802,6 +1802,21 @@ async def test_missing_cli_is_a_non_retryable_config_error(tmp_path: Path) -> No
     assert "'gone'" in err.value.message
 
 
+async def test_an_env_name_no_process_takes_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """`"BAD=NAME" = "1"` in a profile's env: each dispatch failed, retried, on Python's bare "illegal environment
+    variable name", naming neither the key, the profile nor the file."""
+    root = dev_project(tmp_path)
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace("[profiles.fake.env]\n", '[profiles.fake.env]\n"BAD=NAME" = "1"\n', 1))
+    git(root, "commit", "-qam", "agents env")
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(command.run, assignment(root))
+    assert err.value.type == "AgentConfigError" and err.value.non_retryable
+    assert "agents.toml: profiles.fake.env.BAD=NAME.[key]: Value error, the environment variable name 'BAD=NAME'" in (
+        err.value.message
+    ), err.value.message
+
+
 async def test_unsafe_story_path_is_refused(tmp_path: Path) -> None:
     root = dev_project(tmp_path)
     bad = assignment(root).model_copy(update={"story_path": "../../etc/passwd"})
