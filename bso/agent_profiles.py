@@ -268,30 +268,45 @@ def parse_agents_file(text: str, filename: str) -> AgentsFile:
     return parsed
 
 
-def profile_by_name(agents: AgentsFile, name: str, _seen: tuple[str, ...] = ()) -> AgentProfile:
-    if name in _seen:
-        raise AgentProfileError(f"profile {name!r}: 'extends' loops ({' -> '.join((*_seen, name))})")
-    patch = agents.profiles.get(name)
-    if patch is None:
-        if name in BUILTIN_PROFILES:
-            return BUILTIN_PROFILES[name]
+# Deeper `extends` chains are refused, not walked: parse_agents_file resolves every profile down its chain (a chain
+# of thousands took seconds, and past Python's recursion limit it raised a bare RecursionError).
+MAX_EXTENDS_DEPTH = 50
+
+
+def profile_by_name(agents: AgentsFile, name: str) -> AgentProfile:
+    """The profile `name`: the built-in its `extends` chain starts from, with each user profile of the chain
+    applied over it in turn (each checked, an AgentProfileError naming the one at fault). A loop through
+    `extends`, or a chain past MAX_EXTENDS_DEPTH user profiles, is an AgentProfileError too."""
+    chain: list[str] = []  # `name`, the user profile it extends, ..., the last user profile of the chain
+    current = name
+    while (patch := agents.profiles.get(current)) is not None:
+        if current in chain:
+            raise AgentProfileError(f"profile {current!r}: 'extends' loops ({' -> '.join((*chain, current))})")
+        if len(chain) == MAX_EXTENDS_DEPTH:
+            raise AgentProfileError(
+                f"profile {name!r}: its 'extends' chain is longer than {MAX_EXTENDS_DEPTH} profiles ({chain[0]} -> "
+                f"{chain[1]} -> ... -> {current}): have it extend a built-in profile, or one nearer to it"
+            )
+        chain.append(current)
+        base_name = patch.extends or (current if current in BUILTIN_PROFILES else "generic")
+        if base_name == current and current in BUILTIN_PROFILES:  # a user profile named as a built-in overrides it
+            break
+        current = base_name
+    profile = BUILTIN_PROFILES.get(current)
+    if profile is None:
         known = sorted({*BUILTIN_PROFILES, *agents.profiles})
-        raise AgentProfileError(f"unknown agent profile {name!r}; known: {', '.join(known)}")
-    base_name = patch.extends or (name if name in BUILTIN_PROFILES else "generic")
-    base = (
-        BUILTIN_PROFILES[base_name]
-        if base_name == name
-        else profile_by_name(agents, base_name, (*_seen, name))
-    )
-    fields = base.model_dump()
-    for key, value in patch.model_dump(exclude={"extends"}).items():
-        if value is None:
-            continue
-        fields[key] = {**fields["env"], **value} if key == "env" else value
-    try:
-        return AgentProfile.model_validate(fields)
-    except ValidationError as err:
-        raise AgentProfileError(f"profile {name!r}: {err.errors()[0]['msg']}") from None
+        raise AgentProfileError(f"unknown agent profile {current!r}; known: {', '.join(known)}")
+    for link in reversed(chain):
+        fields = profile.model_dump()
+        for key, value in agents.profiles[link].model_dump(exclude={"extends"}).items():
+            if value is None:
+                continue
+            fields[key] = {**fields["env"], **value} if key == "env" else value
+        try:
+            profile = AgentProfile.model_validate(fields)
+        except ValidationError as err:
+            raise AgentProfileError(f"profile {link!r}: {err.errors()[0]['msg']}") from None
+    return profile
 
 
 def resolve_profile(agents: AgentsFile, agent_type: AgentType, mode: AgentMode) -> ResolvedProfile:

@@ -112,6 +112,7 @@ def test_whole_numbers_written_as_floats_are_still_taken() -> None:
         ("[agents.dev-runnr]\nprofile='x'", "agents"),
         ("[profiles.x]\nargv=['x']\nprompt_via='arg'", "'{prompt}'"),
         ("[profiles.a]\nextends='b'\n[profiles.b]\nextends='a'", "loops"),
+        ("[profiles.x]\nextends='x'", "profile 'x': 'extends' loops (x -> x)"),  # (a bare KeyError)
         ("not toml [", "not valid TOML"),
         ("[profiles.x]\nextends='nope'", "unknown agent profile"),
         ("[verification]\ntimeout_seconds = 3600", "verification.timeout_seconds"),
@@ -144,6 +145,29 @@ def test_bad_agents_files_name_the_problem(text: str, needle: str) -> None:
     with pytest.raises(AgentProfileError) as err:
         parse_agents_file(text, "agents.toml")
     assert needle in str(err.value)
+
+
+def _extends_chain(links: int) -> str:
+    """An agents file whose default profile p0 extends p1, ..., which extends p<links>, the one with an argv."""
+    return 'default_profile = "p0"\n' + "".join(f'[profiles.p{i}]\nextends = "p{i + 1}"\n' for i in range(links)) + (
+        f'[profiles.p{links}]\nextends = "generic"\nargv = ["agent", "{{prompt}}"]\n'
+    )
+
+
+def test_a_long_extends_chain_is_an_agent_profile_error_not_a_recursion_error() -> None:
+    """A chain longer than Python's recursion limit raised a bare RecursionError (at `bso sprint start` and in
+    every dispatch); one of thousands took seconds to check. Past MAX_EXTENDS_DEPTH it is refused, naming it."""
+    from bso.agent_profiles import MAX_EXTENDS_DEPTH
+
+    agents = parse_agents_file(_extends_chain(MAX_EXTENDS_DEPTH - 1), "agents.toml")  # p0 ... p49: 50 profiles
+    assert resolve_profile(agents, AgentType.DEV_RUNNER, AgentMode.DEV).argv == ["agent", "{prompt}"]
+    for links in (MAX_EXTENDS_DEPTH, 1500):
+        with pytest.raises(AgentProfileError) as err:
+            parse_agents_file(_extends_chain(links), "agents.toml")
+        assert str(err.value) == (
+            f"profile 'p0': its 'extends' chain is longer than {MAX_EXTENDS_DEPTH} profiles (p0 -> p1 -> ... -> "
+            f"p{MAX_EXTENDS_DEPTH}): have it extend a built-in profile, or one nearer to it"
+        )
 
 
 def test_an_env_name_holding_a_nul_is_refused_naming_it() -> None:
