@@ -407,6 +407,7 @@ class MasterState(_Model):
     outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
     consecutive_failures: int = 0
     budget_warned: bool = False  # the token budget's warning line was passed, and said
+    over_budget: bool = False  # the running batches' tokens with the ended ones' passed the budget's limit
     course_corrections: list[str] = Field(default_factory=list)  # each one's impact analysis
     corrections: list[CorrectionRecord] = Field(default_factory=list)  # each one in full, for the report
     # Each story a correction dropped, with the value it had (written back should a later correction add it again).

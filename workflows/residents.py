@@ -133,6 +133,8 @@ PATCH_STOPS_UNSEEN_LINGERING = "master-stops-unseen-lingering-residents"
 # A plan request naming a story twice (sent by hand: the Master names each once) is refused; planned, some such
 # requests failed the scrum-master's workflow task on every retry. Patched only where it refuses.
 PATCH_PLAN_STORIES_ONCE = "resident-plan-request-stories-once"
+# A `carried_state` in the input of a resident started by hand (it is a run's hand-over) fails it at once.
+PATCH_CARRIED_STATE_ONLY_HANDED_OVER = "resident-carried-state-only-handed-over"
 
 
 @workflow.defn(failure_exception_types=[ValidationError])  # a wrongly shaped input fails the workflow
@@ -339,8 +341,12 @@ class ResidentWorkflow:
     async def run(self, inp: ResidentRunInput | RawInput | None = None) -> ResidentSummary:
         inp = self._input  # as __init__ validated it
         self._ends_on_any_cancel = workflow.patched(PATCH_RESIDENT_ENDS_ON_ANY_CANCEL)
-        if inp.carried_state is not None and workflow.info().continued_run_id is None:
-            raise ApplicationError(  # (a resident started by hand: none recorded before this check)
+        if (
+            inp.carried_state is not None
+            and workflow.info().continued_run_id is None
+            and workflow.patched(PATCH_CARRIED_STATE_ONLY_HANDED_OVER)
+        ):
+            raise ApplicationError(  # (a resident started by hand: one recorded before ran on it)
                 "carried_state: it is what a resident hands over to its next run, not an input of a new one; "
                 "leave it out", type="InvalidResidentInput", non_retryable=True,
             )

@@ -500,6 +500,9 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             return
         if parsed.token_limit is not None:
             self._state.token_limit = max(self._state.token_limit, parsed.token_limit)
+        if self._state.over_budget and budget_level(self._state.tokens_used, self._config_now()) is not BudgetLevel.EXHAUSTED:
+            self._state.over_budget = False  # a higher limit: the batches go on (and its warning line is said)
+            self._state.budget_warned = False
         self._state.paused_reason = None
         if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
@@ -1328,7 +1331,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
     def _batches_go_on(self) -> bool:
         """No shutdown, pause, early stop, course correction or cancel holds the queued batches."""
         s = self._state
-        return not (s.shutdown or s.paused_reason is not None or s.stopped_early or self._replanning or self._cancelling)
+        return not (
+            s.shutdown or s.paused_reason is not None or s.stopped_early or self._replanning or self._cancelling
+            or s.over_budget  # (until a batch's end applies the budget's action)
+        )
 
     def _settle(self, result: SlaveResult) -> None:
         """A batch ended: count its tokens, apply the budget rule (P26), and queue again what it did not start
@@ -1341,10 +1347,15 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             s.errors.append(f"{result.fatal_error}: sprint stopped (fail_fast)")
             s.stopped_early = True
             return
-        exhausted = result.budget_exhausted or budget_level(s.tokens_used, self._config_now()) is BudgetLevel.EXHAUSTED
+        exhausted = (
+            result.budget_exhausted
+            or budget_level(s.tokens_used, self._config_now()) is BudgetLevel.EXHAUSTED
+            or s.over_budget  # the running batches' tokens with the ended ones' (_mind_the_budget)
+        )
         budget_note = f"token budget exhausted ({s.tokens_used}/{s.token_limit})"
         if exhausted and s.config.token_budget.action == "stop":
-            s.errors.append(f"{budget_note}: sprint stopped")
+            if not s.stopped_early:  # (each parallel batch's end said it again)
+                s.errors.append(f"{budget_note}: sprint stopped")
             s.stopped_early = True
             return
         if exhausted:
@@ -1378,12 +1389,20 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             if level is BudgetLevel.WARNING:
                 s.errors.append(budget_warning(used, self._config_now()))
                 workflow.logger.warning(s.errors[-1])
-        untold = [b for b in sorted(self._running_batches) if b in self._started_batches and b not in self._told_over_budget]
-        if level is BudgetLevel.EXHAUSTED and untold and workflow.patched(PATCH_BUDGET_OVER_ALL_BATCHES):
-            self._told_over_budget.update(untold)
-            for batch_id in untold:
-                slave_id = self._running_batches[batch_id]
-                self._forwards.append(asyncio.create_task(_signal_quietly(slave_id, SIGNAL_SHUTDOWN)))
+        if level is BudgetLevel.EXHAUSTED and not s.over_budget and workflow.patched(PATCH_BUDGET_OVER_ALL_BATCHES):
+            s.over_budget = True  # no batch starts; those running are told (_stop_over_budget), or once started
+        self._stop_over_budget()
+
+    def _stop_over_budget(self) -> None:
+        """Past the sprint's budget: each running batch that has started is told once to finish the story in hand
+        (a batch starting meanwhile is told when it has started: whether it had, when a story update came, is
+        not the same on replay, where sdk-core may take the update first)."""
+        if not self._state.over_budget:
+            return
+        for batch_id in sorted(self._running_batches):
+            if batch_id in self._started_batches and batch_id not in self._told_over_budget:
+                self._told_over_budget.add(batch_id)
+                self._forwards.append(asyncio.create_task(_signal_quietly(self._running_batches[batch_id], SIGNAL_SHUTDOWN)))
 
     async def _stop_running(self, batch_ids: list[int]) -> None:
         """fail_fast: the other running Slaves finish the story in hand and stop (the shutdown protocol)."""
@@ -1471,6 +1490,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 ),
             )
             self._started_batches.add(spec.batch_id)
+            self._stop_over_budget()  # (past the budget while it was starting)
             self._slave_started(slave_name(spec.batch_id))
             if self._cancelling and self._cancel_slaves_once_started:  # the sprint was cancelled while it started
                 await _cancel_quietly(slave_id)
