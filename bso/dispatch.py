@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -707,11 +707,11 @@ def story_priority(story_key: str, config: SprintConfig, scripted: str | None = 
 MAX_WAKES_PER_DISPATCH = 10
 
 
-def slept_through(moment: datetime, now: datetime, config: SprintConfig) -> bool:
-    """Whether a deadline meant for `moment`, its timeout seen at `now` (workflow time), came so late that the
-    machine or the Temporal server was not running at `moment`: the server fires an overdue timer when it runs
-    again, with the agent's time spent asleep (asleep_after_seconds)."""
-    return now - moment > timedelta(seconds=config.asleep_after_seconds)
+def slept_through(late_seconds: float, config: SprintConfig) -> bool:
+    """Whether a deadline the server fired `late_seconds` past its moment was slept through: the machine or the
+    Temporal server was not running then (a closed laptop, a server down), and the agent's time was not spent.
+    (The server fires an overdue timer when it runs again; asleep_after_seconds.)"""
+    return late_seconds > config.asleep_after_seconds
 
 
 # --- token budget (P26) --------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from activities.agents import run_agent
 from activities.backends.command import stop_sprint_agents
 from activities.browser import browse
+from activities.deadlines import deadline_lateness
 from activities.debugger import analyze_failure
 from activities.git_ops import finish_story_git
 from activities.improvements import add_improvement_stories, propose_improvements
@@ -51,6 +52,7 @@ SPRINT_ACTIVITIES = [
     add_improvement_stories,
     load_story_scope,
     record_gate,
+    deadline_lateness,
 ]
 AGENT_ACTIVITIES = [run_agent, finish_story_git, analyze_failure, research, browse, stop_sprint_agents]
 

@@ -289,8 +289,8 @@ PATCH_EPIC_SPELLINGS = "master-epic-spellings"
 # The sprint's token budget over all its running batches (_mind_the_budget): past the limit they finish the story
 # in hand and start no other. Asked only then.
 PATCH_BUDGET_OVER_ALL_BATCHES = "master-budget-over-all-batches"
-# A story_priorities key or a simulation script's story naming no story of the status file is refused, as
-# `bso sprint start` refuses it. Asked only then.
+# A story_priorities key naming no story of the status file is refused, as `bso sprint start` refuses it. Asked
+# only then.
 PATCH_NAMED_KEYS_CHECKED = "master-named-keys-checked"
 # A story set to needs-intervention in the status file by hand (StoryView.set_by_hand) is not counted towards
 # consecutive_failure_threshold. Asked only for such a story.
@@ -1082,20 +1082,17 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         snapshot = await self._load(inp)
         s.status_file = snapshot.status_file
         stories = self._select(inp, snapshot)
-        if (error := self._named_keys_error(inp, snapshot)) is not None and workflow.patched(PATCH_NAMED_KEYS_CHECKED):
+        if (error := self._named_keys_error(snapshot)) is not None and workflow.patched(PATCH_NAMED_KEYS_CHECKED):
             raise _invalid_input(error)
         selected = {story.key for story in stories}
         s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in selected}
         return stories
 
-    def _named_keys_error(self, inp: SprintInput, snapshot: StatusSnapshot) -> str | None:
-        """A story_priorities key or a simulation script's story naming no story of the file (`bso sprint start`
-        refuses them; the temporal CLI's input was taken, the priority or the script silently not applied)."""
-        try:
-            script = SimulationScript.model_validate(inp.simulation)
-        except ValidationError:
-            return None  # refused as it is, after this
-        named = {"story_priorities": list(self._state.config.story_priorities), "simulation stories": list(script.stories)}
+    def _named_keys_error(self, snapshot: StatusSnapshot) -> str | None:
+        """A story_priorities key naming no story of the file (`bso sprint start` refuses it; the temporal CLI's
+        input was taken, the priority silently not applied). A simulation script may name stories to come (the
+        improvement cycle's, lines added to the file later)."""
+        named = {"story_priorities": list(self._state.config.story_priorities)}
         return named_keys_error(named, [m.key for m in snapshot.stories], snapshot.status_file.rsplit("/", 1)[-1])
 
     async def _plan(self, stories: list[StoryMeta]) -> None:

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.agents import run_agent
     from activities.git_ops import FINISH_GIT_HEARTBEAT, finish_story_git
+    from activities.deadlines import LatenessInput, deadline_lateness
     from activities.po_gates import GateRecordInput, StoryScopeInput, load_story_scope, record_gate
     from activities.status_file import UNREADABLE_ERROR_TYPE, load_sprint_status, wait_for_status_file, write_story_status
     from bso.answer_size import fit_for_history
@@ -1157,31 +1158,27 @@ class SprintSlaveWorkflow:
             return started
 
         handle = start_agent()
-        # The agent's deadline, and the activity's (the command backend's is later: it checks the work after).
-        deadline, activity_ends = workflow.now() + timeout, workflow.now() + activity_deadline
+        deadline = workflow.now() + timeout
         no_answer = f"no AGENT_COMPLETE within {int(timeout.total_seconds())}s"
         wakes = 0
-
-        def woke_past(moment: datetime) -> bool:
-            """The deadline `moment` was slept through (a closed laptop, a server down): the agent gets its whole
-            time again, its dispatch id the same (PATCH_AGENT_WAKES_AFTER_SLEEP; asked only then)."""
-            return (
-                wakes < MAX_WAKES_PER_DISPATCH
-                and slept_through(moment, workflow.now(), config)
-                and SLAVE_PATCHES.patched(PATCH_AGENT_WAKES_AFTER_SLEEP)
-            )
-
         try:
             while True:
                 await workflow.wait_condition(lambda: dispatch_id in self._answers or handle.done())
                 if dispatch_id in self._answers:
                     break
                 failure = handle.exception() if not handle.cancelled() else None
-                if failure is not None and _deadline_passed(failure) and woke_past(activity_ends):
+                if (
+                    failure is not None
+                    and _deadline_passed(failure)
+                    and wakes < MAX_WAKES_PER_DISPATCH
+                    and SLAVE_PATCHES.patched(PATCH_AGENT_WAKES_AFTER_SLEEP)  # (asked at a deadline only)
+                    and await self._slept_through(LatenessInput(activity_id=dispatch_id, **self._own_run()))
+                ):
+                    # Slept through (a closed laptop, a server down): the agent gets its whole time again, its
+                    # dispatch id the same (a command agent still running is taken over).
                     wakes += 1
                     workflow.logger.warning("[Slave] %s: its deadline was slept through; started again", dispatch_id)
-                    handle = start_agent()
-                    deadline, activity_ends = workflow.now() + timeout, workflow.now() + activity_deadline
+                    handle, deadline = start_agent(), workflow.now() + timeout
                     continue
                 if failure is not None:
                     self._open_dispatches.pop(dispatch_id, None)
@@ -1196,19 +1193,11 @@ class SprintSlaveWorkflow:
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
                     self._receive_answer(receipt.answer, came_as="the agent activity's result")
                 break
-            while dispatch_id not in self._answers:
+            if dispatch_id not in self._answers:
                 # The agent answers by itself (external backend) within what is left of its time.
                 left = deadline - workflow.now()
-                if left <= timedelta(0):
-                    break
-                try:
+                if left > timedelta(0):
                     await workflow.wait_condition(lambda: dispatch_id in self._answers, timeout=left)
-                except asyncio.TimeoutError:
-                    if not woke_past(deadline):
-                        raise
-                    wakes += 1
-                    workflow.logger.warning("[Slave] %s: its deadline was slept through; waits again", dispatch_id)
-                    deadline = workflow.now() + timeout
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
@@ -1230,6 +1219,25 @@ class SprintSlaveWorkflow:
         if not handle.done():
             handle.cancel()  # TERMINATE_DIRECTIVE: the agent's time is up
         return no_answer
+
+    def _own_run(self) -> dict[str, str]:
+        return {"workflow_id": workflow.info().workflow_id, "run_id": workflow.info().run_id}
+
+    async def _slept_through(self, inp: LatenessInput) -> bool:
+        """Whether the deadline the server just fired was slept through (bso.dispatch.slept_through), by how late
+        the server's history shows it fired (activities/deadlines.py): not by this task's clock, which a replay
+        may take from an earlier task. Not said (the activity failed): not slept through."""
+        try:
+            late = await workflow.execute_activity(
+                deadline_lateness, inp, start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3), summary="was the deadline slept through?",
+            )
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            workflow.logger.warning("[Slave] deadline lateness not read: %s", _cause(err))
+            return False
+        return slept_through(late, self._input.config)
 
     def _answered_with_cancel(self, dispatch_id: str, handle: workflow.ActivityHandle[Any]) -> bool:
         """Whether the agent's answer came in the workflow task whose cancel was raised first (asyncio raises a
@@ -1421,8 +1429,8 @@ class SprintSlaveWorkflow:
             timer = asyncio.create_task(workflow.sleep(length, summary=WORKING_TIME_SUMMARY))
             await workflow.wait_condition(lambda: timer.done() or self._idle() or self._closing)
             if timer.done():
-                if slept_through(since + length, workflow.now(), self._input.config) and SLAVE_PATCHES.patched(
-                    PATCH_WORKING_TIME_WAKES_AFTER_SLEEP
+                if SLAVE_PATCHES.patched(PATCH_WORKING_TIME_WAKES_AFTER_SLEEP) and await self._slept_through(
+                    LatenessInput(timer_summary=WORKING_TIME_SUMMARY, **self._own_run())
                 ):
                     # Fired when the server ran again: the stretch was slept through, and is not counted.
                     workflow.logger.warning("[Slave] working time: the stretch was slept through; not counted")
