@@ -196,8 +196,7 @@ SESSION_EXCLUDES = (f"{SESSION_DIR}/", "*.yaml.lock")
 async def exclude_session_files(project_root: str) -> None:
     """Add SESSION_EXCLUDES to `.git/info/exclude` (the common one of all worktrees), each once. A convenience:
     an exclude file BSO cannot read or write is left as it is (logged), the sprint goes on."""
-    common = Path(project_root, (await git(project_root, "rev-parse", "--git-common-dir")).strip())
-    exclude = common / "info" / "exclude"
+    exclude = (await _common_dir(project_root)) / "info" / "exclude"
     try:
         text = exclude.read_bytes().decode("utf-8", errors="replace") if exclude.exists() else ""
         missing = [pattern for pattern in SESSION_EXCLUDES if pattern not in text.splitlines()]
@@ -1004,6 +1003,16 @@ async def _main_checkouts(wt: str, project_root: str) -> list[Path]:
     return [Path(project_root), *(Path(line.removeprefix("worktree ")) for line in listed if line.startswith("worktree "))]
 
 
+async def _common_dir(checkout: str) -> Path:
+    """The repository's common git folder, which all its checkouts share (refs, the main index's folder)."""
+    return Path(checkout, (await git(checkout, "rev-parse", "--git-common-dir")).strip())
+
+
+def _remove_killed_gits_lock(lock: Path) -> None:
+    lock.unlink(missing_ok=True)
+    activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+
+
 async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
     """Locks no living process can hold: a git killed with SIGKILL (its worker, or the agent, killed hard in the
     middle of a `git add` or a commit) left them, and every git that writes the index, moves HEAD or commits on
@@ -1022,7 +1031,7 @@ async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
     tells: they stay. Called again before the story's squash (finish_story_git), which moves the branch. The
     locks removed."""
     folder = await git_dir(wt.path)
-    common = Path(wt.path, (await git(wt.path, "rev-parse", "--git-common-dir")).strip())
+    common = await _common_dir(wt.path)
     removed = []
     for lock in [*(folder / name for name in _WORKTREE_LOCKS), _story_ref_lock(common, wt.branch)]:
         if not lock.exists():
@@ -1036,8 +1045,7 @@ async def remove_stale_locks(wt: Worktree, project_root: str) -> list[Path]:
             activity.logger.warning("%s is held or may be (processes working there: %s): left alone", lock,
                                     users if users is not None else unknown)
             continue
-        lock.unlink(missing_ok=True)
-        activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+        _remove_killed_gits_lock(lock)
         removed.append(lock)
     return removed
 
@@ -1308,12 +1316,10 @@ async def _remove_stale_index_lock(root: str) -> bool:
     stopped, the worker killed with its children in the middle of the merge), and every merge after it failed,
     the user's own git too. Only once no git works in the checkout or holds the lock (procfs; without it, left)."""
     lock = (await git_dir(root)) / "index.lock"
-    common = Path(root, (await git(root, "rev-parse", "--git-common-dir")).strip())
-    users = processes_using([Path(root), common], lock, named="git")
+    users = processes_using([Path(root), await _common_dir(root)], lock, named="git")
     if users is None or users or not lock.exists():
         return False
-    lock.unlink(missing_ok=True)
-    activity.logger.warning("%s was left by a git killed in the middle of its work: removed", lock)
+    _remove_killed_gits_lock(lock)
     return True
 
 

@@ -140,18 +140,18 @@ class CourseCorrector:
         s = self._state
         snapshot = None
         if unseen := self._keys_not_seen(request):  # (none in a correction accepted before: the validator refused)
+            # Lines added to the file since the start: read, then checked as the validator checks the others.
             snapshot = await self._read_status_file()
-            s.outside_stories.update({m.key: m.state for m in snapshot.stories if m.key not in s.views and m.key not in s.outside_stories})
-            try:
-                add, drop = self._cc_check(request)
-                check_added_values(add, s.outside_stories)
-            except CCRejected as err:
-                raise _cc_rejected(str(err)) from None
-            if (why := self._added_keys_problem([k for k in add if k not in s.views])) is not None:
-                raise _cc_rejected(why)
-            workflow.logger.info("course correction: %s added to sprint-status.yaml since the start", ", ".join(unseen))
-        else:
+            known = {*s.views, *s.outside_stories}
+            s.outside_stories.update({m.key: m.state for m in snapshot.stories if m.key not in known})
+        try:
             add, drop = self._cc_check(request)
+            if unseen:
+                check_added_values(add, s.outside_stories)
+        except CCRejected as err:
+            raise _cc_rejected(str(err)) from None
+        if unseen and (why := self._added_keys_problem([k for k in add if k not in s.views])) is not None:
+            raise _cc_rejected(why)
         metas = {}
         if add:
             snapshot = snapshot or await self._read_status_file()

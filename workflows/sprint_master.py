@@ -1378,13 +1378,14 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         budget's action."""
         s = self._state
         used = s.tokens_used + sum(view.tokens_used for _, view in self._running_views())
-        level = budget_level(used, self._config_now())
+        config = self._config_now()
+        level = budget_level(used, config)
         if level is BudgetLevel.OK:
             return
         if not s.budget_warned:
             s.budget_warned = True
             if level is BudgetLevel.WARNING:
-                s.errors.append(budget_warning(used, self._config_now()))
+                s.errors.append(budget_warning(used, config))
                 workflow.logger.warning(s.errors[-1])
         if level is BudgetLevel.EXHAUSTED and not s.over_budget and workflow.patched(PATCH_BUDGET_OVER_ALL_BATCHES):
             s.over_budget = True  # no batch starts; those running are told (_stop_over_budget), or once started

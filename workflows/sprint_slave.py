@@ -281,15 +281,16 @@ PATCH_HANDS_OVER_WHEN_LONG = "slave-hands-over-when-long"
 # to the deadline) is out of time like one still running then: it was reported "agent activity failed: Timeout".
 # Asked only when that timeout comes.
 PATCH_UNSTARTED_AGENT_OUT_OF_TIME = "slave-unstarted-agent-out-of-time"
-# An agent's deadline that fires long past its moment (bso.dispatch.slept_through: a closed laptop, a server down)
-# starts the agent again with its whole time, and a working stretch through which the timer of the batch's working
-# time fired so late does not count: both ended the story, or the batch, for time nobody worked. Asked only then.
+# An agent's deadline the server's history shows fired long past its moment (bso.dispatch.slept_through: a closed
+# laptop, a server down) starts the agent again with its whole time, and a working stretch through which the timer
+# of the batch's working time fired so late does not count: both ended the story, or the batch, for time nobody
+# worked. Asked at such a deadline only.
+PATCH_AGENT_WAKES_AFTER_SLEEP = "slave-agent-wakes-after-sleep"
+PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
 # A step that keeps the story's state compares the file's value with it (a write of the same value: "already
 # applied", or another value a human set, taken as any hand edit): a story set skipped or done by hand during its
 # review-fix rounds went on being reviewed and fixed. Asked at each such step.
 PATCH_SAME_STATE_COMPARED = "slave-same-state-compared"
-PATCH_AGENT_WAKES_AFTER_SLEEP = "slave-agent-wakes-after-sleep"
-PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
 
 # Between the agent's deadline and the activity's: the activity must be allowed to report a timeout.
 AGENT_ACTIVITY_GRACE = timedelta(seconds=60)
