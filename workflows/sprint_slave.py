@@ -287,6 +287,9 @@ PATCH_UNSTARTED_AGENT_OUT_OF_TIME = "slave-unstarted-agent-out-of-time"
 # worked. Asked at such a deadline only.
 PATCH_AGENT_WAKES_AFTER_SLEEP = "slave-agent-wakes-after-sleep"
 PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
+# The same for an external agent's deadline, kept by the batch's own timer (the agent activity only publishes the
+# assignment): the timer is named for its dispatch so that its lateness can be read. Asked at such a deadline only.
+PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP = "slave-external-agent-wakes-after-sleep"
 # A step that keeps the story's state compares the file's value with it (a write of the same value: "already
 # applied", or another value a human set, taken as any hand edit): a story set skipped or done by hand during its
 # review-fix rounds went on being reviewed and fixed. Asked at each such step.
@@ -1194,11 +1197,28 @@ class SprintSlaveWorkflow:
                 if receipt.answer is not None:  # answered in-process: AGENT_COMPLETE is the result
                     self._receive_answer(receipt.answer, came_as="the agent activity's result")
                 break
-            if dispatch_id not in self._answers:
+            while dispatch_id not in self._answers:
                 # The agent answers by itself (external backend) within what is left of its time.
                 left = deadline - workflow.now()
-                if left > timedelta(0):
-                    await workflow.wait_condition(lambda: dispatch_id in self._answers, timeout=left)
+                if left <= timedelta(0):
+                    break
+                summary = external_deadline_summary(dispatch_id)
+                try:
+                    await workflow.wait_condition(
+                        lambda: dispatch_id in self._answers, timeout=left, timeout_summary=summary
+                    )
+                except asyncio.TimeoutError:
+                    if (
+                        dispatch_id in self._answers
+                        or wakes >= MAX_WAKES_PER_DISPATCH
+                        or not SLAVE_PATCHES.patched(PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP)  # (at a deadline only)
+                        or not await self._slept_through(LatenessInput(timer_summary=summary, **self._own_run()))
+                    ):
+                        raise
+                    # Slept through: the agent, wherever it runs, has its whole time again to answer.
+                    wakes += 1
+                    workflow.logger.warning("[Slave] %s: its deadline was slept through; waiting again", dispatch_id)
+                    deadline = workflow.now() + timeout
         except asyncio.TimeoutError:
             pass
         except asyncio.CancelledError:
@@ -1630,6 +1650,11 @@ def _timeout_type(err: BaseException) -> TimeoutType | None:
     """The kind of timeout that ended the activity, if a timeout did."""
     cause = err.__cause__
     return cause.type if isinstance(cause, ActivityTimeoutError) else None
+
+
+def external_deadline_summary(dispatch_id: str) -> str:
+    """The name of the timer that keeps an external agent's deadline (its lateness is read by this name)."""
+    return f"deadline of external agent {dispatch_id}"
 
 
 def _deadline_passed(err: BaseException) -> bool:

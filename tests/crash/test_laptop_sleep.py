@@ -1,7 +1,8 @@
 """A closed laptop for longer than an agent's deadline, or than the batch's working time, while the agent works:
 the worker and the dev server it runs stand still (SIGSTOP) and go on (SIGCONT). The server fires its overdue
 timers on waking: the story ended needs-intervention ("no AGENT_COMPLETE within ..."), or the batch out of time,
-the sprint sprint-failed, for time nobody worked. The timeouts are scaled down (a 10-15 s deadline and a 25 s sleep
+the sprint sprint-failed, for time nobody worked; an external agent's deadline, kept by the batch's own timer, the
+same. The timeouts are scaled down (a 10-15 s deadline and a 25 s sleep
 stand for a 30 min one and a night), `asleep_after_seconds` with them."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bso.models import SprintInput
 from bso.states import SprintStatus
 from tests.workflow.helpers import poll_until, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
+from workflows.sprint_slave import SprintSlaveWorkflow, external_deadline_summary
 
 pytestmark = pytest.mark.e2e
 
@@ -73,6 +75,64 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
         events = [e for e in (await slave.fetch_history()).events if e.HasField("marker_recorded_event_attributes")]
         patch = "slave-agent-wakes-after-sleep" if deadline == "agent" else "slave-working-time-wakes-after-sleep"
         assert any(patch in str(e.marker_recorded_event_attributes.details) for e in events), "not slept through?"
+    finally:
+        worker.resume()
+        server.resume()
+        worker.kill9()
+        server.kill9()
+
+
+async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent_its_time(tmp_path: Path) -> None:
+    """The external agent (a human, another machine) answers after the laptop wakes and the server has fired its
+    deadline: slept through, it did not end the story."""
+    overrides = {"asleep_after_seconds": 5, "agent_timeout_seconds": {"code_review": 10}}
+    root = tmp_path / "project"
+    make_project(root, {STORY: "review"})
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
+    server.start()
+    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
+    try:
+        client = await server.wait_ready()
+        worker.start()
+        inp = SprintInput(
+            project_root=str(root), session_id="laptop-ext", agent_backend="external", config_overrides=overrides
+        )
+        handle = await client.start_workflow(
+            SprintMasterWorkflow.run, inp, id="laptop-ext", task_queue="laptop-" + SPRINT_TASK_QUEUE
+        )
+        slave = client.get_workflow_handle("laptop-ext/batch-1")
+
+        async def review_out() -> str | None:
+            try:
+                view = (await slave.query(SprintSlaveWorkflow.status)).stories.get(STORY)
+            except Exception:  # noqa: BLE001 - not started yet
+                return None
+            return view.dispatch_id if view and view.agent_in_flight == "review-runner" else None
+
+        dispatch_id = await poll_until(review_out, "the review out to the external agent")
+        await asyncio.sleep(2)
+        worker.suspend()
+        server.suspend()
+        await asyncio.sleep(SLEEP_SECONDS)
+        server.resume()
+        worker.resume()
+
+        async def deadline_fired() -> bool:
+            summary = f'"{external_deadline_summary(dispatch_id)}"'.encode()
+            events = (await slave.fetch_history()).events
+            timers = {e.timer_started_event_attributes.timer_id for e in events if e.user_metadata.summary.data == summary}
+            return any(e.timer_fired_event_attributes.timer_id in timers for e in events if e.HasField("timer_fired_event_attributes"))
+
+        await poll_until(deadline_fired, "the server fires the overdue deadline", timeout=60, interval=0.5)
+        answer = {
+            "dispatch_id": dispatch_id, "story_key": STORY, "agent_type": "review-runner", "mode": "review",
+            "status": "success", "tokens_used": 100,
+        }
+        await slave.signal("agent_complete", answer)  # the agent answers after the laptop woke
+        report = await asyncio.wait_for(handle.result(), 120)
+        assert report.status is SprintStatus.COMPLETE, report
+        assert status_values(root)[STORY] == "done"
+        assert await workflow_task_failures(client, "laptop-ext/batch-1") == []
     finally:
         worker.resume()
         server.resume()

@@ -47,6 +47,7 @@ from workflows.sprint_slave import (
     PATCH_ANSWER_FITS_HISTORY,
     PATCH_CANCEL_AFTER_DEBUG_REQUEST,
     PATCH_DECIDE_ANSWERED_ON_CANCEL,
+    PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP,
     PATCH_UPDATES_HELD_AFTER_CLOSE,
     PATCH_SAME_STATE_COMPARED,
     PATCH_WORKING_TIME_WAKES_AFTER_SLEEP,
@@ -263,6 +264,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         # needs-intervention for time nobody worked; past the batch's working time: the batch ended out of time.
         ("before-2026-11-29-laptop-agent/laptop--batch-1.json", PATCH_AGENT_WAKES_AFTER_SLEEP),
         ("before-2026-11-29-laptop-working-time/laptop--batch-1.json", PATCH_WORKING_TIME_WAKES_AFTER_SLEEP),
+        # The same past an external agent's deadline (the batch's own timer): the story ended needs-intervention.
+        ("before-2026-11-29-laptop-external/laptop-ext--batch-1.json", PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
