@@ -41,6 +41,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowHistoryEventFilterType,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
@@ -1643,13 +1644,30 @@ def sprint_report(sprint_id: Annotated[str, typer.Argument(help="the sprint (wor
 def _operator_action(sprint_id: str, act: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]], done: str) -> None:
     async def go() -> None:
         client = await _client()
-        handle, desc = await _describe(client, sprint_id)
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}, not running")
+        handle, _ = await _running_sprint(client, sprint_id)
         await act(handle)
         out.print(done, markup=False)
 
     _run(go())
+
+
+def _operator_update(sprint_id: str, name: str, arg: Any, show: Callable[[Any], None], done: str) -> None:
+    """An update to a running sprint (`_update`), sent to the run current now and on to the runs it hands over to."""
+
+    async def go() -> None:
+        client = await _client()
+        _, desc = await _running_sprint(client, sprint_id)
+        show(await _update(SprintRuns(client, sprint_id, desc.run_id), name, arg))
+        out.print(done, markup=False)
+
+    _run(go())
+
+
+async def _running_sprint(client: Client, sprint_id: str) -> tuple[WorkflowHandle[Any, Any], WorkflowExecutionDescription]:
+    handle, desc = await _describe(client, sprint_id)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}, not running")
+    return handle, desc
 
 
 @sprint_app.command("pause")
@@ -1722,11 +1740,11 @@ def sprint_cc(
     except ValidationError as err:
         raise _fail(f"invalid course correction: {describe_validation_error(err)}", 2) from None
 
-    async def act(handle: WorkflowHandle[Any, Any]) -> None:
-        answer = await _update(handle, UPDATE_COURSE_CORRECT, request.model_dump(mode="json"))
-        out.print(json.dumps(answer, indent=2, default=str), markup=False)
-
-    _operator_action(sprint_id, act, f"course correction applied to sprint {sprint_id}")
+    _operator_update(
+        sprint_id, UPDATE_COURSE_CORRECT, request.model_dump(mode="json"),
+        lambda answer: out.print(json.dumps(answer, indent=2, default=str), markup=False),
+        f"course correction applied to sprint {sprint_id}",
+    )
 
 
 @sprint_app.command("decide")
@@ -1747,11 +1765,11 @@ def sprint_decide(
     if state is not None and decision != "rearm":  # (it was dropped without a word)
         raise _fail(f"--state is for rearm only: {decision} sets the story's state itself", 2)
 
-    async def act(handle: WorkflowHandle[Any, Any]) -> None:
-        view = await _update(handle, UPDATE_DECIDE, request.model_dump(mode="json", exclude_none=True))
-        out.print(f"{story}: {view.get('state') if isinstance(view, dict) else view}", markup=False)
-
-    _operator_action(sprint_id, act, f"decision {decision} applied to {story} in sprint {sprint_id}")
+    _operator_update(
+        sprint_id, UPDATE_DECIDE, request.model_dump(mode="json", exclude_none=True),
+        lambda view: out.print(f"{story}: {view.get('state') if isinstance(view, dict) else view}", markup=False),
+        f"decision {decision} applied to {story} in sprint {sprint_id}",
+    )
 
 
 UPDATE_NOTE_AFTER_SECONDS = 3.0
@@ -1778,14 +1796,37 @@ HANDOVER_RETRY_SECONDS = 30.0
 HANDOVER_RETRY_INTERVAL = 1.0
 
 
-async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
+class SprintRuns:
+    """A sprint's runs, from the one current when an update is first sent: the update goes to that run, and on to
+    the run it handed over to (continue-as-new) only once it has ended without taking it. Sent again after the
+    server went away, the update so reaches the run that took it, which answers its id with the outcome even after
+    its hand-over; the next run does not know the id (it refused a correction applied already, or applied it
+    twice)."""
+
+    def __init__(self, client: Client, sprint_id: str, run_id: str | None) -> None:
+        self._client, self.sprint_id, self.run_id = client, sprint_id, run_id
+
+    def handle(self) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(self.sprint_id, run_id=self.run_id)
+
+    async def next(self) -> bool:
+        """On to the run this one handed over to; False when it ended otherwise."""
+        closing = self.handle().fetch_history_events(event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT)
+        async for event in closing:
+            if event.HasField("workflow_execution_continued_as_new_event_attributes"):
+                self.run_id = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                return True
+        return False
+
+
+async def _update(runs: SprintRuns, name: str, arg: Any) -> Any:
     """`_update_once`, sent again while the sprint refuses it for its hand-over to its next run (continue-as-new):
     in a sprint that hands over often, an operator had to send a course correction again and again."""
     deadline = time.monotonic() + HANDOVER_RETRY_SECONDS
     noted = False
     while True:
         try:
-            return await _update_once(handle, name, arg)
+            return await _update_once(runs, name, arg)
         except BsoError as err:
             if HANDING_OVER not in str(err) or time.monotonic() >= deadline:
                 raise
@@ -1795,7 +1836,7 @@ async def _update(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
         await asyncio.sleep(HANDOVER_RETRY_INTERVAL)
 
 
-async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) -> Any:
+async def _update_once(runs: SprintRuns, name: str, arg: Any) -> Any:
     """Execute an update; a rejection (validator or handler) becomes the operator's one-line error. The update
     waits for a worker to take it: when none answers within a few seconds (the status query says so, as in
     `bso sprint status`), one note on stderr says what it waits for, and it keeps waiting."""
@@ -1804,6 +1845,7 @@ async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) ->
     update_id = f"bso-cli-{name}-{uuid.uuid4()}"
     gave_up_at: float | None = None
     while True:
+        handle = runs.handle()
         update = asyncio.ensure_future(handle.execute_update(name, arg, id=update_id, result_type=dict))
         try:
             done, _ = await asyncio.wait({update}, timeout=UPDATE_NOTE_AFTER_SECONDS)
@@ -1814,6 +1856,11 @@ async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) ->
             cause = err.cause
             raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
         except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
+            if isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND:
+                # The run ended (its workflow was found before) without taking it: on to the run it handed over to.
+                if await runs.next():
+                    continue
+                raise BsoError(f"sprint {runs.sprint_id} ended before it took the {name}") from None
             if isinstance(err, RPCError) and err.status not in _SERVER_AWAY:
                 raise
             if gave_up_at is None:
@@ -1826,7 +1873,7 @@ async def _update_once(handle: WorkflowHandle[Any, Any], name: str, arg: Any) ->
             elif time.monotonic() >= gave_up_at:
                 raise BsoError(
                     f"the Temporal server did not answer for {UPDATE_SERVER_WAIT_SECONDS:.0f} s: the {name} may or may not "
-                    f"have been applied; `bso sprint status {handle.id}` says"
+                    f"have been applied; `bso sprint status {runs.sprint_id}` says"
                 ) from None
         await asyncio.sleep(UPDATE_SERVER_RETRY_INTERVAL)
 

@@ -277,6 +277,19 @@ def test_a_missing_namespace_is_named_as_such_not_as_a_missing_sprint():
         asyncio.run(_describe(_client_of(denied), "op1"))
 
 
+class _OneRun:
+    """The runs of a sprint (bso.cli.SprintRuns) that does not hand over: always `handle`."""
+
+    def __init__(self, handle) -> None:
+        self._handle, self.sprint_id = handle, "s-1"
+
+    def handle(self):
+        return self._handle
+
+    async def next(self) -> bool:
+        return False
+
+
 class _PendingUpdate:
     """A sprint whose update waits for a worker: the status query says whether one answers."""
 
@@ -305,7 +318,7 @@ def test_an_update_nobody_takes_says_so_once_and_keeps_waiting(monkeypatch, work
     handle = _PendingUpdate(worker_answers)
 
     async def scenario():
-        update = asyncio.create_task(_update(handle, "decide", {}))
+        update = asyncio.create_task(_update(_OneRun(handle), "decide", {}))
         await asyncio.sleep(0.5)  # many times the note's delay
         assert not update.done()  # still waiting
         handle.worker_back.set()
@@ -339,15 +352,15 @@ def test_an_update_the_server_did_not_answer_is_asked_again_with_its_id(monkeypa
     monkeypatch.setattr(bso.cli, "err_console", Console(file=notes, width=300))
     monkeypatch.setattr(bso.cli, "UPDATE_SERVER_RETRY_INTERVAL", 0.01)
     handle = _ServerAway(away=3)
-    assert asyncio.run(_update(handle, "course_correct", {})) == {"applied": True}
+    assert asyncio.run(_update(_OneRun(handle), "course_correct", {})) == {"applied": True}
     assert len(handle.ids) == 4 and len(set(handle.ids)) == 1 and handle.ids[0], handle.ids
     assert notes.getvalue().count("may have taken the course_correct already") == 1, notes.getvalue()
     monkeypatch.setattr(bso.cli, "UPDATE_SERVER_WAIT_SECONDS", 0.05)
     with pytest.raises(BsoError, match=r"the course_correct may or may not have been applied; `bso sprint status s-1` says"):
-        asyncio.run(_update(_ServerAway(away=10**6), "course_correct", {}))
+        asyncio.run(_update(_OneRun(_ServerAway(away=10**6)), "course_correct", {}))
     first, second = _ServerAway(away=0), _ServerAway(away=0)  # each sending of the command its own id
-    asyncio.run(_update(first, "decide", {}))
-    asyncio.run(_update(second, "decide", {}))
+    asyncio.run(_update(_OneRun(first), "decide", {}))
+    asyncio.run(_update(_OneRun(second), "decide", {}))
     assert first.ids != second.ids
 
 
@@ -371,15 +384,15 @@ def test_an_update_refused_while_the_sprint_hands_over_is_sent_again(monkeypatch
     monkeypatch.setattr(bso.cli, "err_console", Console(file=notes, width=200))
     monkeypatch.setattr(bso.cli, "HANDOVER_RETRY_INTERVAL", 0.01)
     handle = _HandingOver(refusals=3)
-    assert asyncio.run(_update(handle, "course_correct", {})) == {"applied": True}
+    assert asyncio.run(_update(_OneRun(handle), "course_correct", {})) == {"applied": True}
     assert handle.sent == 4 and notes.getvalue().count("sending it again") == 1, notes.getvalue()
     # For a while only: then the refusal is the operator's error, as any other.
     monkeypatch.setattr(bso.cli, "HANDOVER_RETRY_SECONDS", 0.05)
     with pytest.raises(BsoError, match="handing over"):
-        asyncio.run(_update(_HandingOver(refusals=1000), "course_correct", {}))
+        asyncio.run(_update(_OneRun(_HandingOver(refusals=1000)), "course_correct", {}))
     other = _HandingOver(refusals=1, why="CC_REJECTED: unknown story '9-9'")  # any other refusal: at once
     with pytest.raises(BsoError, match="^CC_REJECTED: unknown story '9-9'$"):
-        asyncio.run(_update(other, "course_correct", {}))
+        asyncio.run(_update(_OneRun(other), "course_correct", {}))
     assert other.sent == 1
 
 
