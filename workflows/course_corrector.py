@@ -12,7 +12,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -52,6 +52,9 @@ PATCH_CC_KNOWN_VALUES = "master-cc-refuses-unknown-values"
 # A re-plan plans again when a batch was queued while the scrum-master planned (a rearm, a budget stop's unstarted
 # stories): the new queue replaced it, and the rearmed story never ran.
 PATCH_REPLAN_SEES_QUEUED = "master-replan-sees-batches-queued-meanwhile"
+# A dropped story whose status line cannot be written (removed by hand) is dropped all the same, said among the
+# errors: the failed write failed the update with the queue re-planned already, the story in no batch. Asked there.
+PATCH_CC_DROP_UNWRITTEN = "master-cc-drop-unwritten"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 # An added story that shares its number with a story of the sprint (`1-2-logout` beside `1-2-login`) is refused: its
 # agents' work would be taken for the other's (bso.sprint_status.shared_numbers).
@@ -200,8 +203,18 @@ class CourseCorrector:
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             for key in drop:
                 s.dropped_from[key] = s.views[key].state
-                current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
-                self._put_view(key, s.views[key].model_copy(update={"state": current, "error": note, "batch_id": None}))
+                try:
+                    current = await self._cc_write(key, s.views[key].state, StoryState.SKIPPED.value)
+                    error = note
+                except ActivityError as err:
+                    if is_cancelled_exception(err) or not workflow.patched(PATCH_CC_DROP_UNWRITTEN):
+                        raise
+                    # Re-planned without it already: dropped all the same, and said (it failed the update, leaving
+                    # the story in no batch, unskipped, and the stories after it dropped unwritten).
+                    current, error = StoryState.SKIPPED.value, f"{note}; sprint-status.yaml not written: {err.cause or err}"
+                    s.errors.append(f"course correction: {key} dropped, but sprint-status.yaml not written ({err.cause or err})")
+                    workflow.logger.warning("course correction: %s dropped; its write failed: %s", key, err.cause or err)
+                self._put_view(key, s.views[key].model_copy(update={"state": current, "error": error, "batch_id": None}))
             for key in add:
                 s.dropped_from.pop(key, None)
                 if s.stories[key].state != metas[key].state:

@@ -26,6 +26,7 @@ from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
+from workflows.course_corrector import PATCH_CC_DROP_UNWRITTEN
 from workflows.delivery import PATCH_CANCELLED_SEND_IS_A_CANCEL
 from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
@@ -266,6 +267,9 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-29-laptop-working-time/laptop--batch-1.json", PATCH_WORKING_TIME_WAKES_AFTER_SLEEP),
         # The same past an external agent's deadline (the batch's own timer): the story ended needs-intervention.
         ("before-2026-11-29-laptop-external/laptop-ext--batch-1.json", PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP),
+        # A course correction dropping a story whose status line was removed by hand: the failed write failed the
+        # update with the queue re-planned already, the story in no batch and not skipped.
+        ("before-2026-11-29-cc-drop-unwritten/cc-unwritten.json", PATCH_CC_DROP_UNWRITTEN),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
