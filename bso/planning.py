@@ -137,6 +137,19 @@ def plan_batches(
     )
 
 
+def batch_numbering_problem(batches: list[BatchSpec], first_id: int) -> str | None:
+    """What is wrong with a plan's batches as the Master numbers them (ids from `first_id` on, one after another,
+    each batch holding a story), or None. A buggy or hand-sent plan answer with ids twice or out of turn started
+    two batches under one workflow id, or gave a later batch an id taken; an empty batch ran nothing."""
+    expected = list(range(first_id, first_id + len(batches)))
+    ids = [spec.batch_id for spec in batches]
+    if ids != expected:
+        return f"its batches are numbered {ids}, not {expected}"
+    if empty := [spec.batch_id for spec in batches if not spec.stories]:
+        return f"its batch {empty[0]} holds no story"
+    return None
+
+
 # A shutdown requested: said in status and the Web UI (the phase stays `running` until the running batches end).
 SHUTTING_DOWN = "Shutting down: the running batches finish the story in hand; no new batch starts"
 

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         plan_answer_timeout_summary,
     )
     from bso.models import StoryMeta
+    from bso.planning import batch_numbering_problem
     from bso.scrum_master import FALLBACK, SCRUM_MASTER, PlanAnswer, PlanRequest, ReplanContext, answer
     from bso.delivery import describe as describe_delivery, keep_error, query_timeout
     from workflows.delivery import await_answer, deliver
@@ -33,6 +34,9 @@ PLAN_ANSWER_TIMEOUT = timedelta(minutes=5)
 
 
 PATCH_PLAN_CHECKED = "master-plan-holds-the-stories-asked"
+# Its batches numbered as the Master numbers them (bso.planning.batch_numbering_problem): ids twice or out of turn
+# failed the sprint (two batches under one workflow id) or reused an id taken.
+PATCH_PLAN_NUMBERING_CHECKED = "master-plan-numbering-checked"
 # Plans asked before it were made in file order whatever max_concurrent_slaves (the Master's fallback plan is
 # made in its own history and must replay as it was).
 PATCH_PLAN_BY_LEVELS = "master-plan-by-levels"
@@ -106,6 +110,10 @@ class ScrumMasterPlanning:
         if planned is not None and workflow.patched(PATCH_PLAN_CHECKED):
             if sorted(key for spec in planned.batches for key in spec.stories) != sorted(m.key for m in stories):
                 return self._planner_failed(request, "its plan does not hold exactly the stories asked for")
+        first_id = ctx.next_batch_id if ctx is not None else 1
+        if planned is not None and (why := batch_numbering_problem(planned.batches, first_id)) is not None:
+            if workflow.patched(PATCH_PLAN_NUMBERING_CHECKED):  # (asked where it refuses)
+                return self._planner_failed(request, why)
         workflow.logger.info("%s %s answered by the scrum-master resident", what, request.request_id)
         return got
 

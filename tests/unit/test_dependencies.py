@@ -17,7 +17,8 @@ from bso.dependencies import (
 )
 from bso.dispatch import Outcome
 from bso.models import StoryMeta, StoryProgress, StoryView
-from bso.planning import plan_batches, shares_files, startable_batch, still_on_its_files, history_hold
+from bso.messages import BatchSpec
+from bso.planning import batch_numbering_problem, plan_batches, shares_files, startable_batch, still_on_its_files, history_hold
 from bso.sprint_status import parse_story_file
 
 
@@ -212,3 +213,17 @@ def test_status_names_the_dependencies_a_running_batchs_idle_story_waits_for():
     }
     running = [(k, views[k]) for k in ("1-1-a", "1-2-b", "1-3-c", "1-4-d")]
     assert dependencies_waited_for(running, views, stories) == {"1-2-b": ["1-1-a"]}
+
+
+def test_a_plans_batches_are_numbered_from_the_masters_next_id_one_after_another_each_with_a_story():
+    def specs(*ids: int, empty: int | None = None) -> list[BatchSpec]:
+        return [BatchSpec(batch_id=i, stories=[] if i == empty else [f"1-{i}-x"]) for i in ids]
+
+    assert batch_numbering_problem(specs(1, 2, 3), 1) is None
+    assert batch_numbering_problem(specs(4, 5), 4) is None  # a course correction's, after three batches
+    assert batch_numbering_problem([], 4) is None  # nothing left to plan
+    assert batch_numbering_problem(specs(1, 1), 1) == "its batches are numbered [1, 1], not [1, 2]"
+    assert batch_numbering_problem(specs(1, 2), 4) == "its batches are numbered [1, 2], not [4, 5]"
+    assert batch_numbering_problem(specs(2, 1), 1) == "its batches are numbered [2, 1], not [1, 2]"
+    assert batch_numbering_problem(specs(1, 2, empty=2), 1) == "its batch 2 holds no story"
+    assert batch_numbering_problem(plan_batches("s", [meta("1-1-a"), meta("1-2-b")], 1).batches, 1) is None

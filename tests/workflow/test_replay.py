@@ -28,6 +28,7 @@ from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
 from workflows.course_corrector import PATCH_CC_DROP_UNWRITTEN
 from workflows.delivery import PATCH_CANCELLED_SEND_IS_A_CANCEL
+from workflows.planner import PATCH_PLAN_NUMBERING_CHECKED
 from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
@@ -270,6 +271,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         # A course correction dropping a story whose status line was removed by hand: the failed write failed the
         # update with the queue re-planned already, the story in no batch and not skipped.
         ("before-2026-11-29-cc-drop-unwritten/cc-unwritten.json", PATCH_CC_DROP_UNWRITTEN),
+        # A course correction's re-plan numbered its batch 1 again (the first batch's id): it was used.
+        ("before-2026-11-29-plan-numbering/misnumbered-out-of-turn.json", PATCH_PLAN_NUMBERING_CHECKED),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.

@@ -185,6 +185,53 @@ async def test_a_plan_naming_a_story_not_asked_for_is_not_used(ts_env, tmp_path:
     assert await workflow_task_failures(ts_env.client, "forged-plan") == []
 
 
+@pytest.mark.parametrize("numbering", ["twice", "out-of-turn", "empty-batch"])
+async def test_a_plan_whose_batches_are_misnumbered_is_not_used(ts_env, tmp_path: Path, monkeypatch, numbering):
+    """A scrum-master's plan (or course correction) numbering its batches otherwise than the Master does: the
+    same id twice started two batches under one workflow id (the sprint failed), ids from 1 again in a course
+    correction reused a finished batch's id, an empty batch ran nothing. Refused: the Master plans itself, says why."""
+    import bso.scrum_master
+
+    plan = bso.scrum_master.answer
+
+    def misnumbered(request, planner=bso.scrum_master.SCRUM_MASTER):
+        answered = plan(request, planner)
+        planned = answered.plan if answered.plan is not None else answered.course_correction
+        if planner != bso.scrum_master.SCRUM_MASTER or planned is None:
+            return answered
+        batches = planned.batches
+        if numbering == "twice":
+            batches = [spec.model_copy(update={"batch_id": batches[0].batch_id}) for spec in batches]
+        elif numbering == "out-of-turn":  # a course correction numbering from 1 again
+            batches = [spec.model_copy(update={"batch_id": i + 1}) for i, spec in enumerate(batches)]
+        else:
+            batches = [*batches, batches[0].model_copy(update={"batch_id": batches[-1].batch_id + 1, "stories": []})]
+        field = "plan" if answered.plan is not None else "course_correction"
+        return answered.model_copy(update={field: planned.model_copy(update={"batches": batches})})
+
+    monkeypatch.setattr(bso.scrum_master, "answer", misnumbered)
+    make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
+    # One batch at a time for the course correction: two stories still queued at the checkpoint.
+    concurrent = 1 if numbering == "out-of-turn" else 2
+    overrides = {"batch_size": 1, "max_concurrent_slaves": concurrent, "first_story_checkpoint": "pause"}
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, session_id=f"misnumbered-{numbering}", config_overrides=overrides),
+        )
+        await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and not s.running_batches, "the checkpoint")
+        if numbering == "out-of-turn":  # the plan's ids were right: the re-plan's are wrong
+            await handle.execute_update(SprintMasterWorkflow.course_correct, {"reason": "user_request", "drop_stories": [K3]})
+        await handle.signal(SprintMasterWorkflow.resume, {})
+        report = await sprint_result(handle)
+        status = await handle.query(SprintMasterWorkflow.status)
+    done = {K1: "done", K2: "done"}
+    assert report.stories == (done | {K3: "skipped"} if numbering == "out-of-turn" else done | {K3: "done"}), report
+    refused = [e for e in status.errors if "its batches are numbered" in e or "holds no story" in e]
+    assert len(refused) == 1, status.errors
+    assert await workflow_task_failures(ts_env.client, handle.id) == []
+
+
 def _forged_plan_request(*stories: tuple[str, list[str]]) -> dict:
     """A PLAN_REQUEST sent by hand (`temporal workflow signal`), answered to nobody."""
     return {
