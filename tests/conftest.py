@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -156,6 +157,16 @@ async def histories_of(client: Client, started: list[str]) -> list[WorkflowHisto
     return histories
 
 
+def record_histories(histories: list[WorkflowHistory]) -> None:
+    """With BSO_RECORD_HISTORIES=DIR, the histories a test made are written there too: the way to add histories
+    that take a patched branch to tests/histories/, so that a later change of that branch fails the replay test."""
+    if record_to := os.environ.get("BSO_RECORD_HISTORIES"):
+        for history in histories:  # named as the replay test reads a workflow id from a file's name
+            run = Path(record_to) / history.run_id
+            run.mkdir(parents=True, exist_ok=True)
+            (run / f"{history.workflow_id.replace('/', '--')}.json").write_text(history.to_json())
+
+
 async def assert_replays(client: Client, started: list[str]) -> None:
     """Replay, with today's workflow code and a cold cache, every history the test made: a workflow whose code
     took a different path on replay than when it ran (a nondeterminism bug) fails the test that showed it, even
@@ -164,6 +175,7 @@ async def assert_replays(client: Client, started: list[str]) -> None:
     histories = await histories_of(client, started)
     if not histories:
         return
+    record_histories(histories)
     # Each also in the shape whose workflow tasks sdk-core joins on replay (tests/collapsed_history.py).
     shapes = ["as recorded"] * len(histories)
     joined = [variant for variant, moved in map(collapsed, histories) if moved]

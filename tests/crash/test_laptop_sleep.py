@@ -16,6 +16,7 @@ from bench.infra import DevServer, WorkerProcess, make_project, status_values
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
 from bso.states import SprintStatus
+from tests.conftest import record_histories
 from tests.workflow.helpers import poll_until, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow, external_deadline_summary
@@ -75,6 +76,7 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
         events = [e for e in (await slave.fetch_history()).events if e.HasField("marker_recorded_event_attributes")]
         patch = "slave-agent-wakes-after-sleep" if deadline == "agent" else "slave-working-time-wakes-after-sleep"
         assert any(patch in str(e.marker_recorded_event_attributes.details) for e in events), "not slept through?"
+        record_histories([await slave.fetch_history()])
     finally:
         worker.resume()
         server.resume()
@@ -133,6 +135,7 @@ async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent
         assert report.status is SprintStatus.COMPLETE, report
         assert status_values(root)[STORY] == "done"
         assert await workflow_task_failures(client, "laptop-ext/batch-1") == []
+        record_histories([await slave.fetch_history()])
     finally:
         worker.resume()
         server.resume()
