@@ -774,7 +774,7 @@ def _progress(
             parts.append(
                 Text(
                     f"  bso sprint resume {view.session_id}"
-                    + (" [--token-limit N]" if "token" in view.pause_reason else "")
+                    + (" --token-limit N" if "token budget" in view.pause_reason else "")
                     + " goes on",
                     style="yellow",
                 )
@@ -1700,6 +1700,12 @@ def sprint_resume(
             raise BsoError(
                 f"--token-limit {token_limit:,} is not above the {view.tokens_used:,} tokens sprint {sprint_id} has "
                 "used: it would pause again after its next story"
+            )
+        if view is not None and token_limit is None and view.tokens_used >= view.token_limit and view.pause_reason:
+            # (The sprint stays paused, saying so: no batch may start with its budget used up.)
+            raise BsoError(
+                f"sprint {sprint_id} has used its token budget ({view.tokens_used:,} of {view.token_limit:,} tokens): "
+                f"resume it with --token-limit above {view.tokens_used:,}"
             )
         if view is not None and token_limit is None and view.pause_reason is None:  # it said "resume requested"
             raise BsoError(f"sprint {sprint_id} is not paused ({view.phase.value}): nothing to resume")

@@ -731,6 +731,14 @@ def budget_warning(tokens_used: int, config: SprintConfig) -> str:
     )
 
 
+def budget_still_exhausted(tokens_used: int, token_limit: int) -> str:
+    """Why a resume leaves a sprint paused on its budget: no batch may start until the limit is above the use."""
+    return (
+        f"token budget still exhausted ({tokens_used:,}/{token_limit:,} tokens): resume with a token_limit above "
+        f"{tokens_used:,} to go on"
+    )
+
+
 def budget_level(tokens_used: int, config: SprintConfig) -> BudgetLevel:
     budget = config.token_budget
     if not budget.enabled:

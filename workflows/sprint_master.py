@@ -82,7 +82,7 @@ with workflow.unsafe.imports_passed_through():
         rearm_position,
         skipped_for_stories_pending_again,
     )
-    from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level, budget_warning
+    from bso.dispatch import BudgetLevel, StopAgentsInput, budget_level, budget_still_exhausted, budget_warning
     from bso.messages import (
         PATCH_STORY_UPDATE_FROM_ITS_BATCH,
         BatchSpec,
@@ -289,6 +289,9 @@ PATCH_EPIC_SPELLINGS = "master-epic-spellings"
 # The sprint's token budget over all its running batches (_mind_the_budget): past the limit they finish the story
 # in hand and start no other. Asked only then.
 PATCH_BUDGET_OVER_ALL_BATCHES = "master-budget-over-all-batches"
+# A resume that leaves the budget used up keeps the sprint paused, saying so: with no batch running, the Master's
+# loop spun (the pause cleared, no batch allowed to start), a deadlock failing its task on every retry.
+PATCH_RESUME_OVER_BUDGET_STAYS_PAUSED = "master-resume-over-budget-stays-paused"
 # A story_priorities key naming no story of the status file is refused, as `bso sprint start` refuses it. Asked
 # only then.
 PATCH_NAMED_KEYS_CHECKED = "master-named-keys-checked"
@@ -503,6 +506,15 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         if self._state.over_budget and budget_level(self._state.tokens_used, self._config_now()) is not BudgetLevel.EXHAUSTED:
             self._state.over_budget = False  # a higher limit: the batches go on (and its warning line is said)
             self._state.budget_warned = False
+        if (
+            self._state.over_budget
+            and self._state.paused_reason is not None
+            and workflow.patched(PATCH_RESUME_OVER_BUDGET_STAYS_PAUSED)  # (asked there only)
+        ):
+            # The budget still used up: no batch may start, and a plain resume set the Master's loop spinning.
+            self._pause(budget_still_exhausted(self._state.tokens_used, self._state.token_limit))
+            workflow.logger.warning(self._state.paused_reason)
+            return
         self._state.paused_reason = None
         if self._state.phase is SprintPhase.PAUSED:
             self._set_phase(SprintPhase.RUNNING)
@@ -1356,7 +1368,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             s.stopped_early = True
             return
         if exhausted:
-            self._pause(f"{budget_note}; resume (optionally with a higher token_limit) to go on")
+            self._pause(f"{budget_note}; resume with a higher token_limit to go on")
         if not (exhausted or result.handed_over):
             return
         never_started = [

@@ -528,10 +528,10 @@ def test_a_sprint_in_the_way_on_a_queue_no_worker_polls_is_said_to_need_a_termin
         assert "`temporal workflow terminate --address temporal.example:7233 --workflow-id tq1`" in said, said
 
 
-@pytest.mark.parametrize(("limit", "refused"), [(6000, True), (8000, True), (8001, False)])
+@pytest.mark.parametrize(("limit", "refused"), [(None, True), (6000, True), (8000, True), (8001, False)])
 def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, limit, refused):
     """Paused on its budget (5,000, 8,000 used), `resume --token-limit 6000` was taken: the sprint ran one story
-    and paused again."""
+    and paused again; a plain `resume` set the Master spinning (it now stays paused, saying so)."""
     view = SprintStatusView(session_id="s1", phase=SprintPhase.PAUSED, token_limit=5000, tokens_used=8000,
                             pause_reason="token budget exhausted")
     signals: list = []
@@ -546,7 +546,11 @@ def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, l
     monkeypatch.setattr(bso.cli, "_query_status", query_status)
     monkeypatch.setattr(bso.cli, "_operator_action", lambda sprint_id, act, done: asyncio.run(act(Handle())))
     if refused:
-        with pytest.raises(bso.cli.BsoError, match=f"--token-limit {limit:,} is not above the 8,000 tokens sprint s1"):
+        why = (
+            "sprint s1 has used its token budget \\(8,000 of 5,000 tokens\\): resume it with --token-limit above 8,000"
+            if limit is None else f"--token-limit {limit:,} is not above the 8,000 tokens sprint s1"
+        )
+        with pytest.raises(bso.cli.BsoError, match=why):
             bso.cli.sprint_resume("s1", token_limit=limit, reason="")
         assert signals == []
     else:

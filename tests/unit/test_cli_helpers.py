@@ -262,8 +262,8 @@ def test_status_says_why_stories_stopped_and_what_a_pause_with_nothing_left_wait
     running = view.model_copy(update={"current_batch": 2})
     assert "nothing left to run" not in _rendered(running)
     assert "bso sprint resume s-1 goes on" in _rendered(running)  # the command, not only the word `resume`
-    budget = running.model_copy(update={"pause_reason": "token budget 90% spent; resume (optionally with a higher token_limit) to go on"})
-    assert "bso sprint resume s-1 [--token-limit N] goes on" in _rendered(budget)
+    budget = running.model_copy(update={"pause_reason": "token budget exhausted (2,000/1,500); resume with a higher token_limit to go on"})
+    assert "bso sprint resume s-1 --token-limit N goes on" in _rendered(budget)
     long = StoryView(state="needs-intervention", batch_id=1, error="x" * 300)
     text = _rendered(view.model_copy(update={"stories": {"1-1-story": long}}))
     assert "1-1-story: needs-intervention: " + "x" * 157 + "..." in text and "reasons shortened" in text
