@@ -528,7 +528,12 @@ def apply_agent_result(
                     tokens,
                 )
             return Transition(
-                _settled(progress, tokens, state=StoryState.REVIEW.value, e2e_rounds=rounds),
+                # The review that follows is given what failed (its assignment's fix_findings): without it, the
+                # review passed the unchanged code again and the e2e failed again, round after round.
+                _settled(
+                    progress, tokens, state=StoryState.REVIEW.value, e2e_rounds=rounds,
+                    fix_findings=e2e_failure_findings(result),
+                ),
                 Outcome.ADVANCED,
                 "e2e failed -> review",
             )
@@ -538,6 +543,14 @@ def apply_agent_result(
             "e2e passed -> done",
         )
     raise AssertionError(f"no rule for {step}")  # the table above covers every step
+
+
+def e2e_failure_findings(result: AgentComplete) -> list[Finding]:
+    """What a failed e2e verification gives the review after it: its findings, or what it said of the failure."""
+    if result.findings:
+        return list(result.findings)
+    said = result.summary or result.error or "no details given"
+    return [Finding(severity=Severity.HIGH, summary=f"e2e verification failed: {said}"[:MAX_SUMMARY_CHARS])]
 
 
 def _story_review(
@@ -607,7 +620,7 @@ def _code_review(
     if not blocking and not shortfalls and result.verdict is not Verdict.FAILURE:
         nxt = StoryState.E2E_VERIFY if e2e_applies(tags, config) else StoryState.DONE
         return Transition(
-            _settled(progress, tokens, state=nxt.value),
+            _settled(progress, tokens, state=nxt.value, fix_findings=[]),  # (an e2e failure's, now reviewed)
             Outcome.ADVANCED,
             f"review round {review_round} passed -> {nxt}",
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 
 from bso.messages import Finding, TaskAssignment
-from bso.states import AgentType
+from bso.states import AgentMode, AgentType
 
 BUILTIN_PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 COMMON_TEMPLATE = "_common"
@@ -71,7 +71,12 @@ def _findings_text(findings: list[Finding]) -> str:
 def render_prompt(template: str, common: str, ctx: PromptContext) -> str:
     a = ctx.assignment
     fix_parts = []
-    if a.fix_findings:
+    if a.fix_findings and a.mode is AgentMode.REVIEW:  # the e2e verification failed after the last review
+        fix_parts.append(
+            "## The e2e verification failed after the last review\n\nCheck whether the code causes these; one "
+            "it does is a blocking issue:\n\n" + _findings_text(list(a.fix_findings)) + "\n"
+        )
+    elif a.fix_findings:
         fix_parts.append("## Findings to fix\n\n" + _findings_text(list(a.fix_findings)) + "\n")
     if a.fix_feedback:  # scored reviews (Gear 2): the review's feedback items, blocking ones first
         items = sorted(a.fix_feedback, key=lambda f: f.severity != "blocking")

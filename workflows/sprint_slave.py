@@ -1118,7 +1118,8 @@ class SprintSlaveWorkflow:
             config_overrides=self._input.config_overrides,
             status_file=self._input.status_file,
             mode_round=mode_round(progress, step),
-            fix_findings=list(progress.fix_findings) if step.mode.value == "fix" else [],
+            # A review after a failed e2e verification is given what failed (bso.dispatch.e2e_failure_findings).
+            fix_findings=list(progress.fix_findings) if step.mode.value in ("fix", "review") else [],
             fix_feedback=list(progress.fix_feedback) if step.mode.value == "fix" else [],
             priority=priority.value if priority else None,
             backend=self._input.agent_backend,

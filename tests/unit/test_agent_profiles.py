@@ -376,6 +376,18 @@ def test_the_shipped_prompts_keep_agents_off_the_status_file_and_on_the_story_br
     assert "merges only that branch: make no branch of your own" in dev
 
 
+def test_a_review_after_a_failed_e2e_is_told_what_failed(tmp_path: Path) -> None:
+    a = TaskAssignment(
+        dispatch_id="s/b/1-1/5", agent_type=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW, story_key="1-1-x",
+        story_path="stories/1-1-x.md", session_id="s", batch_id=1, report_to="s/b", project_root="/p",
+        fix_findings=[Finding(severity="HIGH", summary="the expiry date is not shown", file="src/page.tsx", line=7)],
+    )
+    ctx = PromptContext(assignment=a, story_file="/p/stories/1-1-x.md", workdir="/wt", result_file="/r.json")
+    prompt = render_prompt(*load_templates(str(tmp_path), AgentType.REVIEW_RUNNER), ctx)
+    assert "## The e2e verification failed after the last review" in prompt and "Findings to fix" not in prompt
+    assert "- [HIGH] the expiry date is not shown (src/page.tsx:7)" in prompt
+
+
 def test_a_prompt_echoed_by_a_plain_text_cli_is_never_taken_for_its_answer(tmp_path: Path) -> None:
     """A plain-text CLI that repeats its prompt and ends without an answer had the prompt's example AGENT_COMPLETE
     (`success`) taken for its answer; JSON the prompt quotes (a failed verification's) likewise."""

@@ -622,6 +622,25 @@ def test_e2e_failure_goes_back_to_review():
     assert next_dispatch(t.progress) == CODE_REVIEW
 
 
+def test_the_review_after_a_failed_e2e_is_given_what_failed_and_its_pass_clears_it():
+    """Nothing of the failure reached the review: it passed the unchanged code again, and the e2e failed again for
+    max_review_rounds rounds (22 agent runs by default)."""
+    cfg = config(e2e_enabled=True)
+    said = [finding("HIGH", "the expiry date is not shown")]
+    t = apply_agent_result(progress("e2e-verify"), E2E, result(E2E, verdict=Verdict.FAILURE, findings=said), cfg, ["ui"])
+    assert (t.progress.state, t.progress.fix_findings) == ("review", said)
+    bare = apply_agent_result(
+        progress("e2e-verify"), E2E, result(E2E, verdict=Verdict.FAILURE, summary="page 500s"), cfg, ["ui"]
+    )
+    assert [(f.severity, f.summary) for f in bare.progress.fix_findings] == [
+        (Severity.HIGH, "e2e verification failed: page 500s")
+    ]
+    passed = apply_agent_result(t.progress, CODE_REVIEW, result(CODE_REVIEW), cfg, ["ui"])
+    assert (passed.progress.state, passed.progress.fix_findings) == ("e2e-verify", [])
+    fixing = apply_agent_result(t.progress, CODE_REVIEW, result(CODE_REVIEW, findings=said), cfg, ["ui"])
+    assert (next_dispatch(fixing.progress), fixing.progress.fix_findings) == (FIX, said)
+
+
 # --- accounting: tokens, pending dispatch, agents dispatched, mode_round ---------------------------
 
 
