@@ -8,9 +8,12 @@ stand for a 30 min one and a night), `asleep_after_seconds` with them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
 
 from bench.infra import DevServer, WorkerProcess, make_project, status_values
 from bso.constants import SPRINT_TASK_QUEUE
@@ -39,12 +42,7 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
         overrides["slave_timeout_seconds"] = 15  # the work after waking (~7 s) fits, on a slow machine too
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
-    server.start()
-    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
-    try:
-        client = await server.wait_ready()
-        worker.start()
+    async with _laptop(tmp_path) as (client, close_the_lid):
         inp = SprintInput(
             project_root=str(root), session_id="laptop", agent_backend="simulated", config_overrides=overrides,
             simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 6000}}},
@@ -63,11 +61,7 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
 
         await poll_until(dev_in_flight, "the dev agent in flight")
         await asyncio.sleep(2)  # the dev agent (6 s) is working
-        worker.suspend()
-        server.suspend()  # the laptop closes: every process stands still
-        await asyncio.sleep(SLEEP_SECONDS)
-        server.resume()
-        worker.resume()
+        await close_the_lid()
         report = await asyncio.wait_for(handle.result(), 180)
         assert report.status is SprintStatus.COMPLETE, report
         assert status_values(root)[STORY] == "done"
@@ -77,11 +71,6 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
         patch = "slave-agent-wakes-after-sleep" if deadline == "agent" else "slave-working-time-wakes-after-sleep"
         assert any(patch in str(e.marker_recorded_event_attributes.details) for e in events), "not slept through?"
         record_histories([await slave.fetch_history()])
-    finally:
-        worker.resume()
-        server.resume()
-        worker.kill9()
-        server.kill9()
 
 
 async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent_its_time(tmp_path: Path) -> None:
@@ -90,12 +79,7 @@ async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent
     overrides = {"asleep_after_seconds": 5, "agent_timeout_seconds": {"code_review": 10}}
     root = tmp_path / "project"
     make_project(root, {STORY: "review"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
-    server.start()
-    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
-    try:
-        client = await server.wait_ready()
-        worker.start()
+    async with _laptop(tmp_path) as (client, close_the_lid):
         inp = SprintInput(
             project_root=str(root), session_id="laptop-ext", agent_backend="external", config_overrides=overrides
         )
@@ -113,11 +97,7 @@ async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent
 
         dispatch_id = await poll_until(review_out, "the review out to the external agent")
         await asyncio.sleep(2)
-        worker.suspend()
-        server.suspend()
-        await asyncio.sleep(SLEEP_SECONDS)
-        server.resume()
-        worker.resume()
+        await close_the_lid()
 
         async def deadline_fired() -> bool:
             summary = f'"{external_deadline_summary(dispatch_id)}"'.encode()
@@ -136,6 +116,26 @@ async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent
         assert status_values(root)[STORY] == "done"
         assert await workflow_task_failures(client, "laptop-ext/batch-1") == []
         record_histories([await slave.fetch_history()])
+
+
+@asynccontextmanager
+async def _laptop(tmp_path: Path) -> AsyncIterator[tuple[Client, Callable[[], Awaitable[None]]]]:
+    """A dev server and a worker on it, and the lid to close: both stand still (SIGSTOP) for SLEEP_SECONDS."""
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
+    server.start()
+    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
+
+    async def close_the_lid() -> None:
+        worker.suspend()
+        server.suspend()  # the laptop closes: every process stands still
+        await asyncio.sleep(SLEEP_SECONDS)
+        server.resume()
+        worker.resume()
+
+    try:
+        client = await server.wait_ready()
+        worker.start()
+        yield client, close_the_lid
     finally:
         worker.resume()
         server.resume()

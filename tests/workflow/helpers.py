@@ -241,17 +241,20 @@ async def wait_status(
     return await poll_until(probe, what, timeout, interval=0.1)
 
 
-async def fix_assignments(client, slave_id: str) -> list[dict]:
-    """The Slave's fix dispatches, as their agent activities were scheduled (their inputs, from its history)."""
-    fixes = []
+async def agent_assignments(client, slave_id: str) -> list[dict]:
+    """The Slave's dispatches, as their agent activities were scheduled (their inputs, from its history)."""
+    assignments = []
     async for event in client.get_workflow_handle(slave_id).fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             if attrs.activity_type.name == "run_agent":
-                assignment = json.loads(attrs.input.payloads[0].data)
-                if assignment["mode"] == "fix":
-                    fixes.append(assignment)
-    return fixes
+                assignments.append(json.loads(attrs.input.payloads[0].data))
+    return assignments
+
+
+async def fix_assignments(client, slave_id: str) -> list[dict]:
+    """The Slave's fix dispatches."""
+    return [a for a in await agent_assignments(client, slave_id) if a["mode"] == "fix"]
 
 
 async def how_it_ended(handle: WorkflowHandle[Any, Any], seconds: float = 15) -> str:

@@ -7,35 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import json
-
-from temporalio.api.enums.v1 import EventType
-
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, run_sprint, sprint_input
+from tests.workflow.helpers import agent_assignments, make_project, run_sprint, sprint_input
 
 K = "2-1-expiry-page"
 
 
-async def assignments(client, slave_id: str) -> list[dict]:
-    out = []
-    async for event in client.get_workflow_handle(slave_id).fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == "run_agent":
-                out.append(json.loads(attrs.input.payloads[0].data))
-    return out
-
-
-async def test_an_e2e_failure_reaches_the_next_agent(ts_env, tmp_path: Path):
+async def test_an_e2e_failure_reaches_the_review_after_it(ts_env, tmp_path: Path):
     make_project(tmp_path, {K: "ready-for-dev"}, {K: "# Story 2.1: Expiry page\n\nStatus: ready-for-dev\n\nTags: ui\n"})
     simulation = {"stories": {"2-1": {"e2e": ["failure", "success"]}}}
     inp = sprint_input(tmp_path, session_id="e2e-fix", config_overrides={"e2e_enabled": True}, simulation=simulation)
     async with bso_worker(ts_env.client) as queue:
         report = await run_sprint(ts_env.client, queue, inp)
     slave = slave_workflow_id("e2e-fix", 1)
-    given = await assignments(ts_env.client, slave)
+    given = await agent_assignments(ts_env.client, slave)
     steps = [(a["agent_type"], a["mode"]) for a in given]
     assert steps == [("dev-runner", "dev"), ("review-runner", "review"), ("e2e-inspector", "e2e"),
                      ("review-runner", "review"), ("e2e-inspector", "e2e")], steps
