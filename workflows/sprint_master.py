@@ -752,9 +752,12 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 self._forward(SIGNAL_DEPENDENCY_UPDATE, relevant, only=batch_id)
 
     def _dependency_state(self, key: str) -> str:
-        """A planned story's state for its dependants; `unfinished:<state>` once no batch will finish it."""
+        """A planned story's state for its dependants; `unfinished:<state>` once no batch will finish it. One left
+        out of the sprint: its state when the sprint started."""
         s = self._state
-        view = s.views[key]
+        view = s.views.get(key)
+        if view is None:
+            return s.outside_stories.get(key, StoryState.BACKLOG.value)
         pending = view.batch_id in self._running_batches or any(b.batch_id == view.batch_id for b in s.queue)
         return state_for_dependants(view, pending)
 
@@ -1473,10 +1476,20 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             report_progress_to=workflow.info().workflow_id,
             checkpoint_pending=s.checkpoint is None and s.config.first_story_checkpoint == "pause",
             dependency_states={
-                dep: self._dependency_state(dep)
-                for key in spec.stories
-                for dep in s.stories[key].depends_on
-                if dep in s.views and dep not in spec.stories
+                # One left out of the sprint that will not be done (needs-intervention, skipped): its dependants
+                # are skipped, as for a planned one; they ran, on a dependency never finished.
+                **{
+                    dep: state
+                    for key in spec.stories
+                    for dep in s.stories[key].depends_on
+                    if (state := s.outside_stories.get(dep)) is not None and never_done(state)
+                },
+                **{
+                    dep: self._dependency_state(dep)
+                    for key in spec.stories
+                    for dep in s.stories[key].depends_on
+                    if dep in s.views and dep not in spec.stories
+                },
             },
         )
         self._running_batches[spec.batch_id] = slave_id
