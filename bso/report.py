@@ -82,13 +82,16 @@ def build_slave_result(
 
 def sprint_status(final_states: dict[str, str], stopped_early: bool, undelivered: int = 0) -> SprintStatus:
     """`undelivered`: done stories whose work may not be in the project (not merged back): the sprint is not
-    complete while the user still has work to bring in."""
+    complete while the user still has work to bring in. A `skipped` story (by hand, a `skip_story` decision, a
+    course correction's drop, a dependency that will not be done) is not done, but it is no failure either: a
+    sprint whose stories were all skipped is partial, not failed."""
     done = sum(v == StoryState.DONE for v in final_states.values())
     if not final_states:
         return SprintStatus.COMPLETE  # nothing left to do
     if done == len(final_states) and not stopped_early and not undelivered:
         return SprintStatus.COMPLETE
-    if done == 0 and not stopped_early:
+    all_skipped = all(v == StoryState.SKIPPED for v in final_states.values())
+    if done == 0 and not stopped_early and not all_skipped:
         return SprintStatus.FAILED
     return SprintStatus.PARTIAL
 

@@ -18,6 +18,15 @@ def test_all_done_is_complete_and_none_done_is_failed() -> None:
     assert sprint_status({}, stopped_early=False) is SprintStatus.COMPLETE
 
 
+def test_a_sprint_whose_stories_were_all_skipped_is_partial_not_failed() -> None:
+    # skipped by hand, by a skip_story decision or a course correction's drop: no agent failed
+    assert sprint_status({K1: "skipped"}, stopped_early=False) is SprintStatus.PARTIAL
+    assert sprint_status({K1: "skipped", K2: "skipped"}, stopped_early=False) is SprintStatus.PARTIAL
+    assert sprint_status({K1: "done", K2: "skipped"}, stopped_early=False) is SprintStatus.PARTIAL
+    # one that failed still fails the sprint when none is done, its skipped dependants or not
+    assert sprint_status({K1: "needs-intervention", K2: "skipped"}, stopped_early=False) is SprintStatus.FAILED
+
+
 def test_a_done_story_not_merged_back_leaves_the_sprint_partial() -> None:
     views = {
         K1: StoryView(state="done"),
