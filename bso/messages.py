@@ -1245,7 +1245,8 @@ def _is_flat_native(raw: Any) -> bool:
     return isinstance(message_type, str) and message_type.isupper()
 
 
-def _original_id(raw: Any) -> str | None:
+def original_id(raw: Any) -> str | None:
+    """The id an error about `raw` names as its original_message_id (an answer's own, or its dispatch id)."""
     if not isinstance(raw, dict):
         return None
     for key in ("id", "message_id", "dispatch_id"):
@@ -1256,7 +1257,7 @@ def _original_id(raw: Any) -> str | None:
 
 def validation_failed(raw: Any, err: ValidationError) -> ValidationFailed:
     """message-schemas.md's validation error for a message that failed validation."""
-    return ValidationFailed(original_message_id=_original_id(raw), errors=field_errors(err, _is_flat_native(raw)))
+    return ValidationFailed(original_message_id=original_id(raw), errors=field_errors(err, _is_flat_native(raw)))
 
 
 def _original_type(raw: Any) -> str | None:

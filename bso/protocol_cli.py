@@ -16,14 +16,18 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from bso.dispatch import implausible_tokens
 from bso.po_agent import with_read_time
 from bso.messages import (
     MESSAGE_ADAPTER,
     MESSAGE_CLASSES,
+    AgentComplete,
     DeliveryFailed,
+    FieldError,
     ResponseTimeout,
     ValidationFailed,
     invalid_message,
+    original_id,
     parse_message,
     validation_failed,
 )
@@ -107,6 +111,23 @@ def validate(
             for item in rendered.errors:
                 typer.echo(f"  {item.field}: {item.error}")
         raise typer.Exit(1) from None
+    # The batch's own refusals of an answer it can judge without its dispatch (bso.dispatch: one rule, its words).
+    payload = getattr(message, "payload", None)
+    refused = implausible_tokens(payload) if isinstance(payload, AgentComplete) else None
+    if refused is not None:
+        if po_error:
+            typer.echo(json.dumps({"message_type": "ERROR",
+                                   "error": {"code": "INVALID_MESSAGE", "message": refused.reason,
+                                             "original_message_type": message.type},
+                                   "action": "Please resubmit with a corrected tokens_used"}, indent=2))
+        elif as_json:
+            failed = ValidationFailed(original_message_id=original_id(raw),
+                                      errors=[FieldError(field="tokens_used", error=refused.reason)])
+            typer.echo(json.dumps(failed.to_seed(), indent=2))
+        else:
+            typer.echo(f"INVALID {file}: the batch refuses this answer (its dispatch stays open)")
+            typer.echo(f"  {refused.reason}")
+        raise typer.Exit(1)
     filled = " (no timestamp: BSO takes the time it reads the answer)" if read is not raw else ""
     typer.echo(f"OK {message.type} {message.id or ''}".rstrip() + filled)
 

@@ -111,6 +111,38 @@ def test_validate_takes_an_agent_answer_as_the_agent_complete_signal_carries_it(
     assert result.exit_code == 1 and "status: invalid value: bogus" in result.output, result.output
 
 
+def test_validate_refuses_an_answer_the_batch_refuses_for_its_tokens_in_the_batchs_words(tmp_path: Path) -> None:
+    """An answer claiming over 1,000,000,000 tokens was `OK AGENT_COMPLETE` to validate, and the batch then refused
+    it (implausible_tokens): validate applies that rule itself and says the batch's reason."""
+    from bso.dispatch import MAX_TOKENS_PER_ANSWER, implausible_tokens
+    from bso.messages import AgentComplete
+
+    answer = {"dispatch_id": "sprint-ext/batch-1/1-2/1", "story_key": "1-2-pantry-item-model-and-storage",
+              "agent_type": "dev-runner", "mode": "dev", "status": "success", "tokens_used": 5_000_000_000}
+    reason = implausible_tokens(AgentComplete.model_validate(answer)).reason
+    path = tmp_path / "answer.json"
+    path.write_text(json.dumps(answer))
+    result = runner.invoke(protocol_app, ["validate", str(path)])
+    assert result.exit_code == 1 and reason in result.output, result.output
+    result = runner.invoke(protocol_app, ["validate", "--json", str(path)])
+    assert result.exit_code == 1
+    assert json.loads(result.output)["errors"] == [{"field": "tokens_used", "error": reason}]
+    result = runner.invoke(protocol_app, ["validate", "--po", str(path)])
+    assert result.exit_code == 1 and json.loads(result.output)["error"]["message"] == reason
+    # The same answer in an envelope, and the most the batch takes, as before.
+    envelope = tmp_path / "envelope.json"
+    wrapped = {k: v for k, v in ex.SCHEMAS["query"].items() if k != "timeout_ms"}
+    envelope.write_text(json.dumps({**wrapped, "type": "AGENT_COMPLETE", "payload": {**answer, "tokens_used": 5}}))
+    result = runner.invoke(protocol_app, ["validate", str(envelope)])
+    assert result.exit_code == 0 and result.output.startswith("OK AGENT_COMPLETE"), result.output
+    envelope.write_text(json.dumps({**wrapped, "type": "AGENT_COMPLETE", "payload": answer}))
+    result = runner.invoke(protocol_app, ["validate", str(envelope)])
+    assert result.exit_code == 1 and reason in result.output, result.output
+    path.write_text(json.dumps({**answer, "tokens_used": MAX_TOKENS_PER_ANSWER}))
+    result = runner.invoke(protocol_app, ["validate", str(path)])
+    assert result.exit_code == 0 and result.output.startswith("OK AGENT_COMPLETE"), result.output
+
+
 def test_validate_takes_an_agent_po_answer_without_timestamp_as_the_sprint_does(tmp_path: Path) -> None:
     """A dev agent's PLAN_SUBMISSION / COMPLETION_REPORT may leave out its timestamp (the sprint takes the time it
     reads the answer): validate said `timestamp: required field missing` of what the sprint accepted."""
