@@ -32,6 +32,7 @@ from activities.session_files import ProjectBusyError, claim_project, status_loc
 
 from bso.models import (
     DEFAULT_STATUS_FILE,
+    MAX_DEPENDENCY_PROBLEMS,
     LoadStatusInput,
     StatusSnapshot,
     StatusWriteInput,
@@ -49,9 +50,9 @@ from bso.sprint_status import (
     parse_status_text,
     parse_story_file,
     resolve_inside,
-    resolve_story_keys,
     resolve_story_location,
     short_key,
+    story_dependencies,
     story_value,
     story_values,
     title_from_slug,
@@ -254,6 +255,7 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
 
     story_keys = [e.key for e in parsed.stories()]
     stories: list[StoryMeta] = []
+    dependency_problems: dict[str, list[str]] = {}
     wanted = set(inp.only_stories) if inp.only_stories is not None else None
     for entry in parsed.stories():
         if wanted is not None and entry.key not in wanted:
@@ -265,15 +267,13 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
             title = info.title
             tags = list(info.tags)
             files = list(info.files)
-            for dep in info.depends_on:
-                try:
-                    (full,) = resolve_story_keys([dep], story_keys)
-                except StoryKeyError as exc:  # unknown or ambiguous deps are ignored, and said so
-                    if activity.in_activity():
-                        activity.logger.warning("%s.md: Depends on %r ignored: %s", entry.key, dep, exc)
-                    continue
-                if full != entry.key and full not in depends_on:
-                    depends_on.append(full)
+            # unknown or ambiguous deps are ignored, and said so (the sprint's errors, `bso sprint start`)
+            depends_on, problems = story_dependencies(entry.key, list(info.depends_on), story_keys)
+            for problem in problems:
+                if activity.in_activity():
+                    activity.logger.warning("%s", problem)
+            if problems and len(dependency_problems) < MAX_DEPENDENCY_PROBLEMS:
+                dependency_problems[entry.key] = problems[:3]
         stories.append(
             StoryMeta(
                 key=entry.key,
@@ -294,6 +294,7 @@ def _load_sync(inp: LoadStatusInput) -> StatusSnapshot:
         stories=stories,
         epics=parsed.epics(),
         read_at=datetime.now(UTC),
+        dependency_problems=dependency_problems,
     )
     # Over it, the result could not be handed to the workflow at all (the SDK's bare TMPRL1103 at the start).
     if (size := len(snapshot.model_dump_json())) > MAX_SNAPSHOT_BYTES:

@@ -1100,6 +1100,8 @@ def _check_stories(root: Path, status_file: str | None, to_run: list[str]) -> No
         return
     chosen = set(to_run)
     stories = [story for story in snapshot.stories if story.key in chosen]
+    for problem in (p for story in stories for p in snapshot.dependency_problems.get(story.key, [])):
+        err_console.print(f"bso: warning: {problem} (the story does not wait for it)", markup=False)
     try:
         dependency_order(stories)
     except PlanningError as err:

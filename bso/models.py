@@ -80,6 +80,9 @@ class LoadStatusInput(_Model):
     wait_when_unreadable_after: int | None = None
 
 
+MAX_DEPENDENCY_PROBLEMS = 20
+
+
 class StatusSnapshot(_Model):
     status_file: str  # absolute, resolved
     story_location: str  # relative to project_root
@@ -89,6 +92,9 @@ class StatusSnapshot(_Model):
     # When the load was done, by the worker's clock (None in results recorded before it was kept): the moment
     # the batch's stories are ready, as the benchmark measures it.
     read_at: datetime | None = None
+    # Story files' `Depends on:` items naming no story of the file (or several), by story: ignored, and said so at
+    # the start (the sprint's errors). Stories past MAX_DEPENDENCY_PROBLEMS (and items past 3 a story) not listed.
+    dependency_problems: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class StatusWriteInput(_Model):

@@ -191,6 +191,22 @@ def resolve_story_keys(requested: list[str], known_full_keys: list[str]) -> list
     return out
 
 
+def story_dependencies(key: str, refs: list[str], known_full_keys: list[str]) -> tuple[list[str], list[str]]:
+    """The stories a story file's `Depends on:` items name (full keys, in order, itself and repeats left out), and
+    what is wrong with each item that names no story of the file (or several): it is ignored, and said so."""
+    found: list[str] = []
+    problems: list[str] = []
+    for ref in refs:
+        try:
+            (full,) = resolve_story_keys([ref], known_full_keys)
+        except StoryKeyError as exc:
+            problems.append(f"{key}.md: Depends on {ref[:100]!r} ignored: {str(exc)[:300]}")
+            continue
+        if full != key and full not in found:
+            found.append(full)
+    return found, problems
+
+
 def named_keys_error(named: dict[str, list[str]], known_full_keys: list[str], file_name: str) -> str | None:
     """A key the sprint's knobs or simulation script name (`where` -> keys) that is no story of the status file,
     or None: a typo would be ignored silently, the story run without its priority or its script."""
@@ -1180,14 +1196,25 @@ def _field_items(text: str, pattern: re.Pattern[str]) -> list[str]:
 MAX_TITLE_CHARS = 200  # a title is shown, not used: a longer one is cut (it travelled with the story in every payload)
 
 
+_STORY_WORD_RE = re.compile(r"\bstory[ \t]+(?=[0-9])", re.IGNORECASE)  # `Depends on: Story 1.2`
+_DOTTED_RE = re.compile(r"([0-9]+)\.([0-9]+[a-z]?)")  # BMAD's story numbering, as in `# Story 1.2: ...`
+
+
+def _dependency(item: str) -> str:
+    """A `Depends on:` item as a story key: `1.2` (`Story 1.2`, the word taken off first) is the story numbered 1-2."""
+    return f"{dotted.group(1)}-{dotted.group(2)}" if (dotted := _DOTTED_RE.fullmatch(item)) else item
+
+
 def parse_story_file(text: str) -> StoryFileInfo:
     """Lenient: title, Status, `Depends on:`, `Tags:` and `Files:` of a BMAD story file; missing parts are empty."""
     title_m = _TITLE_RE.search(text)
     status_m = _STATUS_RE.search(text)
+    refs = _field_items(_STORY_WORD_RE.sub("", text), _DEPENDS_RE)
+    depends_on = list(dict.fromkeys(_dependency(item) for item in refs))
     return StoryFileInfo(
         title=title_m.group(1).strip()[:MAX_TITLE_CHARS] if title_m else "",
         status=status_m.group(1).strip() if status_m else "",
-        depends_on=_field_items(text, _DEPENDS_RE),
+        depends_on=depends_on,
         tags=[t.lower() for t in _field_items(text, _TAGS_RE)],
         files=_field_items(text, _FILES_RE),
     )

@@ -1101,6 +1101,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             raise _invalid_input(error)
         selected = {story.key for story in stories}
         s.outside_stories = {m.key: m.state for m in snapshot.stories if m.key not in selected}
+        # A `Depends on:` item naming no story of the file is ignored: said where the user looks, not in a log.
+        s.errors += [problem for story in stories for problem in snapshot.dependency_problems.get(story.key, [])]
         return stories
 
     def _named_keys_error(self, snapshot: StatusSnapshot) -> str | None:

@@ -556,3 +556,18 @@ def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, l
     else:
         bso.cli.sprint_resume("s1", token_limit=limit, reason="")
         assert signals == [("resume", {"token_limit": limit, "reason": ""})]
+
+
+def test_sprint_start_says_which_depends_on_names_no_story(tmp_path: Path, capsys):
+    """A story file's `Depends on:` naming no story of the file is ignored: `bso sprint start` says so (it was in
+    the worker's log only); BMAD's dotted `Story 1.1` is the story 1-1, said nothing of."""
+    stories_dir = tmp_path / "_bmad-output" / "implementation-artifacts"
+    stories_dir.mkdir(parents=True)
+    (stories_dir / "sprint-status.yaml").write_text(
+        "development_status:\n  epic-1: in-progress\n  1-1-a: ready-for-dev\n  1-2-b: ready-for-dev\n", encoding="utf-8"
+    )
+    (stories_dir / "1-2-b.md").write_text("# Story 1.2: B\n\nDepends on: Story 1.1, 7.1\n", encoding="utf-8")
+    bso.cli._check_stories(tmp_path, None, ["1-1-a", "1-2-b"])
+    err = capsys.readouterr().err
+    assert "bso: warning: 1-2-b.md: Depends on '7-1' ignored: unknown story key '7-1'" in err, err
+    assert err.count("warning") == 1, err

@@ -39,6 +39,7 @@ from bso.sprint_status import (
     set_value,
     shared_numbers,
     short_key,
+    story_dependencies,
     too_large_to_carry,
     title_from_slug,
 )
@@ -698,6 +699,21 @@ def test_a_sprint_takes_on_the_selected_stories_that_are_not_settled():
     # A named story outside the epic was dropped in silence ("nothing to run" when it was the only one).
     with pytest.raises(StoryKeyError, match=r"^2-2-e not in epic-1: with an epic, the stories named are picked"):
         stories_to_run(stories, 1, ["1-3", "2-2"])
+
+
+def test_depends_on_takes_bmad_dotted_story_numbers() -> None:
+    """BMAD numbers stories `1.2` (`# Story 1.2: ...`): `Depends on: 1.2` and `Depends on: Story 1.2` were
+    ignored (no such key), and the dependant ran beside its dependency. They are the story numbered 1-2."""
+    assert parse_story_file("Depends on: 1.1\n").depends_on == ["1-1"]
+    assert parse_story_file("Depends on: Story 1.2\n").depends_on == ["1-2"]
+    assert parse_story_file("Depends on: Story 1.1, story 1.2, 2.6a\n").depends_on == ["1-1", "1-2", "2-6a"]
+    assert parse_story_file("**Depends on:** Story 1-1\n").depends_on == ["1-1"]
+    assert parse_story_file("Depends on:\n- Story 1.1\n- 1.2\n").depends_on == ["1-1", "1-2"]
+    assert parse_story_file("Depends on: 1-1-login, 1.1, 1-1\n").depends_on == ["1-1-login", "1-1"]
+    keys = ["1-1-login", "1-2-logout", "1-3-profile"]
+    found, problems = story_dependencies("1-3-profile", ["1-1", "1-2-logout", "1-3", "9-9", "1-1"], keys)
+    assert found == ["1-1-login", "1-2-logout"]  # itself and repeats left out
+    assert problems == ["1-3-profile.md: Depends on '9-9' ignored: unknown story key '9-9'"]
 
 
 def test_story_file_fields_stay_on_their_line_or_their_list() -> None:

@@ -88,7 +88,10 @@ async def test_load_happy_path_with_story_files(tmp_path: Path) -> None:
     ]
     cm = by_key["2-2-chunk-manager"]
     assert cm.title == "The Chunk Manager"
-    assert cm.depends_on == ["2-1-block-format", "1-2-config-loader"]  # unknown and self deps ignored
+    assert cm.depends_on == ["2-1-block-format", "1-2-config-loader"]  # unknown and self deps ignored ...
+    # ... and said so, for the sprint's start and its errors (they were in the worker's log only)
+    assert snap.dependency_problems == {"2-2-chunk-manager": ["2-2-chunk-manager.md: Depends on '9-9' ignored: "
+                                                              "unknown story key '9-9'"]}
     assert cm.tags == ["frontend", "ui"]
     assert cm.epic == "epic-2" and cm.short_key == "2-2" and cm.state == "backlog"
     assert cm.story_path == "_bmad-output/implementation-artifacts/2-2-chunk-manager.md"
@@ -105,6 +108,9 @@ async def test_load_relative_story_location_and_status_file(tmp_path: Path) -> N
     snap = await load(root, DEFAULT_STATUS_FILE)
     assert snap.story_location == "docs/stories"
     assert snap.stories[1].title == "Bee" and snap.stories[1].depends_on == ["1-1-a"]
+    (root / "docs" / "stories" / "1-2-b.md").write_text("# Story 1.2: Bee\nDepends on: Story 1.1\n")
+    snap = await load(root, DEFAULT_STATUS_FILE)
+    assert snap.stories[1].depends_on == ["1-1-a"] and snap.dependency_problems == {}  # BMAD's dotted number
     assert snap.stories[1].story_path == "docs/stories/1-2-b.md"
 
 

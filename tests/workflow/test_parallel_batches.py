@@ -66,6 +66,30 @@ async def test_dependant_in_a_parallel_batch_waits_for_its_dependency(ts_env, tm
     assert first_of_2 > last_of_1, log  # 1-2 never started before 1-1 was done
 
 
+async def test_bmad_dotted_dependencies_are_honoured_and_an_unknown_one_is_said(ts_env, tmp_path: Path):
+    """`Depends on: Story 1.1` / `1.1` (BMAD's numbering, as in `# Story 1.2: ...`) were ignored with a warning in
+    the worker's log only, and the dependant ran beside its dependency. A reference naming no story of the file is
+    still ignored, but the sprint's errors say so."""
+    make_project(
+        tmp_path,
+        {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"},
+        {K2: story_doc("2", "Logout", depends_on="Story 1.1"), K3: story_doc("3", "Profile", depends_on="1.2, 9.9")},
+    )
+    overrides = {"batch_size": 1, "max_concurrent_slaves": 3}
+    simulation = {"default": {"duration_ms": 300}}
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, config_overrides=overrides, simulation=simulation)
+        )
+    assert [b.stories for b in report.batch_plan.batches] == [[K1], [K2], [K3]]
+    assert report.status is SprintStatus.COMPLETE
+    log = events(tmp_path)
+    for dependency, dependant in (("1-1", "1-2"), ("1-2", "1-3")):
+        last = max(i for i, (story, event) in enumerate(log) if story == dependency and event == "finished")
+        assert min(i for i, (story, _) in enumerate(log) if story == dependant) > last, log
+    assert report.errors == [f"{K3}.md: Depends on '9-9' ignored: unknown story key '9-9'"]
+
+
 async def test_dependants_of_a_failed_story_are_skipped(ts_env, tmp_path: Path):
     make_project(
         tmp_path,
