@@ -14,7 +14,10 @@ command) run as a child process of the agent activity, in the story's git worktr
   An agent that exited after its worker died, or before (BSO was still checking its work), is never run
   again: the launcher's `exit.json` records the exit, and the retry only checks the work again. One still
   running (its worker was killed hard) is adopted: the retry waits for it, heartbeating and holding it to its
-  timeout. Only an agent that died unfinished runs again (the earlier transcript kept under `previous/<n>/`).
+  timeout. One killed with its launcher after it wrote its whole answer (the worker killed with all its
+  children while the CLI lingered) is taken as exited: its answer stands, the retry only checks its work. Only
+  an agent that died unfinished (no answer, or one cut short) runs again (the earlier transcript kept under
+  `previous/<n>/`).
   Marker and `exit.json` belong to their workflow run: a sprint started again under its id runs its agents.
   The activity heartbeats through the fix snapshot and the checks too.
 - A failed verification is an AGENT_COMPLETE failure with error_type `verification_failed`
@@ -115,6 +118,7 @@ from bso.git_rules import (
     parse_file_scope,
 )
 from bso.messages import MAX_FINDINGS, MAX_SUMMARY_CHARS, MAX_TOKENS_PER_ANSWER, AgentComplete, Finding, TaskAssignment, describe_validation_error
+from bso.po_agent import is_po_answer
 from bso.prompting import PromptContext, render_prompt
 from bso.sprint_status import resolve_inside
 from bso.states import BMAD_AGENT_STORY_VALUES, AgentMode, AgentStatus, AgentType, Severity
@@ -630,6 +634,39 @@ def _exit_record(run_dir: Path, dispatch_id: str) -> tuple[AgentRun, str | None,
         return None
 
 
+def _answer_of_a_killed_agent(run_dir: Path, a: TaskAssignment) -> tuple[AgentRun, str | None, int | None] | None:
+    """An earlier attempt of this dispatch (this workflow run) started its agent, which wrote its whole answer
+    (the result file) and was then killed before it exited, its launcher with it: no exit record, no launcher
+    left (the worker killed with all its children: a container stopped, the OOM killer, a power cut; a CLI
+    lingers seconds after its answer). Its answer stands: an exit record is written for it (the exit code
+    unknown, None; the answer says success or failure itself), and the retry only checks its work, as after any
+    exit (_exit_record). None when it must run again: no answer, or one cut short (killed while writing it).
+    (The result file is the launch's: each launch deletes pid.json, then the result file, before the launcher
+    writes pid.json again.)"""
+    data = _pid_record(run_dir, a.dispatch_id)
+    if data is None:
+        return None
+    result_file = run_dir / "result.json"
+    if not result_file.exists():
+        activity.logger.warning("dispatch %s: the previous attempt's agent died before it answered: it runs again",
+                                a.dispatch_id)
+        return None
+    if not _whole_answer(a, result_file):
+        activity.logger.warning("dispatch %s: the previous attempt's agent died leaving a partial or invalid answer "
+                                "in %s: it runs again", a.dispatch_id, result_file)
+        return None
+    keep = ("dispatch_id", "run_id", "attempt", "before", "passing_before")
+    write_json_atomic(
+        run_dir / "exit.json",
+        {**{k: data.get(k) for k in keep}, "returncode": None, "timed_out": False,
+         "elapsed": time.time() - float(data["started_at"]), "last_line": _last_line(run_dir / "stdout.log"),
+         "killed_after_answer": True},
+    )
+    activity.logger.warning("dispatch %s: the previous attempt's agent was killed after it wrote its whole answer "
+                            "(no exit record, no launcher): its answer is taken, the agent not run again", a.dispatch_id)
+    return _exit_record(run_dir, a.dispatch_id)
+
+
 def _earlier_start(run_dir: Path, dispatch_id: str) -> tuple[str, int | None] | None:
     """An earlier attempt of this dispatch (this workflow run) started its agent, which died unfinished: the
     commit before it and its fix snapshot; None when none did."""
@@ -801,15 +838,43 @@ def _read_output(run_dir: Path, env: dict[str, str] | None = None) -> tuple[CliO
         return CliOutput(), digest.hexdigest()
 
 
-def _agent_answer(
-    a: TaskAssignment, result_file: Path, output: CliOutput, run: AgentRun, timeout: float
-) -> AgentComplete:
-    base = {
+def _answer_base(a: TaskAssignment) -> dict[str, str]:
+    return {
         "dispatch_id": a.dispatch_id,
         "story_key": a.story_key,
         "agent_type": a.agent_type.value,
         "mode": a.mode.value,
     }
+
+
+def _validated_answer(a: TaskAssignment, raw: dict) -> AgentComplete:
+    """The agent's answer (its result file's, or its output's) as an AGENT_COMPLETE of this dispatch: it cannot
+    re-address it. Raises ValidationError."""
+    return AgentComplete.model_validate({**lenient_answer(raw), **_answer_base(a)})
+
+
+def _whole_answer(a: TaskAssignment, result_file: Path) -> bool:
+    """The result file holds an answer the agent finished writing, one _answer takes as such (a PO phase's message,
+    or a valid AGENT_COMPLETE): not one cut short by a kill in the middle of its write, nor none."""
+    try:
+        raw = read_result_file(result_file)
+    except UnreadableResultFile:
+        return False
+    if not isinstance(raw, dict):
+        return False
+    if po_command.po_phase(a) is not None and is_po_answer(raw):
+        return True
+    try:
+        _validated_answer(a, raw)
+    except ValidationError:
+        return False
+    return True
+
+
+def _agent_answer(
+    a: TaskAssignment, result_file: Path, output: CliOutput, run: AgentRun, timeout: float
+) -> AgentComplete:
+    base = _answer_base(a)
     if run.timed_out:
         error = f"agent timed out after {int(timeout)}s; process group killed"
         if run.elapsed >= timeout + LAUNCHER_BACKSTOP_SECONDS:  # its worker gone, the launcher's backstop did it
@@ -834,10 +899,12 @@ def _agent_answer(
         )
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=why[:1500])
     try:
-        complete = AgentComplete.model_validate({**lenient_answer(raw), **base})  # it cannot re-address its answer
+        complete = _validated_answer(a, raw)
     except ValidationError as err:
         return AgentComplete(**base, status=AgentStatus.FAILURE, error=f"invalid AGENT_COMPLETE: {describe_validation_error(err)}"[:1500])
-    if run.returncode != 0 and complete.status is AgentStatus.SUCCESS:
+    # An exit code None, not timed out: the agent was killed after its whole answer (_answer_of_a_killed_agent),
+    # its exit unknown. Its answer says success or failure itself.
+    if run.returncode not in (0, None) and complete.status is AgentStatus.SUCCESS:
         return complete.model_copy(
             update={"status": AgentStatus.FAILURE, "error": f"agent claimed success but exited with code {run.returncode}"}
         )
@@ -904,6 +971,8 @@ async def run(a: TaskAssignment) -> AgentComplete:
                                 a.dispatch_id, wt.path)
     if exited is None and _stopped_by_cancel(run_dir, a.dispatch_id):
         raise _sprint_cancelled(a.dispatch_id)
+    if exited is None:  # its launcher gone without an exit record: did the agent answer before it was killed?
+        exited = _answer_of_a_killed_agent(run_dir, a)
     started = None
     if exited is None:
         _kill_other_dispatches(root, a.story_key, a.dispatch_id)

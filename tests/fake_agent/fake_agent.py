@@ -9,7 +9,8 @@ Misbehaviour for the dev-runner, from $FAKE_AGENT_BEHAVIOR (comma separated) or 
 `FAKE_AGENT_BEHAVIOR: ...`: slow (sleeps $FAKE_AGENT_SLEEP seconds, default 3, before it works), hang, crash, leak-env, commit-env, echo-secret, claim-failure, out-of-scope, break-tests, break-tests-in-dev (only the
 dev mode breaks them, a fix repairs them), no-commit, no-changes, no-answer (neither a result file nor an answer in its output), echo-prompt (a
 plain-text CLI: prints its prompt, then its last words, as plain text), linger (commits, then
-sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-fifo (a FIFO there, no writer), result-deep (a result
+sleeps 300 s), answer-linger (answers, its result file and its output, then sleeps 300 s), torn-answer (writes
+half of its answer to the result file, then sleeps 300 s), no-result-file, result-dir (a directory where the result file goes), result-fifo (a FIFO there, no writer), result-deep (a result
 file and output nested 100,000 deep), own-branch / detach (works on a branch of its own / a detached HEAD),
 edit-status / commit-status (sets its story to `review` in the worktree's sprint-status.yaml, as BMAD's
 dev-story does, and leaves the change / commits it), commit-in-plan (the dev-runner commits a file in the
@@ -271,6 +272,11 @@ def main():
         text = "Done.\n```json\n" + json.dumps(result) + "\n```"
     elif "no-answer" in behavior:  # it stops without a word of AGENT_COMPLETE
         text = "Done."
+    elif dev and "torn-answer" in behavior:  # killed in the middle of writing its answer
+        answer = json.dumps(result)
+        Path(os.environ["BSO_RESULT_FILE"]).write_text(answer[: len(answer) // 2])
+        print("writing the answer", flush=True)
+        time.sleep(300)
     else:
         Path(os.environ["BSO_RESULT_FILE"]).write_text(json.dumps(result))
         text = "Done."
@@ -278,7 +284,10 @@ def main():
         print(prompt)
         print(text)
         return
-    print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": text, "usage": usage}))
+    print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": text, "usage": usage}),
+          flush=True)
+    if dev and "answer-linger" in behavior:  # answered, the CLI shuts down slowly (its telemetry, its MCP servers)
+        time.sleep(300)
 
 
 if __name__ == "__main__":

@@ -2031,6 +2031,80 @@ async def test_an_agent_that_finished_after_its_worker_died_is_not_run_again(tmp
     assert "thinking slowly" in (run_dir / "stdout.log").read_text()  # attempt 1's whole transcript
 
 
+LINGER_TIMEOUT = "\n[agents.dev-runner]\ntimeout_seconds = 8\n"
+
+
+async def _killed_with_its_worker_when(tmp_path: Path, a: TaskAssignment, said: str) -> Path:
+    """Attempt 1's worker is killed, then its agent with its launcher (a worker killed with all its children: a
+    container stopped, the OOM killer, a power cut) once the agent's output says `said`: no exit record is
+    written, no launcher is left. The dispatch's run folder."""
+    pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
+    run_dir = command.run_dir_for(a.project_root, a.dispatch_id)
+
+    async def reached() -> bool:
+        return (run_dir / "stdout.log").exists() and said in (run_dir / "stdout.log").read_text()
+
+    await poll_until(reached, f"the agent's output says {said!r}", timeout=30)
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    assert await gone(pid)
+    assert not (run_dir / "exit.json").exists()
+    return run_dir
+
+
+async def test_an_agent_killed_with_its_worker_after_its_whole_answer_is_not_run_again(tmp_path: Path) -> None:
+    """The agent wrote its answer and lingers before its exit, as CLIs do (their telemetry, their MCP servers);
+    its worker is killed with all its children then. The retry takes its answer and checks its work as after
+    its exit: the agent ran once, its work is committed as in a run not interrupted, and a later retry reports
+    the recorded answer. With no exit record and no launcher it was taken for dead unfinished and run again,
+    its whole first answer set aside under previous/1/."""
+    # (A short timeout: an agent run again lingers until it, and that run's answer is its timeout.)
+    root = dev_project(tmp_path, agents_toml=LINGER_TIMEOUT, FAKE_AGENT_BEHAVIOR="answer-linger")
+    a = assignment(root)
+    run_dir = await _killed_with_its_worker_when(tmp_path, a, '"usage"')  # its final output, after its result file
+    done = await ActivityEnvironment().run(command.run, a)
+    assert len(runs(tmp_path)) == 1
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert done.summary.startswith("fake dev-runner/dev") and done.tokens_used == 1700  # attempt 1's answer
+    wt = worktree_path(str(root), "s1", STORY)
+    log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
+    assert log == [f"bso(dev-runner): {STORY}: src/story_1_1_hello_world_extra.py", f"implement {STORY}"]
+    assert not (run_dir / "previous").exists()
+    exited = json.loads((run_dir / "exit.json").read_text())
+    assert (exited["returncode"], exited["timed_out"], exited["killed_after_answer"]) == (None, False, True)
+    again = await ActivityEnvironment().run(command.run, a)  # a later retry: nothing runs again
+    assert again == done
+    assert len(runs(tmp_path)) == 1
+    assert len(git(wt, "log", "--format=%s", "main..HEAD").splitlines()) == 2
+
+
+async def test_an_agent_killed_with_its_worker_after_answering_failure_is_a_failure_not_run_again(tmp_path: Path) -> None:
+    """Its exit code unknown, the answer says success or failure itself: a failure it answered stands."""
+    root = dev_project(tmp_path, agents_toml=LINGER_TIMEOUT, FAKE_AGENT_BEHAVIOR="answer-linger,claim-failure")
+    a = assignment(root)
+    await _killed_with_its_worker_when(tmp_path, a, '"usage"')
+    done = await ActivityEnvironment().run(command.run, a)
+    assert len(runs(tmp_path)) == 1
+    assert done.status is AgentStatus.FAILURE and done.error == "could not finish the fix", done.error
+
+
+async def test_an_agent_killed_with_its_worker_in_the_middle_of_its_answer_runs_again(tmp_path: Path) -> None:
+    """Killed while it wrote its result file (half of it written): the answer is no answer, the agent runs again,
+    its work counted from the commit before the first attempt."""
+    root = dev_project(tmp_path, FAKE_AGENT_BEHAVIOR="torn-answer")
+    a = assignment(root)
+    run_dir = await _killed_with_its_worker_when(tmp_path, a, "writing the answer")
+    assert (run_dir / "result.json").read_text().startswith('{"msg_type": "AGENT_COMPLETE"')
+    toml = root / ".bso" / "agents.toml"
+    toml.write_text(toml.read_text().replace('"torn-answer"', '""'))
+    done = await ActivityEnvironment().run(command.run, a)
+    assert len(runs(tmp_path)) == 2
+    assert done.status is AgentStatus.SUCCESS, done.error
+    assert "writing the answer" in (run_dir / "previous" / "1" / "stdout.log").read_text()  # the first run, kept
+    wt = worktree_path(str(root), "s1", STORY)
+    log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
+    assert log == [f"implement {STORY}"] * 2  # the second run's commit (with what the first left) on the first's
+
+
 async def test_an_agent_still_running_after_its_worker_died_is_adopted(tmp_path: Path) -> None:
     """The retry starts while the previous attempt's agent still works: it waits for it (heartbeating)
     instead of killing it and running the agent again."""
