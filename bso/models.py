@@ -411,6 +411,8 @@ class MasterState(_Model):
     agents_destroyed: int = 0
     # Course correction (workflows/course_corrector.py).
     outside_stories: dict[str, str] = Field(default_factory=dict)  # status-file stories not in the sprint
+    # Left-out stories a human rearmed a dependant of: their state when the sprint started no longer skips it.
+    waived_dependencies: list[str] = Field(default_factory=list)
     consecutive_failures: int = 0
     budget_warned: bool = False  # the token budget's warning line was passed, and said
     over_budget: bool = False  # the running batches' tokens with the ended ones' passed the budget's limit

@@ -555,6 +555,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                 )
             return self._decided_views.pop(key)
         target = parsed.rearm_state().value
+        if (left_out := skipped_for(s.views[key])) is not None and left_out not in s.views:
+            s.waived_dependencies.append(left_out)  # (skipped for a dependency left out of the sprint)
         one_at_a_time = workflow.patched(PATCH_ONE_REARM)
         if one_at_a_time:
             if key in self._deciding:  # two rearms accepted in one workflow task: the validator saw neither
@@ -714,7 +716,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
                 if self._replanning:
                     raise DecisionError(REARM_DURING_REPLAN)
-                check_rearm(parsed, view, lambda dependency: never_done(self._dependency_state(dependency)))
+                # (A dependency left out of the sprint is not the sprint's to rearm: the human's rearm waives it.)
+                check_rearm(
+                    parsed, view, lambda dep: dep in s.views and never_done(self._dependency_state(dep))
+                )
             elif view is None:
                 raise DecisionError(f"unknown story {parsed.story_key!r}")
             elif parsed.story_key in self._deciding:
@@ -1485,6 +1490,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     for key in spec.stories
                     for dep in s.stories[key].depends_on
                     if (state := s.outside_stories.get(dep)) is not None and never_done(state)
+                    and dep not in s.waived_dependencies
                 },
                 **{
                     dep: self._dependency_state(dep)
