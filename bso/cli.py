@@ -1703,7 +1703,8 @@ def sprint_resume(
                 f"--token-limit {token_limit:,} is not above the {view.tokens_used:,} tokens sprint {sprint_id} has "
                 "used: it would pause again after its next story"
             )
-        if view is not None and token_limit is None and view.tokens_used >= view.token_limit and view.pause_reason:
+        on_budget = (view.pause_reason or "").startswith("token budget") if view is not None else False
+        if view is not None and token_limit is None and on_budget and view.tokens_used >= view.token_limit:
             # (The sprint stays paused, saying so: no batch may start with its budget used up.)
             raise BsoError(
                 f"sprint {sprint_id} has used its token budget ({view.tokens_used:,} of {view.token_limit:,} tokens): "

@@ -556,6 +556,11 @@ def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, l
     else:
         bso.cli.sprint_resume("s1", token_limit=limit, reason="")
         assert signals == [("resume", {"token_limit": limit, "reason": ""})]
+    # Paused by the operator (or the budget off: its limit is the default's): a plain resume goes.
+    signals.clear()
+    view.pause_reason = "operator check"
+    bso.cli.sprint_resume("s1", token_limit=None, reason="")
+    assert signals == [("resume", {"reason": ""})]
 
 
 def test_sprint_start_says_which_depends_on_names_no_story(tmp_path: Path, capsys):
