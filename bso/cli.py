@@ -1818,8 +1818,14 @@ class SprintRuns:
     def handle(self) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(self.sprint_id, run_id=self.run_id)
 
-    async def next(self) -> bool:
-        """On to the run this one handed over to; False when it ended otherwise."""
+    async def next(self) -> bool | None:
+        """On to the run this one handed over to; False when it ended otherwise, None while it runs (its close
+        event would be waited for)."""
+        status = (await self.handle().describe()).status
+        if status == WorkflowExecutionStatus.RUNNING:
+            return None
+        if status != WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            return False
         closing = self.handle().fetch_history_events(event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT)
         async for event in closing:
             if event.HasField("workflow_execution_continued_as_new_event_attributes"):
@@ -1865,13 +1871,15 @@ async def _update_once(runs: SprintRuns, name: str, arg: Any) -> Any:
             cause = err.cause
             raise BsoError(getattr(cause, "message", None) or str(cause or err)) from None
         except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
-            if isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND:
+            not_found = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND
+            if not_found and (moved := await runs.next()) is not None:
                 # The run ended (its workflow was found before) without taking it: on to the run it handed over to.
-                if await runs.next():
+                if moved:
                     continue
                 raise BsoError(f"sprint {runs.sprint_id} ended before it took the {name}") from None
-            if isinstance(err, RPCError) and err.status not in _SERVER_AWAY:
+            if isinstance(err, RPCError) and not not_found and err.status not in _SERVER_AWAY:
                 raise
+            # (Not found in a run still running: a server just back, not knowing it yet; asked again as below.)
             if gave_up_at is None:
                 gave_up_at = time.monotonic() + UPDATE_SERVER_WAIT_SECONDS
                 err_console.print(

@@ -335,10 +335,12 @@ class _ServerAway:
     def __init__(self, away: int) -> None:
         self.away, self.ids = away, []
 
+    status = RPCStatusCode.UNAVAILABLE
+
     async def execute_update(self, name, arg, id=None, result_type=None):
         self.ids.append(id)
         if len(self.ids) <= self.away:
-            raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+            raise RPCError("tcp connect error", self.status, b"")
         return {"applied": True}
 
     id = "s-1"
@@ -362,6 +364,22 @@ def test_an_update_the_server_did_not_answer_is_asked_again_with_its_id(monkeypa
     asyncio.run(_update(_OneRun(first), "decide", {}))
     asyncio.run(_update(_OneRun(second), "decide", {}))
     assert first.ids != second.ids
+
+
+class _NotFoundWhileRunning(_OneRun):
+    """A server just back that answers NOT_FOUND of a run still running, once."""
+
+    async def next(self):
+        return None  # the run runs: no close event to wait for
+
+
+def test_an_update_not_found_in_a_run_still_running_is_asked_again(monkeypatch):
+    monkeypatch.setattr(bso.cli, "err_console", Console(file=io.StringIO(), width=300))
+    monkeypatch.setattr(bso.cli, "UPDATE_SERVER_RETRY_INTERVAL", 0.01)
+    handle = _ServerAway(away=1)
+    handle.status = RPCStatusCode.NOT_FOUND
+    assert asyncio.run(_update(_NotFoundWhileRunning(handle), "decide", {})) == {"applied": True}
+    assert len(handle.ids) == 2 and len(set(handle.ids)) == 1
 
 
 class _HandingOver:
