@@ -30,7 +30,7 @@ from activities.process import Finished, machine_id, run_command
 from bso.dispatch import VERIFICATION_FAILED
 from bso.agent_profiles import GitSettings
 from bso.git_rules import FinishStoryInput, FinishStoryResult, MergeOutcome, checkout_moves, work_outside_worktree
-from bso.messages import TaskAssignment
+from bso.messages import AgentComplete, TaskAssignment
 from bso.states import AgentMode, AgentStatus, AgentType, Severity
 from tests.fake_agent.project import STORY, git, make_git_project
 from tests.workflow.helpers import poll_until
@@ -2021,14 +2021,19 @@ async def test_an_agent_that_finished_after_its_worker_died_is_not_run_again(tmp
     pid = await _worker_killed_while_its_agent_runs(tmp_path, a)
     assert await gone(pid, seconds=20)
     done = await ActivityEnvironment().run(command.run, a)
+    _ran_once_as_if_not_interrupted(tmp_path, root, done)
+    run_dir = command.run_dir_for(str(root), a.dispatch_id)
+    assert "thinking slowly" in (run_dir / "stdout.log").read_text()  # attempt 1's whole transcript
+
+
+def _ran_once_as_if_not_interrupted(tmp_path: Path, root: Path, done: AgentComplete) -> None:
+    """The agent ran once, its answer is attempt 1's, and its work is committed once."""
     assert len(runs(tmp_path)) == 1
     assert done.status is AgentStatus.SUCCESS, done.error
     assert done.summary.startswith("fake dev-runner/dev") and done.tokens_used == 1700  # attempt 1's answer
     wt = worktree_path(str(root), "s1", STORY)
     log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
     assert log == [f"bso(dev-runner): {STORY}: src/story_1_1_hello_world_extra.py", f"implement {STORY}"]
-    run_dir = command.run_dir_for(str(root), a.dispatch_id)
-    assert "thinking slowly" in (run_dir / "stdout.log").read_text()  # attempt 1's whole transcript
 
 
 LINGER_TIMEOUT = "\n[agents.dev-runner]\ntimeout_seconds = 8\n"
@@ -2062,19 +2067,14 @@ async def test_an_agent_killed_with_its_worker_after_its_whole_answer_is_not_run
     a = assignment(root)
     run_dir = await _killed_with_its_worker_when(tmp_path, a, '"usage"')  # its final output, after its result file
     done = await ActivityEnvironment().run(command.run, a)
-    assert len(runs(tmp_path)) == 1
-    assert done.status is AgentStatus.SUCCESS, done.error
-    assert done.summary.startswith("fake dev-runner/dev") and done.tokens_used == 1700  # attempt 1's answer
-    wt = worktree_path(str(root), "s1", STORY)
-    log = git(wt, "log", "--format=%s", "main..HEAD").splitlines()
-    assert log == [f"bso(dev-runner): {STORY}: src/story_1_1_hello_world_extra.py", f"implement {STORY}"]
+    _ran_once_as_if_not_interrupted(tmp_path, root, done)
     assert not (run_dir / "previous").exists()
     exited = json.loads((run_dir / "exit.json").read_text())
     assert (exited["returncode"], exited["timed_out"], exited["killed_after_answer"]) == (None, False, True)
     again = await ActivityEnvironment().run(command.run, a)  # a later retry: nothing runs again
     assert again == done
     assert len(runs(tmp_path)) == 1
-    assert len(git(wt, "log", "--format=%s", "main..HEAD").splitlines()) == 2
+    assert len(git(worktree_path(str(root), "s1", STORY), "log", "--format=%s", "main..HEAD").splitlines()) == 2
 
 
 async def test_an_agent_killed_with_its_worker_after_answering_failure_is_a_failure_not_run_again(tmp_path: Path) -> None:
