@@ -78,12 +78,18 @@ def slow_down_merges(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     monkeypatch.setattr(git_ops, "repo_lock", lock)
 
 
-async def start_sprint(client: Client, task_queue: str, inp: SprintInput) -> WorkflowHandle[Any, SprintReport]:
+async def start_sprint(
+    client: Client, task_queue: str, inp: SprintInput, paused: str | None = None
+) -> WorkflowHandle[Any, SprintReport]:
+    """`paused`: a pause with this reason sent with the start (signal-with-start: there before the Master reads
+    its status file)."""
+    with_pause: dict[str, Any] = {"start_signal": "pause", "start_signal_args": [paused]} if paused is not None else {}
     return await client.start_workflow(
         SprintMasterWorkflow.run,
         inp,
         id=inp.session_id or f"sprint-{uuid.uuid4().hex[:8]}",
         task_queue=task_queue,
+        **with_pause,
     )
 
 

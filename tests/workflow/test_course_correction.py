@@ -391,13 +391,9 @@ async def test_the_batch_count_after_a_re_plan_is_the_batches_run_and_left(ts_en
     every pending story was dropped), and put a dropped story in a batch that never ran."""
     make_project(tmp_path, {K1: "review", K2: "review", K3: "review"})
     async with bso_worker(ts_env.client) as queue:
-        handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run,
-            sprint_input(tmp_path, session_id="cc-count", config_overrides={"batch_size": 1}),
-            id="cc-count",
-            task_queue=queue,
-            start_signal="pause",
-            start_signal_args=["before the first batch"],
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="cc-count", config_overrides={"batch_size": 1}),
+            paused="before the first batch",
         )
         await wait_status(handle, lambda s: s.phase is SprintPhase.PAUSED and s.batches_total == 3, "paused, planned")
         cc = await handle.execute_update(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bso.states import SprintPhase, SprintStatus
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, sprint_result
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workflows.sprint_master import SprintMasterWorkflow
 
 K1 = "1-1-login-form"
@@ -19,13 +19,8 @@ async def test_a_pause_sent_at_the_start_holds_and_shows(ts_env, tmp_path: Path)
     make_project(tmp_path, {K1: "review"})
     async with bso_worker(ts_env.client) as queue:
         # Signal-with-start: the pause is there before the Master has even read the status file.
-        handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run,
-            sprint_input(tmp_path, session_id="early-pause-1"),
-            id="early-pause-1",
-            task_queue=queue,
-            start_signal="pause",
-            start_signal_args=["before the first batch"],
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="early-pause-1"), paused="before the first batch"
         )
         for _ in range(200):
             status = await handle.query(SprintMasterWorkflow.status)

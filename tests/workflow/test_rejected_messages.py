@@ -12,7 +12,7 @@ from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
 from bso.temporal_client import fetch_sprint_histories
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, sprint_result, workflow_task_failures
+from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint, workflow_task_failures
 from workflows.residents import ResidentWorkflow
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -34,9 +34,8 @@ async def _eventually(query, check, what: str):
 async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review"})
     async with bso_worker(ts_env.client) as queue:
-        handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="rejects"), id="rejects",
-            task_queue=queue, start_signal="pause", start_signal_args=["hold while we send bad signals"],
+        handle = await start_sprint(
+            ts_env.client, queue, sprint_input(tmp_path, session_id="rejects"), paused="hold while we send bad signals"
         )
         await _eventually(lambda: handle.query(SprintMasterWorkflow.status), lambda s: s.phase is SprintPhase.PAUSED,
                           "paused")
@@ -83,10 +82,7 @@ async def test_an_agent_answer_sent_to_the_sprint_is_recorded_with_where_it_belo
     answer = {"dispatch_id": "wrong-way/batch-1/1-1/1", "story_key": K1, "agent_type": "code-reviewer",
               "mode": "review", "status": "success"}
     async with bso_worker(ts_env.client) as queue:
-        handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="wrong-way"), id="wrong-way",
-            task_queue=queue, start_signal="pause", start_signal_args=["hold"],
-        )
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="wrong-way"), paused="hold")
         await handle.signal("agent_complete", answer)
         await handle.signal("agent_completed", answer)
         await handle.signal("decision", {"story_key": K1, "decision": "skip_story"})

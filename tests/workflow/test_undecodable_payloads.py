@@ -17,8 +17,9 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
 from tests.conftest import bso_worker
-from tests.workflow.helpers import how_it_ended, make_project, sprint_input, status_values, wait_status, workflow_task_failures
-from workflows.sprint_master import SprintMasterWorkflow
+from tests.workflow.helpers import (
+    how_it_ended, make_project, sprint_input, start_sprint, status_values, wait_status, workflow_task_failures,
+)
 
 K1 = "1-1-login-form"
 UNDECODABLE = {
@@ -46,10 +47,7 @@ async def test_an_undecodable_start_input_fails_the_sprint_not_its_task(ts_env, 
 async def test_a_signal_with_an_undecodable_input_is_recorded_as_rejected(ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "review"})
     async with bso_worker(ts_env.client) as queue:
-        handle = await ts_env.client.start_workflow(
-            SprintMasterWorkflow.run, sprint_input(tmp_path, session_id="undecodable-signal"), id="undecodable-signal",
-            task_queue=queue, start_signal="pause", start_signal_args=["hold"],
-        )
+        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="undecodable-signal"), paused="hold")
         await wait_status(handle, lambda s: s.phase == "paused", "paused")
         await handle.signal("story_update", RawValue(UNDECODABLE["no-encoding"]))
         await handle.signal("pause", "marker: the signal after it")  # recorded as a pause reason
