@@ -97,7 +97,7 @@ from bso.message_flow import (
 from bso.decisions import DecisionRequest, cannot_rearm_to
 from bso.dev_server import dev_server_args
 from bso.agent_profiles import PROFILES_FILES, profile_errors
-from bso.dispatch import SCRIPT_KEYS, unknown_values, unknown_values_message
+from bso.dispatch import SCRIPT_KEYS, paused_on_budget, unknown_values, unknown_values_message
 from bso.messages import RejectedMessage, describe_validation_error
 from bso.protocol_cli import protocol_app
 from bso.models import (
@@ -774,7 +774,7 @@ def _progress(
             parts.append(
                 Text(
                     f"  bso sprint resume {view.session_id}"
-                    + (" --token-limit N" if "token budget" in view.pause_reason else "")
+                    + (" --token-limit N" if paused_on_budget(view.pause_reason) else "")
                     + " goes on",
                     style="yellow",
                 )
@@ -1703,8 +1703,10 @@ def sprint_resume(
                 f"--token-limit {token_limit:,} is not above the {view.tokens_used:,} tokens sprint {sprint_id} has "
                 "used: it would pause again after its next story"
             )
-        on_budget = (view.pause_reason or "").startswith("token budget") if view is not None else False
-        if view is not None and token_limit is None and on_budget and view.tokens_used >= view.token_limit:
+        if (
+            view is not None and token_limit is None and paused_on_budget(view.pause_reason)
+            and view.tokens_used >= view.token_limit
+        ):
             # (The sprint stays paused, saying so: no batch may start with its budget used up.)
             raise BsoError(
                 f"sprint {sprint_id} has used its token budget ({view.tokens_used:,} of {view.token_limit:,} tokens): "

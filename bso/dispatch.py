@@ -744,6 +744,12 @@ def budget_warning(tokens_used: int, config: SprintConfig) -> str:
     )
 
 
+def paused_on_budget(pause_reason: str | None) -> bool:
+    """Whether a sprint's pause is its token budget's (the Master's reasons for it, here and in its batch end, say
+    so first): only a higher token_limit lets it go on."""
+    return (pause_reason or "").startswith("token budget ")
+
+
 def budget_still_exhausted(tokens_used: int, token_limit: int) -> str:
     """Why a resume leaves a sprint paused on its budget: no batch may start until the limit is above the use."""
     return (
