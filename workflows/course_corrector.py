@@ -34,7 +34,17 @@ with workflow.unsafe.imports_passed_through():
     from bso.scrum_master import ReplanContext
     from bso.messages import describe_validation_error, story_key_too_long
     from bso.sprint_status import shared_numbers
-    from bso.models import TERMINAL_VALUES, LoadStatusInput, StatusSnapshot, StatusWriteInput, StoryView, short_key
+    from bso.models import (
+        TERMINAL_VALUES,
+        BatchSpec,
+        LoadStatusInput,
+        StatusSnapshot,
+        StatusWriteInput,
+        StatusWriteResult,
+        StoryMeta,
+        StoryView,
+        short_key,
+    )
     from bso.states import SprintPhase, StoryState
 
 _WRITE = {
@@ -55,6 +65,11 @@ PATCH_REPLAN_SEES_QUEUED = "master-replan-sees-batches-queued-meanwhile"
 # A dropped story whose status line cannot be written (removed by hand) is dropped all the same, said among the
 # errors: the failed write failed the update with the queue re-planned already, the story in no batch. Asked there.
 PATCH_CC_DROP_UNWRITTEN = "master-cc-drop-unwritten"
+# The added stories are written before the dropped ones, and one whose write fails (its line removed by hand since
+# the update read the file) refuses the whole correction, undone: it failed the update with the queue re-planned
+# already, the added stories in it, the dropped ones written `skipped`. Asked where the order changes (a correction
+# adding and dropping) and where a write failed.
+PATCH_CC_ADD_UNWRITTEN = "master-cc-add-unwritten"
 CC_DURING_REARM = "CC_REJECTED: a rearm is being applied: send the course correction again once it is done"
 # An added story that shares its number with a story of the sprint (`1-2-logout` beside `1-2-login`) is refused: its
 # agents' work would be taken for the other's (bso.sprint_status.shared_numbers).
@@ -78,6 +93,7 @@ class CourseCorrector:
     def _init_course_correction(self) -> None:
         self._replanning = False  # no batch starts while a course correction is being applied
         self._auto_corrections: list[asyncio.Task[None]] = []  # repeated_failures re-plans in progress
+        self._replaced_queue: list[BatchSpec] = []  # the queued batches the last re-plan replaced
 
     @workflow.update(name=UPDATE_COURSE_CORRECT)
     async def course_correct(self, request: Any) -> CourseCorrection:
@@ -193,14 +209,20 @@ class CourseCorrector:
                 self._put_view(key, StoryView(state=s.stories[key].state))
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
-                for key in add:
-                    if key in before:  # a story dropped earlier stays in the sprint, as it was
-                        s.stories[key] = before[key][0]
-                        self._put_view(key, before[key][1])
-                    else:
-                        del s.stories[key]
-                        self._drop_view(key)
+                self._unadd(add, before)
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
+            # The added stories are written first (before any drop): one whose write fails (its line removed by
+            # hand since the read) refuses the whole correction, the others' writes undone. Written after the
+            # drops, it failed the update with the queue re-planned already, the added stories in it.
+            adds_first = bool(add) and (not drop or workflow.patched(PATCH_CC_ADD_UNWRITTEN))
+            if adds_first:
+                replanned = (cc, self._replaced_queue, s.next_batch_id, len(s.course_corrections), len(s.corrections))
+
+                def undo() -> None:
+                    self._unplan(*replanned)
+                    self._unadd(add, before)
+
+                await self._cc_write_added(add, metas, undo)
             for key in drop:
                 s.dropped_from[key] = s.views[key].state
                 try:
@@ -215,16 +237,83 @@ class CourseCorrector:
                     s.errors.append(f"course correction: {key} dropped, but sprint-status.yaml not written ({err.cause or err})")
                     workflow.logger.warning("course correction: %s dropped; its write failed: %s", key, err.cause or err)
                 self._put_view(key, s.views[key].model_copy(update={"state": current, "error": error, "batch_id": None}))
-            for key in add:
-                s.dropped_from.pop(key, None)
-                if s.stories[key].state != metas[key].state:
-                    current = await self._cc_write(key, metas[key].state, s.stories[key].state)
-                    s.stories[key] = s.stories[key].model_copy(update={"state": current})
-                    self._put_view(key, s.views[key].model_copy(update={"state": current}))
-                s.outside_stories.pop(key, None)
+            if not adds_first:  # (a correction adding and dropping, recorded before PATCH_CC_ADD_UNWRITTEN)
+                await self._cc_write_added(add, metas, None)
         if drop:
             self._tell_dependants({key: s.views[key].state for key in drop}, None)
         return cc
+
+    async def _cc_write_added(self, add: list[str], metas: dict[str, StoryMeta], undo: Callable[[], None] | None) -> None:
+        """The added stories' start values written, in turn. With `undo` (the re-plan's and the additions' undoing
+        in the sprint's state), one whose write fails for good refuses the correction: undone, the values written
+        before it written back."""
+        s = self._state
+        dropped_from = {key: s.dropped_from[key] for key in add if key in s.dropped_from}
+        outside = {key: s.outside_stories[key] for key in add if key in s.outside_stories}
+        written: list[tuple[str, str, str]] = []  # (key, its value before, the value written)
+        for key in add:
+            s.dropped_from.pop(key, None)
+            if s.stories[key].state != metas[key].state:
+                try:
+                    result = await self._cc_write_result(key, metas[key].state, s.stories[key].state)
+                except ActivityError as err:
+                    if undo is None or is_cancelled_exception(err) or not workflow.patched(PATCH_CC_ADD_UNWRITTEN):
+                        raise
+                    why = f"{key} could not be written to sprint-status.yaml ({err.cause or err})"
+                    s.dropped_from.update(dropped_from)
+                    s.outside_stories.update(outside)
+                    undo()
+                    s.errors.append(f"course correction not applied: {why}")
+                    workflow.logger.error("course correction not applied: %s", why)
+                    await self._cc_write_back(written)
+                    raise _cc_rejected(f"CC_REJECTED: {why}; nothing applied") from None
+                if result.outcome == "written":
+                    written.append((key, metas[key].state, result.current))
+                s.stories[key] = s.stories[key].model_copy(update={"state": result.current})
+                self._put_view(key, s.views[key].model_copy(update={"state": result.current}))
+            s.outside_stories.pop(key, None)
+
+    async def _cc_write_back(self, written: list[tuple[str, str, str]]) -> None:
+        """The values a refused correction wrote, written back (last first); one that cannot be is said."""
+        for key, before, value in reversed(written):
+            try:
+                await self._cc_write(key, value, before)
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
+                self._state.errors.append(
+                    f"course correction not applied, but {key} left {value!r} in sprint-status.yaml ({err.cause or err})"
+                )
+
+    def _unadd(self, add: list[str], before: dict[str, tuple[StoryMeta, StoryView]]) -> None:
+        """The added stories out of the sprint again; one dropped earlier (`before`) stays in it, as it was."""
+        s = self._state
+        for key in add:
+            if key in before:
+                s.stories[key] = before[key][0]
+                self._put_view(key, before[key][1])
+            else:
+                del s.stories[key]
+                self._drop_view(key)
+
+    def _unplan(
+        self, cc: CourseCorrection, replaced: list[BatchSpec], next_batch_id: int, impacts: int, records: int
+    ) -> None:
+        """A re-plan undone: its batches out of the queue, the batches it `replaced` back with their stories (and a
+        batch queued since, a budget stop's unstarted stories, kept), its record gone. `next_batch_id`, `impacts`
+        and `records`: the next id and the lengths of the correction lists right after the re-plan."""
+        s = self._state
+        new = {spec.batch_id for spec in cc.batches}
+        s.queue = [spec for spec in s.queue if spec.batch_id not in new] + list(replaced)
+        for spec in replaced:
+            for key in spec.stories:
+                if s.views[key].batch_id in new:
+                    self._put_view(key, s.views[key].model_copy(update={"batch_id": spec.batch_id}))
+        if s.next_batch_id == next_batch_id:  # (no batch numbered since: its ids are given again)
+            s.next_batch_id -= len(cc.batches)
+        del s.course_corrections[impacts - 1]
+        del s.corrections[records - 1]
+        self._show()
 
     async def _read_status_file(self) -> StatusSnapshot:
         return await workflow.execute_activity(
@@ -235,6 +324,9 @@ class CourseCorrector:
         )
 
     async def _cc_write(self, key: str, expected: str, new: str) -> str:
+        return (await self._cc_write_result(key, expected, new)).current
+
+    async def _cc_write_result(self, key: str, expected: str, new: str) -> StatusWriteResult:
         written = await workflow.execute_activity(
             write_story_status,
             StatusWriteInput(
@@ -246,7 +338,7 @@ class CourseCorrector:
         )
         if written.outcome == "cas-mismatch":
             self._state.errors.append(f"course correction: {key} was {written.current!r}, not {expected!r}; left as is")
-        return written.current
+        return written
 
     async def _replan_pending(
         self, reason: CCReason, text: str, added: list[str], dropped: list[str]
@@ -281,6 +373,7 @@ class CourseCorrector:
             if (s.queue == old and s.next_batch_id == first_batch_id) or not workflow.patched(PATCH_REPLAN_SEES_QUEUED):
                 break
             workflow.logger.info("the queue changed while the scrum-master planned: planning again")
+        self._replaced_queue = old
         cc = cc.model_copy(update={"planner": answer.planner})
         s.next_batch_id += len(cc.batches)
         s.queue = list(cc.batches)

@@ -26,7 +26,7 @@ from tests.workflow.holds import ChildStartHeld, SignalDeliveredFirst
 from tests.workflow.helpers import make_project, sprint_input, sprint_result, start_sprint
 from workers.main import WORKFLOW_INTERCEPTORS, WORKFLOWS
 from workflows import sprint_slave
-from workflows.course_corrector import PATCH_CC_DROP_UNWRITTEN
+from workflows.course_corrector import PATCH_CC_ADD_UNWRITTEN, PATCH_CC_DROP_UNWRITTEN
 from workflows.delivery import PATCH_CANCELLED_SEND_IS_A_CANCEL
 from workflows.planner import PATCH_PLAN_NUMBERING_CHECKED
 from workflows.sprint_master import (
@@ -271,6 +271,13 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         # A course correction dropping a story whose status line was removed by hand: the failed write failed the
         # update with the queue re-planned already, the story in no batch and not skipped.
         ("before-2026-11-29-cc-drop-unwritten/cc-unwritten.json", PATCH_CC_DROP_UNWRITTEN),
+        # A course correction adding two stories, the second's line removed by hand after the update read the file:
+        # the failed write failed the update with the queue re-planned already, both stories in it, the first
+        # written `backlog`.
+        # (Its sibling cc-add-drop-unwritten.json, one story added and one dropped, the dropped one written `skipped`
+        # before the add failed, is replayed by test_replay only: the patch writes the same two in the other order,
+        # which a replay does not tell apart.)
+        ("before-2026-11-29-cc-add-unwritten/cc-add-unwritten.json", PATCH_CC_ADD_UNWRITTEN),
         # A course correction's re-plan numbered its batch 1 again (the first batch's id): it was used.
         ("before-2026-11-29-plan-numbering/misnumbered-out-of-turn.json", PATCH_PLAN_NUMBERING_CHECKED),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
