@@ -3,7 +3,17 @@
 server recorded its firing. A machine or a server that was not running at that moment (a closed laptop) fires it
 when it runs again: late by the time slept. Read from history by an activity, its answer recorded in the
 workflow's history: the workflow's own clock (`workflow.now()`) is not the same on replay, where sdk-core may
-join a task that had no command with the next and lend it its clock."""
+join a task that had no command with the next and lend it its clock.
+
+A worker down or frozen (SIGSTOP) at an agent's deadline, the server running on, is the same to the agent: the
+server fires the deadline on time, but no worker takes up the workflow task carrying it until one runs again. An
+agent activity's deadline is late by the time from its moment to the first workflow task after its firing that a
+worker completed or failed: a live worker read the history then (a frozen worker's open poll takes tasks it never
+answers; they time out and do not count). An agent still working at its deadline is not late so: a simulated
+agent runs in the sprint's own worker, which takes the deadline up at once; a command agent, which may run in a
+worker of the agents' queue alone, ends itself at its deadline and reports before the server's (its activity's
+deadline leaves it the time), so the server's fires only when its worker did not run either. A timer's lateness
+is the server's only: an external agent answers whether a worker runs or not."""
 
 from __future__ import annotations
 
@@ -31,8 +41,14 @@ async def deadline_lateness(inp: LatenessInput) -> float:
 def lateness_in(events: list[HistoryEvent], inp: LatenessInput) -> float:
     meant: dict[int | str, float] = {}  # scheduled event id (activity) or timer id -> the moment it was meant for
     late = 0.0
+    unhandled: float | None = None  # the moment meant of an activity deadline fired, no worker having handled it
     for event in events:
         at = event.event_time.ToDatetime().timestamp()
+        if unhandled is not None and (
+            event.HasField("workflow_task_completed_event_attributes")
+            or event.HasField("workflow_task_failed_event_attributes")
+        ):
+            late, unhandled = at - unhandled, None
         if event.HasField("activity_task_scheduled_event_attributes"):
             attrs = event.activity_task_scheduled_event_attributes
             if attrs.activity_id == inp.activity_id:
@@ -41,6 +57,7 @@ def lateness_in(events: list[HistoryEvent], inp: LatenessInput) -> float:
             scheduled = event.activity_task_timed_out_event_attributes.scheduled_event_id
             if scheduled in meant:
                 late = at - meant[scheduled]
+                unhandled = meant[scheduled]
         elif event.HasField("timer_started_event_attributes") and inp.timer_summary is not None:
             attrs = event.timer_started_event_attributes
             if _summary(event) == inp.timer_summary:

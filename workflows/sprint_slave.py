@@ -1179,8 +1179,8 @@ class SprintSlaveWorkflow:
                     and SLAVE_PATCHES.patched(PATCH_AGENT_WAKES_AFTER_SLEEP)  # (asked at a deadline only)
                     and await self._slept_through(LatenessInput(activity_id=dispatch_id, **self._own_run()))
                 ):
-                    # Slept through (a closed laptop, a server down): the agent gets its whole time again, its
-                    # dispatch id the same (a command agent still running is taken over).
+                    # Slept through (a closed laptop, a server down, a worker down or frozen): the agent gets its
+                    # whole time again, its dispatch id the same (a command agent still running is taken over).
                     wakes += 1
                     workflow.logger.warning("[Slave] %s: its deadline was slept through; started again", dispatch_id)
                     handle, deadline = start_agent(), workflow.now() + timeout

@@ -1096,3 +1096,67 @@ def test_how_late_the_server_fired_a_deadline_is_read_from_history():
     assert lateness_in(events[:2], LatenessInput(activity_id="s/batch-1/1-1/1", **run)) == 0
     assert lateness_in(events, LatenessInput(timer_summary="working time", **run)) == 3600
     assert lateness_in(events, LatenessInput(timer_summary="story updates hold", **run)) == 0
+
+
+def test_a_deadline_fired_while_no_worker_ran_is_late_until_a_worker_handled_it():
+    """A worker killed or frozen (SIGSTOP) at an agent's deadline, the server running on: the server fires it on
+    time, and the workflow task carrying it waits (killed) or is taken by the frozen worker's open poll and times
+    out (frozen) until a worker runs again. The deadline is late until a worker completed or failed a workflow task
+    after it (the event sequences measured on a dev server, a 30 s deadline, the worker back at 45 s); one a live
+    worker took up at once (an agent still working at its deadline) is not late, nor is a timer (an external
+    agent's deadline) fired on time while no worker ran: that agent answers whether a worker runs or not."""
+    from google.protobuf.duration_pb2 import Duration
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from temporalio.api.common.v1 import Payload
+    from temporalio.api.history.v1 import HistoryEvent
+
+    from activities.deadlines import LatenessInput, lateness_in
+
+    def event(event_id: int, second: float, **attrs) -> HistoryEvent:
+        return HistoryEvent(event_id=event_id, event_time=Timestamp(seconds=int(second), nanos=int(second % 1 * 1e9)), **attrs)
+
+    scheduled = {"activity_id": "s/batch-1/1-1/1", "schedule_to_close_timeout": Duration(seconds=30)}
+    fired = [
+        event(5, 100, activity_task_scheduled_event_attributes=scheduled),
+        event(6, 130, activity_task_timed_out_event_attributes={"scheduled_event_id": 5}),  # on time
+        event(7, 130, workflow_task_scheduled_event_attributes={}),
+    ]
+    killed = [  # the sticky task not started, then the task on the normal queue taken once a worker runs again
+        event(8, 140, workflow_task_timed_out_event_attributes={"scheduled_event_id": 7}),
+        event(9, 140, workflow_task_scheduled_event_attributes={}),
+        event(10, 155.8, workflow_task_started_event_attributes={"scheduled_event_id": 9}),
+        event(11, 155.9, workflow_task_completed_event_attributes={"scheduled_event_id": 9}),
+    ]
+    frozen = [  # taken by the frozen worker's poll at once, timed out unanswered, twice; answered once it goes on
+        event(8, 130, workflow_task_started_event_attributes={"scheduled_event_id": 7}),
+        event(9, 140, workflow_task_timed_out_event_attributes={"scheduled_event_id": 7}),
+        event(10, 140, workflow_task_scheduled_event_attributes={}),
+        event(11, 140, workflow_task_started_event_attributes={"scheduled_event_id": 10}),
+        event(12, 150, workflow_task_timed_out_event_attributes={"scheduled_event_id": 10}),
+        event(13, 150, workflow_task_scheduled_event_attributes={}),
+        event(14, 155, workflow_task_started_event_attributes={"scheduled_event_id": 13}),
+        event(15, 155.5, workflow_task_completed_event_attributes={"scheduled_event_id": 13}),
+    ]
+    running = [  # a live worker (its agent still working at the deadline) took and answered it at once
+        event(8, 130.01, workflow_task_started_event_attributes={"scheduled_event_id": 7}),
+        event(9, 130.05, workflow_task_completed_event_attributes={"scheduled_event_id": 7}),
+    ]
+    failing = [  # a live worker failed the task (a bug): it ran, so not late
+        event(8, 130.01, workflow_task_started_event_attributes={"scheduled_event_id": 7}),
+        event(9, 130.05, workflow_task_failed_event_attributes={"scheduled_event_id": 7}),
+    ]
+    agent = LatenessInput(activity_id="s/batch-1/1-1/1", workflow_id="s/batch-1", run_id="r")
+    assert lateness_in(fired + killed, agent) == pytest.approx(25.9)
+    assert lateness_in(fired + frozen, agent) == pytest.approx(25.5)
+    assert lateness_in(fired + running, agent) == pytest.approx(0.05)
+    assert lateness_in(fired + failing, agent) == pytest.approx(0.05)
+    assert not slept_through(lateness_in(fired + killed, agent), SprintConfig())  # 25.9 s: not past 30 s
+    assert slept_through(lateness_in(fired + killed, agent), SprintConfig(asleep_after_seconds=20))
+    summary = {"summary": Payload(metadata={"encoding": b"json/plain"}, data=b'"external deadline"')}
+    timer = [
+        event(5, 100, timer_started_event_attributes={"timer_id": "3", "start_to_fire_timeout": Duration(seconds=30)},
+              user_metadata=summary),
+        event(6, 130, timer_fired_event_attributes={"timer_id": "3"}),
+        event(7, 130, workflow_task_scheduled_event_attributes={}),
+    ]
+    assert lateness_in(timer + killed, LatenessInput(timer_summary="external deadline", workflow_id="s/batch-1", run_id="r")) == 0

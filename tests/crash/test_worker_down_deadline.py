@@ -1,0 +1,88 @@
+"""A worker down (killed -9) or frozen (SIGSTOP) past an agent's deadline while the dev server runs on: the server
+fires the deadline on time, but no worker takes the workflow task carrying it until one runs again. The story
+ended needs-intervention ("no AGENT_COMPLETE within ...") for time no worker ran the agent; the agent now starts
+again with its whole time, as after a closed laptop (tests/crash/test_laptop_sleep.py). The timeouts are scaled
+down (a 10 s deadline, a worker gone 25 s), `asleep_after_seconds` with them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bench.infra import DevServer, WorkerProcess, make_project, status_values
+from bso.constants import SPRINT_TASK_QUEUE
+from bso.models import SprintInput
+from bso.states import SprintStatus
+from tests.conftest import record_histories
+from tests.workflow.helpers import ledger, poll_until, workflow_task_failures
+from workflows.sprint_master import SprintMasterWorkflow
+
+pytestmark = pytest.mark.e2e
+
+STORY = "1-1-worker-down-story"
+DOWN_SECONDS = 25
+PORTS = {"killed": 7850, "frozen": 7860}
+
+
+@pytest.mark.parametrize("down", ["killed", "frozen"])
+async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tmp_path: Path, down: str) -> None:
+    overrides = {
+        "asleep_after_seconds": 5,
+        "agent_timeout_seconds": {"dev_execution": 10},
+        "agent_retry": {"heartbeat_timeout_seconds": 3, "initial_interval_seconds": 0.5},
+    }
+    root = tmp_path / "project"
+    make_project(root, {STORY: "ready-for-dev"})
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log", port=PORTS[down])
+    server.start()
+    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
+    try:
+        client = await server.wait_ready()
+        worker.start()
+        inp = SprintInput(
+            project_root=str(root), session_id="down", agent_backend="simulated", config_overrides=overrides,
+            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 6000}}},
+        )
+        handle = await client.start_workflow(
+            SprintMasterWorkflow.run, inp, id="down", task_queue="down-" + SPRINT_TASK_QUEUE
+        )
+
+        async def dev_in_flight() -> bool:
+            try:
+                view = await handle.query(SprintMasterWorkflow.status)
+            except Exception:  # noqa: BLE001 - not taken up yet
+                return False
+            story = view.stories.get(STORY)
+            return bool(story and story.state == "ready-for-dev" and view.running_batches)
+
+        await poll_until(dev_in_flight, "the dev agent in flight")
+        await asyncio.sleep(2)  # the dev agent (6 s) is working
+        first = [e for e in ledger(root) if e["event"] == "started"]
+        assert first and not [e for e in ledger(root) if e["event"] == "finished"], ledger(root)
+        if down == "killed":
+            worker.kill9()
+        else:
+            worker.suspend()
+        await asyncio.sleep(DOWN_SECONDS)  # the agent's deadline (10 s) fires meanwhile, the server running on
+        if down == "killed":
+            worker.start()
+        else:
+            worker.resume()
+        report = await asyncio.wait_for(handle.result(), 180)
+        assert report.status is SprintStatus.COMPLETE, report
+        assert status_values(root)[STORY] == "done"
+        dev = first[0]["dispatch_id"]
+        ran = [e["event"] for e in ledger(root) if e["dispatch_id"] == dev]
+        assert ran.count("finished") == 1, ledger(root)  # the dev agent ran to its end, once, after the worker's return
+        assert await workflow_task_failures(client, "down/batch-1") == []
+        slave = client.get_workflow_handle("down/batch-1")
+        events = (await slave.fetch_history()).events
+        agents = [e.activity_task_scheduled_event_attributes.activity_id for e in events if e.HasField("activity_task_scheduled_event_attributes")]
+        assert agents.count(dev) == 2, agents  # started again with its whole time once the worker ran again
+        record_histories([await slave.fetch_history()])
+    finally:
+        worker.resume()
+        worker.kill9()
+        server.kill9()
