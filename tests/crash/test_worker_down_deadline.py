@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 STORY = "1-1-worker-down-story"
 DOWN_SECONDS = 25
-PORTS = {"killed": 7850, "frozen": 7860}
+PORTS = {"killed": 7850, "frozen": 7860, "working": 7870}
 
 
 @pytest.mark.parametrize("down", ["killed", "frozen"])
@@ -84,5 +84,35 @@ async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tm
         record_histories([await slave.fetch_history()])
     finally:
         worker.resume()
+        worker.kill9()
+        server.kill9()
+
+
+async def test_an_agent_still_working_at_its_deadline_ends_out_of_time(tmp_path: Path) -> None:
+    """Its worker running all along, it takes the deadline up at once: not late, the story ends needs-intervention
+    (the dev agent works 20 s, its deadline is 10 s)."""
+    overrides = {"asleep_after_seconds": 5, "agent_timeout_seconds": {"dev_execution": 10}}
+    root = tmp_path / "project"
+    make_project(root, {STORY: "ready-for-dev"})
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log", port=PORTS["working"])
+    server.start()
+    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
+    try:
+        client = await server.wait_ready()
+        worker.start()
+        inp = SprintInput(
+            project_root=str(root), session_id="working", agent_backend="simulated", config_overrides=overrides,
+            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 20000}}},
+        )
+        handle = await client.start_workflow(
+            SprintMasterWorkflow.run, inp, id="working", task_queue="down-" + SPRINT_TASK_QUEUE
+        )
+        report = await asyncio.wait_for(handle.result(), 180)
+        assert report.status is SprintStatus.FAILED, report
+        assert status_values(root)[STORY] == "needs-intervention"
+        events = (await client.get_workflow_handle("working/batch-1").fetch_history()).events
+        agents = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events if e.HasField("activity_task_scheduled_event_attributes")]
+        assert agents.count("deadline_lateness") == 1 and agents.count("run_agent") == 1, agents  # asked, not late
+    finally:
         worker.kill9()
         server.kill9()
