@@ -23,7 +23,6 @@ pytestmark = pytest.mark.e2e
 
 STORY = "1-1-worker-down-story"
 DOWN_SECONDS = 25
-PORTS = {"killed": 7850, "frozen": 7860, "working": 7870}
 
 
 @pytest.mark.parametrize("down", ["killed", "frozen"])
@@ -35,7 +34,7 @@ async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tm
     }
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log", port=PORTS[down])
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
     server.start()
     worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
     try:
@@ -94,7 +93,7 @@ async def test_an_agent_still_working_at_its_deadline_ends_out_of_time(tmp_path:
     overrides = {"asleep_after_seconds": 5, "agent_timeout_seconds": {"dev_execution": 10}}
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log", port=PORTS["working"])
+    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
     server.start()
     worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
     try:
