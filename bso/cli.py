@@ -1035,15 +1035,28 @@ def worker(
 # --- bso sprint ... -----------------------------------------------------------------------------
 
 
+def _whole_numbers(value: Any) -> Any:
+    """JSON's whole floats (`1e6`, `1000000.0`, `1.5e3`) as the integers they are, in lists and objects too: a
+    count knob is strict (`true` is not 1), and `--set token_budget.limit=1e6` was refused for a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    return value
+
+
 def parse_set(values: list[str]) -> dict[str, Any]:
-    """`--set key=value` pairs: the value is JSON when it parses (3, true, "x", [..]), else a string."""
+    """`--set key=value` pairs: the value is JSON when it parses (3, true, "x", [..]), else a string; a whole
+    number written as a float (1e6) is that integer."""
     overrides: dict[str, Any] = {}
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise BsoError(f"--set {item!r}: expected key=value (e.g. --set batch_size=2)")
         try:
-            value = json.loads(raw)
+            value = _whole_numbers(json.loads(raw))
         except ValueError:
             value = raw
         overrides[key.strip()] = value

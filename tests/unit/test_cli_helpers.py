@@ -69,6 +69,19 @@ def test_parse_set_reads_json_values_and_checks_knobs():
             parse_set(bad)
 
 
+def test_parse_set_takes_a_whole_float_as_its_integer():
+    """`--set token_budget.limit=1e6` was refused (an integer is asked for): a float that is a whole number is
+    that integer, in a list or object too; one that is not stays refused."""
+    assert parse_set(["token_budget.limit=1e6"]) == {"token_budget.limit": 1_000_000}
+    assert parse_set(["token_budget.limit=1000000.0", "batch_size=2.0"]) == {"token_budget.limit": 1_000_000, "batch_size": 2}
+    assert parse_set(["token_budget.limit=1.5e3"]) == {"token_budget.limit": 1500}
+    assert parse_set(['agent_timeout_seconds={"dev_execution": 3.6e3}']) == {"agent_timeout_seconds": {"dev_execution": 3600}}
+    assert parse_set(["token_budget.warning_threshold=0.5"]) == {"token_budget.warning_threshold": 0.5}
+    assert type(parse_set(["token_budget.limit=1e6"])["token_budget.limit"]) is int
+    with pytest.raises(BsoError, match=r"token_budget\.limit: Input should be a valid integer"):
+        parse_set(["token_budget.limit=1.25"])
+
+
 def test_temporal_start_command_round_trips_the_input():
     inp = SprintInput(project_root="/p q", session_id="s-1", config_overrides={"batch_size": 2}, epic="1")
     line = temporal_start_command(inp, "s-1", "bso-sprint", "localhost:7233", "default")
