@@ -51,6 +51,7 @@ __all__ = [
     "story_value",
     "story_values",
     "parse_story_file",
+    "is_story_stub",
     "render_story_file",
     "title_from_slug",
     "resolve_inside",
@@ -1261,6 +1262,24 @@ def parse_story_file(text: str) -> StoryFileInfo:
         tags=[t.lower() for t in _field_items(text, _TAGS_RE)],
         files=_field_items(text, _FILES_RE),
     )
+
+
+def is_story_stub(text: str) -> bool:
+    """Whether a story file holds only what parse_story_file reads, for the story-creator to write the story from
+    (its `# Story N.M: Title`, `Status:`, `Depends on:`, `Tags:` and `Files:` lines, a field's bullet list): an
+    empty one does. Anything else (an `## Acceptance Criteria` section, a paragraph) is a story written already."""
+    field_res = (_STATUS_RE, _DEPENDS_RE, _TAGS_RE, _FILES_RE)
+    in_list = False  # the bullet list right below an empty field
+    for line in text.splitlines():
+        if not line.strip() or _TITLE_RE.fullmatch(line):
+            continue
+        if in_list and _BULLET_RE.fullmatch(line):
+            continue
+        field = next((m for r in field_res if (m := r.fullmatch(line)) is not None), None)
+        if field is None:
+            return False
+        in_list = not field.group(1).strip("* \t")
+    return True
 
 
 def render_story_file(

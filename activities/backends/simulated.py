@@ -25,7 +25,7 @@ from bso.messages import AgentComplete, TaskAssignment
 from bso.models import short_key
 from bso.po_gates import StoryScope, simulated_plan, simulated_report
 from bso.simulation import ScriptedAnswer, StoryScript, po_kind, scripted_answer
-from bso.sprint_status import parse_story_file, render_story_file, resolve_inside, title_from_slug
+from bso.sprint_status import is_story_stub, parse_story_file, render_story_file, resolve_inside, title_from_slug
 from bso.states import AgentMode, AgentType
 
 LEDGER = "simulated-agent-ledger.jsonl"
@@ -33,12 +33,18 @@ HEARTBEAT_EVERY_SECONDS = 1.0
 
 
 def _write_story_doc(assignment: TaskAssignment) -> str:
-    """What a story-creator does: write (create) or rewrite (revise) the BMAD story file."""
+    """What a story-creator does: write (create) or rewrite (revise) the BMAD story file. A story already written
+    there (by hand, or by this dispatch's attempt before) is kept by create: it was written over with the
+    simulated document. Create writes a missing or empty file, or a stub of the lines the sprint reads (title,
+    Status, Depends on, Tags, Files; kept in the document); revise rewrites."""
     target = Path(resolve_inside(assignment.project_root, assignment.story_path))
     if (problem := story_file_problem(str(target), os.path.realpath(assignment.project_root))) is not None:
         raise ApplicationError(f"story-creator: {problem}", type="StoryFileError", non_retryable=True)
     epic_num, story_num = short_key(assignment.story_key).split("-", 1)
-    existing = parse_story_file(read_story_text(str(target))) if target.exists() else None
+    existing_text = read_story_text(str(target)) if target.exists() else None
+    if assignment.mode is AgentMode.CREATE and existing_text is not None and not is_story_stub(existing_text):
+        return f"kept {assignment.story_path} (a story file is there already)"
+    existing = parse_story_file(existing_text) if existing_text is not None else None
     title = assignment.story_title or (existing.title if existing else "") or title_from_slug(assignment.story_key)
     revision = assignment.mode_round if assignment.mode is AgentMode.REVISE else 0
     text = render_story_file(
