@@ -847,6 +847,24 @@ def compute_epic_changes(values: dict[str, str], epic_key: str) -> dict[str, str
     return _epic_roll_up(entry, values[entry], stories)
 
 
+def epics_finished_since(
+    epic_stories: Mapping[str, Iterable[str]], keys: Collection[str], value: Callable[[str], str], but: str | None
+) -> dict[str, str]:
+    """The epics (but the entry `but`, the written story's, rolled up by compute_epic_changes) whose stories are all
+    finished, one done, their entry not `done` yet: a story set done by hand, the last of its epic, left the epic
+    open (BSO rolled up only the epic of the story it wrote). `epic_stories`: epic key -> its stories' keys;
+    `keys`: the file's keys; `value(key)`: a key's value in the file. Only to `done`: an epic's other moves follow
+    BSO's own story writes."""
+    out: dict[str, str] = {}
+    for epic_key, stories in epic_stories.items():
+        entry = epic_entry_key(keys, epic_key)
+        if entry is None or entry == but or entry in out:
+            continue
+        if _epic_roll_up(entry, value(entry), [value(k) for k in stories]).get(entry) == "done":
+            out[entry] = "done"
+    return out
+
+
 def _epic_roll_up(epic_key: str, current: str, stories: list[str]) -> dict[str, str]:
     """compute_epic_changes once the epic's current value and its stories' values are known."""
     if not stories:
@@ -1075,6 +1093,9 @@ def _fast_transition(
     if epic_entry is not None:
         siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
         epic_changes = _epic_roll_up(epic_entry, fast.entries[epic_entry][3], siblings)
+    epic_changes.update(
+        epics_finished_since(fast.epic_stories, fast.entries, lambda k: new if k == key else fast.entries[k][3], epic_entry)
+    )
     for k, v in [(key, new), *epic_changes.items()]:
         line_index, start, end, _ = fast.entries[k]
         entries[k] = (line_index, start, put(line_index, start, end, v), v)  # a plain value for a plain value
@@ -1121,7 +1142,13 @@ def _yaml_transition(
     new_text = set_value(text, key, new, source)
     values[key] = new
     epic_changes: dict[str, str] = {}
-    for ek, ev in compute_epic_changes(values, epic_key_of(key)).items():
+    epic_stories: dict[str, list[str]] = {}
+    for k in values:
+        if STORY_KEY_RE.match(k):
+            epic_stories.setdefault(epic_key_of(k), []).append(k)
+    rolled_up = compute_epic_changes(values, epic_key_of(key))
+    rolled_up.update(epics_finished_since(epic_stories, values, values.__getitem__, epic_entry_key(values, epic_key_of(key))))
+    for ek, ev in rolled_up.items():
         try:
             new_text = set_value(new_text, ek, ev, source)
         except StatusFileError:  # (an anchor, a folded value: the roll-up is a courtesy; it never fails the story)

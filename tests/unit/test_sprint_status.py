@@ -424,6 +424,37 @@ def test_a_done_epic_whose_story_runs_again_is_in_progress_again(fast: bool) -> 
     assert done.epic_changes == {"epic-2": "done"}
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["bmad-layout", "yaml-path"])
+def test_an_epic_whose_last_story_was_set_done_by_hand_is_rolled_up_at_the_next_write(fast: bool) -> None:
+    """1-2 set `done` by hand mid-sprint, the last of epic-1 not done: BSO rolled up only the epic of the story it
+    wrote, and epic-1 stayed in-progress for good. The next write of any story rolls it up, from the file's
+    story values; an epic not all finished, or none done, or done already, is left as it is."""
+    text = (
+        "development_status:\n  epic-1: in-progress\n  1-1-a: done\n  1-2-b: done\n"
+        "  epic-2: backlog\n  2-1-c: ready-for-dev\n"
+        "  epic-3: in-progress\n  3-1-d: done\n  3-2-e: review\n"
+        "  epic-4: in-progress\n  4-1-f: skipped\n"
+        "  epic-5: done\n  5-1-g: done\n"
+    )
+    if not fast:
+        text = text.replace("epic-2: backlog", "epic-2: 'backlog'")  # quoted: not BMAD's plain layout
+    r = apply_story_transition(text, "2-1", "ready-for-dev", "in-progress", NOW, SRC)
+    assert r.outcome == "written" and r.epic_changes == {"epic-2": "in-progress", "epic-1": "done"}
+    values = parse_status_text(r.text, SRC).values()
+    assert [values[f"epic-{n}"] for n in range(1, 6)] == ["done", "in-progress", "in-progress", "in-progress", "done"]
+    epic_2 = ("backlog", "in-progress") if fast else ("'backlog'", "'in-progress'")
+    assert changed_lines(text, r.text) == [
+        "-  epic-1: in-progress", "+  epic-1: done", f"-  epic-2: {epic_2[0]}", "-  2-1-c: ready-for-dev",
+        f"+  epic-2: {epic_2[1]}", "+  2-1-c: in-progress",
+    ]
+    # the story written is of the epic: as before, its own roll-up
+    r = apply_story_transition(r.text, "3-2", "review", "done", NOW, SRC)
+    assert r.epic_changes == {"epic-3": "done"}
+    # no write (the value there already, or another than expected): nothing rolled up
+    hand = text.replace("2-1-c: ready-for-dev", "2-1-c: in-progress")
+    assert apply_story_transition(hand, "2-1", "ready-for-dev", "in-progress", NOW, SRC).epic_changes == {}
+
+
 @pytest.mark.parametrize(
     "epic_line", ["epic-1: &st backlog", "epic-1: >-\n    backlog"], ids=["anchored", "folded"]
 )
