@@ -485,7 +485,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 raise _fail(str(exc)) from None
             # An editor takes no lock: a save since the read would be overwritten by this write (3% of saves made
             # during a tight loop of writes were lost). The change is made again on what the file holds now.
-            if result.outcome != "written" or (now := _read_during_a_save(target)) == text:
+            if result.text == text or (now := _read_during_a_save(target)) == text:
                 break
             text = now
         else:
@@ -494,7 +494,9 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 type="StatusFileBusy",
                 non_retryable=False,
             )
-        if result.outcome == "written":
+        # Written: the story's new value, or (the story's value not the one expected, or there already) an epic
+        # whose stories were all set done by hand, rolled up.
+        if result.text != text:
             with _waited_for_when_disk_full(target):
                 _atomic_replace(target, result.text.encode("utf-8"), mode)
             # read back and verify (the bytes, then the story's value: a line scan for BMAD's layout)
@@ -503,7 +505,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
                 value = story_value(back, result.story_key, target) if back == result.text else None
             except StatusFileError as exc:
                 raise _fail(str(exc)) from None
-            if value != inp.new:
+            if value != result.current:
                 raise ApplicationError(
                     f"{target}: read-back verification failed for {result.story_key!r}",
                     type="StatusWriteVerifyError",

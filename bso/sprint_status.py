@@ -143,7 +143,7 @@ class TransitionResult:
     previous: str
     current: str
     epic_changes: dict[str, str]
-    text: str  # the new text (== the input text unless outcome is written)
+    text: str  # the new text (== the input text unless outcome is written, or an epic was rolled up: epic_changes)
 
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -1073,10 +1073,11 @@ def _fast_transition(
         except StoryKeyError as exc:
             raise StoryKeyError(f"{source}: {exc}") from None
     current = fast.entries[key][3]
-    if current == new:
-        return TransitionResult("already-applied", key, current, current, {}, text)
-    if current != expected:
-        return TransitionResult("cas-mismatch", key, current, current, {}, text)
+    outcome = "already-applied" if current == new else "cas-mismatch" if current != expected else "written"
+    if outcome != "written":  # the story's line is left; an epic finished by hand meanwhile is rolled up
+        finished = epics_finished_since(fast.epic_stories, fast.entries, lambda k: fast.entries[k][3], None)
+        if not finished:
+            return TransitionResult(outcome, key, current, current, {}, text)
     lines = list(fast.lines)
     entries = dict(fast.entries)
     top = dict(fast.top)
@@ -1087,16 +1088,23 @@ def _fast_transition(
         lines[line_index] = line[:start] + token + line[end:]
         return start + len(token)
 
-    epic_key = epic_key_of(key)
-    epic_entry = epic_entry_key(fast.entries, epic_key)
     epic_changes: dict[str, str] = {}
-    if epic_entry is not None:
-        siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
-        epic_changes = _epic_roll_up(epic_entry, fast.entries[epic_entry][3], siblings)
-    epic_changes.update(
-        epics_finished_since(fast.epic_stories, fast.entries, lambda k: new if k == key else fast.entries[k][3], epic_entry)
-    )
-    for k, v in [(key, new), *epic_changes.items()]:
+    edits: list[tuple[str, str]] = []
+    if outcome == "written":
+        edits.append((key, new))
+        epic_key = epic_key_of(key)
+        epic_entry = epic_entry_key(fast.entries, epic_key)
+        if epic_entry is not None:
+            siblings = [new if k == key else fast.entries[k][3] for k in fast.epic_stories.get(epic_key, ())]
+            epic_changes = _epic_roll_up(epic_entry, fast.entries[epic_entry][3], siblings)
+        epic_changes.update(
+            epics_finished_since(
+                fast.epic_stories, fast.entries, lambda k: new if k == key else fast.entries[k][3], epic_entry
+            )
+        )
+    else:
+        epic_changes = finished
+    for k, v in [*edits, *epic_changes.items()]:
         line_index, start, end, _ = fast.entries[k]
         entries[k] = (line_index, start, put(line_index, start, end, v), v)  # a plain value for a plain value
     if last_updated is not None:
@@ -1109,7 +1117,7 @@ def _fast_transition(
     # The scan of the new text, derived (what _scan_lines(new_text) gives: same lines, one token each
     # changed for another of the same kind), so the read-back and the next write find it.
     _scans.put(new_text, _FastFile(lines, entries, last_updated, top, fast.epic_stories))
-    return TransitionResult("written", key, current, new, epic_changes, new_text)
+    return TransitionResult(outcome, key, current, new if outcome == "written" else current, epic_changes, new_text)
 
 
 def apply_story_transition(
@@ -1135,25 +1143,30 @@ def _yaml_transition(
         raise StoryKeyError(f"{source}: {exc}") from None
     values = parsed.values()
     current = values[key]
-    if current == new:
-        return TransitionResult("already-applied", key, current, current, {}, text)
-    if current != expected:
-        return TransitionResult("cas-mismatch", key, current, current, {}, text)
-    new_text = set_value(text, key, new, source)
-    values[key] = new
-    epic_changes: dict[str, str] = {}
+    outcome = "already-applied" if current == new else "cas-mismatch" if current != expected else "written"
     epic_stories: dict[str, list[str]] = {}
     for k in values:
         if STORY_KEY_RE.match(k):
             epic_stories.setdefault(epic_key_of(k), []).append(k)
-    rolled_up = compute_epic_changes(values, epic_key_of(key))
-    rolled_up.update(epics_finished_since(epic_stories, values, values.__getitem__, epic_entry_key(values, epic_key_of(key))))
+    if outcome != "written":  # the story's line is left; an epic finished by hand meanwhile is rolled up
+        rolled_up = epics_finished_since(epic_stories, values, values.__getitem__, None)
+        new_text = text
+    else:
+        new_text = set_value(text, key, new, source)
+        values[key] = new
+        rolled_up = compute_epic_changes(values, epic_key_of(key))
+        rolled_up.update(
+            epics_finished_since(epic_stories, values, values.__getitem__, epic_entry_key(values, epic_key_of(key)))
+        )
+    epic_changes: dict[str, str] = {}
     for ek, ev in rolled_up.items():
         try:
             new_text = set_value(new_text, ek, ev, source)
         except StatusFileError:  # (an anchor, a folded value: the roll-up is a courtesy; it never fails the story)
             continue
         epic_changes[ek] = ev
+    if outcome != "written" and not epic_changes:
+        return TransitionResult(outcome, key, current, current, {}, text)
     if "last_updated" in doc and doc["last_updated"] is not None and not isinstance(
         doc["last_updated"], Mapping | list
     ):
@@ -1163,7 +1176,7 @@ def _yaml_transition(
             raw = ""
         if raw:
             new_text = set_top_level_value(new_text, "last_updated", format_last_updated(raw, now), source)
-    return TransitionResult("written", key, current, new, epic_changes, new_text)
+    return TransitionResult(outcome, key, current, new if outcome == "written" else current, epic_changes, new_text)
 
 
 # --- story files ---------------------------------------------------------------------------------

@@ -428,7 +428,8 @@ def test_a_done_epic_whose_story_runs_again_is_in_progress_again(fast: bool) -> 
 def test_an_epic_whose_last_story_was_set_done_by_hand_is_rolled_up_at_the_next_write(fast: bool) -> None:
     """1-2 set `done` by hand mid-sprint, the last of epic-1 not done: BSO rolled up only the epic of the story it
     wrote, and epic-1 stayed in-progress for good. The next write of any story rolls it up, from the file's
-    story values; an epic not all finished, or none done, or done already, is left as it is."""
+    story values, as does a write that finds its story's value not the one expected (set by hand: no write of
+    the story); an epic not all finished, or none done, or done already, is left as it is."""
     text = (
         "development_status:\n  epic-1: in-progress\n  1-1-a: done\n  1-2-b: done\n"
         "  epic-2: backlog\n  2-1-c: ready-for-dev\n"
@@ -450,9 +451,19 @@ def test_an_epic_whose_last_story_was_set_done_by_hand_is_rolled_up_at_the_next_
     # the story written is of the epic: as before, its own roll-up
     r = apply_story_transition(r.text, "3-2", "review", "done", NOW, SRC)
     assert r.epic_changes == {"epic-3": "done"}
-    # no write (the value there already, or another than expected): nothing rolled up
-    hand = text.replace("2-1-c: ready-for-dev", "2-1-c: in-progress")
-    assert apply_story_transition(hand, "2-1", "ready-for-dev", "in-progress", NOW, SRC).epic_changes == {}
+    # the story's value there already, or another than expected (set by hand too): its line is left, the epic
+    # rolled up all the same (the Slave's write of a story set done by hand finds it so, then writes no more)
+    epic_2_done = [f"-  epic-2: {epic_2[0]}", "+  epic-2: done" if fast else "+  epic-2: 'done'"]
+    for value, outcome, changes, lines in (
+        ("in-progress", "already-applied", {"epic-1": "done"}, []),
+        ("done", "cas-mismatch", {"epic-1": "done", "epic-2": "done"}, epic_2_done),  # 2-1 done by hand too
+    ):
+        hand = text.replace("2-1-c: ready-for-dev", f"2-1-c: {value}")
+        r = apply_story_transition(hand, "2-1", "ready-for-dev", "in-progress", NOW, SRC)
+        assert (r.outcome, r.current, r.epic_changes) == (outcome, value, changes)
+        assert changed_lines(hand, r.text) == ["-  epic-1: in-progress", "+  epic-1: done", *lines]
+        settled = apply_story_transition(r.text, "2-1", "ready-for-dev", "in-progress", NOW, SRC)
+        assert (settled.outcome, settled.epic_changes, settled.text) == (outcome, {}, r.text)  # nothing more
 
 
 @pytest.mark.parametrize(

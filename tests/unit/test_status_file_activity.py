@@ -252,6 +252,29 @@ async def test_write_epic_in_progress_then_done_and_date_only_last_updated(tmp_p
     assert status.read_text().startswith("# my sprint\n")
 
 
+async def test_a_story_set_done_by_hand_rolls_its_epic_up_at_the_slaves_next_write(tmp_path: Path) -> None:
+    """1-2 set done by hand while its dev-runner ran, the last of epic-1 not done: the Slave's write of 1-2 found
+    it done (a CAS mismatch: its line is not written), and epic-1 stayed in-progress, BSO rolling epics up only
+    in the writes of their stories. That write now rolls it up in the file (the story's line left as it is)."""
+    text = (
+        "last_updated: 2025-01-01\n"
+        "development_status:\n"
+        "  epic-1: in-progress\n"
+        "  1-1-a: done\n"
+        "  1-2-b: done  # set by hand\n"
+        "  epic-1-retrospective: optional\n"
+    )
+    root, status = make_project(tmp_path, text)
+    r = await write(root, status, "1-2", "in-progress", "review")
+    assert (r.outcome, r.current, r.epic_changes) == ("cas-mismatch", "done", {"epic-1": "done"})
+    after = status.read_text()
+    assert "  epic-1: done\n" in after and "  1-2-b: done  # set by hand\n" in after
+    assert not after.startswith("last_updated: 2025-01-01\n")
+    again = await write(root, status, "1-2", "in-progress", "review")  # a retry: nothing more to write
+    assert (again.outcome, again.epic_changes) == ("cas-mismatch", {})
+    assert status.read_text() == after
+
+
 async def test_write_unknown_story_is_non_retryable(tmp_path: Path) -> None:
     root, status = make_project(tmp_path)
     before = status.read_bytes()
