@@ -856,9 +856,23 @@ def epics_finished_since(
     `keys`: the file's keys; `value(key)`: a key's value in the file. Only to `done`: an epic's other moves follow
     BSO's own story writes."""
     out: dict[str, str] = {}
+    # Asked on every write (the hot path): an epic with a story not finished is passed at that story, and the
+    # file's epic entries are found in one pass, if needed (epic_entry_key scans every key for an epic without
+    # one: 13 ms a write for a 1,000-story file without epic lines).
+    entries: dict[int, str] | None = None
     for epic_key, stories in epic_stories.items():
-        entry = epic_entry_key(keys, epic_key)
-        if entry is None or entry == but or entry in out:
+        if any(value(k) not in _FINISHED for k in stories):
+            continue
+        if epic_key in keys:
+            entry: str | None = epic_key
+        else:
+            if entries is None:
+                entries = {}
+                for k in keys:
+                    if (m := EPIC_KEY_RE.match(k)) is not None:
+                        entries.setdefault(int(m.group(1)), k)
+            entry = entries.get(int(epic_key.removeprefix("epic-")))
+        if entry is None or entry == but or entry in out or value(entry) == "done":
             continue
         if _epic_roll_up(entry, value(entry), [value(k) for k in stories]).get(entry) == "done":
             out[entry] = "done"
