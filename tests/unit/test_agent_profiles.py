@@ -376,6 +376,13 @@ def test_the_shipped_prompts_keep_agents_off_the_status_file_and_on_the_story_br
     assert "merges only that branch: make no branch of your own" in dev
 
 
+def test_the_story_creator_prompt_keeps_a_story_written_by_hand_as_the_simulated_creator_does() -> None:
+    """The simulated story-creator keeps a story file written already (bso.sprint_status.is_story_stub); a real
+    one was told only to write the document, and wrote over it."""
+    creator = (Path(__file__).resolve().parents[2] / "bso" / "prompts" / "story-creator.md").read_text()
+    assert "In `create`, a story document already written there" in creator and "keep it" in creator
+
+
 def test_a_review_after_a_failed_e2e_is_told_what_failed(tmp_path: Path) -> None:
     a = TaskAssignment(
         dispatch_id="s/b/1-1/5", agent_type=AgentType.REVIEW_RUNNER, mode=AgentMode.REVIEW, story_key="1-1-x",
