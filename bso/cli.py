@@ -998,7 +998,8 @@ def worker(
     ] = None,
     max_concurrent_agents: Annotated[int, typer.Option(min=1)] = 8,
     metrics_port: Annotated[
-        int | None, typer.Option(help="serve Prometheus metrics on this port (e.g. 9464); default: off")
+        int | None,
+        typer.Option(min=1, max=65535, help="serve Prometheus metrics on this port (e.g. 9464); default: off"),
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="address of the metrics endpoint (0.0.0.0 in a container)")] = (
         "127.0.0.1"

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import NoReturn
 
@@ -186,6 +186,23 @@ async def run(
     log.info("worker stopped")
 
 
+def _int_within(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` (to `high`), refused in one line as `bso worker` refuses it (a
+    negative --max-concurrent-agents failed the worker with a traceback once the server answered)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            within = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"{value} is not {within}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workers.main", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -194,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         help="serve only this task queue (repeatable; default: both)",
     )
-    parser.add_argument("--max-concurrent-agents", type=int, default=8)
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (e.g. 9464)")
+    parser.add_argument("--max-concurrent-agents", type=_int_within(1), default=8)
+    parser.add_argument("--metrics-port", type=_int_within(1, 65535), help="serve Prometheus metrics on this port (e.g. 9464)")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
     parser.add_argument(
         "--queue-prefix", default="", help="prefix of both task queue names (tests: a worker of its own)"
