@@ -377,7 +377,9 @@ def _master_messages(workflow_id: str, events: Sequence[HistoryEvent]) -> list[F
             scope = []
             if inp.get("epic") is not None:
                 scope.append(f"epic {inp['epic']}")
-            if inp.get("story_keys"):
+            if inp.get("story_keys") == []:
+                scope.append("story_keys [], no story")  # refused at the start (it ran all open stories before)
+            elif inp.get("story_keys"):
                 keys = inp["story_keys"]  # as it came: a refused input may hold anything here
                 scope.append("stories " + (", ".join(map(str, keys)) if isinstance(keys, list) else str(keys)))
             detail = (

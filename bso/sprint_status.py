@@ -300,6 +300,10 @@ NOTHING_TO_RUN = (
     "nothing to run: every story selected is done, needs-intervention or skipped (to run a "
     "needs-intervention story again, set its state in the status file back, e.g. to ready-for-dev)"
 )
+EMPTY_STORY_SELECTION = (
+    "nothing to run: story_keys is an empty list, which selects no story (leave story_keys out, or give it as "
+    "null, for every story of the sprint's epic or file)"
+)
 NO_STORIES = (
     "nothing to run: the status file's development_status lists no story (only epics and retrospectives, or "
     "nothing): add the sprint's stories, e.g. `1-1-login-form: backlog` under `epic-1`"

@@ -132,6 +132,7 @@ with workflow.unsafe.imports_passed_through():
     from bso.sprint_status import (
         EPIC_NOT_A_BOOL,
         NO_STORIES,
+        EMPTY_STORY_SELECTION,
         NOTHING_TO_RUN,
         SETTLED_AT_START,
         UnknownEpicError,
@@ -200,6 +201,9 @@ PATCH_HOLD_SHARED_FILES = "master-holds-batches-sharing-files"
 # A sprint whose status file has stories but none to run fails at its start, as `bso sprint start` refuses it (one
 # started with the temporal CLI ended sprint-complete with 0 stories, which told the user nothing).
 PATCH_NOTHING_TO_RUN = "master-nothing-to-run"
+# `"story_keys": []` selects no story and fails the sprint at its start: it was taken for no selection and the
+# sprint ran every open story of the file. Patched only where the list is empty: such a sprint replays as it ran.
+PATCH_EMPTY_SELECTION_REFUSED = "master-empty-story-selection-refused"
 # A knob past what a workflow can hold (bso.config.limits_error: 1e20 seconds) is refused at the start; it failed
 # the Slave's workflow task on every retry. Patched only where it refuses: a sprint started before with a large
 # but workable value (400 days) replays as it ran.
@@ -1215,6 +1219,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
                     raise _invalid_input(str(err)) from None
                 epic = epic_as_given(requested)  # before the patch: it selected nothing
             stories = [s for s in stories if s.epic == epic]
+        if inp.story_keys == [] and workflow.patched(PATCH_EMPTY_SELECTION_REFUSED):
+            raise _invalid_input(EMPTY_STORY_SELECTION)
         if inp.story_keys:
             try:
                 wanted = resolve_story_keys(inp.story_keys, [s.key for s in snapshot.stories])

@@ -32,6 +32,7 @@ from workflows.planner import PATCH_PLAN_NUMBERING_CHECKED
 from workflows.sprint_master import (
     PATCH_BATCH_END_SENDS_A_COMMAND,
     PATCH_CANCEL_STARTED_SLAVES,
+    PATCH_EMPTY_SELECTION_REFUSED,
     PATCH_EPIC_SPELLINGS,
     PATCH_IMPROVEMENTS_ADD_CANCELLED,
     PATCH_BRING_BACK_TAKES_DONE_BY_HAND,
@@ -250,6 +251,8 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-28-epic-spellings/epic-true.json", PATCH_EPIC_SPELLINGS),
         # `"epic": "01"`: it named no epic and the sprint failed (unknown epic).
         ("before-2026-11-28-epic-spellings/epic-01.json", PATCH_EPIC_SPELLINGS),
+        # `"story_keys": []`: taken for no selection, it ran every open story of the file.
+        ("before-2026-11-29-empty-story-keys/empty-keys.json", PATCH_EMPTY_SELECTION_REFUSED),
         # Its session_id was another running sprint's (sess-a): it ran, talking to that sprint's residents.
         ("before-2026-11-28-session-id/sess-b.json", PATCH_SESSION_ID_IS_WORKFLOW_ID),
         # Its simulation script's `"tokens": true` was read as 1 token: it ran.
