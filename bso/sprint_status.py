@@ -827,7 +827,10 @@ def set_top_level_value(text: str, key: str, new_value: str, source: str) -> str
 # --- U4: the one story transition ----------------------------------------------------------------
 
 _NOT_STARTED = {"backlog", "skipped"}
-_FINISHED = {"done", "skipped"}
+# An epic is done when all its stories are done (BMAD: "All stories in epic completed"): a skipped story (its
+# dependency failed, or dropped) was never implemented and holds it open. An epic done already is left done when a
+# story of it is skipped (dropped by a course correction); one that runs again (a rearm) reopens it.
+_KEEP_EPIC_DONE = {"done", "skipped"}
 
 
 def epic_entry_key(keys: Collection[str], epic_key: str) -> str | None:
@@ -841,7 +844,7 @@ def epic_entry_key(keys: Collection[str], epic_key: str) -> str | None:
 
 def compute_epic_changes(values: dict[str, str], epic_key: str) -> dict[str, str]:
     """Epic transitions after a story change: backlog -> in-progress when a story started; -> done when
-    all its stories are finished (done; skipped stories do not hold an epic open, but one must be done)."""
+    all its stories are done (a skipped one holds it open); done -> in-progress when a story of it runs again."""
     entry = epic_entry_key(values, epic_key)
     if entry is None:
         return {}
@@ -855,17 +858,17 @@ def epics_finished_since(
     epic_stories: Mapping[str, Iterable[str]], keys: Collection[str], value: Callable[[str], str], but: str | None
 ) -> dict[str, str]:
     """The epics (but the entry `but`, the written story's, rolled up by compute_epic_changes) whose stories are all
-    finished, one done, their entry not `done` yet: a story set done by hand, the last of its epic, left the epic
+    done, their entry not `done` yet: a story set done by hand, the last of its epic, left the epic
     open (BSO rolled up only the epic of the story it wrote). `epic_stories`: epic key -> its stories' keys;
     `keys`: the file's keys; `value(key)`: a key's value in the file. Only to `done`: an epic's other moves follow
     BSO's own story writes."""
     out: dict[str, str] = {}
-    # Asked on every write (the hot path): an epic with a story not finished is passed at that story, and the
+    # Asked on every write (the hot path): an epic with a story not done is passed at that story, and the
     # file's epic entries are found in one pass, if needed (epic_entry_key scans every key for an epic without
     # one: 13 ms a write for a 1,000-story file without epic lines).
     entries: dict[int, str] | None = None
     for epic_key, stories in epic_stories.items():
-        if any(value(k) not in _FINISHED for k in stories):
+        if any(value(k) != "done" for k in stories):
             continue
         if epic_key in keys:
             entry: str | None = epic_key
@@ -887,9 +890,9 @@ def _epic_roll_up(epic_key: str, current: str, stories: list[str]) -> dict[str, 
     """compute_epic_changes once the epic's current value and its stories' values are known."""
     if not stories:
         return {}
-    if all(v in _FINISHED for v in stories) and any(v == "done" for v in stories):
+    if all(v == "done" for v in stories):
         return {} if current == "done" else {epic_key: "done"}
-    if current == "done" and any(v not in _FINISHED for v in stories):
+    if current == "done" and any(v not in _KEEP_EPIC_DONE for v in stories):
         return {epic_key: "in-progress"}  # a story of it runs again (a rearm, a course correction brought it back)
     if current == "backlog" and any(v not in _NOT_STARTED for v in stories):
         return {epic_key: "in-progress"}
