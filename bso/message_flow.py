@@ -1151,7 +1151,27 @@ def message_flow(histories: Iterable[WorkflowHistory]) -> list[FlowMessage]:
             messages.extend(_resident_messages(history.workflow_id, events))
         else:
             messages.extend(_master_messages(history.workflow_id, events))
-    return sorted(messages, key=lambda m: (m.time, m.workflow_id, m.event_id))
+    flow = sorted(messages, key=lambda m: (m.time, m.workflow_id, m.event_id))
+    # A sprint is planned once: each Master run after a continue-as-new moves to phase `running` too (the mark of
+    # the plan in a run's history), and is no new plan. One is shown, when the first run planned, with the plan
+    # read best among the runs' (the last run's report, a continued run's carried plan, then the first run's).
+    plans: dict[str, list[FlowMessage]] = {}
+    for m in flow:
+        if m.type == "BATCH_PLAN_READY":
+            plans.setdefault(m.workflow_id, []).append(m)
+    shown: dict[str, FlowMessage] = {}
+    for workflow_id, found in plans.items():
+        best = min(found, key=lambda m: _PLAN_SOURCES.get(m.payload.get("source"), len(_PLAN_SOURCES)))
+        shown[workflow_id] = found[0].model_copy(update={"detail": best.detail, "payload": best.payload})
+    return [
+        shown[m.workflow_id] if m.type == "BATCH_PLAN_READY" else m
+        for m in flow
+        if m.type != "BATCH_PLAN_READY" or m is plans[m.workflow_id][0]
+    ]
+
+
+# Where a BATCH_PLAN_READY's plan was read (its payload's `source`), the best first (none: not found).
+_PLAN_SOURCES = {s: rank for rank, s in enumerate(("report", "carried", "answer", "fallback", "batches started so far"))}
 
 
 def filter_messages(
