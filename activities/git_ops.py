@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -34,8 +35,10 @@ from bso.agent_profiles import GitSettings, Verification
 from bso.models import DEFAULT_STATUS_FILE
 from bso.sprint_status import is_inside, parse_story_file, resolve_inside
 from bso.git_rules import (
+    MERGE_LEFT_ITS_OWN,
     FinishStoryInput,
     FinishStoryResult,
+    MergedPath,
     NOTHING_TO_MERGE,
     REFLOG_FORMAT,
     GitRuleError,
@@ -44,9 +47,13 @@ from bso.git_rules import (
     PRIVATE_KEY_LONGEST_MATCH,
     checkout_moves,
     commit_message,
+    in_index,
     holds_private_key,
     index_holds,
+    is_bsos_merge_message,
     is_secret_path,
+    merge_leftovers,
+    on_disk,
     originals_ref,
     parse_porcelain,
     parse_porcelain_entries,
@@ -917,14 +924,14 @@ async def _blob_bytes(cwd: str, rev: str) -> bytes:
     return await _git_bytes(cwd, "cat-file", "blob", rev)
 
 
-async def _git_bytes(cwd: str, *args: str) -> bytes:
-    """git's output as it is (git() decodes it, a non-UTF-8 byte replaced)."""
+async def _git_bytes(cwd: str, *args: str, ok: tuple[int, ...] = (0,)) -> bytes:
+    """git's output as it is (git() decodes it, a non-UTF-8 byte replaced); another exit code than `ok` fails."""
     proc = await asyncio.create_subprocess_exec(
         *git_argv(cwd, *args), env={**os.environ, **_GIT_ENV}, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
-    if proc.returncode != 0:
+    if proc.returncode not in ok:
         raise GitError(f"git {' '.join(args)} failed ({proc.returncode}): {err.decode(errors='replace')[-800:]}")
     return out
 
@@ -1323,6 +1330,141 @@ async def _remove_stale_index_lock(root: str) -> bool:
     return True
 
 
+async def _undo_killed_merge(root: str, branch: str, tip: str, merge_message: str) -> str | None:
+    """This story's merge into the user's checkout, cut short by a kill in an earlier attempt, is undone, so that
+    the merge runs again as if it had never begun (what was undone is said; None: nothing). Stopped on its conflict
+    before its `git merge --abort` (MERGE_HEAD the branch's tip, MERGE_MSG BSO's message): aborted, and the conflict
+    is reported as the attempt would have. Killed while git wrote the result (no MERGE_HEAD: a fast-forward's
+    files written and not its index, a merge commit's index and files not committed): the paths the merge
+    changes go back to HEAD's, the files it made removed; they blocked the same merge run again ("would be
+    overwritten by merge") and stayed in the checkout as if the user's work. Only when the paths the merge
+    changes are exactly as the merge leaves them (bso.git_rules.merge_leftovers): anything else there, the
+    user's work, stays, and the merge is refused as before. Other paths are never touched."""
+    if not (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip():
+        return None  # BSO merges into no detached HEAD
+    folder = Path(root, (await git(root, "rev-parse", "--git-dir")).strip())
+    stopped = (folder / "MERGE_HEAD").exists()
+    if stopped:
+        try:
+            merge_head = (folder / "MERGE_HEAD").read_text(encoding="ascii", errors="replace").split()
+            merge_msg = (folder / "MERGE_MSG").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        if merge_head != [tip] or not is_bsos_merge_message(merge_msg, merge_message):
+            return None  # the user's merge (or another story's): refused as a merge under way
+    elif any((folder / marker).exists() for marker, _ in _OPERATIONS_UNDER_WAY) or (folder / "SQUASH_MSG").exists():
+        return None  # an operation of the user's (a `git merge --squash` of theirs leaves SQUASH_MSG)
+    paths = await _merge_paths_in_checkout(root, branch)
+    if paths is None or merge_leftovers(paths, stopped=stopped) != MERGE_LEFT_ITS_OWN:
+        return None
+    if stopped:
+        _must(await _past_index_lock(root, "merge", "--abort"))
+        return "its merge stopped on a conflict and left in the checkout by a killed attempt was aborted"
+    staged = [p for p, state in paths.items() if sorted(state.index) != sorted(in_index(state.head))]
+    for batch in _batches(staged):
+        _must(await _past_index_lock(root, "--literal-pathspecs", "reset", "-q", "--", *batch))
+    written = [p for p, state in paths.items() if state.disk != on_disk(state.head)]
+    for batch in _batches([p for p in written if paths[p].head is not None]):
+        _must(await _past_index_lock(root, "--literal-pathspecs", "checkout", "-q", "--", *batch))
+    for path in (p for p in written if paths[p].head is None):
+        target = Path(root, path)
+        if os.path.lexists(target):
+            target.unlink()
+            _remove_emptied_folders(root, target.parent)
+    return (f"its merge cut short by a killed attempt ({len(paths)} path(s) as the merge leaves them, "
+            f"{len(staged)} staged) was undone in the checkout")
+
+
+def _must(done: Finished) -> None:
+    if done.returncode != 0:
+        raise GitError(f"git failed ({done.returncode}): {done.output.strip()[-800:]}", done.output)
+
+
+def _remove_emptied_folders(root: str, folder: Path) -> None:
+    """The folders a merge made for its files, emptied: up to the checkout's own, never past a folder not empty."""
+    top = Path(root).resolve()
+    while folder.resolve() != top and is_inside(str(top), str(folder.resolve())):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+async def _merge_paths_in_checkout(root: str, branch: str) -> dict[str, MergedPath] | None:
+    """Each path the merge of `branch` into HEAD changes, as HEAD, the merge (`git merge-tree --write-tree`, git
+    2.38 or later; labelled as `git merge` labels its conflicts) and the checkout have it. None: not known (an
+    older git, a name git gave twice)."""
+    try:
+        merged = (await _git_bytes(root, "merge-tree", "-z", "--write-tree", "HEAD", branch, ok=(0, 1))).split(b"\x00")
+        result_tree = merged[0].decode("ascii").strip()
+        merge_index: dict[str, list[tuple[str, str, int]]] = {}
+        for entry in itertools.takewhile(bool, merged[1:]):  # a conflict's stages, up to an empty entry
+            meta, _, name = entry.partition(b"\t")
+            mode, oid, stage = meta.decode("ascii").split()
+            merge_index.setdefault(os.fsdecode(name), []).append((mode, oid, int(stage)))
+        changed = await _git_bytes(root, "diff-tree", "-r", "-z", "--name-only", "--no-renames", "HEAD", result_tree)
+    except (GitError, UnicodeDecodeError, ValueError):
+        return None
+    names = list(dict.fromkeys([*(os.fsdecode(n) for n in changed.split(b"\x00") if n), *merge_index]))
+    in_head, in_result, in_the_index = {}, {}, {}
+    for batch in _batches(names):
+        in_head.update(await _tree_entries(root, "HEAD", batch))
+        in_result.update(await _tree_entries(root, result_tree, batch))
+        listed = await _git_bytes(root, "--literal-pathspecs", "ls-files", "-s", "-z", "--", *batch)
+        for entry in filter(None, listed.split(b"\x00")):
+            meta, _, name = entry.partition(b"\t")
+            mode, oid, stage = meta.decode("ascii").split()
+            in_the_index.setdefault(os.fsdecode(name), []).append((mode, oid, int(stage)))
+    disk = await _on_disk_as_blobs(root, names, like=result_tree)
+    return {
+        name: MergedPath(
+            head=in_head.get(name), result=in_result.get(name),
+            merge_index=tuple(merge_index.get(name) or in_index(in_result.get(name))),
+            index=tuple(in_the_index.get(name, ())), disk=disk[name],
+        )
+        for name in names
+    }
+
+
+async def _tree_entries(root: str, tree: str, names: list[str]) -> dict[str, tuple[str, str]]:
+    """(mode, object id) of each of these paths in `tree` that it holds."""
+    listed = await _git_bytes(root, "--literal-pathspecs", "ls-tree", "-r", "-z", "--full-tree", tree, "--", *names)
+    entries = {}
+    for entry in filter(None, listed.split(b"\x00")):
+        meta, _, name = entry.partition(b"\t")
+        mode, _kind, oid = meta.decode("ascii").split()
+        entries[os.fsdecode(name)] = (mode, oid)
+    return entries
+
+
+async def _on_disk_as_blobs(root: str, names: list[str], like: str) -> dict[str, tuple[bool, str] | None | str]:
+    """Each of the checkout's files at these paths as git would store it: (a symlink?, its blob id); None: not
+    there; "other": a folder, or a file git could not hash (a clean filter that failed)."""
+    found: dict[str, tuple[bool, str] | None | str] = {}
+    files = []
+    for name in names:
+        target = os.path.join(root, name)
+        if os.path.islink(target):
+            found[name] = (True, _link_blob(os.readlink(os.fsencode(target)), like))
+        elif not os.path.lexists(target):
+            found[name] = None
+        elif os.path.isfile(target):
+            files.append(name)
+        else:
+            found[name] = "other"
+    for batch in _batches(files):
+        try:
+            hashed = await _hashes_on_disk(root, batch)
+        except GitError:
+            hashed = []
+        if len(hashed) != len(batch):  # nothing to pair them by
+            found.update(dict.fromkeys(batch, "other"))
+        else:
+            found.update((name, (False, blob)) for name, blob in zip(batch, hashed))
+    return found
+
+
 async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     """Safe to retry after a failure at any step: the squash commit is built aside (commit-tree) and the
     branch moves to it in one ref update, so the branch always holds the story's whole work."""
@@ -1374,12 +1516,14 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             note=f"the story's commits carry secret-looking files ({', '.join(secrets[:10])}); "
                  "worktree kept",
         )
+    message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
+    if (undone := await _undo_killed_merge(root, branch, tip, f"Merge {message}")) is not None:
+        activity.logger.info("%s: %s", inp.story_key, undone)
     if (unfit := await _checkout_unfit_for_merge(root)) is not None:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"{unfit}; worktree kept")
     squashed = squashed_before
     restore_on_conflict = originals if squashed_before else tip
     identity = await identity_args(root)
-    message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
     if inp.squash:
         subject = (await git(root, "log", "-1", "--format=%s", tip)).strip()
         if count > 1 or subject != message:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 import re
+from collections.abc import Mapping
 from string import Template
+from typing import NamedTuple
 
 from bso.models import short_key
 
@@ -280,6 +282,85 @@ def work_outside_worktree(branch: str, moves: list[tuple[str, str]], files: list
         f"meanwhile, in the project's checkout and not by BSO: {' and '.join(said)}. BSO left them as they are; "
         "if the agent made them, it worked in $BSO_PROJECT_ROOT instead of its worktree ($BSO_WORKDIR)"
     )
+
+
+# --- a merge into the user's checkout cut short by a kill ---------------------------------------------
+
+GITLINK_MODE = "160000"
+SYMLINK_MODE = "120000"
+
+
+class MergedPath(NamedTuple):
+    """One path a story's merge changes, as HEAD, the merge and the user's checkout have it. Entries: `(mode,
+    object id)` in a tree, `(mode, object id, stage)` in the index, `(is a symlink, blob id)` on disk."""
+
+    head: tuple[str, str] | None  # None: not in HEAD
+    result: tuple[str, str] | None  # in the merge's result tree (`git merge-tree --write-tree`: a conflict's markers)
+    merge_index: tuple[tuple[str, str, int], ...]  # what the merge leaves in the index (a conflict: its stages)
+    index: tuple[tuple[str, str, int], ...]  # what the checkout's index holds
+    disk: tuple[bool, str] | None | str  # None: not on disk; "other": a folder, a file git could not hash
+
+
+MERGE_LEFT_NOTHING = "nothing"
+MERGE_LEFT_ITS_OWN = "the merge's own"
+MERGE_LEFT_OTHER = "other"
+
+
+def in_index(entry: tuple[str, str] | None) -> tuple[tuple[str, str, int], ...]:
+    """The index's entries for a tree's entry (none for a path not there)."""
+    return () if entry is None else ((entry[0], entry[1], 0),)
+
+
+def on_disk(entry: tuple[str, str] | None) -> tuple[bool, str] | None:
+    """How a tree's entry is on disk once checked out (its mode's executable bit is not compared)."""
+    return None if entry is None else (entry[0] == SYMLINK_MODE, entry[1])
+
+
+def merge_leftovers(paths: Mapping[str, MergedPath], *, stopped: bool) -> str:
+    """What a merge of a story's branch into the user's checkout, killed before it ended, left in the paths it
+    changes (the other paths are not looked at: the merge never writes them, and neither does its undoing).
+
+    git writes a merge's result into the checkout before it moves the branch; killed in between (a worker killed
+    with its children), the story's files stay in the checkout, staged or untracked, as if the user's own work,
+    and the same merge run again is refused for them. A merge stopped on a conflict (`stopped`: MERGE_HEAD, of this
+    merge) whose `git merge --abort` a kill prevented leaves the conflict in the checkout.
+
+    MERGE_LEFT_ITS_OWN only when each path is exactly as that merge leaves it, so undoing it loses nothing but
+    what the merge run again writes: stopped, the index and the working tree hold the merge's whole result (its
+    conflicts' stages, their files with the markers), nothing resolved since; cut short, each path's index entry
+    and file are HEAD's or the merge's (git writes the files one by one, then the index), and one at least is the
+    merge's. MERGE_LEFT_NOTHING: every path as in HEAD. MERGE_LEFT_OTHER: anything else (a file holding
+    content that is neither, a conflict resolved or being resolved, a submodule): work of the user's, or not
+    known to be the merge's, kept."""
+    if not paths:
+        return MERGE_LEFT_NOTHING
+    for path in paths.values():
+        modes = [e[0] for e in (path.head, path.result, *path.merge_index, *path.index) if e is not None]
+        if GITLINK_MODE in modes or path.disk == "other":
+            return MERGE_LEFT_OTHER
+    if stopped:
+        whole = all(
+            sorted(path.index) == sorted(path.merge_index) and path.disk == on_disk(path.result)
+            for path in paths.values()
+        )
+        return MERGE_LEFT_ITS_OWN if whole else MERGE_LEFT_OTHER
+    left = False
+    for path in paths.values():
+        index, heads_index = tuple(sorted(path.index)), in_index(path.head)
+        if index not in (heads_index, tuple(sorted(path.merge_index))):
+            return MERGE_LEFT_OTHER
+        if path.disk not in (on_disk(path.head), on_disk(path.result)):
+            return MERGE_LEFT_OTHER
+        left = left or index != heads_index or path.disk != on_disk(path.head)
+    return MERGE_LEFT_ITS_OWN if left else MERGE_LEFT_NOTHING
+
+
+def is_bsos_merge_message(merge_msg: str, message: str) -> bool:
+    """Does MERGE_MSG (git's record of a merge stopped on a conflict) hold `message`, BSO's message for the merge
+    (then git's `# Conflicts:` lines)? A merge of the user's holds git's own message, or theirs."""
+    want = [line.rstrip() for line in message.strip().splitlines()]
+    have = [line.rstrip() for line in merge_msg.strip().splitlines()]
+    return bool(want) and have[: len(want)] == want and (len(have) == len(want) or not have[len(want)])
 
 
 # --- activity boundary models --------------------------------------------------------------------
