@@ -1266,7 +1266,7 @@ async def _done_story(tmp_path: Path) -> tuple[Path, list[str]]:
     return root, changed
 
 
-@pytest.mark.parametrize("crash_after", range(17))  # a clean finish runs 17 git commands
+@pytest.mark.parametrize("crash_after", range(22))  # a clean finish runs 22 git commands
 async def test_a_finish_retried_after_a_crash_at_any_step_merges_the_story(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_after: int
 ) -> None:
