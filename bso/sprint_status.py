@@ -12,7 +12,7 @@ import math
 import posixpath
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
@@ -1237,15 +1237,13 @@ def _split_list(raw: str) -> list[str]:
     return list(out)
 
 
-def _field_items(
-    text: str, pattern: re.Pattern[str], split: Callable[[str], list[str]] = _split_list
-) -> list[str]:
+def _field_items(text: str, pattern: re.Pattern[str]) -> list[str]:
     """A field's items: on its line, or (the line empty) as the bullet list right below it."""
     match = pattern.search(text)
     if match is None:
         return []
     if match.group(1).strip("* \t"):
-        return split(match.group(1))
+        return _split_list(match.group(1))
     bullets: list[str] = []
     for line in text[match.end() :].split("\n")[1:]:
         if not line.strip() and not bullets:
@@ -1254,68 +1252,27 @@ def _field_items(
         if bullet is None:
             break
         bullets.append(bullet.group(1))
-    return split(", ".join(bullets))
+    return _split_list(", ".join(bullets))
 
 
 MAX_TITLE_CHARS = 200  # a title is shown, not used: a longer one is cut (it travelled with the story in every payload)
 
 
-# A `Depends on:` item that is a story reference: BMAD's number as in its story titles (`1.2`, `Story 1.2`; a
-# short key `1-2` likewise), optionally with the story's title after a separator (`1.2: Login`, `Story 1.2 -
-# Login`, `1.2 (Login)`). Without the separator a title is no part of it: `1.2 Login` is two items.
-_STORY_REF_RE = re.compile(
-    r"(?P<word>(?i:story)[ \t]+)?(?P<epic>[0-9]+)(?P<sep>[.-])(?P<story>[0-9]+[a-z]?)"
-    r"(?:[ \t]*:[ \t]*\S.*|[ \t]+[-\u2013\u2014][ \t]+\S.*|[ \t]*\(.*\))?"
-)
-_STORY_WORD_RE = re.compile(r"^(?i:story)[ \t]+(?=[0-9])")  # `Depends on: Story 1-2-logout`
-_DEPENDENCY_TOKEN_RE = re.compile(r"(?:(?i:story)[ \t]+(?=[0-9]))?\S+")  # a line split by spaces, `Story 1.2` one
+_STORY_WORD_RE = re.compile(r"\bstory[ \t]+(?=[0-9])", re.IGNORECASE)  # `Depends on: Story 1.2`
+_DOTTED_RE = re.compile(r"([0-9]+)\.([0-9]+[a-z]?)")  # BMAD's story numbering, as in `# Story 1.2: ...`
 
 
-def _story_shaped(item: str) -> bool:
-    """An item of a space-separated `Depends on:` line that reads as naming stories (a key, a number, `and`)."""
-    return (
-        item.lower() in _NONE_WORDS | _JOINING_WORDS
-        or _STORY_REF_RE.fullmatch(item) is not None
-        or STORY_KEY_RE.match(_STORY_WORD_RE.sub("", item)) is not None
-    )
-
-
-def _split_dependencies(raw: str) -> list[str]:
-    """`Depends on:` items (as _split_list splits them), a story reference as its story's key: `1.2`, `Story 1.2`
-    and `1.2: Login` are the story 1-2. A line split by spaces that is prose (a word that names no story, as
-    `python 3.11`) takes a dotted number for a story only after `Story`: `3.11` there is a version, left as
-    written (ignored as naming no story, and said so), not the story 3-11."""
-    raw = raw.strip().strip("*").strip()
-    if raw.startswith("[") and raw.endswith("]"):
-        raw = raw[1:-1]
-    if raw.strip().lower() in _NONE_WORDS:
-        return []
-    prose = False
-    if "," in raw:
-        parts = re.split(r"\s*,\s*", raw)
-    elif _STORY_REF_RE.fullmatch(raw.strip().strip("'\"`").strip()):
-        parts = [raw]  # `Depends on: 1.2 - Login`: one story with its title
-    else:
-        parts = _DEPENDENCY_TOKEN_RE.findall(raw)
-        prose = not all(_story_shaped(part.strip("'\"`")) for part in parts)
-    out: dict[str, None] = {}
-    for part in parts:
-        item = part.strip().strip("'\"`").strip()
-        if not item or item.lower() in _NONE_WORDS | _JOINING_WORDS:
-            continue
-        ref = _STORY_REF_RE.fullmatch(item)
-        if ref is not None and (not prose or ref.group("word") or ref.group("sep") == "-"):
-            out.setdefault(f"{ref.group('epic')}-{ref.group('story')}")
-        else:
-            out.setdefault(_STORY_WORD_RE.sub("", item))
-    return list(out)
+def _dependency(item: str) -> str:
+    """A `Depends on:` item as a story key: `1.2` (`Story 1.2`, the word taken off first) is the story numbered 1-2."""
+    return f"{dotted.group(1)}-{dotted.group(2)}" if (dotted := _DOTTED_RE.fullmatch(item)) else item
 
 
 def parse_story_file(text: str) -> StoryFileInfo:
     """Lenient: title, Status, `Depends on:`, `Tags:` and `Files:` of a BMAD story file; missing parts are empty."""
     title_m = _TITLE_RE.search(text)
     status_m = _STATUS_RE.search(text)
-    depends_on = _field_items(text, _DEPENDS_RE, _split_dependencies)
+    refs = _field_items(_STORY_WORD_RE.sub("", text), _DEPENDS_RE)
+    depends_on = list(dict.fromkeys(_dependency(item) for item in refs))
     return StoryFileInfo(
         title=title_m.group(1).strip()[:MAX_TITLE_CHARS] if title_m else "",
         status=status_m.group(1).strip() if status_m else "",

@@ -758,34 +758,6 @@ def test_depends_on_takes_bmad_dotted_story_numbers() -> None:
     assert problems == ["1-3-profile.md: Depends on '9-9' ignored: unknown story key '9-9'"]
 
 
-def test_depends_on_takes_a_dotted_number_for_a_story_only_where_it_names_one() -> None:
-    """`Depends on: python 3.11` named the story 3-11 (any `N.M` item was a story number): a dotted number is a
-    story where the item is a story reference (`1.2`, `Story 1.2`, with a title after a separator), or on a line
-    of story references only; in prose it is left as written, then ignored as naming no story, and said so."""
-    assert parse_story_file("Depends on: python 3.11\n").depends_on == ["python", "3.11"]
-    assert parse_story_file("Depends on: python 3.11, 1.2\n").depends_on == ["python 3.11", "1-2"]
-    assert parse_story_file("Depends on: Story 1.2 on python 3.11\n").depends_on == ["1-2", "on", "python", "3.11"]
-    assert parse_story_file("Depends on: 1.2 Login\n").depends_on == ["1.2", "Login"]  # no separator: not a title
-    assert parse_story_file("Depends on: 1.1 1.2 and Story 1.3\n").depends_on == ["1-1", "1-2", "1-3"]
-    assert parse_story_file("Depends on: 1.2: Login\n").depends_on == ["1-2"]
-    assert parse_story_file("Depends on: Story 1.2 - Login\n").depends_on == ["1-2"]
-    assert parse_story_file("Depends on: 1.2 (Login), 1.3 \u2013 Logout, 1-4: Profile\n").depends_on == [
-        "1-2", "1-3", "1-4"
-    ]
-    assert parse_story_file("Depends on:\n- 1.2: Login\n- Story 1.3 - Logout\n").depends_on == ["1-2", "1-3"]
-    assert parse_story_file("Depends on: Story 1-2-logout, 1-3-profile: Profile\n").depends_on == [
-        "1-2-logout", "1-3-profile: Profile"  # a full key takes no title: named as written, then said ignored
-    ]
-    keys = ["1-2-login", "3-11-upgrade"]
-    refs = parse_story_file("Depends on: python 3.11\n").depends_on
-    found, problems = story_dependencies("1-3-profile", refs, keys)
-    assert found == []
-    assert problems == [
-        "1-3-profile.md: Depends on 'python' ignored: unknown story key 'python'",
-        "1-3-profile.md: Depends on '3.11' ignored: unknown story key '3.11'",
-    ]
-
-
 def test_story_file_fields_stay_on_their_line_or_their_list() -> None:
     """An empty field no longer reads the next lines (`Files:` then `## Acceptance Criteria` gave the files
     `##`, `Acceptance`, `Criteria`); a bullet list right below a field is its items; commas keep a path with a
