@@ -221,6 +221,7 @@ class CourseCorrector:
                 def undo() -> None:
                     self._unplan(*replanned)
                     self._unadd(add, before)
+                    self._show()  # (once the added stories are out: the details counted them)
 
                 await self._cc_write_added(add, metas, undo)
             for key in drop:
@@ -313,7 +314,6 @@ class CourseCorrector:
             s.next_batch_id -= len(cc.batches)
         del s.course_corrections[impacts - 1]
         del s.corrections[records - 1]
-        self._show()
 
     async def _read_status_file(self) -> StatusSnapshot:
         return await workflow.execute_activity(
