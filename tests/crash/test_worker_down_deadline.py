@@ -2,7 +2,7 @@
 fires the deadline on time, but no worker takes the workflow task carrying it until one runs again. The story
 ended needs-intervention ("no AGENT_COMPLETE within ...") for time no worker ran the agent; the agent now starts
 again with its whole time, as after a closed laptop (tests/crash/test_laptop_sleep.py). The timeouts are scaled
-down (a 10 s deadline, a worker gone 25 s), `asleep_after_seconds` with them."""
+down (a 7 s deadline, a worker gone 14 s), `asleep_after_seconds` with them."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from workflows.sprint_master import SprintMasterWorkflow
 pytestmark = pytest.mark.e2e
 
 STORY = "1-1-worker-down-story"
-DOWN_SECONDS = 25
+DOWN_SECONDS = 14
 
 
 @pytest.mark.parametrize("down", ["killed", "frozen"])
 async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tmp_path: Path, down: str) -> None:
     overrides = {
-        "asleep_after_seconds": 5,
-        "agent_timeout_seconds": {"dev_execution": 10},
+        "asleep_after_seconds": 3,
+        "agent_timeout_seconds": {"dev_execution": 7},
         "agent_retry": {"heartbeat_timeout_seconds": 3, "initial_interval_seconds": 0.5},
     }
     root = tmp_path / "project"
@@ -42,7 +42,7 @@ async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tm
         worker.start()
         inp = SprintInput(
             project_root=str(root), session_id="down", agent_backend="simulated", config_overrides=overrides,
-            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 6000}}},
+            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 5000}}},
         )
         handle = await client.start_workflow(
             SprintMasterWorkflow.run, inp, id="down", task_queue="down-" + SPRINT_TASK_QUEUE
@@ -57,14 +57,14 @@ async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tm
             return bool(story and story.state == "ready-for-dev" and view.running_batches)
 
         await poll_until(dev_in_flight, "the dev agent in flight")
-        await asyncio.sleep(2)  # the dev agent (6 s) is working
+        await asyncio.sleep(1.5)  # the dev agent (5 s) is working
         first = [e for e in ledger(root) if e["event"] == "started"]
         assert first and not [e for e in ledger(root) if e["event"] == "finished"], ledger(root)
         if down == "killed":
             worker.kill9()
         else:
             worker.suspend()
-        await asyncio.sleep(DOWN_SECONDS)  # the agent's deadline (10 s) fires meanwhile, the server running on
+        await asyncio.sleep(DOWN_SECONDS)  # the agent's deadline (7 s) fires meanwhile, the server running on
         if down == "killed":
             worker.start()
         else:
