@@ -106,12 +106,15 @@ from bso.models import (
     ResumeRequest,
     SprintInput,
     SprintReport,
+    SlaveResult,
     SprintStatusView,
+    StoryResult,
     StoryView,
+    StoryWork,
     short_key,
 )
 from bso.planning import SHUTTING_DOWN, PlanningError, dependency_order
-from bso.report import batch_errors, batches_total, planned_batches, work_per_story
+from bso.report import batch_errors, batches_total, planned_batches, settled_of, work_per_story
 from bso.simulation import SimulationScript
 from bso.sprint_status import (
     NOT_WRITABLE_NOW,
@@ -422,21 +425,36 @@ def _from_report_note(query_note: str | None) -> str:
 
 
 def _view_from_report(report: SprintReport) -> SprintStatusView:
+    """The status of a closed sprint from its report, as the Master's status query showed it: each story at its
+    state in the report, in the last batch it ran in, or the batch it was planned in last when it never ran there
+    (a story rearmed into a batch that never started waits there, its earlier failure behind it, as the summary
+    says); each finished batch's bar counts the stories it ran (bso.report.settled_of)."""
     batch_of = planned_batches(report)
     dropped = dropped_stories(report.course_corrections)
-    stories = {
-        key: StoryView(state=state, batch_id=batch_of.get(key), error=dropped.get(key))
-        for key, state in report.stories.items()
-    }
     work = work_per_story(report.batches)
-    for batch in report.batches:  # by batch id: a rearmed story's last batch is the one shown
+    last_run: dict[str, tuple[SlaveResult, StoryResult]] = {}
+    for batch in sorted(report.batches, key=lambda b: b.batch_id):  # a rearmed story's last batch is the one shown
         for r in batch.results.story_results:
-            stories[r.story_key] = StoryView(
-                state=r.final_state,
+            last_run[r.story_key] = (batch, r)
+    # The report's states are the Master's views (a story that ran in no batch of the report has its result's).
+    states = {**report.stories, **{k: r.final_state for k, (_, r) in last_run.items() if k not in report.stories}}
+    stories: dict[str, StoryView] = {}
+    for key, state in states.items():
+        done_work = work.get(key, StoryWork())
+        ran = last_run.get(key)
+        if ran is None or batch_of.get(key, 0) > ran[0].batch_id:  # never ran, or rearmed into a batch not started
+            stories[key] = StoryView(
+                state=state, batch_id=batch_of.get(key), agents_dispatched=done_work.agents_dispatched,
+                tokens_used=done_work.tokens_used, error=dropped.get(key),
+            )
+        else:
+            batch, r = ran
+            stories[key] = StoryView(
+                state=state,
                 batch_id=batch.batch_id,
-                fix_rounds=batch.results.review_fix_rounds.get(r.story_key, 0),
-                agents_dispatched=work[r.story_key].agents_dispatched,
-                tokens_used=work[r.story_key].tokens_used,
+                fix_rounds=batch.results.review_fix_rounds.get(key, 0),
+                agents_dispatched=done_work.agents_dispatched,
+                tokens_used=done_work.tokens_used,
                 error=r.error,
             )
     return SprintStatusView(
@@ -446,6 +464,7 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
         phase=SprintPhase.CANCELED if report.status is SprintStatus.CANCELLED else SprintPhase.COMPLETED,
         batches_total=batches_total(report),
         batches_done=len(report.batches),
+        finished_batches={b.batch_id: settled_of(b, stories) for b in report.batches},
         stories=stories,
         tokens_used=report.tokens_used,
         token_limit=report.token_limit or 0,  # an older report has none: the bar shows no budget then

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from bso.git_rules import error_says_work_left_out
-from bso.models import SlaveResult, SlaveResults, SprintReport, StoryProgress, StoryResult, StoryView, StoryWork
+from bso.models import (
+    TERMINAL_VALUES,
+    SlaveResult,
+    SlaveResults,
+    SprintReport,
+    StoryProgress,
+    StoryResult,
+    StoryView,
+    StoryWork,
+)
 from bso.states import BatchStatus, SprintStatus, StoryState
 
 
@@ -131,3 +140,17 @@ def batches_total(report: SprintReport) -> int:
     if report.unstarted_batches is not None:
         return len(report.batches) + len(report.unstarted_batches)
     return len(report.batch_plan.batches) if report.batch_plan else len(report.batches)
+
+
+def settled_of(result: SlaveResult, views: dict[str, StoryView]) -> tuple[int, int]:
+    """A finished batch's bar: its stories that reached a final state, of all. Not its `stories_skipped`, which
+    also counts the stories a shutdown or a cancel left unstarted (the report lists them as not run). A story it
+    left unstarted that a later batch took on (a budget stop queues them again) is that batch's: the bar stayed
+    short for good (`1/3` beside every story done)."""
+    counts = result.results
+    moved = sum(
+        r.final_state not in TERMINAL_VALUES and (view := views.get(r.story_key)) is not None
+        and view.batch_id != result.batch_id
+        for r in counts.story_results
+    )  # fmt: skip
+    return sum(r.final_state in TERMINAL_VALUES for r in counts.story_results), counts.stories_total - moved

@@ -127,7 +127,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from bso.po_gates import gate_totals
     from bso.delivery import sprint_message_errors
-    from bso.report import batch_errors, build_slave_result, sprint_status, undelivered_stories
+    from bso.report import batch_errors, build_slave_result, settled_of, sprint_status, undelivered_stories
     from bso.simulation import SimulationScript
     from bso.sprint_status import (
         EPIC_NOT_A_BOOL,
@@ -360,7 +360,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             phase=s.phase,
             current_batch=min(self._running_batches) if self._running_batches else None,
             running_batches=sorted(self._running_batches),
-            finished_batches={r.batch_id: _settled_of(r, s.views) for r in s.results},
+            finished_batches={r.batch_id: settled_of(r, s.views) for r in s.results},
             batch_held=self._why_no_batch_starts(),
             shutting_down=s.shutdown and s.phase not in ENDED_PHASES,
             batches_total=len(s.results) + len(s.queue) + len(self._running_batches),
@@ -1716,20 +1716,6 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             # (no table once no batch runs: a header alone read as an empty sprint)
             + ("\n\n| story | batch | state | review round | agent in flight |\n|---|:-:|---|:-:|---|\n" + rows if rows else "")
         )
-
-
-def _settled_of(result: SlaveResult, views: dict[str, StoryView]) -> tuple[int, int]:
-    """A finished batch's bar: its stories that reached a final state, of all. Not its `stories_skipped`, which
-    also counts the stories a shutdown or a cancel left unstarted (the report lists them as not run). A story it
-    left unstarted that a later batch took on (a budget stop queues them again) is that batch's: the bar stayed
-    short for good (`1/3` beside every story done)."""
-    counts = result.results
-    moved = sum(
-        r.final_state not in TERMINAL_VALUES and (view := views.get(r.story_key)) is not None
-        and view.batch_id != result.batch_id
-        for r in counts.story_results
-    )  # fmt: skip
-    return sum(r.final_state in TERMINAL_VALUES for r in counts.story_results), counts.stories_total - moved
 
 
 def _progress_from_view(key: str, view: StoryView) -> StoryProgress:

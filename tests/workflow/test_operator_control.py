@@ -1010,6 +1010,7 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
     # K1's first tokens still count in the sprint's total (they dropped out until batch 1 ended).
     assert status.tokens_used == sum(v.tokens_used for v in status.stories.values()) > 0, status
     assert final.finished_batches == {1: (2, 2), 2: (1, 1)}  # batch 1 still counts K1 (bso sprint status's bars)
+    assert _view_from_report(report).finished_batches == final.finished_batches  # and from the report alone
     assert report.status is SprintStatus.COMPLETE and report.stories == {K1: "done", K2: "done"}
     runs_of_k1 = [b.batch_id for b in report.batches if any(r.story_key == K1 for r in b.results.story_results)]
     assert runs_of_k1 == [1, 2] and status_values(tmp_path)[K1] == "done"
