@@ -41,6 +41,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
+    WorkflowHistory,
     WorkflowHistoryEventFilterType,
     WorkflowHandle,
     WorkflowQueryFailedError,
@@ -129,7 +130,7 @@ from bso.sprint_status import (
     too_large_to_carry,
 )
 from bso.states import ENDED_PHASES, AgentBackend, AgentType, SprintPhase, SprintStatus, StoryState
-from bso.summary import render_from_histories, sprint_input
+from bso.summary import config_of, render_from_histories, sprint_input
 from bso.temporal_client import (
     connect_config,
     connect_failure_reason,
@@ -424,11 +425,12 @@ def _from_report_note(query_note: str | None) -> str:
     return f"{query_note}; {FROM_REPORT_NOTE}"
 
 
-def _view_from_report(report: SprintReport) -> SprintStatusView:
+def _view_from_report(report: SprintReport, budget_on: bool = True) -> SprintStatusView:
     """The status of a closed sprint from its report, as the Master's status query showed it: each story at its
     state in the report, in the last batch it ran in, or the batch it was planned in last when it never ran there
     (a story rearmed into a batch that never started waits there, its earlier failure behind it, as the summary
-    says); each finished batch's bar counts the stories it ran (bso.report.settled_of)."""
+    says); each finished batch's bar counts the stories it ran (bso.report.settled_of). `budget_on` false: its
+    token budget was off (token_budget.enabled), its tokens are shown against no limit."""
     batch_of = planned_batches(report)
     dropped = dropped_stories(report.course_corrections)
     work = work_per_story(report.batches)
@@ -467,7 +469,7 @@ def _view_from_report(report: SprintReport) -> SprintStatusView:
         finished_batches={b.batch_id: settled_of(b, stories) for b in report.batches},
         stories=stories,
         tokens_used=report.tokens_used,
-        token_limit=report.token_limit or 0,  # an older report has none: the bar shows no budget then
+        token_limit=(report.token_limit or 0) if budget_on else 0,  # an older report has none: no budget shown then
         course_corrections=[cc.impact for cc in report.course_corrections],
     )
 
@@ -517,6 +519,18 @@ async def _summarised_report(handle: WorkflowHandle[Any, Any]) -> SprintReport |
             except ValidationError:
                 return None  # another version's input: the query may still have it
     return None
+
+
+async def _budget_on(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the sprint's token budget held it (token_budget.enabled in its last run's input, or its carried
+    config): a view made from its report says so. True when its input cannot be read."""
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            inp = sprint_input([WorkflowHistory(handle.id, [event])])
+            return inp is None or config_of(inp).token_budget.enabled
+    except RPCError:
+        pass
+    return True
 
 
 async def _closed_reason(
@@ -753,8 +767,10 @@ def _progress(
         running = batch_id in view.running_batches or view.current_batch == batch_id  # (a sprint of an older worker)
         marker = " (running)" if running else ""
         bars.add_row(f"batch {batch_id}", _bar(total, finished), f"{finished}/{total}{marker}")
-    limit = view.token_limit or 0
-    bars.add_row("tokens", _bar(limit, min(view.tokens_used, limit) if limit else 0), f"{view.tokens_used}/{limit}")
+    if limit := view.token_limit or 0:
+        bars.add_row("tokens", _bar(limit, min(view.tokens_used, limit)), f"{view.tokens_used}/{limit}")
+    else:  # the budget is off (token_budget.enabled false), or an older report kept none
+        bars.add_row("tokens", "", f"{view.tokens_used} (no budget)")
     # The workflow's own status only when it says more than the phase (a finished sprint: its outcome).
     state = view.phase.value if desc_status in (view.phase.value, "running") else f"{view.phase.value} ({desc_status})"
     header = Text(
@@ -1483,7 +1499,7 @@ def sprint_watch(
                 if desc.status == WorkflowExecutionStatus.COMPLETED
                 else (None, None)
             )
-            shown = final or _view_from_report(report)
+            shown = final or _view_from_report(report, await _budget_on(handle))
             live.update(_progress(shown, None, report.status.value, from_report=final is None), refresh=True)
         out.print()
         _print_markdown(await _summary(client, handle, report))
@@ -1514,7 +1530,7 @@ def sprint_status(
             report = await _cancelled_report(handle)
         from_report = view is None and report is not None
         if from_report:
-            view, note = _view_from_report(report), _from_report_note(note)
+            view, note = _view_from_report(report, await _budget_on(handle)), _from_report_note(note)
         if view is None:
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):

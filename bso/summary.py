@@ -108,7 +108,10 @@ def render_summary(
             if (handed := sum(b.handed_over for b in report.batches))
             else []
         ),
-        f"| tokens used | {report.tokens_used} / {report.token_limit or config.token_budget.limit} |",
+        # With the budget off no limit holds the sprint (its limit knob is still set: a default).
+        f"| tokens used | {report.tokens_used} / {report.token_limit or config.token_budget.limit} |"
+        if config.token_budget.enabled
+        else f"| tokens used | {report.tokens_used} (no budget: token_budget.enabled is false) |",
     ]
     g = report.po_gates
     if g.go_issued or g.feedback_issued or g.blocked:  # Agent-PO gates ran

@@ -367,7 +367,7 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             batches_done=len(s.results),
             stories={k: s.earlier_work[k].added_to(v) if k in s.earlier_work else v for k, v in s.views.items()},
             tokens_used=s.tokens_used + self._tokens_in_flight(),
-            token_limit=s.token_limit,
+            token_limit=s.token_limit if s.config.token_budget.enabled else 0,  # 0: no budget holds the sprint
             pause_reason=s.paused_reason if s.phase not in ENDED_PHASES else None,  # an ended sprint is not paused
             errors=list(s.errors),
             batch_errors=batch_errors(s.results, s.errors),

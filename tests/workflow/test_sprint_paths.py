@@ -20,7 +20,15 @@ from temporalio.exceptions import ApplicationError
 
 import activities.status_file as status_file_activities
 from activities.session_files import recorded_running_sprint
-from bso.cli import BsoError, _check_selection, _refused_at_its_claim, _sprint_running_on, _status_file_waits
+from bso.cli import (
+    BsoError,
+    _budget_on,
+    _check_selection,
+    _refused_at_its_claim,
+    _sprint_running_on,
+    _status_file_waits,
+    _view_from_report,
+)
 from bso.config import resolve_config
 from bso.message_flow import message_flow
 from bso.states import BatchStatus, SprintPhase, SprintStatus
@@ -256,6 +264,25 @@ async def test_budget_pause_and_report_waits_for_resume(ts_env, tmp_path: Path):
     # K2, never started in batch 1, ran in batch 2: batch 1's bar stayed at 1/2 beside every story done.
     assert final.finished_batches == {1: (1, 1), 2: (1, 1)}, final.finished_batches
     assert report.token_limit == 10_000  # the execution summary's tokens line shows it
+
+
+async def test_a_sprint_with_its_budget_off_shows_no_limit(ts_env, tmp_path: Path):
+    """token_budget.enabled false: the sprint runs past its limit knob, and neither its status (live, or from its
+    report) nor its execution summary shows that limit as if it held the sprint."""
+    make_project(tmp_path, {K1: "review", K2: "review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client, queue,
+            sprint_input(tmp_path, config_overrides={"token_budget": {"enabled": False, "limit": 1000}}),
+        )
+        report = await sprint_result(handle)
+        final = await handle.query(SprintMasterWorkflow.status)
+        budget_on = await _budget_on(handle)
+    assert report.status is SprintStatus.COMPLETE and report.tokens_used > 1000
+    assert (final.tokens_used, final.token_limit) == (report.tokens_used, 0)
+    assert budget_on is False and _view_from_report(report, budget_on).token_limit == 0
+    summary = next((tmp_path / ".sprint-session").glob("execution-summary-*.md")).read_text()
+    assert f"| tokens used | {report.tokens_used} (no budget: token_budget.enabled is false) |" in summary, summary
 
 
 async def test_a_batch_whose_history_grows_long_hands_its_unstarted_stories_to_a_new_batch(ts_env, tmp_path: Path):
