@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bso.decisions import rearm_hint
 from bso.dispatch import DISPATCH_TABLE, normalize_state, unknown_values, unknown_values_message
 from bso.messages import BatchSpec, cut_text
 from bso.models import CorrectionRecord, StoryMeta
@@ -79,12 +80,14 @@ def check_request(
     pending: list[str],
     outside: dict[str, str],
     dropped: Collection[str] = (),
+    session_id: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """The full keys to add and to drop; CCRejected when the correction cannot be applied.
 
     `sprint_states`: the sprint's stories and their state; `pending`: those in queued batches (not started);
     `outside`: stories of the status file not in the sprint, with their value; `dropped`: the sprint's stories an
-    earlier correction dropped."""
+    earlier correction dropped; `session_id`: the sprint's, for a refusal's hint (a needs-intervention story added
+    runs again by a rearm)."""
     drop = resolve_keys(request.drop_stories, [*sprint_states, *outside], "drop_stories")
     add = resolve_keys(request.add_stories, [*sprint_states, *outside], "add_stories")
     for key in drop:
@@ -97,7 +100,8 @@ def check_request(
     for key in add:
         # A story an earlier correction dropped may come back (one skipped otherwise may be in a running batch).
         if key in sprint_states and not (key in dropped and sprint_states[key] == StoryState.SKIPPED):
-            raise CCRejected(f"CC_REJECTED: {key} is already in this sprint")
+            hint = rearm_hint(session_id, key, sprint_states[key]) if session_id else ""
+            raise CCRejected(f"CC_REJECTED: {key} is already in this sprint{hint}")
         if outside.get(key) == StoryState.DONE:
             raise CCRejected(f"CC_REJECTED: {key} is done already")
     if set(add) & set(drop):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from bso.dispatch import Outcome, Transition, intervention
 from bso.messages import BatchSpec
 from bso.dependencies import skipped_for
-from bso.models import StoryMeta, StoryProgress, StoryView
+from bso.models import StoryMeta, StoryProgress, StoryView, short_key
 from bso.planning import dependency_order
 from bso.states import StoryState
 
@@ -101,6 +101,14 @@ def check_rearm(request: DecisionRequest, view: StoryView | None, still_failed: 
         )
     if (why := cannot_rearm_to(request.rearm_state().value)) is not None:
         raise DecisionError(why)
+
+
+def rearm_hint(session_id: str, key: str, state: str) -> str:
+    """How to run a needs-intervention story again in its sprint, for a refusal of another way (a `retry`, a
+    course correction adding it): a rearm, the one way. Empty for a story in another state."""
+    if state != StoryState.NEEDS_INTERVENTION:
+        return ""
+    return f"; to run it again in this sprint: bso sprint decide {session_id} {short_key(key)} rearm [--state STATE]"
 
 
 def cannot_rearm_to(state: str) -> str | None:

@@ -153,6 +153,7 @@ class CourseCorrector:
             [k for spec in s.queue for k in spec.stories],
             s.outside_stories,
             s.dropped_from,
+            s.session_id,  # (a refusal's text only)
         )
 
     async def _apply_course_correction(self, request: CourseCorrectionRequest) -> CourseCorrection:

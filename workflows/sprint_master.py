@@ -79,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         DecisionRequest,
         check_rearm,
         dependants_brought_back,
+        rearm_hint,
         rearm_position,
         skipped_for_stories_pending_again,
     )
@@ -729,7 +730,10 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
             elif parsed.story_key in self._deciding:
                 raise DecisionError(f"story {parsed.story_key!r}: a decision is already on its way")
             elif not view.awaiting_decision:
-                raise DecisionError(f"story {parsed.story_key!r} is not awaiting a decision (state {view.state})")
+                raise DecisionError(
+                    f"story {parsed.story_key!r} is not awaiting a decision (state {view.state})"
+                    + rearm_hint(s.session_id, parsed.story_key, view.state)
+                )
             elif view.batch_id not in self._started_batches:
                 raise DecisionError(f"story {parsed.story_key!r}: its batch is not running")
         except DecisionError as err:
