@@ -1566,7 +1566,7 @@ def sprint_list(
         ),
     ] = None,
     session: Annotated[str | None, typer.Option(help="only this BsoSessionId (a sprint's session is its id)")] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many sprints (it says when more match)")] = 20,
 ) -> None:
     """Sprints known to the server (a visibility query on the BSO search attributes)."""
     statuses = {s.name.lower().replace("_", "-"): s for s in WorkflowExecutionStatus}
@@ -1599,7 +1599,8 @@ def sprint_list(
         table = Table(box=None, pad_edge=False)
         for column in ("sprint", "status", "phase", "outcome", "started", "closed"):
             table.add_column(column)
-        found = [wf async for wf in client.list_workflows(query, limit=limit)]
+        found = [wf async for wf in client.list_workflows(query, limit=limit + 1)]  # (one more: are there more?)
+        cut, found = len(found) > limit, found[:limit]
         outcomes = await asyncio.gather(*(_outcome(client, wf) for wf in found))
         started = await _sprints_started(client, found)
         for wf, outcome in zip(found, outcomes, strict=True):
@@ -1615,6 +1616,8 @@ def sprint_list(
             out.print(table)
         else:
             err_console.print("no sprints found", markup=False)
+        if cut:  # said, not left for the user to take the list for all there is
+            err_console.print(f"{await _more_sprints(client, query, limit)}: --limit N shows more", markup=False)
 
     _run(go())
 
@@ -1622,6 +1625,16 @@ def sprint_list(
 def _sprint_errors(report: SprintReport) -> list[str]:
     """The sprint's own errors as its status showed them, from its report (its `error` too, once)."""
     return [*report.errors, *([report.error] if report.error and report.error not in report.errors else [])]
+
+
+async def _more_sprints(client: Client, query: str, limit: int) -> str:
+    """What `bso sprint list` says of a list cut at its limit: how many sprints match, when the server counts."""
+    try:
+        total = (await client.count_workflows(query)).count
+    except RPCError:
+        total = 0
+    # (a count below the rows listed: the visibility store had not caught up)
+    return f"{limit} of {total} sprints shown" if total > limit else f"the first {limit} sprints shown, more match"
 
 
 async def _sprints_started(client: Client, found: list[WorkflowExecution]) -> dict[str, datetime]:
