@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic_core import PydanticCustomError
 
 from bso.config import SprintConfig
 from bso.improvements import ImprovementRecord
@@ -35,6 +36,20 @@ class _Model(BaseModel):
 _NullAsEmpty = BeforeValidator(lambda value: {} if value is None else value)
 
 
+def _epic_of_a_kind(value: Any) -> Any:
+    """An `epic` neither a number nor a key (2.5, [1], {}) refused in one message saying what it takes: the
+    union's three (`epic.bool: Input should be a valid boolean; epic.int: ...`) offered a boolean first."""
+    if value is None or isinstance(value, bool | int | str) or (isinstance(value, float) and value.is_integer()):
+        return value
+    try:
+        given = json.dumps(value)
+    except (TypeError, ValueError):
+        given = type(value).__name__
+    raise PydanticCustomError(
+        "epic_type", "epic must be a whole number (2) or an epic's key (\"2\", \"epic-2\"), not {given}", {"given": given}
+    )
+
+
 class SprintInput(_Model):
     """SprintMasterWorkflow's one input (JSON from the temporal CLI or `bso`)."""
 
@@ -42,7 +57,7 @@ class SprintInput(_Model):
     status_file: str | None = None
     session_id: str | None = None
     # A bool kept as such (lax, `"epic": true` became epic 1): the Master refuses it (EPIC_NOT_A_BOOL).
-    epic: StrictBool | int | str | None = None
+    epic: Annotated[StrictBool | int | str | None, BeforeValidator(_epic_of_a_kind)] = None
     story_keys: list[str] | None = None
     agent_backend: str = "simulated"
     config_overrides: Annotated[dict[str, Any], _NullAsEmpty] = Field(default_factory=dict)
