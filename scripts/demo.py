@@ -174,8 +174,8 @@ async def ensure_server() -> subprocess.Popen[bytes] | None:
         if recorded_alive(RUN_DIR / "server.pid", "start-dev") is None:  # not the one an earlier demo started
             (RUN_DIR / "server.pid").unlink(missing_ok=True)
         return None
-    RUN_DIR.mkdir(exist_ok=True)
-    DB_FILE.parent.mkdir(exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    DB_FILE.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         _bin("temporal"), "server", "start-dev",
         "--db-filename", _shown(DB_FILE),
@@ -241,7 +241,7 @@ def _stop_stale_worker() -> None:
 
 
 def start_worker() -> subprocess.Popen[bytes]:
-    RUN_DIR.mkdir(exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
     _stop_stale_worker()
     env = dict(os.environ, TEMPORAL_ADDRESS=ADDRESS, TEMPORAL_NAMESPACE=NAMESPACE, PYTHONUNBUFFERED="1")
     log_path = RUN_DIR / "worker.log"
@@ -282,7 +282,7 @@ def copy_project(session_id: str) -> Path:
     """A fresh copy of the example, made its own git repository so that no git command of the sprint can
     reach this repository (the scratch directory lies inside it)."""
     target = DEMO_DIR / session_id
-    DEMO_DIR.mkdir(exist_ok=True)
+    DEMO_DIR.mkdir(parents=True, exist_ok=True)
     shutil.copytree(EXAMPLE, target)
     git = shutil.which("git")
     if git:
