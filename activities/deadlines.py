@@ -12,8 +12,9 @@ worker completed or failed: a live worker read the history then (a frozen worker
 answers; they time out and do not count). An agent still working at its deadline is not late so: a simulated
 agent runs in the sprint's own worker, which takes the deadline up at once; a command agent, which may run in a
 worker of the agents' queue alone, ends itself at its deadline and reports before the server's (its activity's
-deadline leaves it the time), so the server's fires only when its worker did not run either. A timer's lateness
-is the server's only: an external agent answers whether a worker runs or not."""
+deadline leaves it the time), so the server's fires only when its worker did not run either. The batch's working
+time is the same (`worker_down_counts`): with no worker, no agent of the batch ran. An external agent's deadline
+(a timer) is late by the server's firing only: that agent answers whether a worker runs or not."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class LatenessInput(BaseModel):
     run_id: str
     activity_id: str | None = None  # the last activity of this id that timed out
     timer_summary: str | None = None  # or the last timer of this summary (its static summary) that fired
+    # A timer late until a worker took it up too, as an agent's deadline is (the batch's working time).
+    worker_down_counts: bool = False
 
 
 @activity.defn
@@ -41,7 +44,7 @@ async def deadline_lateness(inp: LatenessInput) -> float:
 def lateness_in(events: list[HistoryEvent], inp: LatenessInput) -> float:
     meant: dict[int | str, float] = {}  # scheduled event id (activity) or timer id -> the moment it was meant for
     late = 0.0
-    unhandled: float | None = None  # the moment meant of an activity deadline fired, no worker having handled it
+    unhandled: float | None = None  # the moment meant of a deadline fired, no worker having handled it
     for event in events:
         at = event.event_time.ToDatetime().timestamp()
         if unhandled is not None and (
@@ -66,6 +69,8 @@ def lateness_in(events: list[HistoryEvent], inp: LatenessInput) -> float:
             timer = event.timer_fired_event_attributes.timer_id
             if timer in meant:
                 late = at - meant[timer]
+                if inp.worker_down_counts:
+                    unhandled = meant[timer]
     return max(late, 0.0)
 
 

@@ -1452,9 +1452,10 @@ class SprintSlaveWorkflow:
             await workflow.wait_condition(lambda: timer.done() or self._idle() or self._closing)
             if timer.done():
                 if SLAVE_PATCHES.patched(PATCH_WORKING_TIME_WAKES_AFTER_SLEEP) and await self._slept_through(
-                    LatenessInput(timer_summary=WORKING_TIME_SUMMARY, **self._own_run())
+                    LatenessInput(timer_summary=WORKING_TIME_SUMMARY, worker_down_counts=True, **self._own_run())
                 ):
-                    # Fired when the server ran again: the stretch was slept through, and is not counted.
+                    # Fired when the server ran again, or taken up when a worker did: the stretch was slept
+                    # through, and is not counted.
                     workflow.logger.warning("[Slave] working time: the stretch was slept through; not counted")
                     continue
                 self._run_out_of_time(limit)

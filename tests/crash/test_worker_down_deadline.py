@@ -1,7 +1,8 @@
 """A worker down (killed -9) or frozen (SIGSTOP) past an agent's deadline while the dev server runs on: the server
 fires the deadline on time, but no worker takes the workflow task carrying it until one runs again. The story
-ended needs-intervention ("no AGENT_COMPLETE within ...") for time no worker ran the agent; the agent now starts
-again with its whole time, as after a closed laptop (tests/crash/test_laptop_sleep.py). The timeouts are scaled
+ended needs-intervention ("no AGENT_COMPLETE within ...") for time no worker ran the agent, or the batch out of
+its working time; the agent now starts again with its whole time, and the working stretch is not counted, as
+after a closed laptop (tests/crash/test_laptop_sleep.py). The timeouts are scaled
 down (a 7 s deadline, a worker gone 14 s), `asleep_after_seconds` with them."""
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ STORY = "1-1-worker-down-story"
 DOWN_SECONDS = 14
 
 
-@pytest.mark.parametrize("down", ["killed", "frozen"])
-async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tmp_path: Path, down: str) -> None:
-    overrides = {
+@pytest.mark.parametrize("down, deadline", [("killed", "agent"), ("frozen", "agent"), ("killed", "working-time")])
+async def test_a_worker_down_past_a_deadline_costs_the_sprint_nothing(tmp_path: Path, down: str, deadline: str) -> None:
+    overrides: dict = {
         "asleep_after_seconds": 3,
-        "agent_timeout_seconds": {"dev_execution": 7},
         "agent_retry": {"heartbeat_timeout_seconds": 3, "initial_interval_seconds": 0.5},
     }
+    if deadline == "agent":
+        overrides["agent_timeout_seconds"] = {"dev_execution": 7}
+    else:  # the batch's working time fires while the worker is down; the work after it (~7 s) fits a new stretch
+        overrides["slave_timeout_seconds"] = 12
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
     server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
@@ -79,7 +83,11 @@ async def test_a_worker_down_past_an_agents_deadline_costs_the_sprint_nothing(tm
         slave = client.get_workflow_handle("down/batch-1")
         events = (await slave.fetch_history()).events
         agents = [e.activity_task_scheduled_event_attributes.activity_id for e in events if e.HasField("activity_task_scheduled_event_attributes")]
-        assert agents.count(dev) == 2, agents  # started again with its whole time once the worker ran again
+        if deadline == "agent":
+            assert agents.count(dev) == 2, agents  # started again with its whole time once the worker ran again
+        else:  # the stretch the worker was down through not counted (the batch was not out of time)
+            markers = [str(e.marker_recorded_event_attributes.details) for e in events if e.HasField("marker_recorded_event_attributes")]
+            assert any("slave-working-time-wakes-after-sleep" in m for m in markers), markers
         record_histories([await slave.fetch_history()])
     finally:
         worker.resume()

@@ -1160,3 +1160,7 @@ def test_a_deadline_fired_while_no_worker_ran_is_late_until_a_worker_handled_it(
         event(7, 130, workflow_task_scheduled_event_attributes={}),
     ]
     assert lateness_in(timer + killed, LatenessInput(timer_summary="external deadline", workflow_id="s/batch-1", run_id="r")) == 0
+    # The batch's working time: no worker, no agent of the batch ran; late until a worker took it up.
+    working = LatenessInput(timer_summary="external deadline", worker_down_counts=True, workflow_id="s/batch-1", run_id="r")
+    assert lateness_in(timer + killed, working) == pytest.approx(25.9)
+    assert lateness_in(timer + running, working) == pytest.approx(0.05)
