@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from bench.infra import DevServer, WorkerProcess, make_project, status_values
+from bench.infra import make_project, status_values
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import SprintInput
 from bso.states import SprintStatus
 from tests.conftest import record_histories
+from tests.crash import one_story
 from tests.workflow.helpers import poll_until, workflow_task_failures
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow, external_deadline_summary
@@ -43,24 +44,8 @@ async def test_a_laptop_closed_past_a_deadline_costs_the_sprint_nothing(tmp_path
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
     async with _laptop(tmp_path) as (client, close_the_lid):
-        inp = SprintInput(
-            project_root=str(root), session_id="laptop", agent_backend="simulated", config_overrides=overrides,
-            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 6000}}},
-        )
-        handle = await client.start_workflow(
-            SprintMasterWorkflow.run, inp, id="laptop", task_queue="laptop-" + SPRINT_TASK_QUEUE
-        )
-
-        async def dev_in_flight() -> bool:
-            try:
-                view = await handle.query(SprintMasterWorkflow.status)
-            except Exception:  # noqa: BLE001 - not taken up yet
-                return False
-            story = view.stories.get(STORY)
-            return bool(story and story.state == "ready-for-dev" and view.running_batches)
-
-        await poll_until(dev_in_flight, "the dev agent in flight")
-        await asyncio.sleep(2)  # the dev agent (6 s) is working
+        handle = await one_story.start_sprint(client, root, "laptop", "laptop-", overrides, STORY, 6000)
+        await one_story.dev_agent_working(handle, STORY, 2)  # (of its 6 s)
         await close_the_lid()
         report = await asyncio.wait_for(handle.result(), 180)
         assert report.status is SprintStatus.COMPLETE, report
@@ -121,23 +106,13 @@ async def test_a_laptop_closed_past_an_external_agents_deadline_leaves_the_agent
 @asynccontextmanager
 async def _laptop(tmp_path: Path) -> AsyncIterator[tuple[Client, Callable[[], Awaitable[None]]]]:
     """A dev server and a worker on it, and the lid to close: both stand still (SIGSTOP) for SLEEP_SECONDS."""
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
-    server.start()
-    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "laptop-"])
+    async with one_story.server_and_worker(tmp_path, "laptop-") as (client, server, worker):
 
-    async def close_the_lid() -> None:
-        worker.suspend()
-        server.suspend()  # the laptop closes: every process stands still
-        await asyncio.sleep(SLEEP_SECONDS)
-        server.resume()
-        worker.resume()
+        async def close_the_lid() -> None:
+            worker.suspend()
+            server.suspend()  # the laptop closes: every process stands still
+            await asyncio.sleep(SLEEP_SECONDS)
+            server.resume()
+            worker.resume()
 
-    try:
-        client = await server.wait_ready()
-        worker.start()
         yield client, close_the_lid
-    finally:
-        worker.resume()
-        server.resume()
-        worker.kill9()
-        server.kill9()

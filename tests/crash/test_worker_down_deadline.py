@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.infra import DevServer, WorkerProcess, make_project, status_values
-from bso.constants import SPRINT_TASK_QUEUE
-from bso.models import SprintInput
+from bench.infra import make_project, status_values
 from bso.states import SprintStatus
 from tests.conftest import record_histories
-from tests.workflow.helpers import ledger, poll_until, workflow_task_failures
-from workflows.sprint_master import SprintMasterWorkflow
+from tests.crash import one_story
+from tests.workflow.helpers import ledger, workflow_task_failures
 
 pytestmark = pytest.mark.e2e
 
@@ -38,37 +36,16 @@ async def test_a_worker_down_past_a_deadline_costs_the_sprint_nothing(tmp_path: 
         overrides["slave_timeout_seconds"] = 12
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
-    server.start()
-    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
-    try:
-        client = await server.wait_ready()
-        worker.start()
-        inp = SprintInput(
-            project_root=str(root), session_id="down", agent_backend="simulated", config_overrides=overrides,
-            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 5000}}},
-        )
-        handle = await client.start_workflow(
-            SprintMasterWorkflow.run, inp, id="down", task_queue="down-" + SPRINT_TASK_QUEUE
-        )
-
-        async def dev_in_flight() -> bool:
-            try:
-                view = await handle.query(SprintMasterWorkflow.status)
-            except Exception:  # noqa: BLE001 - not taken up yet
-                return False
-            story = view.stories.get(STORY)
-            return bool(story and story.state == "ready-for-dev" and view.running_batches)
-
-        await poll_until(dev_in_flight, "the dev agent in flight")
-        await asyncio.sleep(1.5)  # the dev agent (5 s) is working
+    async with one_story.server_and_worker(tmp_path, "down-") as (client, _server, worker):
+        handle = await one_story.start_sprint(client, root, "down", "down-", overrides, STORY, 5000)
+        await one_story.dev_agent_working(handle, STORY, 1.5)  # (of its 5 s)
         first = [e for e in ledger(root) if e["event"] == "started"]
         assert first and not [e for e in ledger(root) if e["event"] == "finished"], ledger(root)
         if down == "killed":
             worker.kill9()
         else:
             worker.suspend()
-        await asyncio.sleep(DOWN_SECONDS)  # the agent's deadline (7 s) fires meanwhile, the server running on
+        await asyncio.sleep(DOWN_SECONDS)  # the deadline (7 s, 12 s) fires meanwhile, the server running on
         if down == "killed":
             worker.start()
         else:
@@ -89,10 +66,6 @@ async def test_a_worker_down_past_a_deadline_costs_the_sprint_nothing(tmp_path: 
             markers = [str(e.marker_recorded_event_attributes.details) for e in events if e.HasField("marker_recorded_event_attributes")]
             assert any("slave-working-time-wakes-after-sleep" in m for m in markers), markers
         record_histories([await slave.fetch_history()])
-    finally:
-        worker.resume()
-        worker.kill9()
-        server.kill9()
 
 
 async def test_an_agent_still_working_at_its_deadline_ends_out_of_time(tmp_path: Path) -> None:
@@ -101,25 +74,11 @@ async def test_an_agent_still_working_at_its_deadline_ends_out_of_time(tmp_path:
     overrides = {"asleep_after_seconds": 5, "agent_timeout_seconds": {"dev_execution": 10}}
     root = tmp_path / "project"
     make_project(root, {STORY: "ready-for-dev"})
-    server = DevServer(tmp_path / "temporal.db", tmp_path / "server.log")
-    server.start()
-    worker = WorkerProcess(server.address, tmp_path / "worker.log", ["--queue-prefix", "down-"])
-    try:
-        client = await server.wait_ready()
-        worker.start()
-        inp = SprintInput(
-            project_root=str(root), session_id="working", agent_backend="simulated", config_overrides=overrides,
-            simulation={"default": {"tokens": 100, "duration_ms": 200}, "stories": {STORY: {"duration_ms": 20000}}},
-        )
-        handle = await client.start_workflow(
-            SprintMasterWorkflow.run, inp, id="working", task_queue="down-" + SPRINT_TASK_QUEUE
-        )
+    async with one_story.server_and_worker(tmp_path, "down-") as (client, _server, _worker):
+        handle = await one_story.start_sprint(client, root, "working", "down-", overrides, STORY, 20000)
         report = await asyncio.wait_for(handle.result(), 180)
         assert report.status is SprintStatus.FAILED, report
         assert status_values(root)[STORY] == "needs-intervention"
         events = (await client.get_workflow_handle("working/batch-1").fetch_history()).events
         agents = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events if e.HasField("activity_task_scheduled_event_attributes")]
         assert agents.count("deadline_lateness") == 1 and agents.count("run_agent") == 1, agents  # asked, not late
-    finally:
-        worker.kill9()
-        server.kill9()
