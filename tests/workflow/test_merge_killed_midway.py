@@ -103,24 +103,8 @@ async def test_a_fast_forward_killed_before_its_index_is_finished_by_the_retry(
 async def _conflicted_merge_killed_before_its_abort(root: Path, changed: list[str], monkeypatch: pytest.MonkeyPatch):
     """The user's branch changed a file the story changes: the story's merge conflicts, and the worker is killed
     before its `git merge --abort`. Then Temporal's retry. (The file, HEAD before, the retry's result.)"""
-    clash = next(p for p in changed if p.endswith(".py"))
-    (root / clash).parent.mkdir(parents=True, exist_ok=True)
-    (root / clash).write_text("# the user's own version\n")
-    git(root, "add", clash)
-    git(root, "commit", "-q", "-m", "the user's commit")
-    head_before = git(root, "rev-parse", "HEAD").strip()
-    real = git_ops._past_index_lock
-
-    async def killed_before_the_abort(cwd: str, *args: str):
-        if "--abort" in args:
-            raise git_ops.GitError("the worker was killed (simulated)")
-        return await real(cwd, *args)
-
-    monkeypatch.setattr(git_ops, "_past_index_lock", killed_before_the_abort)
-    with pytest.raises(git_ops.GitError):
-        await finish(root, story_title="Hello")
+    clash, head_before = await _stopped_on_a_conflict_by_a_killed_attempt(root, changed, monkeypatch)
     assert (_git_dir(str(root)) / "MERGE_HEAD").exists()  # BSO's merge, stopped on its conflict
-    monkeypatch.setattr(git_ops, "_past_index_lock", real)
     return clash, head_before, await finish(root, story_title="Hello")
 
 
