@@ -1716,7 +1716,8 @@ class SprintMasterWorkflow(RosterKeeper, CourseCorrector, ScrumMasterPlanning):
         workflow.set_current_details(
             f"**Sprint `{s.session_id}`**: {s.phase.value}{outcome}, {self._tally.done}/{len(s.views)} stories done, "
             f"batches {len(s.results)} done / {len(s.results) + len(s.queue) + len(self._running_batches)}, "
-            f"tokens {s.tokens_used + self._tokens_in_flight()}/{s.token_limit}{pause}"
+            f"tokens {s.tokens_used + self._tokens_in_flight()}"
+            f"{f'/{s.token_limit}' if s.config.token_budget.enabled else ' (no budget)'}{pause}"
             # (no table once no batch runs: a header alone read as an empty sprint)
             + ("\n\n| story | batch | state | review round | agent in flight |\n|---|:-:|---|:-:|---|\n" + rows if rows else "")
         )

@@ -41,6 +41,7 @@ from tests.conftest import bso_worker
 from workflows.sprint_master import SprintMasterWorkflow
 from workflows.sprint_slave import SprintSlaveWorkflow
 from tests.workflow.helpers import (
+    current_details,
     ledger,
     make_project,
     poll_until,
@@ -278,7 +279,9 @@ async def test_a_sprint_with_its_budget_off_shows_no_limit(ts_env, tmp_path: Pat
         report = await sprint_result(handle)
         final = await handle.query(SprintMasterWorkflow.status)
         budget_on = await _budget_on(handle)
+        details = await current_details(handle)  # the Web UI's
     assert report.status is SprintStatus.COMPLETE and report.tokens_used > 1000
+    assert f"tokens {report.tokens_used} (no budget)" in details, details
     assert (final.tokens_used, final.token_limit) == (report.tokens_used, 0)
     assert budget_on is False and _view_from_report(report, budget_on).token_limit == 0
     summary = next((tmp_path / ".sprint-session").glob("execution-summary-*.md")).read_text()
