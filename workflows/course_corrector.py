@@ -211,6 +211,7 @@ class CourseCorrector:
             cc = await self._replan_pending(request.reason, request.text, add, drop)
             if cc is None:
                 self._unadd(add, before)
+                self._show()  # (details shown while the scrum-master planned counted the added stories)
                 raise _cc_rejected("CC_REJECTED: the pending stories cannot be re-planned")
             # The added stories are written first (before any drop): one whose write fails (its line removed by
             # hand since the read) refuses the whole correction, the others' writes undone. Written after the
