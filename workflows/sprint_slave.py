@@ -290,6 +290,12 @@ PATCH_WORKING_TIME_WAKES_AFTER_SLEEP = "slave-working-time-wakes-after-sleep"
 # The same for an external agent's deadline, kept by the batch's own timer (the agent activity only publishes the
 # assignment): the timer is named for its dispatch so that its lateness can be read. Asked at such a deadline only.
 PATCH_EXTERNAL_AGENT_WAKES_AFTER_SLEEP = "slave-external-agent-wakes-after-sleep"
+# An agent activity the server gave up after a worker stopped on purpose (Ctrl-C, SIGTERM) handed its attempt back
+# (sdk-core's WorkerShutdown failure): its retry did not fit before the deadline, or such stops used up its
+# attempts. No fault of the agent's: it starts again with its whole time, as after a kill -9 past its deadline; it
+# ended the story "agent activity failed: Worker is shutting down". Asked at such a failure only.
+PATCH_AGENT_WAKES_AFTER_WORKER_STOP = "slave-agent-wakes-after-worker-stop"
+WORKER_SHUTDOWN = "WorkerShutdown"  # the type of sdk-core's failure of an activity its stopped worker handed back
 # A step that keeps the story's state compares the file's value with it (a write of the same value: "already
 # applied", or another value a human set, taken as any hand edit): a story set skipped or done by hand during its
 # review-fix rounds went on being reviewed and fixed. Asked at each such step.
@@ -1183,6 +1189,16 @@ class SprintSlaveWorkflow:
                     # whole time again, its dispatch id the same (a command agent still running is taken over).
                     wakes += 1
                     workflow.logger.warning("[Slave] %s: its deadline was slept through; started again", dispatch_id)
+                    handle, deadline = start_agent(), workflow.now() + timeout
+                    continue
+                if (
+                    failure is not None
+                    and _error_type(failure) == WORKER_SHUTDOWN
+                    and wakes < MAX_WAKES_PER_DISPATCH
+                    and SLAVE_PATCHES.patched(PATCH_AGENT_WAKES_AFTER_WORKER_STOP)  # (asked at such a failure only)
+                ):
+                    wakes += 1
+                    workflow.logger.warning("[Slave] %s: handed back by a worker stopped on purpose; started again", dispatch_id)
                     handle, deadline = start_agent(), workflow.now() + timeout
                     continue
                 if failure is not None:

@@ -47,6 +47,7 @@ from workflows.sprint_master import (
 )
 from workflows.sprint_slave import (
     PATCH_AGENT_WAKES_AFTER_SLEEP,
+    PATCH_AGENT_WAKES_AFTER_WORKER_STOP,
     PATCH_ANSWER_FITS_HISTORY,
     PATCH_CANCEL_AFTER_DEBUG_REQUEST,
     PATCH_DECIDE_ANSWERED_ON_CANCEL,
@@ -283,6 +284,10 @@ async def test_a_master_that_started_residents_after_a_swallowed_cancel_replays_
         ("before-2026-11-29-cc-add-unwritten/cc-add-unwritten.json", PATCH_CC_ADD_UNWRITTEN),
         # A course correction's re-plan numbered its batch 1 again (the first batch's id): it was used.
         ("before-2026-11-29-plan-numbering/misnumbered-out-of-turn.json", PATCH_PLAN_NUMBERING_CHECKED),
+        # A worker stopped on purpose (SIGTERM) handed the dev agent's attempt back 1.5 s before its deadline (the
+        # retry did not fit), or five times during its run (its attempts used up): the story ended needs-intervention.
+        ("before-2026-11-29-worker-stop/stop--batch-1.json", PATCH_AGENT_WAKES_AFTER_WORKER_STOP),
+        ("before-2026-11-29-worker-stop/restart--batch-1.json", PATCH_AGENT_WAKES_AFTER_WORKER_STOP),
         # A review's empty blocking issue failed it (the fix's feedback could not carry it).
         ("before-2026-11-27-blank-issue/blank-issue--batch-1.json", PATCH_ANSWER_FITS_HISTORY),
         # Its batches' ends were taken in by workflow tasks with no command.
