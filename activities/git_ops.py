@@ -1330,19 +1330,54 @@ async def _remove_stale_index_lock(root: str) -> bool:
     return True
 
 
-async def _undo_killed_merge(root: str, branch: str, tip: str, merge_message: str) -> str | None:
-    """This story's merge into the user's checkout, cut short by a kill in an earlier attempt, is undone, so that
-    the merge runs again as if it had never begun (what was undone is said; None: nothing). Stopped on its conflict
-    before its `git merge --abort` (MERGE_HEAD the branch's tip, MERGE_MSG BSO's message): aborted, and the conflict
-    is reported as the attempt would have. Killed while git wrote the result (no MERGE_HEAD: a fast-forward's
-    files written and not its index, a merge commit's index and files not committed): the paths the merge
-    changes go back to HEAD's, the files it made removed; they blocked the same merge run again ("would be
+# In the user's checkout's own git folder (a linked worktree's, for a checkout that is one), while a finish runs its
+# merge there: {story branch: the tip it merges}. Written right before the merge command(s), removed once the merge
+# (or its abort) has ended: left only by an attempt that stopped in between (a kill), it is what tells the retry
+# that the story's files in the checkout may be that merge's leftovers, never a file of the user's.
+MERGE_BEGUN_MARKER = "bso-merge-in-progress"
+
+
+def _merges_begun(folder: Path) -> dict[str, str]:
+    try:
+        begun = json.loads((folder / MERGE_BEGUN_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(begun, dict):
+        return {}
+    return {k: v for k, v in begun.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _mark_merge_begun(folder: Path, branch: str, tip: str) -> None:
+    write_json_atomic(folder / MERGE_BEGUN_MARKER, {**_merges_begun(folder), branch: tip})
+
+
+def _mark_merge_ended(folder: Path, branch: str) -> None:
+    begun = _merges_begun(folder)
+    if branch not in begun:
+        return
+    del begun[branch]
+    if begun:  # another story's merge a kill cut short: its retry still undoes it
+        write_json_atomic(folder / MERGE_BEGUN_MARKER, begun)
+    else:
+        (folder / MERGE_BEGUN_MARKER).unlink(missing_ok=True)
+
+
+async def _undo_killed_merge(root: str, folder: Path, branch: str, tip: str, merge_message: str) -> str | None:
+    """This story's merge into the user's checkout (its git folder `folder`), cut short by a kill in an earlier
+    attempt, is undone, so that the merge runs again as if it had never begun (what was undone is said; None:
+    nothing). Only when an earlier attempt is known to have begun this merge (MERGE_BEGUN_MARKER names the branch
+    at this tip): else a file of the user's holding the story's bytes would pass for the merge's leftover. Stopped on
+    its conflict before its `git merge --abort` (MERGE_HEAD the branch's tip, MERGE_MSG BSO's message): aborted,
+    and the conflict is reported as the attempt would have. Killed while git wrote the result (no MERGE_HEAD: a
+    fast-forward's files written and not its index, a merge commit's index and files not committed): the paths the
+    merge changes go back to HEAD's, the files it made removed; they blocked the same merge run again ("would be
     overwritten by merge") and stayed in the checkout as if the user's work. Only when the paths the merge
     changes are exactly as the merge leaves them (bso.git_rules.merge_leftovers): anything else there, the
     user's work, stays, and the merge is refused as before. Other paths are never touched."""
+    if _merges_begun(folder).get(branch) != tip:
+        return None
     if not (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip():
         return None  # BSO merges into no detached HEAD
-    folder = Path(root, (await git(root, "rev-parse", "--git-dir")).strip())
     stopped = (folder / "MERGE_HEAD").exists()
     if stopped:
         try:
@@ -1495,6 +1530,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     # anything built on the base), which would clear the track of a story whose work never arrived.
     if tip != base and await _is_ancestor(root, tip, "HEAD"):
         _put_back_untracked(root, _untracked_aside(root, inp.session_id, inp.story_key))  # a crash after the merge
+        _mark_merge_ended(await git_dir(root), branch)
         return FinishStoryResult(story_key=inp.story_key, merged=True, squashed=squashed_before, commit=tip,
                                  note="already merged")
     count = int((await git(root, "rev-list", "--count", f"{base}..{tip}")).strip() or 0)
@@ -1517,7 +1553,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
                  "worktree kept",
         )
     message = squash_message(settings.squash_message, story_key=inp.story_key, title=_title(inp))
-    if (undone := await _undo_killed_merge(root, branch, tip, f"Merge {message}")) is not None:
+    folder = await git_dir(root)
+    if (undone := await _undo_killed_merge(root, folder, branch, tip, f"Merge {message}")) is not None:
         activity.logger.info("%s: %s", inp.story_key, undone)
     if (unfit := await _checkout_unfit_for_merge(root)) is not None:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"{unfit}; worktree kept")
@@ -1538,6 +1575,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     aside = _untracked_aside(root, inp.session_id, inp.story_key)
     await _set_aside_files_the_story_untracked(root, path, base, new_tip, aside)
     merged_ff = False
+    _mark_merge_begun(folder, branch, new_tip)  # (a kill from here on: the retry may undo what the merge left)
     if settings.merge == "ff":
         ff = await _past_index_lock(root, "merge", "--ff-only", "-q", branch)
         merged_ff = ff.returncode == 0
@@ -1547,6 +1585,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         )
         if merge.returncode != 0:
             await _past_index_lock(root, "merge", "--abort")
+            _mark_merge_ended(folder, branch)
             _put_back_untracked(root, aside)  # (still in the checkout: the copies set aside go)
             if squashed:  # the original commits stay (P28)
                 await git(root, "update-ref", f"refs/heads/{branch}", restore_on_conflict, new_tip)
@@ -1555,6 +1594,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
                 merged=False,
                 note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
             )
+    _mark_merge_ended(folder, branch)
     merged_head = (await head(root)).strip()
     kept = [os.fsencode(n).decode(errors="replace") for n in _put_back_untracked(root, aside)]  # said: valid text
     if kept:

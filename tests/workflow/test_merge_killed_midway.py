@@ -47,6 +47,8 @@ async def _killed_then_retried(root: Path, monkeypatch: pytest.MonkeyPatch, merg
     with pytest.raises(git_ops.GitError):
         await finish(root, story_title="Hello")
     assert git(root, "rev-parse", "HEAD").strip() == head_before  # the kill came before the branch moved
+    # The killed attempt's record that it began the merge, what lets the retry undo it.
+    assert (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()
     monkeypatch.setattr(git_ops, "_past_index_lock", real)
     return head_before, await finish(root, story_title="Hello")
 
@@ -98,6 +100,7 @@ async def test_a_fast_forward_killed_before_its_index_is_finished_by_the_retry(
     assert result.merged, result.note
     assert set(changed) <= set(git(root, "ls-files").split())
     assert git(root, "status", "--porcelain").strip() == STORY_FILE_UNTRACKED
+    assert not (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()
 
 
 async def _conflicted_merge_killed_before_its_abort(root: Path, changed: list[str], monkeypatch: pytest.MonkeyPatch):
@@ -209,14 +212,20 @@ async def test_the_users_own_file_where_a_killed_fast_forward_wrote_the_storys_i
         assert (root / path).exists(), path
 
 
-async def _stopped_on_a_conflict_by_a_killed_attempt(root: Path, changed: list[str], monkeypatch: pytest.MonkeyPatch):
-    """The merge conflicts on a file the user's branch changed too, and the worker is killed before its abort.
-    (The conflicted file, HEAD.)"""
+def _users_commit_changing_a_file_of_the_story(root: Path, changed: list[str]) -> str:
+    """The user's branch changes a file the story changes too: the story's merge conflicts. (The file.)"""
     clash = next(p for p in changed if p.endswith(".py"))
     (root / clash).parent.mkdir(parents=True, exist_ok=True)
     (root / clash).write_text("# the user's own version\n")
     git(root, "add", clash)
     git(root, "commit", "-q", "-m", "the user's commit")
+    return clash
+
+
+async def _stopped_on_a_conflict_by_a_killed_attempt(root: Path, changed: list[str], monkeypatch: pytest.MonkeyPatch):
+    """The merge conflicts on a file the user's branch changed too, and the worker is killed before its abort.
+    (The conflicted file, HEAD.)"""
+    clash = _users_commit_changing_a_file_of_the_story(root, changed)
     real = git_ops._past_index_lock
 
     async def killed_before_the_abort(cwd: str, *args: str):
@@ -255,11 +264,7 @@ async def test_a_merge_of_the_storys_branch_by_the_user_is_not_aborted(tmp_path:
     """The user merged the story's branch themselves and stopped on its conflict: not BSO's merge (its message is
     git's, not BSO's), left as it is."""
     root, changed = await _done_story(tmp_path)
-    clash = next(p for p in changed if p.endswith(".py"))
-    (root / clash).parent.mkdir(parents=True, exist_ok=True)
-    (root / clash).write_text("# the user's own version\n")
-    git(root, "add", clash)
-    git(root, "commit", "-q", "-m", "the user's commit")
+    clash = _users_commit_changing_a_file_of_the_story(root, changed)
     # The story's branch as finish leaves it before its merge (squashed), then the user's merge of it.
     await finish(root, story_title="Hello")  # conflicts, aborted: the branch back on its original commits
     merged = subprocess.run(["git", "-C", str(root), "merge", "-q", f"bso/s1/{STORY}"], capture_output=True)
@@ -270,3 +275,49 @@ async def test_a_merge_of_the_storys_branch_by_the_user_is_not_aborted(tmp_path:
 
     assert not result.merged and "in the middle of a merge" in result.note, result.note
     assert (root / clash).read_text() == conflicted
+
+
+async def test_a_users_copy_of_a_file_the_story_creates_is_kept_by_a_finish_no_kill_cut_short(tmp_path: Path) -> None:
+    """No earlier attempt began the merge: the user's untracked file at a path the story creates, holding the same
+    bytes (copied out of the story's worktree to try it), is not taken for a killed merge's leftover and deleted.
+    git refuses the merge for it (and here the merge conflicts as well)."""
+    root, changed = await _done_story(tmp_path)
+    head_files = set(git(root, "ls-files").split())
+    clash = _users_commit_changing_a_file_of_the_story(root, changed)
+    new = next(p for p in changed if p != clash and p not in head_files)
+    copy = subprocess.run(["git", "-C", str(root), "show", f"bso/s1/{STORY}:{new}"], check=True, capture_output=True)
+    (root / new).parent.mkdir(parents=True, exist_ok=True)
+    (root / new).write_bytes(copy.stdout)
+
+    result = await finish(root, story_title="Hello")
+
+    assert not result.merged
+    assert (root / new).read_bytes() == copy.stdout, f"the user's untracked {new} was deleted"
+    assert not (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()  # the merge (and its abort) ended
+
+
+async def test_a_merge_killed_once_it_ended_leaves_no_record_of_a_merge_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after git's merge ended, before the finish recorded its end: the retry finds the story merged, and
+    the record that its merge began goes (a later finish of the story at this tip would take it for a kill's)."""
+    root, changed = await _done_story(tmp_path)
+    real = git_ops._past_index_lock
+
+    async def killed_after_the_merge(cwd: str, *args: str):
+        done = await real(cwd, *args)
+        if "--ff-only" in args:
+            raise git_ops.GitError("the worker was killed (simulated)")
+        return done
+
+    monkeypatch.setattr(git_ops, "_past_index_lock", killed_after_the_merge)
+    with pytest.raises(git_ops.GitError):
+        await finish(root, story_title="Hello")
+    assert (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()
+    monkeypatch.setattr(git_ops, "_past_index_lock", real)
+
+    result = await finish(root, story_title="Hello")
+
+    assert result.merged, result.note
+    assert set(changed) <= set(git(root, "ls-files").split())
+    assert not (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()
