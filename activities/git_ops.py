@@ -1368,7 +1368,8 @@ async def _undo_killed_merge(root: str, folder: Path, branch: str, tip: str, mer
     nothing). Only when an earlier attempt is known to have begun this merge (MERGE_BEGUN_MARKER names the branch
     at this tip): else a file of the user's holding the story's bytes would pass for the merge's leftover. Stopped on
     its conflict before its `git merge --abort` (MERGE_HEAD the branch's tip, MERGE_MSG BSO's message): aborted,
-    and the conflict is reported as the attempt would have. Killed while git wrote the result (no MERGE_HEAD: a
+    and the conflict is reported as the attempt would have; not when anything else is staged (the abort resets the
+    whole index: a file the user added since would go). Killed while git wrote the result (no MERGE_HEAD: a
     fast-forward's files written and not its index, a merge commit's index and files not committed): the paths the
     merge changes go back to HEAD's, the files it made removed; they blocked the same merge run again ("would be
     overwritten by merge") and stayed in the checkout as if the user's work. Only when the paths the merge
@@ -1393,6 +1394,9 @@ async def _undo_killed_merge(root: str, folder: Path, branch: str, tip: str, mer
     if paths is None or merge_leftovers(paths, stopped=stopped) != MERGE_LEFT_ITS_OWN:
         return None
     if stopped:
+        staged = await _git_bytes(root, "diff-index", "--cached", "--name-only", "-z", "--no-renames", "HEAD")
+        if any(os.fsdecode(name) not in paths for name in staged.split(b"\x00") if name):
+            return None  # staged since, outside the merge: `merge --abort` would throw it away
         _must(await _past_index_lock(root, "merge", "--abort"))
         return "its merge stopped on a conflict and left in the checkout by a killed attempt was aborted"
     staged = [p for p, state in paths.items() if sorted(state.index) != sorted(in_index(state.head))]

@@ -277,6 +277,30 @@ async def test_a_merge_of_the_storys_branch_by_the_user_is_not_aborted(tmp_path:
     assert (root / clash).read_text() == conflicted
 
 
+@pytest.mark.parametrize("work", ["a-new-file", "an-edit-of-another-file"])
+async def test_what_the_user_staged_outside_the_merge_during_its_killed_conflict_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, work: str
+) -> None:
+    """The worker down a while after BSO's merge stopped on its conflict, the user works on in the checkout and
+    stages a file the merge does not touch. The retry's `git merge --abort` (`git reset --merge`) would reset the
+    whole index: the new file deleted, the edit reverted. The merge is refused as one under way instead."""
+    root, changed = await _done_story(tmp_path)
+    clash, head_before = await _stopped_on_a_conflict_by_a_killed_attempt(root, changed, monkeypatch)
+    assert (_git_dir(str(root)) / "MERGE_HEAD").exists()
+    staged = "MY_NEW_WORK.md" if work == "a-new-file" else "run_checks.py"
+    assert staged not in changed
+    (root / staged).write_text("the user's work, staged while BSO's merge was stopped\n")
+    git(root, "add", staged)
+
+    result = await finish(root, story_title="Hello")
+
+    assert not result.merged and "in the middle of a merge" in result.note, result.note
+    assert (root / staged).read_text() == "the user's work, staged while BSO's merge was stopped\n"
+    assert staged in git(root, "diff", "--cached", "--name-only").split()
+    assert git(root, "rev-parse", "HEAD").strip() == head_before
+    assert "<<<<<<<" in (root / clash).read_text()  # the conflict left as it was, for the user
+
+
 async def test_a_users_copy_of_a_file_the_story_creates_is_kept_by_a_finish_no_kill_cut_short(tmp_path: Path) -> None:
     """No earlier attempt began the merge: the user's untracked file at a path the story creates, holding the same
     bytes (copied out of the story's worktree to try it), is not taken for a killed merge's leftover and deleted.
