@@ -1374,11 +1374,14 @@ async def _undo_killed_merge(root: str, folder: Path, branch: str, tip: str, mer
     merge changes go back to HEAD's, the files it made removed; they blocked the same merge run again ("would be
     overwritten by merge") and stayed in the checkout as if the user's work. Only when the paths the merge
     changes are exactly as the merge leaves them (bso.git_rules.merge_leftovers): anything else there, the
-    user's work, stays, and the merge is refused as before. Other paths are never touched."""
+    user's work, stays, and the merge is refused as before. Other paths are never touched. Never in a sparse
+    checkout (a path outside it is not on disk, and cannot be checked out)."""
     if _merges_begun(folder).get(branch) != tip:
         return None
     if not (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip():
         return None  # BSO merges into no detached HEAD
+    if (await git(root, "config", "--bool", "core.sparseCheckout", check=False)).strip() == "true":
+        return None
     stopped = (folder / "MERGE_HEAD").exists()
     if stopped:
         try:
@@ -1393,6 +1396,10 @@ async def _undo_killed_merge(root: str, folder: Path, branch: str, tip: str, mer
     paths = await _merge_paths_in_checkout(root, branch)
     if paths is None or merge_leftovers(paths, stopped=stopped) != MERGE_LEFT_ITS_OWN:
         return None
+    for batch in _batches(list(paths)):  # a path git keeps off the disk (skip-worktree) cannot be checked out
+        listed = await _git_bytes(root, "--literal-pathspecs", "ls-files", "-t", "-z", "--", *batch)
+        if any(entry.startswith(b"S ") for entry in listed.split(b"\x00")):
+            return None
     if stopped:
         staged = await _git_bytes(root, "diff-index", "--cached", "--name-only", "-z", "--no-renames", "HEAD")
         if any(os.fsdecode(name) not in paths for name in staged.split(b"\x00") if name):

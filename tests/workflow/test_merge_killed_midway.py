@@ -320,6 +320,70 @@ async def test_a_users_copy_of_a_file_the_story_creates_is_kept_by_a_finish_no_k
     assert not (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()  # the merge (and its abort) ended
 
 
+# A sparse checkout: a path outside its patterns is never on disk, and `git checkout -- <path>` refuses it. The
+# undoing is never tried there: a story deleting such a file merges, a killed merge's leftovers are refused as
+# before (by git, "would be overwritten by merge").
+
+
+async def _a_story_deleting_a_file_outside_the_sparse_checkout(tmp_path: Path) -> tuple[Path, str]:
+    """(The checkout, the later story that deletes vendor/old.txt, not in the user's sparse checkout.)"""
+    root, _ = await _done_story(tmp_path)
+    (root / "vendor").mkdir()
+    (root / "vendor" / "old.txt").write_text("an old vendored file\n")
+    git(root, "add", "vendor/old.txt")
+    git(root, "commit", "-q", "-m", "vendor a file")
+    later = "1-2-drop-vendored"
+    wt = await ensure_worktree(str(root), "s1", later)
+    git(Path(wt.path), "rm", "-q", "vendor/old.txt")
+    git(Path(wt.path), "commit", "-q", "-m", "drop the vendored file")
+    git(root, "sparse-checkout", "set", "--no-cone", "/*", "!/vendor/")  # a monorepo's usual setup
+    assert not (root / "vendor" / "old.txt").exists()
+    assert git(root, "ls-files", "-t", "vendor/old.txt").startswith("S ")
+    return root, later
+
+
+def _finish_later(root: Path, later: str):
+    return ActivityEnvironment().run(
+        finish_story_git, FinishStoryInput(project_root=str(root), session_id="s1", story_key=later, story_title="Drop")
+    )
+
+
+async def test_a_story_deleting_a_file_outside_the_sparse_checkout_merges(tmp_path: Path) -> None:
+    root, later = await _a_story_deleting_a_file_outside_the_sparse_checkout(tmp_path)
+
+    result = await _finish_later(root, later)
+
+    assert result.merged, result.note
+    assert "vendor/old.txt" not in git(root, "ls-files").split()
+
+
+async def test_a_story_deleting_a_file_outside_the_sparse_checkout_merges_on_the_retry_of_a_killed_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed in its fast-forward before git wrote anything (index.lock taken): the retry took the path off the
+    disk for the merge's deletion written, and its `git checkout -- vendor/old.txt` failed the finish, every retry."""
+    root, later = await _a_story_deleting_a_file_outside_the_sparse_checkout(tmp_path)
+    real = git_ops._past_index_lock
+
+    async def killed_in_the_merge(cwd: str, *args: str):
+        if "--ff-only" not in args:
+            return await real(cwd, *args)
+        (_git_dir(cwd) / "index.lock").write_bytes(b"")
+        raise git_ops.GitError("the worker was killed with its children (simulated)")
+
+    monkeypatch.setattr(git_ops, "_past_index_lock", killed_in_the_merge)
+    monkeypatch.setattr(git_ops, "INDEX_LOCK_PATIENCE_SECONDS", 0.5)
+    with pytest.raises(git_ops.GitError):
+        await _finish_later(root, later)
+    assert (_git_dir(str(root)) / git_ops.MERGE_BEGUN_MARKER).exists()  # left by the kill, as a real one would
+    monkeypatch.setattr(git_ops, "_past_index_lock", real)
+
+    result = await _finish_later(root, later)
+
+    assert result.merged, result.note
+    assert "vendor/old.txt" not in git(root, "ls-files").split()
+
+
 async def test_a_merge_killed_once_it_ended_leaves_no_record_of_a_merge_under_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
