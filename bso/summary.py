@@ -17,6 +17,7 @@ from temporalio.client import WorkflowHistory
 from bso.config import ConfigError, SprintConfig, resolve_config
 from bso.constants import MASTER_TYPE
 from bso.course_correction import dropped_stories
+from bso.git_rules import GitRuleError, error_says_work_left_out, story_branch
 from bso.message_flow import AgentStats, agent_performance, decode, file_safe_unique, message_flow
 from bso.models import SlaveResult, SprintInput, SprintReport
 from bso.report import planned_batches, work_per_story
@@ -44,6 +45,13 @@ def _cell(value: Any) -> str:
     (`printable`: a NUL made the file binary to grep and git), `|` escaped."""
     one_line = " ".join(str(value).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
     return printable(one_line).replace("|", "\\|")
+
+
+def _branch(session_id: str, key: str) -> str:
+    try:
+        return story_branch(session_id, key)
+    except GitRuleError:
+        return f"bso/{session_id}/{key}"
 
 
 def _by_outcome(batches: list[SlaveResult]) -> str:
@@ -168,6 +176,11 @@ def render_summary(
     not_run: list[str] = []
     for key, state in stories.items():
         if state == StoryState.DONE:
+            # Done, but its work may not be in the project (its merge back failed or was cut short): the one thing
+            # the user must act on, and why the sprint is partial.
+            if error_says_work_left_out(why := errors.get(key)):
+                failures.append(f"- `{key}`: done, its work not merged back (branch `{_branch(report.session_id, key)}`): "
+                                f"{_cell(why)}")
             continue
         if state not in TERMINAL_STATES and (not dispatched.get(key) or key in rearmed_not_run) and key not in errors:
             # a shutdown, a stop or a cancel came first: nothing failed

@@ -172,3 +172,24 @@ def test_a_note_with_carriage_returns_and_control_characters_stays_on_its_row():
     assert _section(text, "Failures").splitlines()[1] == (
         "- `1-3-c`: skipped: dropped by course correction (user_request): a b \\| c x y nul\\x00byte \\x1b[31mred"
     )
+
+
+def test_the_report_of_a_partial_sprint_names_the_done_story_whose_work_was_not_merged():
+    """A user's uncommitted edit to src/app.py in the checkout made a done story's merge fail. `bso sprint watch`
+    said so and sent the user to the report, whose Failures said `None.`: nothing said why the sprint was partial,
+    that the story's work was not in the project, nor which branch held it."""
+    key = "8-1-app-again"
+    note = (
+        "not merged: merge of bso/u2-s10/8-1-app-again failed; worktree kept: error: Your local changes to the "
+        "following files would be overwritten by merge:\n\tsrc/app.py"
+    )
+    done = _ran(1, key, "done")
+    done.results.story_results[0].error = note
+    report = SprintReport(session_id="u2-s10", status="sprint-partial", stories={key: "done"}, batches=[done])
+    failures = _section(render_summary(report), "Failures")
+    assert "None." not in failures, failures
+    assert f"`{key}`: done" in failures and "`bso/u2-s10/8-1-app-again`" in failures, failures
+    assert "src/app.py" in failures, failures
+    # A done story with nothing to merge (set done by hand before any commit) is no failure.
+    done.results.story_results[0].error = "not merged: no commits on the story branch"
+    assert _section(render_summary(report), "Failures").strip() == "None."
