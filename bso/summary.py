@@ -192,8 +192,10 @@ def render_summary(
         failures.append(f"- `{key}`: {state}" + (f": {_cell(why)}" if why else ""))
     for batch in report.batches:
         failures += [f"- batch {batch.batch_id}: {_cell(e)}" for e in batch.errors]
-    failures += [f"- sprint: {_cell(e)}" for e in report.errors if e != report.error]
-    if report.error:
+    # The reason a batch ended abnormally is the Master's too (among the sprint's errors): said once, as the batch's.
+    said = {e for batch in report.batches for e in batch.errors}
+    failures += [f"- sprint: {_cell(e)}" for e in dict.fromkeys(report.errors) if e != report.error and e not in said]
+    if report.error and report.error not in said:
         failures.append(f"- sprint: {_cell(report.error)}")
     lines += failures or ["None."]
     if not_run:

@@ -193,3 +193,20 @@ def test_the_report_of_a_partial_sprint_names_the_done_story_whose_work_was_not_
     # A done story with nothing to merge (set done by hand before any commit) is no failure.
     done.results.story_results[0].error = "not merged: no commits on the story branch"
     assert _section(render_summary(report), "Failures").strip() == "None."
+
+
+def test_a_cancelled_batchs_end_is_listed_once_under_failures():
+    """`bso sprint cancel` of a sprint whose batch 1 ran: Failures listed `- batch 1: batch 1 cancelled with the
+    sprint` and `- sprint: batch 1 cancelled with the sprint` (the Master records a batch's end among the sprint's
+    errors too), where `bso sprint status` says it once."""
+    key = "1-2-pantry-item-model-and-storage"
+    batch = _ran(1, key, "backlog")
+    batch.errors = ["batch 1 cancelled with the sprint"]
+    report = SprintReport(
+        session_id="u2-ext3", status="sprint-cancelled", stories={key: "backlog"}, batches=[batch],
+        errors=["batch 1 cancelled with the sprint", "sprint cancelled: no reason given"],
+    )
+    failures = _section(render_summary(report), "Failures")
+    assert failures.count("batch 1 cancelled with the sprint") == 1, failures
+    assert "- batch 1: batch 1 cancelled with the sprint" in failures, failures
+    assert "sprint cancelled: no reason given" in failures, failures
