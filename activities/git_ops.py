@@ -1595,7 +1595,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             root, *identity, "merge", "--no-ff", "--no-verify", "-q", "-m", f"Merge {message}", branch
         )
         if merge.returncode != 0:
-            await _past_index_lock(root, "merge", "--abort")
+            aborted = (await _past_index_lock(root, "merge", "--abort")).returncode == 0
+            left = not aborted and (folder / "MERGE_HEAD").exists()  # the abort failed: git's words hold
             _mark_merge_ended(folder, branch)
             _put_back_untracked(root, aside)  # (still in the checkout: the copies set aside go)
             if squashed:  # the original commits stay (P28)
@@ -1603,7 +1604,7 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
             return FinishStoryResult(
                 story_key=inp.story_key,
                 merged=False,
-                note=f"merge of {branch} failed; worktree kept: {merge.output.strip()[-500:]}",
+                note=f"merge of {branch} failed; worktree kept: {_merge_failure_said(merge.output, branch, aborted, left)}",
             )
     _mark_merge_ended(folder, branch)
     merged_head = (await head(root)).strip()
@@ -1616,6 +1617,18 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
         note=f"{branch} merged" + (" (squashed)" if squashed else "")
         + (f"; untracked by the story, kept on disk: {', '.join(kept[:10])}" if kept else ""),
     )
+
+
+def _merge_failure_said(output: str, branch: str, aborted: bool, left: bool) -> str:
+    """git's words on a story's failed merge, and what is left to do: not git's own advice to fix the conflicts
+    and commit (BSO aborted that merge: the checkout holds no conflict), but the merge to make by hand. `left`:
+    the abort failed, the merge is still under way in the checkout (git's words hold)."""
+    if left:
+        return output.strip()[-500:]
+    said = "\n".join(line for line in output.strip().splitlines() if not line.startswith("Automatic merge failed"))
+    state = ("the merge was undone (git merge --abort): the checkout is as it was, with no conflict to fix"
+             if aborted else "the merge was not made: the checkout is as it was")
+    return f"{said.strip()[-500:]} ({state}; to bring the story's work in by hand: git merge {branch})"
 
 
 async def checkout_work_since(root: str, since: float, bsos_own: list[str]) -> str | None:

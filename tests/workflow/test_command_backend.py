@@ -780,6 +780,11 @@ async def test_a_merge_conflict_keeps_the_original_commits_and_the_worktree(tmp_
     result = await finish(root)
     assert not result.merged and "failed; worktree kept" in result.note
     assert git(root, "rev-parse", "HEAD").strip() == user_head and git(root, "status", "--porcelain") == user_status
+    # BSO aborted the merge: no conflict in the checkout to fix, nothing to commit. The note said git's own
+    # "fix conflicts and then commit the result" all the same; it names the merge to make by hand.
+    assert not (root / ".git" / "MERGE_HEAD").exists()
+    assert "fix conflicts and then commit the result" not in result.note, result.note
+    assert "the merge was undone" in result.note and f"git merge {branch}" in result.note, result.note
     assert git(root, "rev-parse", branch).strip() == tip  # the original commits stay, not the squash
     assert worktree_path(str(root), "s1", STORY).exists()
 
@@ -2671,3 +2676,18 @@ async def test_a_file_the_story_untracked_is_put_back_by_a_finish_retried_after_
     monkeypatch.setattr(git_ops, "_put_back_untracked", put_back)
     done = await finish(root)
     assert done.merged and (root / "key.pem").read_text() == "-----BEGIN PRIVATE KEY-----\n", done
+
+
+async def test_a_merge_git_refuses_for_the_users_edit_says_it_was_not_made_and_names_the_hand_merge(
+    tmp_path: Path,
+) -> None:
+    """The user's own file, not committed, where the story creates one: git refuses the merge ("untracked working
+    tree files would be overwritten by merge"), nothing of it is in the checkout. The note names the merge to make
+    once it is dealt with."""
+    root, changed = await _done_story(tmp_path)
+    (root / changed[0]).parent.mkdir(parents=True, exist_ok=True)
+    (root / changed[0]).write_text("# the user's own edit\n")
+    result = await finish(root)
+    assert not result.merged and "would be overwritten" in result.note, result.note
+    assert (root / changed[0]).read_text() == "# the user's own edit\n"
+    assert "the merge was not made" in result.note and f"git merge bso/s1/{STORY}" in result.note, result.note
