@@ -980,7 +980,9 @@ class SprintSlaveWorkflow:
             try:
                 plan = PlanSubmissionPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
-                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                why = answer.error or _no_po_message(answer, "PLAN_SUBMISSION", "plan") or (
+                    f"validation_failed: {describe_validation_error(err)}"
+                )
                 self._reject("PLAN_SUBMISSION", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
                     progress, f"PO gate: no valid PLAN_SUBMISSION ({why})",
@@ -1039,7 +1041,9 @@ class SprintSlaveWorkflow:
             try:
                 report = CompletionReportPayload.model_validate(answer.po_message or {})
             except ValidationError as err:
-                why = answer.error or f"validation_failed: {describe_validation_error(err)}"
+                why = answer.error or _no_po_message(answer, "COMPLETION_REPORT", "implementation") or (
+                    f"validation_failed: {describe_validation_error(err)}"
+                )
                 self._reject("COMPLETION_REPORT", why, answer.dispatch_id)  # recorded, never acted on
                 return intervention(
                     progress, f"PO gate: no valid COMPLETION_REPORT ({why})",
@@ -1630,6 +1634,17 @@ async def merge_story_back(project_root: str, session_id: str, meta: StoryMeta, 
 def invalid_decision(message: str) -> ApplicationError:
     """A decision (decide update) refused: sent again as it is, it would be refused again."""
     return ApplicationError(message, type="InvalidDecision", non_retryable=True)
+
+
+def _no_po_message(answer: AgentComplete, wanted: str, phase: str) -> str | None:
+    """Why a gated dispatch's successful answer holds no PO message at all: the agent wrote a plain AGENT_COMPLETE
+    (a home-made agent that knows nothing of the gates), not a message with fields missing."""
+    if answer.po_message is not None:
+        return None
+    return (
+        f"an AGENT_COMPLETE came where the {phase} phase asks for a {wanted}: for an agent that writes only an "
+        "AGENT_COMPLETE, turn the PO gates off with --set po_gates_enabled=false"
+    )
 
 
 def _with_spent(

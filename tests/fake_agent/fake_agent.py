@@ -28,7 +28,7 @@ a JSONL file each start is appended to. $FAKE_AGENT_PIDS: where
 Agent-PO gates ($BSO_PO_PHASE set): in the plan phase it changes nothing and writes a PLAN_SUBMISSION; in
 the completion phases (implement / fix) it implements as above and writes a COMPLETION_REPORT. What kind,
 per attempt ($BSO_PO_ATTEMPT; the last entry repeats), from $FAKE_AGENT_PO_PLAN (good, missing-ac,
-out-of-scope, invalid, huge) and $FAKE_AGENT_PO_REPORT (good, missing-ac, out-of-scope, fewer-files: changes
+out-of-scope, invalid, huge, plain: no PLAN_SUBMISSION, it works and writes an AGENT_COMPLETE) and $FAKE_AGENT_PO_REPORT (good, missing-ac, out-of-scope, fewer-files: changes
 docs/notes.md but claims only the planned files, invalid). The AC ids and authorized files come from the
 prompt's PO section, as a real agent would read them. A fix attempt removes docs/notes.md.
 """
@@ -142,7 +142,9 @@ def main():
     phase = os.environ.get("BSO_PO_PHASE", "")
     attempt = int(os.environ.get("BSO_PO_ATTEMPT", "1") or 1)
     module = "story_" + key.replace("-", "_")
-    if dev and phase == "plan":
+    # `plain`: an agent that knows nothing of the gates: it works and writes an AGENT_COMPLETE, as in no phase.
+    plain = dev and phase == "plan" and po_kind("FAKE_AGENT_PO_PLAN", attempt) == "plain"
+    if dev and phase == "plan" and not plain:
         if "commit-in-plan" in behavior:  # real CLIs often implement at once, plan or no plan
             Path("docs").mkdir(exist_ok=True)
             Path("docs/unplanned.md").write_text("done before the plan was approved\n")
@@ -153,7 +155,7 @@ def main():
         print(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "Plan submitted.",
                           "usage": {"input_tokens": 300, "output_tokens": 100}}))
         return
-    report_kind = po_kind("FAKE_AGENT_PO_REPORT", attempt) if dev and phase else ""
+    report_kind = po_kind("FAKE_AGENT_PO_REPORT", attempt) if dev and phase and not plain else ""
     if report_kind in ("out-of-scope", "fewer-files"):
         behavior.add("out-of-scope")
     if dev and phase == "fix" and Path("docs/notes.md").exists():

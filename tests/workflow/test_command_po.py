@@ -203,3 +203,20 @@ async def test_a_plan_too_large_for_history_is_refused_by_the_gate_and_kept_whol
     history = await ts_env.client.get_workflow_handle(slave_workflow_id("cmd-po-huge", 1)).fetch_history()
     assert max(e.ByteSize() for e in history.events) < MAX_ANSWER_HISTORY_BYTES
     assert await workflow_task_failures(ts_env.client, "cmd-po-huge") == []
+
+
+async def test_an_agent_complete_in_the_plan_phase_says_so_and_names_the_knob(ts_env, tmp_path: Path) -> None:
+    """A home-made agent (it writes an AGENT_COMPLETE, as the README's "How an agent runs" says) under the command
+    backend's default gates: the story ended `PO gate: no valid PLAN_SUBMISSION (validation_failed: agent_id: Field
+    required; task_id: Field required; plan: Field required)`, three fields of a message the agent never heard of,
+    and not what to do. It says an AGENT_COMPLETE came instead, and names the knob that turns the gates off."""
+    root = make_git_project(tmp_path / "proj", FAKE_AGENT_PO_PLAN="plain")
+    async with bso_worker(ts_env.client) as queue:
+        report = await run_sprint(
+            ts_env.client, queue, sprint_input(root, session_id="cmd-po-plain", agent_backend="command")
+        )
+    assert report.stories == {STORY: "needs-intervention"}, report
+    (error,) = [r.error for b in report.batches for r in b.results.story_results if r.story_key == STORY]
+    assert error is not None and "PO gate: no valid PLAN_SUBMISSION (an AGENT_COMPLETE came" in error, error
+    assert "Field required" not in error and "--set po_gates_enabled=false" in error, error
+    assert await workflow_task_failures(ts_env.client, "cmd-po-plain") == []
