@@ -236,11 +236,25 @@ def _story_base_record(project_root: str, session_id: str, story_key: str) -> Pa
 async def story_base(project_root: str, session_id: str, story_key: str) -> str:
     """The commit the story's branch started from: the project's HEAD when its worktree was made (recorded), so
     a story that starts after another one merged builds on that work; the sprint's base for a branch made by a
-    worker from before it was recorded."""
+    worker from before it was recorded. With no record, a branch the sprint's base does not hold (older than it:
+    `.sprint-session/` cleared, then the sprint id used again) starts where it meets the sprint's base (`git
+    merge-base`): squashed onto the sprint's base, its old tree undid every commit the project gained since."""
     path = _story_base_record(project_root, session_id, story_key)
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))["base"]
-    return await sprint_base(project_root, session_id)
+    base = await sprint_base(project_root, session_id)
+    tip = await _commit_of(project_root, f"refs/heads/{story_branch(session_id, story_key)}")
+    if tip is None or await _is_ancestor(project_root, base, tip):
+        return base
+    met = (await git(project_root, "merge-base", base, tip, check=False)).strip()
+    if not met:
+        raise ApplicationError(
+            f"the story's branch {story_branch(session_id, story_key)} shares no history with the project's "
+            "branch: merge it by hand, or delete it to start the story afresh, then rearm the story",
+            type="AgentConfigError",
+            non_retryable=True,
+        )
+    return met
 
 
 # git's refusals at `worktree add` that no retry changes (the user has to act): what git says, what it means.
