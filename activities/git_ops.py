@@ -233,6 +233,12 @@ def _story_base_record(project_root: str, session_id: str, story_key: str) -> Pa
     return session_path(project_root, "git", "bases", safe_name(session_id), f"{story_key}.json")
 
 
+def story_based_on(project_root: str, session_id: str, story_key: str) -> str | None:
+    """The branch (`refs/heads/...`) checked out in the project when the story's worktree was made, if recorded."""
+    path = _story_base_record(project_root, session_id, story_key)
+    return json.loads(path.read_text(encoding="utf-8")).get("branch") if path.exists() else None
+
+
 async def story_base(project_root: str, session_id: str, story_key: str) -> str:
     """The commit the story's branch started from: the project's HEAD when its worktree was made (recorded), so
     a story that starts after another one merged builds on that work; the sprint's base for a branch made by a
@@ -340,7 +346,11 @@ async def ensure_worktree(project_root: str, session_id: str, story_key: str) ->
             start = earlier.merged_with_head
             activity.logger.info("%s: goes on from %s (%s), an earlier sprint's work not merged",
                                  story_key, earlier.branch, earlier.tip[:12])
-        write_json_atomic(_story_base_record(project_root, session_id, story_key), {"story": story_key, "base": base})
+        # The branch checked out then (none on a detached HEAD): the story's work goes back there, never into
+        # another branch the user switched the checkout to meanwhile.
+        on = (await git(project_root, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+        write_json_atomic(_story_base_record(project_root, session_id, story_key),
+                          {"story": story_key, "base": base, **({"branch": on} if on else {})})
         await _add_worktree(project_root, "-b", branch, str(path), start)
         return Worktree(str(path), branch, base)
 
@@ -1243,8 +1253,9 @@ async def _finish_story_git(inp: FinishStoryInput) -> FinishStoryResult:
         elif (tip := await _commit_of(inp.project_root, f"refs/heads/{branch}")) is not None:
             # The kept branch is merged up to here: the story run again on it (a reused sprint id) squashes
             # and merges only what it adds, not this work a second time (a conflict with itself).
+            on = story_based_on(inp.project_root, inp.session_id, inp.story_key)
             write_json_atomic(_story_base_record(inp.project_root, inp.session_id, inp.story_key),
-                              {"story": inp.story_key, "base": tip})
+                              {"story": inp.story_key, "base": tip, **({"branch": on} if on else {})})
     return result
 
 
@@ -1297,12 +1308,19 @@ _OPERATIONS_UNDER_WAY = (
 )
 
 
-async def _checkout_unfit_for_merge(root: str) -> str | None:
+async def _checkout_unfit_for_merge(root: str, based_on: str | None = None) -> str | None:
     """Why the project's checkout cannot take a story's work now, if it cannot: a detached HEAD (the merge
-    would land on no branch, and the story's branch then be cleared) or an operation of the user's under way.
+    would land on no branch, and the story's branch then be cleared), another branch than the one the story's
+    branch was made from (`based_on`, recorded: the merge pulled that branch's commits into the one the user
+    switched to, and the story never reached its own) or an operation of the user's under way.
     The story's branch and worktree stay; the user merges it once the checkout is back on a branch."""
-    if not (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip():
+    on = (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip()
+    if not on:
         return "the project's HEAD is detached (check out the branch the story's work should go to)"
+    if based_on and on != based_on:
+        return (f"the project's checkout is on branch {on.removeprefix('refs/heads/')}, the story's branch was made "
+                f"from {based_on.removeprefix('refs/heads/')} (check that branch out again, or merge the story's "
+                "branch by hand where it should go)")
     git_dir = Path(root, (await git(root, "rev-parse", "--git-dir")).strip())
     for marker, operation in _OPERATIONS_UNDER_WAY:
         if (git_dir / marker).exists():
@@ -1581,7 +1599,8 @@ async def _squash_and_merge(inp: FinishStoryInput) -> FinishStoryResult:
     folder = await git_dir(root)
     if (undone := await _undo_killed_merge(root, folder, branch, tip, f"Merge {message}")) is not None:
         activity.logger.info("%s: %s", inp.story_key, undone)
-    if (unfit := await _checkout_unfit_for_merge(root)) is not None:
+    based_on = story_based_on(root, inp.session_id, inp.story_key)
+    if (unfit := await _checkout_unfit_for_merge(root, based_on)) is not None:
         return FinishStoryResult(story_key=inp.story_key, merged=False, note=f"{unfit}; worktree kept")
     squashed = squashed_before
     restore_on_conflict = originals if squashed_before else tip
