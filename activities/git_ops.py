@@ -1121,8 +1121,7 @@ async def _run_checks(
 
 
 async def cleanup_stale_worktrees(project_root: str, current_session: str) -> list[str]:
-    """Remove clean worktrees of other (finished) sprints whose branch is merged, with that branch (bso/...);
-    failed stories' stay."""
+    """Remove clean worktrees of other (finished) sprints whose branch is merged; failed stories' stay."""
     removed: list[str] = []
     root = Path(project_root, SESSION_DIR, WORKTREES_DIR)
     if not root.is_dir():
@@ -1142,13 +1141,8 @@ async def cleanup_stale_worktrees(project_root: str, current_session: str) -> li
             )
             dirty = (await git(str(wt), "status", "--porcelain", check=False)).strip()
             if commit and merged.returncode == 0 and not dirty:
-                on = (await git(str(wt), "symbolic-ref", "-q", "HEAD", check=False)).strip()
                 await git(project_root, "worktree", "remove", "--force", str(wt), check=False)
                 removed.append(str(wt))
-                if on.startswith("refs/heads/bso/") and not (wt / ".git").exists():
-                    # Its branch goes with it, as a story's own track cleanup does: merged, nothing on it is
-                    # missing from the project. Only at the commit found merged (a branch moved since stays).
-                    await git(project_root, "update-ref", "-d", on, commit, check=False)
     await git(project_root, "worktree", "prune", check=False)
     return removed
 
