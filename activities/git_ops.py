@@ -1317,7 +1317,9 @@ async def _checkout_unfit_for_merge(root: str, based_on: str | None = None) -> s
     on = (await git(root, "symbolic-ref", "-q", "HEAD", check=False)).strip()
     if not on:
         return "the project's HEAD is detached (check out the branch the story's work should go to)"
-    if based_on and on != based_on:
+    # (Only while the story's branch of origin is there: renamed, `master` -> `main`, or deleted, the user has
+    # nothing to check out again, and the story goes where the checkout is.)
+    if based_on and on != based_on and await _commit_of(root, based_on) is not None:
         return (f"the project's checkout is on branch {on.removeprefix('refs/heads/')}, the story's branch was made "
                 f"from {based_on.removeprefix('refs/heads/')} (check that branch out again, or merge the story's "
                 "branch by hand where it should go)")

@@ -38,3 +38,17 @@ async def test_a_story_based_on_main_does_not_merge_into_the_branch_the_user_swi
         assert git(root, "rev-parse", "main").strip() != main_before
     else:
         assert "experiment" in result.note and "main" in result.note, result.note
+
+
+async def test_a_story_made_on_master_merges_after_master_was_renamed_main(tmp_path: Path) -> None:
+    """The branch the story came from renamed since (`git branch -m master main`, or deleted once merged): the
+    finish was refused for good, telling the user to check out a branch that is no more (a diff reviewer's)."""
+    root = dev_project(tmp_path)
+    git(root, "branch", "-M", "master")  # the project's branch is `master` when the story starts
+    done = await ActivityEnvironment().run(command.run, assignment(root))
+    assert done.status is AgentStatus.SUCCESS, done.error
+    git(root, "branch", "-m", "master", "main")  # renamed while the agent worked (or between two runs)
+    before = git(root, "rev-parse", "main").strip()
+    result = await finish(root)
+    assert result.merged, result.note
+    assert git(root, "rev-parse", "main").strip() != before
