@@ -47,10 +47,13 @@ K1 = "1-1-login-form"
 K2 = "1-2-logout"
 
 
-async def _pending(client: Client, slave_id: str, env, after: str | None = None) -> tuple[str, str, str]:
-    """Wait until the Slave has a new dispatch open (not `after`); its id, agent type and mode."""
+async def _pending(
+    client: Client, slave_id: str, env, after: str | None = None, tries: int = 300
+) -> tuple[str, str, str]:
+    """Wait until the Slave has a new dispatch open (not `after`); its id, agent type and mode. `tries` queries,
+    0.2 s apart (fewer where none may come: each is a query, slow on a busy machine)."""
     handle = client.get_workflow_handle(slave_id)
-    for _ in range(300):
+    for _ in range(tries):
         try:
             status = await handle.query(SprintSlaveWorkflow.status)
         except Exception:  # the Slave may not have started yet

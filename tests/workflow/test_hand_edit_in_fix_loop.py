@@ -41,13 +41,13 @@ async def test_a_story_skipped_by_hand_during_its_fix_stops_its_review_fix_loop(
         # "the answer of the agent working on it (or of the next one) is set aside": at most one more agent
         after = agent2 = mode2 = None
         try:
-            nxt, agent, mode = await _pending(client, slave_id, ts_env, after=fix_1)
+            nxt, agent, mode = await _pending(client, slave_id, ts_env, after=fix_1, tries=50)
         except AssertionError:
             nxt = None  # no further dispatch: the fix's answer was set aside
         if nxt is not None:
             await slave.signal("agent_complete", _complete(nxt, agent, mode, **high))
             try:
-                after, agent2, mode2 = await _pending(client, slave_id, ts_env, after=nxt)
+                after, agent2, mode2 = await _pending(client, slave_id, ts_env, after=nxt, tries=50)
             except AssertionError:
                 after = None  # no further dispatch: the next agent's answer was set aside
         await handle.cancel()
