@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +22,6 @@ def demo(monkeypatch: pytest.MonkeyPatch):
     sys.modules.pop("demo", None)
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="the copy is made a git repository")
 def test_the_demo_copies_its_project_into_a_home_not_made_yet(demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     home = tmp_path / "not" / "made" / "yet"
     monkeypatch.setattr(demo, "DEMO_DIR", home / ".demo")
