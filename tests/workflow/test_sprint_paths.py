@@ -328,13 +328,27 @@ async def test_a_batch_stopped_by_fail_fast_or_its_working_time_hands_nothing_ov
     (the summary counted it), and one out of time had the Master queue them as a new batch with fresh working time:
     stories that must keep their state ran."""
     env = own_ts_env
-    make_project(tmp_path, {K1: "review", K2: "ready-for-dev", K3: "ready-for-dev"})
-    simulation = {"stories": {"1-1": {"blocking": ["a", "b"]}, "1-2": {"fail": {"dev": "fatal"}}}}
+    make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
     overrides = {"fail_fast": True, "batch_size": 3, "batch_hand_over_after_events": 50}
     async with bso_worker(env.client) as queue:
-        report = await run_sprint(env.client, queue, sprint_input(tmp_path, simulation=simulation,
-                                                                  config_overrides=overrides))
-    assert report.stories[K3] == "ready-for-dev" and not any(b.handed_over for b in report.batches)
+        handle = await start_sprint(env.client, queue, sprint_input(
+            tmp_path, session_id="fatal-long", agent_backend="external", config_overrides=overrides
+        ))
+        slave = env.client.get_workflow_handle(slave_workflow_id("fatal-long", 1))
+        status = await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's dev dispatched")
+        answer = {"story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
+        # The history is long only once the failure that stops the batch arrives, however the worker grouped its
+        # tasks (a story that passed with the history long hands the rest over, rightly).
+        for n in range(30):  # answers to no open dispatch, recorded and ignored: the history grows long
+            await slave.signal("agent_complete", {**answer, "dispatch_id": f"nope-{n}"})
+        await slave.signal("agent_complete", {
+            **answer, "dispatch_id": status.stories[K1].dispatch_id, "status": "failure",
+            "error": "the backend is gone", "recoverable": False,
+        })
+        report = await sprint_result(handle)
+        slave_events = len((await slave.fetch_history()).events)
+    assert len(report.batches) == 1 and report.batches[0].fatal_error and slave_events > 50, slave_events
+    assert report.stories[K2] == report.stories[K3] == "ready-for-dev" and not report.batches[0].handed_over
     assert "batches handed over" not in render_summary(report)
 
     late = tmp_path / "late"
