@@ -51,6 +51,7 @@ from bso.sprint_status import (
     parse_story_file,
     resolve_inside,
     resolve_story_location,
+    set_epics_back,
     short_key,
     story_dependencies,
     story_value,
@@ -472,8 +473,11 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
         for _ in range(_SAVES_IN_BETWEEN):
             mode = stat.S_IMODE(os.stat(target).st_mode)
             try:
-                result = apply_story_transition(
-                    text, inp.story_key, inp.expected, inp.new, datetime.now(UTC), target
+                result = set_epics_back(
+                    text,
+                    apply_story_transition(text, inp.story_key, inp.expected, inp.new, datetime.now(UTC), target),
+                    inp.epics_back,
+                    target,
                 )
             except StatusFileError as exc:
                 _parse(text, target)  # a file that does not parse is "unreadable": waited for (on the error path only)
@@ -528,6 +532,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             previous=result.previous,
             current=result.current,
             epic_changes=result.epic_changes,
+            epics_before={k: v for k, v in story_values(text, result.epic_changes, target).items() if v is not None},
             expected=inp.expected,
             new=inp.new,
             done_at=datetime.now(UTC),

@@ -125,6 +125,10 @@ class StatusWriteInput(_Model):
     watch: dict[str, str] = Field(default_factory=dict)
     # From this attempt on, a file that does not parse fails the write for good (the Slave waits for it then).
     wait_when_unreadable_after: int | None = None
+    # A write undoing an earlier one (a refused course correction's): the epic lines that write rolled, put back
+    # with the story's value where they still hold what it set (bso.sprint_status.set_epics_back). Epic entry ->
+    # (the value it rolled the epic to, the value the epic held before: its result's epic_changes, epics_before).
+    epics_back: dict[str, tuple[str, str]] = Field(default_factory=dict)
 
 
 class StatusWriteResult(_Model):
@@ -133,6 +137,8 @@ class StatusWriteResult(_Model):
     previous: str
     current: str
     epic_changes: dict[str, str] = Field(default_factory=dict)
+    # The values the epics of epic_changes held before this write (empty in results recorded before it was kept).
+    epics_before: dict[str, str] = Field(default_factory=dict)
     # The write asked for (expected -> new): a local activity's marker does not keep its input.
     expected: str | None = None
     new: str | None = None

@@ -13,7 +13,7 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any, Literal
 
@@ -48,6 +48,7 @@ __all__ = [
     "compute_epic_changes",
     "format_last_updated",
     "apply_story_transition",
+    "set_epics_back",
     "story_value",
     "story_values",
     "parse_story_file",
@@ -1150,6 +1151,34 @@ def apply_story_transition(
     if fast is not None:
         return fast
     return _yaml_transition(text, story_key, expected, new, now, source)
+
+
+def set_epics_back(
+    text: str, result: TransitionResult, epics_back: Mapping[str, tuple[str, str]], source: str
+) -> TransitionResult:
+    """`result` (apply_story_transition on `text`: a story set back to its value before a write being undone), with
+    the epic lines that write rolled put back too. `epics_back`: epic entry -> (the value the undone write rolled
+    it to, the value it held before). Compare-and-set, as the story's: an epic `text` holds at another value (edited
+    by hand since), or that this write rolls itself, stays; none is put back when the story was not set back
+    (cas-mismatch: its epic follows the value it holds). An epic rolled `done` stays: all its stories were done
+    (by hand), and the next write would roll it again."""
+    if result.outcome == "cas-mismatch" or not epics_back:
+        return result
+    found = story_values(text, epics_back, source)
+    new_text, put_back = result.text, {}
+    for epic, (rolled, before) in epics_back.items():
+        if found[epic] != rolled or epic in result.epic_changes or rolled in ("done", before):
+            continue
+        if classify_key(epic) != "epic":
+            continue
+        try:
+            new_text = set_value(new_text, epic, before, source)
+        except StatusFileError:  # (an anchor, a folded value: as the roll-up, a courtesy that never fails the write)
+            continue
+        put_back[epic] = before
+    if not put_back:
+        return result
+    return replace(result, text=new_text, epic_changes={**result.epic_changes, **put_back})
 
 
 def _yaml_transition(

@@ -253,7 +253,8 @@ class CourseCorrector:
         s = self._state
         dropped_from = {key: s.dropped_from[key] for key in add if key in s.dropped_from}
         outside = {key: s.outside_stories[key] for key in add if key in s.outside_stories}
-        written: list[tuple[str, str, str]] = []  # (key, its value before, the value written)
+        # (key, its value before, the value written, the epic lines the write rolled: entry -> (value set, before))
+        written: list[tuple[str, str, str, dict[str, tuple[str, str]]]] = []
         for key in add:
             s.dropped_from.pop(key, None)
             if s.stories[key].state != metas[key].state:
@@ -271,16 +272,18 @@ class CourseCorrector:
                     await self._cc_write_back(written)
                     raise _cc_rejected(f"CC_REJECTED: {why}; nothing applied") from None
                 if result.outcome == "written":
-                    written.append((key, metas[key].state, result.current))
+                    epics = {e: (v, result.epics_before[e]) for e, v in result.epic_changes.items() if e in result.epics_before}
+                    written.append((key, metas[key].state, result.current, epics))
                 s.stories[key] = s.stories[key].model_copy(update={"state": result.current})
                 self._put_view(key, s.views[key].model_copy(update={"state": result.current}))
             s.outside_stories.pop(key, None)
 
-    async def _cc_write_back(self, written: list[tuple[str, str, str]]) -> None:
-        """The values a refused correction wrote, written back (last first); one that cannot be is said."""
-        for key, before, value in reversed(written):
+    async def _cc_write_back(self, written: list[tuple[str, str, str, dict[str, tuple[str, str]]]]) -> None:
+        """The values a refused correction wrote, written back (last first), with the epic lines their writes rolled
+        (`epic-2: backlog` -> `in-progress`) where they still hold the value rolled to; one that cannot be is said."""
+        for key, before, value, epics in reversed(written):
             try:
-                await self._cc_write(key, value, before)
+                await self._cc_write(key, value, before, epics)
             except ActivityError as err:
                 if is_cancelled_exception(err):
                     raise
@@ -325,15 +328,17 @@ class CourseCorrector:
             **_WRITE,
         )
 
-    async def _cc_write(self, key: str, expected: str, new: str) -> str:
-        return (await self._cc_write_result(key, expected, new)).current
+    async def _cc_write(self, key: str, expected: str, new: str, epics_back: dict[str, tuple[str, str]] | None = None) -> str:
+        return (await self._cc_write_result(key, expected, new, epics_back)).current
 
-    async def _cc_write_result(self, key: str, expected: str, new: str) -> StatusWriteResult:
+    async def _cc_write_result(
+        self, key: str, expected: str, new: str, epics_back: dict[str, tuple[str, str]] | None = None
+    ) -> StatusWriteResult:
         written = await workflow.execute_activity(
             write_story_status,
             StatusWriteInput(
                 project_root=self._project_root, status_file=self._state.status_file, story_key=key,
-                expected=expected, new=new,
+                expected=expected, new=new, epics_back=epics_back or {},
             ),
             summary=f"course correction {key}: {expected} -> {new}",
             **_WRITE,

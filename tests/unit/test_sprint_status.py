@@ -35,6 +35,7 @@ from bso.sprint_status import (
     resolve_inside,
     resolve_story_keys,
     resolve_story_location,
+    set_epics_back,
     set_top_level_value,
     set_value,
     shared_numbers,
@@ -464,6 +465,40 @@ def test_an_epic_whose_last_story_was_set_done_by_hand_is_rolled_up_at_the_next_
         assert changed_lines(hand, r.text) == ["-  epic-1: in-progress", "+  epic-1: done", *lines]
         settled = apply_story_transition(r.text, "2-1", "ready-for-dev", "in-progress", NOW, SRC)
         assert (settled.outcome, settled.epic_changes, settled.text) == (outcome, {}, r.text)  # nothing more
+
+
+def test_a_write_undoing_another_puts_back_the_epic_lines_it_rolled() -> None:
+    """A refused course correction writes its added stories' values back: the epic line an added story's write
+    rolled (epic-2 backlog -> in-progress, 2-2-b under way) stayed rolled, though none of its stories moved. Put
+    back where it still holds the value rolled to; an epic edited since, one rolled done (its stories all done by
+    hand), one the write rolls itself, any epic when the story was not set back (edited since), stay."""
+    text = (
+        "development_status:\n  epic-2: backlog\n  2-1-a: skipped\n  2-2-b: ready-for-dev\n"
+        "  epic-3: in-progress\n  3-1-c: done\n"
+    )
+    add = apply_story_transition(text, "2-1", "skipped", "backlog", NOW, SRC)
+    assert add.epic_changes == {"epic-2": "in-progress", "epic-3": "done"}
+    epics_back = {"epic-2": ("in-progress", "backlog"), "epic-3": ("done", "in-progress")}
+    back = set_epics_back(add.text, apply_story_transition(add.text, "2-1", "backlog", "skipped", NOW, SRC), epics_back, SRC)
+    assert (back.outcome, back.epic_changes) == ("written", {"epic-2": "backlog"})
+    assert parse_status_text(back.text, SRC).values() == parse_status_text(add.text, SRC).values() | {
+        "2-1-a": "skipped", "epic-2": "backlog",
+    }
+    # once more (a retry whose first attempt wrote): nothing more
+    again = set_epics_back(back.text, apply_story_transition(back.text, "2-1", "backlog", "skipped", NOW, SRC), epics_back, SRC)
+    assert (again.outcome, again.epic_changes, again.text) == ("already-applied", {}, back.text)
+    # the epic edited since: it stays
+    edited = add.text.replace("epic-2: in-progress", "epic-2: contexted")
+    r = set_epics_back(edited, apply_story_transition(edited, "2-1", "backlog", "skipped", NOW, SRC), epics_back, SRC)
+    assert (r.outcome, r.epic_changes, parse_status_text(r.text, SRC).values()["epic-2"]) == ("written", {}, "contexted")
+    # rolled by the write itself (2-2-b done meanwhile: the story set back makes its epic done): the roll-up's
+    finished = add.text.replace("2-2-b: ready-for-dev", "2-2-b: done")
+    r = set_epics_back(finished, apply_story_transition(finished, "2-1", "backlog", "done", NOW, SRC), epics_back, SRC)
+    assert (r.outcome, r.epic_changes) == ("written", {"epic-2": "done"})
+    # the story edited since: not set back, and its epic stays as the story's value has it
+    moved = add.text.replace("2-1-a: backlog", "2-1-a: ready-for-dev")
+    r = set_epics_back(moved, apply_story_transition(moved, "2-1", "backlog", "skipped", NOW, SRC), epics_back, SRC)
+    assert (r.outcome, r.epic_changes, r.text) == ("cas-mismatch", {}, moved)
 
 
 @pytest.mark.parametrize(

@@ -275,6 +275,31 @@ async def test_a_story_set_done_by_hand_rolls_its_epic_up_at_the_slaves_next_wri
     assert status.read_text() == after
 
 
+async def test_a_write_back_puts_back_the_epic_line_the_write_it_undoes_rolled(tmp_path: Path) -> None:
+    """A refused course correction's write-back: the added story's write reports the epic values it rolled and the
+    ones they held (epic-2 backlog -> in-progress); given those, the write setting the story back puts the epic
+    line back too, its comment kept, under the same lock, in the same replace. Once only: a retry finds it so."""
+    text = (
+        "development_status:\n"
+        "  epic-2: backlog  # second epic\n"
+        "  2-1-a: skipped\n"
+        "  2-2-b: ready-for-dev\n"
+    )
+    root, status = make_project(tmp_path, text)
+    added = await write(root, status, "2-1", "skipped", "backlog")
+    assert (added.outcome, added.epic_changes, added.epics_before) == ("written", {"epic-2": "in-progress"}, {"epic-2": "backlog"})
+    back = StatusWriteInput(
+        project_root=str(root), status_file=str(status), story_key="2-1-a", expected="backlog", new="skipped",
+        epics_back={e: (v, added.epics_before[e]) for e, v in added.epic_changes.items()},
+    )
+    r = await ActivityEnvironment().run(write_story_status, back)
+    assert (r.outcome, r.epic_changes, r.epics_before) == ("written", {"epic-2": "backlog"}, {"epic-2": "in-progress"})
+    assert status.read_text() == text
+    again = await ActivityEnvironment().run(write_story_status, back)
+    assert (again.outcome, again.epic_changes) == ("already-applied", {})
+    assert status.read_text() == text
+
+
 async def test_write_unknown_story_is_non_retryable(tmp_path: Path) -> None:
     root, status = make_project(tmp_path)
     before = status.read_bytes()

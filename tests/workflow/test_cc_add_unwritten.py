@@ -23,11 +23,15 @@ IN_SPRINT = ["1-1-one", "1-2-two", "1-3-three"]
 GONE = "1-5-five"  # its line removed by hand once the update has read the file
 
 
-async def _correct_with_a_line_gone(ts_env, tmp_path: Path, monkeypatch, session_id: str, request: dict[str, Any]):
+async def _correct_with_a_line_gone(
+    ts_env, tmp_path: Path, monkeypatch, session_id: str, request: dict[str, Any],
+    others: dict[str, str] | None = None,
+):
     """The sprint paused at its first story's checkpoint (1-2-two and 1-3-three queued in batches 2 and 3), the
     correction `request` sent, GONE's line removed right after the update's read of the file; the sprint then
-    resumed to its end. The update's failure, the status right after it, the report."""
-    make_project(tmp_path, {**{k: "review" for k in IN_SPRINT}, "1-4-four": "skipped", GONE: "skipped"})
+    resumed to its end. The update's failure, the status right after it, the report. `others`: stories of other
+    epics in the file (their epic lines `backlog`), outside the sprint."""
+    make_project(tmp_path, {**{k: "review" for k in IN_SPRINT}, "1-4-four": "skipped", GONE: "skipped", **(others or {})})
     status_file = tmp_path / DEFAULT_STATUS_FILE
     armed: list[bool] = []
     read = status_file_activities._load_sync
@@ -89,3 +93,18 @@ async def test_an_added_story_whose_line_is_gone_leaves_the_dropped_ones_unwritt
     )
     assert message.startswith(f"CC_REJECTED: {GONE} could not be written to sprint-status.yaml"), message
     _nothing_applied(before, status, report, tmp_path)
+
+
+async def test_an_added_story_whose_line_is_gone_leaves_the_epic_line_as_it_was(ts_env, tmp_path: Path, monkeypatch):
+    """The first added story's write rolled its epic's line (`epic-2: backlog` -> `in-progress`: 2-2-seven is
+    under way): the refused correction puts it back with the story's value. The write-back left it rolled, though
+    none of its stories moved."""
+    others = {"2-1-six": "skipped", "2-2-seven": "ready-for-dev"}
+    message, before, status, report = await _correct_with_a_line_gone(
+        ts_env, tmp_path, monkeypatch, "cc-add-unwritten-epic",
+        {"reason": "user_request", "add_stories": ["2-1-six", GONE]}, others,
+    )
+    assert message.startswith(f"CC_REJECTED: {GONE} could not be written to sprint-status.yaml"), message
+    _nothing_applied(before, status, report, tmp_path)
+    values = status_values(tmp_path)
+    assert {k: values[k] for k in ["epic-2", *others]} == {"epic-2": "backlog", **others}
