@@ -458,6 +458,13 @@ def _read_during_a_save(target: str) -> str:
         raise _unreadable(f"{target}: being saved by someone else while BSO wrote it ({err.message})") from None
 
 
+def _epics_before(text: str, epic_changes: dict[str, str], target: str) -> dict[str, str]:
+    """The values the rolled epics held in `text`, the file before the write (none rolled: nothing read)."""
+    if not epic_changes:
+        return {}
+    return {key: value for key, value in story_values(text, epic_changes, target).items() if value is not None}
+
+
 def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
     root, root_real = _project_root(inp.project_root)
     target = _status_path(root, root_real, inp.status_file)
@@ -532,7 +539,7 @@ def _write_sync(inp: StatusWriteInput) -> StatusWriteResult:
             previous=result.previous,
             current=result.current,
             epic_changes=result.epic_changes,
-            epics_before={k: v for k, v in story_values(text, result.epic_changes, target).items() if v is not None},
+            epics_before=_epics_before(text, result.epic_changes, target),
             expected=inp.expected,
             new=inp.new,
             done_at=datetime.now(UTC),
