@@ -102,21 +102,33 @@ async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 async def terminate_left_running(client: Client, started: list[str]) -> list[str]:
-    """Terminate what is still running of the workflows in `started` and, for a sprint, of the residents its
-    Master abandons to stop them itself; returns the ids terminated."""
-    terminated = []
-    for workflow_id in started:
-        for candidate in (workflow_id, *(resident_workflow_id(workflow_id, role) for role in RESIDENT_ROLES)):
-            handle = client.get_workflow_handle(candidate)
-            try:
-                if (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING:
-                    continue
-                await handle.terminate("the test that started it has ended")
-            except RPCError as err:
-                if err.status is RPCStatusCode.NOT_FOUND:
-                    continue
-                raise
-            terminated.append(candidate)
+    """Terminate what is still running of the workflows in `started`, of the residents a sprint's Master abandons
+    to stop them itself and of the children of any workflow terminated here (the time-skipping server does not
+    apply a parent's close policy: a Master terminated left its batch running, a workflow task pending for a
+    worker gone, the clock held for every later test); returns the ids terminated."""
+    terminated: list[str] = []
+    candidates = [
+        candidate
+        for workflow_id in started
+        for candidate in (workflow_id, *(resident_workflow_id(workflow_id, role) for role in RESIDENT_ROLES))
+    ]
+    while candidates:
+        candidate = candidates.pop(0)
+        handle = client.get_workflow_handle(candidate)
+        try:
+            if candidate in terminated or (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING:
+                continue
+            await handle.terminate("the test that started it has ended")
+            candidates += [
+                event.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+                async for event in handle.fetch_history_events()
+                if event.HasField("child_workflow_execution_started_event_attributes")
+            ]
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                continue
+            raise
+        terminated.append(candidate)
     return terminated
 
 

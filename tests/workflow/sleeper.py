@@ -12,3 +12,12 @@ class SleepWorkflow:
     @workflow.run
     async def run(self, seconds: float) -> None:
         await workflow.sleep(timedelta(seconds=seconds))
+
+
+@workflow.defn
+class SleepingChildWorkflow:
+    """Starts a SleepWorkflow child (`<its id>-child`) and waits for it."""
+
+    @workflow.run
+    async def run(self, seconds: float) -> None:
+        await workflow.execute_child_workflow(SleepWorkflow.run, seconds, id=f"{workflow.info().workflow_id}-child")

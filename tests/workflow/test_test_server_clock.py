@@ -11,7 +11,7 @@ import pytest
 from temporalio.worker import Worker
 
 from tests.conftest import terminate_left_running
-from tests.workflow.sleeper import SleepWorkflow
+from tests.workflow.sleeper import SleepingChildWorkflow, SleepWorkflow
 
 HOUR = 3600.0
 
@@ -45,3 +45,14 @@ async def test_a_workflow_left_sleeping_holds_the_clock_unless_terminated(own_ts
     assert await sleeps_an_hour_quickly(own_ts_env, "later-1", patience) is terminated
     assert await sleeps_an_hour_quickly(own_ts_env, "later-2", patience) is terminated
     assert (await handle.describe()).status.name == ("TERMINATED" if terminated else "RUNNING")
+
+
+async def test_a_terminated_workflows_children_are_terminated_too(own_ts_env):
+    """The time-skipping server does not apply a parent's close policy: a Master terminated at its test's end left
+    its batch running, whose next timer held the clock for every later test."""
+    client = own_ts_env.client
+    async with Worker(client, task_queue="earlier-test", workflows=[SleepingChildWorkflow, SleepWorkflow]):
+        await client.start_workflow(SleepingChildWorkflow.run, 300.0, id="parent", task_queue="earlier-test")
+        await asyncio.sleep(0.5)  # its child started, sleeping
+    assert await terminate_left_running(client, ["parent"]) == ["parent", "parent-child"]
+    assert await sleeps_an_hour_quickly(own_ts_env, "later", 60.0)
