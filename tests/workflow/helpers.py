@@ -101,6 +101,15 @@ async def run_sprint(client: Client, task_queue: str, inp: SprintInput) -> Sprin
     return await sprint_result(handle)
 
 
+async def cancel_sprint(handle: WorkflowHandle[Any, SprintReport]) -> None:
+    """Cancel the sprint and wait for its end, its worker still running. Cancelled just before the worker stopped,
+    the stopping worker could take a workflow task it never answered: the shared time-skipping server then held
+    its clock for every later test (a 60 s readiness wait ran in real time), termination notwithstanding."""
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await sprint_result(handle)
+
+
 async def sprint_result(handle: WorkflowHandle[Any, SprintReport]) -> SprintReport:
     """The sprint's result. On the shared time-skipping server a result's long poll has, rarely and late in a
     full run, never returned (pytest's timeout then stopped the run after 600 s): it is asked again once, and if

@@ -9,7 +9,7 @@ from pathlib import Path
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint
+from tests.workflow.helpers import cancel_sprint, make_project, sprint_input, start_sprint
 from tests.workflow.test_external_agents import _pending
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -48,6 +48,6 @@ async def test_a_story_line_added_to_the_file_mid_sprint_can_be_added_by_course_
             typo = "added"
         except Exception as err:  # noqa: BLE001 - WorkflowUpdateFailedError carrying CC_REJECTED
             typo = getattr(getattr(err, "cause", None), "message", str(err))  # as `bso sprint cc` shows it
-        await handle.cancel()
+        await cancel_sprint(handle)
     assert outcome == f"added {[NEW]}", outcome
     assert typo == "CC_REJECTED: add_stories: unknown story key '1-9'", typo

@@ -110,10 +110,11 @@ async def test_a_story_waiting_on_the_debugger_shows_it_not_its_finished_agent(t
     assert final["stories"][K1].get("debug_in_flight") is None
 
 
-async def test_a_cancel_while_the_debugger_waits_for_a_worker_ends_the_sprint(ts_env, tmp_path: Path, monkeypatch):
+async def test_a_cancel_while_the_debugger_waits_for_a_worker_ends_the_sprint(own_ts_env, tmp_path: Path, monkeypatch):
     """No worker serves the agents queue, so the debugger's analysis is never picked up (`bso sprint status`
     says so). Cancelling the sprint stops the debugger at once: its analysis is cancelled, and the sprint ends
-    cancelled. Before, the stop waited for that analysis to be answered, and the cancelled sprint never ended."""
+    cancelled. Before, the stop waited for that analysis to be answered, and the cancelled sprint never ended.
+    (A server of its own: what the cancel leaves held the shared server's clock for later tests.)"""
     from datetime import timedelta
 
     import bso.cli
@@ -123,20 +124,20 @@ async def test_a_cancel_while_the_debugger_waits_for_a_worker_ends_the_sprint(ts
     monkeypatch.setattr(bso.cli, "AGENT_START_PATIENCE", timedelta.min)
     make_project(tmp_path, {K1: "ready-for-dev"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}, "debug": ["fixable"]}}}
-    async with bso_worker(ts_env.client, queues=(SPRINT_TASK_QUEUE,)) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-cancel", simulation=simulation))
+    async with bso_worker(own_ts_env.client, queues=(SPRINT_TASK_QUEUE,)) as queue:
+        handle = await start_sprint(own_ts_env.client, queue, sprint_input(tmp_path, session_id="dbg-cancel", simulation=simulation))
         view = await wait_status(handle, lambda s: s.stories[K1].debug_in_flight is not None, "debug wait shown")
-        waiting = await _waiting_for_a_worker(ts_env.client, await handle.describe(), view)
+        waiting = await _waiting_for_a_worker(own_ts_env.client, await handle.describe(), view)
         assert waiting is not None and waiting.activity_type == "analyze_failure", waiting
         assert waiting.workflow_id == resident_workflow_id("dbg-cancel", "debugger")
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 60)
         status = await handle.query("status")
-        debugger = ts_env.client.get_workflow_handle(resident_workflow_id("dbg-cancel", "debugger"))
+        debugger = own_ts_env.client.get_workflow_handle(resident_workflow_id("dbg-cancel", "debugger"))
         described = await debugger.describe()
         events = [e.event_type for e in (await debugger.fetch_history()).events]
-        flow = message_flow(await fetch_sprint_histories(ts_env.client, handle.id))
+        flow = message_flow(await fetch_sprint_histories(own_ts_env.client, handle.id))
     assert isinstance(failure.value.cause, CancelledError), failure.value.cause
     assert status["phase"] == "canceled", status
     assert described.status is WorkflowExecutionStatus.COMPLETED, described.status

@@ -13,7 +13,7 @@ from pathlib import Path
 from bso.constants import slave_workflow_id
 from bso.models import DEFAULT_STATUS_FILE
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, sprint_input, start_sprint, wait_status
+from tests.workflow.helpers import cancel_sprint, make_project, sprint_input, start_sprint, wait_status
 from tests.workflow.test_external_agents import _complete, _pending
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -51,7 +51,7 @@ async def test_stories_parked_by_hand_do_not_pause_the_sprint_as_repeated_failur
         )
         await asyncio.sleep(3)  # (real time) the Master's story updates are held about a second
         status = await handle.query(SprintMasterWorkflow.status)
-        await handle.cancel()
+        await cancel_sprint(handle)
     parked = {k: status.stories[k].error for k in KEYS[1:4]}
     assert all("by hand" in (e or "") for e in parked.values()), parked
     assert status.pause_reason is None, (

@@ -595,13 +595,14 @@ async def slow_load_sprint_status(inp: LoadStatusInput) -> StatusSnapshot:
     return await load_sprint_status(inp)
 
 
-async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_env, tmp_path: Path):
+async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(own_ts_env, tmp_path: Path):
     """The cancel comes while the Master awaits an activity (its status load), not a condition: the sprint
     still ends cancelled (it used to end failed, the load's cancellation read as a status-file error), none
-    of its residents runs on, and the status file is as it was."""
+    of its residents runs on, and the status file is as it was. (A server of its own: the slow load still runs
+    when the worker stops, and an activity left started held the shared server's clock for later tests.)"""
     make_project(tmp_path, {K1: "ready-for-dev"})
-    async with workers_with(ts_env.client, slow_load_sprint_status, instead_of=load_sprint_status) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-2"))
+    async with workers_with(own_ts_env.client, slow_load_sprint_status, instead_of=load_sprint_status) as queue:
+        handle = await start_sprint(own_ts_env.client, queue, sprint_input(tmp_path, session_id="cancel-2"))
         await asyncio.sleep(0.5)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as failure:
@@ -609,7 +610,7 @@ async def test_cancel_while_the_master_awaits_an_activity_still_winds_down(ts_en
         assert isinstance(failure.value.cause, CancelledError), failure.value.cause
         for role in ("scrum-master", "knowledge-researcher", "debugger"):
             try:
-                resident = await ts_env.client.get_workflow_handle(resident_workflow_id("cancel-2", role)).describe()
+                resident = await own_ts_env.client.get_workflow_handle(resident_workflow_id("cancel-2", role)).describe()
             except RPCError as err:  # never started
                 assert err.status is RPCStatusCode.NOT_FOUND, err
                 continue

@@ -19,7 +19,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from bso.constants import slave_workflow_id
 from tests.conftest import bso_worker
-from tests.workflow.helpers import make_project, poll_until, sprint_input, start_sprint
+from tests.workflow.helpers import cancel_sprint, make_project, poll_until, sprint_input, start_sprint
 from tests.workflow.test_external_agents import _pending
 from workflows.sprint_master import SprintMasterWorkflow
 
@@ -48,7 +48,7 @@ async def test_a_needs_intervention_story_s_refusals_name_rearm(ts_env, tmp_path
             await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "retry"})
         with pytest.raises(WorkflowUpdateFailedError) as add:
             await handle.execute_update("course_correct", {"reason": "user_request", "add_stories": ["1-1"]})
-        await handle.cancel()
+        await cancel_sprint(handle)
     refusals = {"decide retry": str(retry.value.cause), "cc --add": str(add.value.cause)}
     assert "already in this sprint" in refusals["cc --add"], refusals  # refused for that reason...
     assert [what for what, why in refusals.items() if "rearm" not in why] == [], refusals  # ...and both name rearm
