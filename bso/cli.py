@@ -1189,7 +1189,9 @@ def _temporal_workflow(verb: str, target: str, namespace: str) -> list[str]:
 def temporal_start_command(inp: SprintInput, sprint_id: str, task_queue: str, target: str, namespace: str) -> str:
     command = _temporal_workflow("start", target, namespace)
     command += ["--type", MASTER_TYPE, "--task-queue", task_queue, "--workflow-id", sprint_id]
-    command += ["--id-reuse-policy", "AllowDuplicateFailedOnly"]
+    # --fail-existing: without it the CLI answers a running (or, with the reuse policy, a completed) sprint's
+    # id with that run under "Running execution" and exit code 0, starting nothing.
+    command += ["--id-reuse-policy", "AllowDuplicateFailedOnly", "--fail-existing"]
     payload = inp.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
     if payload.get("session_id") == sprint_id:  # the default: given, it would outlive an edit of --workflow-id
         del payload["session_id"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -701,3 +702,29 @@ def test_start_on_a_queue_a_worker_polls_says_nothing_more(cli_env, tmp_path: Pa
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+def test_the_printed_temporal_start_refuses_a_running_or_completed_sprint_id(cli_env, tmp_path: Path):
+    """`bso sprint start` prints the equivalent `temporal workflow start` (the README's commands are the same),
+    said to refuse a sprint id that runs or has completed. Without `--fail-existing` the temporal CLI refused
+    neither: on a running sprint's id it printed that run under "Running execution" and exited 0, the second
+    project never started, and the user was told nothing."""
+    project, sim = _project(tmp_path, duration_ms=300)
+    sprint_id = f"twice-{uuid.uuid4().hex[:6]}"
+    started = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
+    assert started.returncode == 0, started.stderr
+    printed = next(line for line in started.stdout.splitlines() if line.strip().startswith("temporal: "))
+    argv = shlex.split(printed.strip().removeprefix("temporal: "))
+    assert argv[:3] == ["temporal", "workflow", "start"], argv
+    other, _ = _project(tmp_path / "other", duration_ms=20)
+    argv[argv.index("--input") + 1] = json.dumps({"project_root": str(other)})
+    temporal = [str(Path(sys.executable).parent / "temporal"), *argv[1:]]
+
+    while_running = subprocess.run(temporal, env=cli_env["env"], capture_output=True, text=True, timeout=60)
+    assert while_running.returncode != 0, while_running.stdout
+    assert "already running" in while_running.stderr, while_running.stderr
+    assert bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3").returncode == 0
+    completed = subprocess.run(temporal, env=cli_env["env"], capture_output=True, text=True, timeout=60)
+    assert completed.returncode != 0, completed.stdout
+    assert "already finished" in completed.stderr, completed.stderr
+    assert not (other / ".sprint-session").exists()  # the other project was never touched

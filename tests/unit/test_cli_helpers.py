@@ -90,6 +90,7 @@ def test_temporal_start_command_round_trips_the_input():
     assert argv[argv.index("--type") + 1] == "SprintMasterWorkflow"
     assert argv[argv.index("--workflow-id") + 1] == "s-1"
     assert argv[argv.index("--id-reuse-policy") + 1] == "AllowDuplicateFailedOnly"  # as `bso sprint start`
+    assert "--fail-existing" in argv  # else a running or completed sprint's id is answered with exit code 0
     # The session id is the workflow id's default: left out, so that an edited --workflow-id is not another sprint's.
     printed = json.loads(argv[argv.index("--input") + 1])
     assert "session_id" not in printed and SprintInput.model_validate(printed) == inp.model_copy(update={"session_id": None})
