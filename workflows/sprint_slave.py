@@ -124,6 +124,7 @@ with workflow.unsafe.imports_passed_through():
         StoryUpdates,
         StoryView,
         describe_in_flight,
+        short_key,
     )
     from bso.po_gates import (
         StoryScope,
@@ -493,10 +494,20 @@ class SprintSlaveWorkflow:
             self._input = self._input.model_copy(update={"config": config.model_copy(update={"token_budget": budget})})
         self._show()
 
+    def _decision(self, request: Any) -> DecisionRequest:
+        """The decision with its story key made full (`1-2` -> `1-2-login-form`) when it is unambiguous, as the
+        Master's: an update sent to the batch with a short key was refused as an unknown story. (Only the update:
+        it was refused by its validator, so no history holds one; the Master's forwarded signal has the full key.)"""
+        parsed = DecisionRequest.model_validate(request)
+        if parsed.story_key in self._progress:
+            return parsed
+        matches = [k for k in self._progress if short_key(k) == parsed.story_key]
+        return parsed.model_copy(update={"story_key": matches[0]}) if len(matches) == 1 else parsed
+
     @workflow.update(name=UPDATE_DECIDE)
     async def decide(self, request: Any) -> StoryView:
         """A human's answer to a story waiting for a decision; returns the story once it is applied."""
-        parsed = DecisionRequest.model_validate(request)
+        parsed = self._decision(request)
         self._decisions[parsed.story_key] = parsed
         await workflow.wait_condition(lambda: parsed.story_key not in self._decisions or self._closing)
         return self._view(parsed.story_key)
@@ -504,7 +515,7 @@ class SprintSlaveWorkflow:
     @decide.validator
     def _validate_decide(self, request: Any) -> None:
         try:
-            parsed = DecisionRequest.model_validate(request)
+            parsed = self._decision(request)
         except ValidationError as err:
             raise invalid_decision(f"invalid decision: {describe_validation_error(err)}")
         try:

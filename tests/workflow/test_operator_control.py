@@ -459,6 +459,29 @@ async def test_slave_decide_validator_rejects_a_story_not_waiting(ts_env, tmp_pa
     assert report.stories == {K1: "done", K2: "done"}
 
 
+async def test_slave_decide_takes_a_short_story_key(ts_env, tmp_path: Path):
+    """The Master takes `1-1` for `1-1-login-form` (as `bso sprint decide` and the README's temporal command send
+    it); the Slave refused it, `unknown story '1-1'`, though the story waited in its batch."""
+    make_project(tmp_path, {K1: "story-doc-review"})
+    async with bso_worker(ts_env.client) as queue:
+        handle = await start_sprint(
+            ts_env.client,
+            queue,
+            sprint_input(tmp_path, session_id="ask-slave-short", config_overrides=ASK, simulation=NEEDS_IMPROVE),
+        )
+        await _awaiting(handle)
+        slave = ts_env.client.get_workflow_handle(slave_workflow_id("ask-slave-short", 1))
+        await rejected(
+            slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": "9-9", "decision": "force_pass"}),
+            "unknown story '9-9'",
+        )
+        view = await slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": "1-1", "decision": "skip_story"})
+        assert view.state == "skipped" and view.awaiting_decision is None
+        report = await sprint_result(handle)
+    assert report.stories == {K1: "skipped"}
+    assert status_values(tmp_path)[K1] == "skipped"
+
+
 async def test_decision_timeout_gives_needs_intervention(own_ts_env, tmp_path: Path):
     make_project(tmp_path, {K1: "story-doc-review"})
     overrides = {**ASK, "decision_timeout_seconds": 3600}
