@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -367,16 +367,26 @@ async def _query_status(
 
 
 class RejectedSoFar(BaseModel):
-    """The part of a BSO workflow's status query answer (Slave, resident) that says what it rejected."""
+    """The part of a BSO workflow's status query answer (Slave, resident) that says what it rejected, and whether
+    it is paused (a Slave's)."""
 
     rejected_messages: list[RejectedMessage] = Field(default_factory=list)  # the last ones it keeps
     rejected_total: int = 0
+    paused: bool = False
 
 
-async def _rejected_by_children(client: Client, desc: WorkflowExecutionDescription) -> dict[str, RejectedSoFar]:
-    """What the sprint's running batches and residents (the Master's children) rejected so far, by workflow id:
-    a malformed or unmatched answer of an external agent is rejected by its batch's Slave, not by the Master.
-    A finished batch's rejections are in `bso messages`. A child that does not answer is left out."""
+def _paused_by_themselves(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> list[str]:
+    """The running batches paused by a pause sent to their Slave itself (`temporal workflow signal --workflow-id
+    ID/batch-N --name pause`): the Master, not paused, shows none of it, and the batch waits. (A paused sprint's
+    batches are paused by the Master: that pause is shown as the sprint's.)"""
+    return [] if view.pause_reason else [workflow_id for workflow_id, answer in children.items() if answer.paused]
+
+
+async def _children_status(client: Client, desc: WorkflowExecutionDescription) -> dict[str, RejectedSoFar]:
+    """The running children's status query answers, by workflow id (a child that does not answer left out):
+    what the sprint's running batches and residents rejected so far (a malformed or unmatched answer of an
+    external agent is rejected by its batch's Slave, not by the Master; a finished batch's rejections are in
+    `bso messages`), and which batches are paused by themselves."""
 
     async def ask(workflow_id: str) -> tuple[str, RejectedSoFar | None]:
         try:
@@ -389,7 +399,7 @@ async def _rejected_by_children(client: Client, desc: WorkflowExecutionDescripti
 
     children = sorted(child.workflow_id for child in desc.raw_description.pending_children)
     answers = await asyncio.gather(*(ask(workflow_id) for workflow_id in children))
-    return {workflow_id: answer for workflow_id, answer in answers if answer is not None and answer.rejected_total}
+    return {workflow_id: answer for workflow_id, answer in answers if answer is not None}
 
 
 def _rejections(view: SprintStatusView, children: dict[str, RejectedSoFar]) -> list[Text]:
@@ -735,6 +745,7 @@ def _bar(total: int, completed: int) -> ProgressBar:
 def _progress(
     view: SprintStatusView, note: str | None, desc_status: str, rejected_by_children: dict[str, RejectedSoFar] | None = None,
     waiting: WaitingForAWorker | None = None, *, from_report: bool = False, silent: SilentWorker | None = None,
+    paused_batches: Sequence[str] = (),
 ) -> Group:
     # Agents' and operators' words are shown as written, never obeyed by the terminal (bso.terminal_text).
     view = printable_model(view)
@@ -795,6 +806,10 @@ def _progress(
         parts.append(Text(SHUTTING_DOWN, style="yellow"))
     if view.batch_held:
         parts.append(Text(view.batch_held, style="yellow"))
+    for workflow_id in paused_batches:  # paused by a pause sent to the Slave itself: the Master is not
+        batch = workflow_id.rsplit("/batch-", 1)[-1]
+        parts.append(Text(f"batch {batch} is paused (a pause sent to {printable(workflow_id)} itself): "
+                          f"`bso sprint resume {view.session_id}` goes on", style="yellow"))
     if view.pause_reason:
         parts.append(Text(f"paused: {view.pause_reason}", style="yellow"))
         if done == len(stories) and view.current_batch is None:
@@ -1466,6 +1481,7 @@ def sprint_watch(
         note: str | None = None
         last_note: str | None = None
         rejected: dict[str, RejectedSoFar] = {}
+        paused_batches: list[str] = []
         waiting: WaitingForAWorker | None = None
         silent: SilentWorker | None = None
         with Live(console=watch_console(), refresh_per_second=4, auto_refresh=out.is_terminal, transient=False) as live:
@@ -1482,7 +1498,9 @@ def sprint_watch(
                 if desc is not None:
                     fresh, note = await _query_status(handle, worker_hint=_worker_hint_of(desc))
                     view = fresh or view
-                    rejected = await _rejected_by_children(client, desc)
+                    children = await _children_status(client, desc)
+                    rejected = {wid: r for wid, r in children.items() if r.rejected_total}
+                    paused_batches = _paused_by_themselves(view, children) if view else []
                     pending = await _pending_activities(client, desc)
                     waiting = await _waiting_for_a_worker(client, desc, view, pending) if view else None
                     silent = _silent_worker(pending, datetime.now(UTC))
@@ -1490,7 +1508,7 @@ def sprint_watch(
                     err_console.print(note, markup=False)
                 last_note = note
                 if view is not None:
-                    shown = _progress(view, note, "running", rejected, waiting, silent=silent)
+                    shown = _progress(view, note, "running", rejected, waiting, silent=silent, paused_batches=paused_batches)
                     live.update(shown, refresh=out.is_terminal)
                 elif note:
                     live.update(Text(note, style="dim"), refresh=out.is_terminal)
@@ -1537,13 +1555,18 @@ def sprint_status(
             raise BsoError(f"sprint {sprint_id} is {_status_name(desc.status)}: {reason or note}")
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
-        rejected = await _rejected_by_children(client, desc) if running else {}
+        children = await _children_status(client, desc) if running else {}
+        rejected = {wid: r for wid, r in children.items() if r.rejected_total}
+        paused_batches = _paused_by_themselves(view, children)
         pending = await _pending_activities(client, desc) if running else []
         waiting = await _waiting_for_a_worker(client, desc, view, pending) if running else None
         silent = _silent_worker(pending, datetime.now(UTC))
         if as_json:
             data = view.model_dump(mode="json")
-            data["rejected_by_running_children"] = {wid: r.model_dump(mode="json") for wid, r in rejected.items()}
+            data["rejected_by_running_children"] = {
+                wid: r.model_dump(mode="json", exclude={"paused"}) for wid, r in rejected.items()
+            }
+            data["paused_batches"] = paused_batches
             data["execution_status"] = _status_name(desc.status)
             data["outcome"] = report.status.value if report is not None else None
             data["failure"] = reason
@@ -1553,7 +1576,9 @@ def sprint_status(
             out.print(json.dumps(data, indent=2), markup=False)
             return
         outcome = report.status.value if report is not None else _status_name(desc.status)
-        shown = _progress(view, note, outcome, rejected, waiting, from_report=from_report, silent=silent)
+        shown = _progress(
+            view, note, outcome, rejected, waiting, from_report=from_report, silent=silent, paused_batches=paused_batches
+        )
         out.print(shown, soft_wrap=not out.is_terminal)  # piped: lines whole
 
     _run(go())
@@ -1754,7 +1779,7 @@ def sprint_resume(
     """Resume a paused sprint, optionally with a higher token budget (signal `resume`)."""
     request = ResumeRequest(token_limit=token_limit, reason=reason)
 
-    async def resume(handle: WorkflowHandle[Any, Any]) -> None:
+    async def resume(client: Client, handle: WorkflowHandle[Any, Any], desc: WorkflowExecutionDescription) -> None:
         view, _ = await _query_status(handle)  # (no answer: no worker now; the signal waits for one)
         # The sprint only ever raises its budget: a lower one was said to be applied, and ignored.
         if view is not None and token_limit is not None and token_limit <= view.token_limit:
@@ -1777,13 +1802,21 @@ def sprint_resume(
                 f"resume it with --token-limit above {view.tokens_used:,}"
             )
         if view is not None and token_limit is None and view.pause_reason is None:  # it said "resume requested"
-            raise BsoError(f"sprint {sprint_id} is not paused ({view.phase.value}): nothing to resume")
+            # (A batch paused by a pause sent to its Slave itself goes on: the Master forwards the resume.)
+            if not _paused_by_themselves(view, await _children_status(client, desc)):
+                raise BsoError(f"sprint {sprint_id} is not paused ({view.phase.value}): nothing to resume")
         await handle.signal(SIGNAL_RESUME, request.model_dump(mode="json", exclude_none=True))
 
-    _operator_action(
-        sprint_id, resume,
-        f"resume requested for sprint {sprint_id}" + (f" (token limit {token_limit:,})" if token_limit else ""),
-    )
+    async def go() -> None:
+        client = await _client()
+        handle, desc = await _running_sprint(client, sprint_id)
+        await resume(client, handle, desc)
+        out.print(
+            f"resume requested for sprint {sprint_id}" + (f" (token limit {token_limit:,})" if token_limit else ""),
+            markup=False,
+        )
+
+    _run(go())
 
 
 @sprint_app.command("shutdown")

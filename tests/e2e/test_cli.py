@@ -728,3 +728,28 @@ def test_the_printed_temporal_start_refuses_a_running_or_completed_sprint_id(cli
     assert completed.returncode != 0, completed.stdout
     assert "already finished" in completed.stderr, completed.stderr
     assert not (other / ".sprint-session").exists()  # the other project was never touched
+
+
+def test_a_batch_paused_by_itself_is_shown_and_resumed(cli_env, tmp_path: Path):
+    """A pause sent to a batch's Slave itself (`temporal workflow signal --workflow-id ID/batch-1 --name pause`,
+    which the Slave takes) stopped the sprint unseen: its status said `running`, nothing in flight, no word of
+    the pause, and `bso sprint resume` refused, `not paused (running): nothing to resume`."""
+    project, sim = _project(tmp_path, duration_ms=300)
+    sprint_id = f"batch-paused-{uuid.uuid4().hex[:6]}"
+    started = bso(cli_env, "sprint", "start", str(project), "--simulation", str(sim), "--id", sprint_id)
+    assert started.returncode == 0, started.stderr
+    _wait_for(lambda: _status(cli_env, sprint_id)["running_batches"] == [1], "batch 1 to run")
+    temporal = str(Path(sys.executable).parent / "temporal")
+    subprocess.run(
+        [temporal, "workflow", "signal", "--workflow-id", f"{sprint_id}/batch-1", "--name", "pause", "--input", '"by hand"'],
+        env=cli_env["env"], check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    shown = _wait_for(
+        lambda: "is paused" in (r := bso(cli_env, "sprint", "status", sprint_id)).stdout and r.stdout, "the pause shown"
+    )
+    assert f"batch 1 is paused (a pause sent to {sprint_id}/batch-1 itself)" in shown, shown
+    assert _status(cli_env, sprint_id)["paused_batches"] == [f"{sprint_id}/batch-1"]
+    resumed = bso(cli_env, "sprint", "resume", sprint_id)
+    assert resumed.returncode == 0, resumed.stderr
+    watched = bso(cli_env, "sprint", "watch", sprint_id, "--interval", "0.3")
+    assert watched.returncode == 0 and "| status | sprint-partial |" in watched.stdout, watched.stdout[-2000:]
