@@ -933,18 +933,19 @@ async def decision_write_held_until_the_cancel(inp: StatusWriteInput) -> StatusW
     return await write_story_status(inp)
 
 
-async def test_a_decision_sent_to_the_slave_whose_write_meets_the_cancel_is_answered(ts_env, tmp_path: Path):
+async def test_a_decision_sent_to_the_slave_whose_write_meets_the_cancel_is_answered(own_ts_env, tmp_path: Path):
     """A `decide` update sent to the Slave itself: the cancel comes while the Slave writes the decision's state.
     The write is finished, the update answered with the story as written, then the batch ends cancelled (the
-    update was left unanswered, its caller told the batch had ended)."""
+    update was left unanswered, its caller told the batch had ended). (A server of its own: what the cancel leaves
+    held the shared server's clock for later tests.)"""
     make_project(tmp_path, {K1: "story-doc-review"})
-    async with workers_with(ts_env.client, decision_write_held_until_the_cancel, instead_of=write_story_status) as queue:
+    async with workers_with(own_ts_env.client, decision_write_held_until_the_cancel, instead_of=write_story_status) as queue:
         handle = await start_sprint(
-            ts_env.client, queue,
+            own_ts_env.client, queue,
             sprint_input(tmp_path, session_id="cancel-decide", config_overrides=ASK, simulation=NEEDS_IMPROVE),
         )
         await _awaiting(handle)
-        slave = ts_env.client.get_workflow_handle(slave_workflow_id("cancel-decide", 1))
+        slave = own_ts_env.client.get_workflow_handle(slave_workflow_id("cancel-decide", 1))
         (tmp_path / "decision-sent").touch()
         decided = asyncio.create_task(
             slave.execute_update(SprintSlaveWorkflow.decide, {"story_key": K1, "decision": "force_pass"})
