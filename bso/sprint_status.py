@@ -1161,15 +1161,27 @@ def set_epics_back(
     it to, the value it held before). Compare-and-set, as the story's: an epic `text` holds at another value (edited
     by hand since), or that this write rolls itself, stays; none is put back when the story was not set back
     (cas-mismatch: its epic follows the value it holds). An epic rolled `done` stays: all its stories were done
-    (by hand), and the next write would roll it again."""
+    (by hand), and the next write would roll it again. So does one whose stories, the story set back, would roll
+    it from its value before again: another story of it under way since (a batch's: its write rolled nothing, the
+    epic rolled already), `backlog` put back would say it not started. (A story `ready-for-dev` does not hold a
+    `backlog` epic: files hold that shape before any write, and putting back restores it.)"""
     if result.outcome == "cas-mismatch" or not epics_back:
         return result
     found = story_values(text, epics_back, source)
     new_text, put_back = result.text, {}
+    values: dict[str, str] | None = None  # the file after the write: parsed for a candidate only (not the hot path)
     for epic, (rolled, before) in epics_back.items():
         if found[epic] != rolled or epic in result.epic_changes or rolled in ("done", before):
             continue
         if classify_key(epic) != "epic":
+            continue
+        if values is None:
+            values = parse_status_text(result.text, source).values()
+        stories = [
+            v for k, v in values.items()
+            if classify_key(k) == "story" and epic_key_of(k) == epic and not (before == "backlog" and v == "ready-for-dev")
+        ]
+        if _epic_roll_up(epic, before, stories):
             continue
         try:
             new_text = set_value(new_text, epic, before, source)

@@ -501,6 +501,34 @@ def test_a_write_undoing_another_puts_back_the_epic_lines_it_rolled() -> None:
     assert (r.outcome, r.epic_changes, r.text) == ("cas-mismatch", {}, moved)
 
 
+def test_an_epic_a_story_of_which_started_since_is_not_put_back() -> None:
+    """A refused course correction's write-back put its epic line back to `backlog` though a story of that epic
+    had started meanwhile (the Slave took 2-1-a after the add write rolled epic-2: its write rolled nothing, the
+    epic in-progress already): epic-2 said backlog with 2-1-a in progress. The epic stays where the story set back
+    is not its only started one; a `done` epic reopened by the add write stays open where a story of it runs."""
+    text = "development_status:\n  epic-2: backlog\n  2-1-a: backlog\n  2-2-b: skipped\n"
+    add = apply_story_transition(text, "2-2", "skipped", "ready-for-dev", NOW, SRC)
+    assert add.epic_changes == {"epic-2": "in-progress"}
+    started = apply_story_transition(add.text, "2-1", "backlog", "in-progress", NOW, SRC)
+    assert (started.outcome, started.epic_changes) == ("written", {})
+    epics_back = {"epic-2": ("in-progress", "backlog")}
+    back = set_epics_back(
+        started.text, apply_story_transition(started.text, "2-2", "ready-for-dev", "skipped", NOW, SRC), epics_back, SRC
+    )
+    assert (back.outcome, back.epic_changes) == ("written", {})
+    assert parse_status_text(back.text, SRC).values()["epic-2"] == "in-progress"
+    # a done epic the add write reopened, a story of it rearmed since: it stays open
+    text = "development_status:\n  epic-3: done\n  3-1-c: done\n  3-2-d: skipped\n"
+    add = apply_story_transition(text, "3-2", "skipped", "ready-for-dev", NOW, SRC)
+    assert add.epic_changes == {"epic-3": "in-progress"}
+    rearmed = add.text.replace("3-1-c: done", "3-1-c: in-progress")
+    back = set_epics_back(
+        rearmed, apply_story_transition(rearmed, "3-2", "ready-for-dev", "skipped", NOW, SRC),
+        {"epic-3": ("in-progress", "done")}, SRC,
+    )
+    assert (back.outcome, parse_status_text(back.text, SRC).values()["epic-3"]) == ("written", "in-progress")
+
+
 @pytest.mark.parametrize(
     "epic_line", ["epic-1: &st backlog", "epic-1: >-\n    backlog"], ids=["anchored", "folded"]
 )
