@@ -17,6 +17,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
 
 from bso.constants import SPRINT_TASK_QUEUE
 from bso.models import DEFAULT_STATUS_FILE, SprintInput, SprintReport, SprintStatusView
@@ -106,8 +107,10 @@ async def cancel_sprint(handle: WorkflowHandle[Any, SprintReport]) -> None:
     the stopping worker could take a workflow task it never answered: the shared time-skipping server then held
     its clock for every later test (a 60 s readiness wait ran in real time), termination notwithstanding."""
     await handle.cancel()
-    with pytest.raises(WorkflowFailureError):
+    with pytest.raises(WorkflowFailureError) as ended:
         await sprint_result(handle)
+    # ended by the cancel, not failed otherwise (a failure would pass for the cancel's end, unseen)
+    assert isinstance(ended.value.cause, CancelledError), ended.value.cause
 
 
 async def sprint_result(handle: WorkflowHandle[Any, SprintReport]) -> SprintReport:
