@@ -992,14 +992,15 @@ async def test_a_rearm_whose_write_meets_the_sprints_cancel_is_answered_and_repo
     assert await workflow_task_failures(local_env.client, handle.id) == []
 
 
-async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(ts_env, tmp_path: Path):
+async def test_a_cancel_during_the_story_updates_hold_still_shows_the_last_states(own_ts_env, tmp_path: Path):
     """A Slave sends story updates at most once a second; cancelled within that hold, it sends what it held:
-    the sprint's status shows K1 done (as the status file does), not K1 as it was a moment before."""
+    the sprint's status shows K1 done (as the status file does), not K1 as it was a moment before. (A server of its
+    own: K2's agent still works when the worker stops, and held the shared server's clock for later tests.)"""
     make_project(tmp_path, {K1: "review", K2: "ready-for-dev"})
     simulation = {"stories": {K2: {"duration_ms": 5000}}}
-    async with bso_worker(ts_env.client) as queue:
+    async with bso_worker(own_ts_env.client) as queue:
         handle = await start_sprint(
-            ts_env.client, queue,
+            own_ts_env.client, queue,
             sprint_input(tmp_path, session_id="cancel-hold", simulation=simulation, config_overrides={"batch_size": 2}),
         )
         await poll_until(lambda: asyncio.sleep(0, status_values(tmp_path)[K1] == "done"), "K1 done in the file", interval=0.01)
