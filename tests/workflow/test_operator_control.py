@@ -1043,14 +1043,15 @@ async def test_a_story_rearmed_while_its_batch_runs_runs_again_before_the_sprint
     assert runs_of_k1 == [1, 2] and status_values(tmp_path)[K1] == "done"
 
 
-async def test_a_rearmed_storys_tokens_stay_counted_when_its_first_batch_is_cancelled(ts_env, tmp_path: Path):
+async def test_a_rearmed_storys_tokens_stay_counted_when_its_first_batch_is_cancelled(own_ts_env, tmp_path: Path):
     """K1 is rearmed out of batch 1 while K2 still runs there; the sprint is then cancelled. Batch 1's result,
     built by the Master from its remaining story, left K1's first run out: its tokens out of the sprint's total
-    (1000 -> 0), its agent out of the report."""
+    (1000 -> 0), its agent out of the report. (A server of its
+    own: K2's agent still works when the worker stops, and held the shared server's clock for later tests.)"""
     make_project(tmp_path, {K1: "ready-for-dev", K2: "review"})
     simulation = {"stories": {"1-1": {"fail": {"dev": "error"}}, "1-2": {"duration_ms": 60000}}}
-    async with bso_worker(ts_env.client) as queue:
-        handle = await start_sprint(ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-cancel", simulation=simulation))
+    async with bso_worker(own_ts_env.client) as queue:
+        handle = await start_sprint(own_ts_env.client, queue, sprint_input(tmp_path, session_id="rearm-cancel", simulation=simulation))
         await wait_status(handle, lambda s: s.stories[K1].state == "needs-intervention", "K1 given up")
         await handle.execute_update(SprintMasterWorkflow.decide, {"story_key": K1, "decision": "rearm", "state": "review"})
         before = await handle.query(SprintMasterWorkflow.status)

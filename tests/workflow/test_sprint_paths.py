@@ -912,12 +912,13 @@ async def test_a_batch_whose_first_read_finds_the_file_broken_waits_for_it(ts_en
     assert status_values(tmp_path)[K1] == "done" and failures == []
 
 
-async def test_a_batch_shut_down_while_its_first_read_waits_ends_with_its_stories_unstarted(ts_env, tmp_path: Path):
+async def test_a_batch_shut_down_while_its_first_read_waits_ends_with_its_stories_unstarted(own_ts_env, tmp_path: Path):
     """Nothing of the batch has started: a shutdown (the sprint's, or fail_fast's) ends it at once, where its
-    wait would have held the shutdown until someone mended the file."""
+    wait would have held the shutdown until someone mended the file. (A server of its
+    own: what the shutdown leaves held the shared server's clock for later tests.)"""
     inp, _ = slave_of_a_broken_file(tmp_path, "first-read-stop")
-    async with bso_worker(ts_env.client) as queue:
-        handle = await ts_env.client.start_workflow(
+    async with bso_worker(own_ts_env.client) as queue:
+        handle = await own_ts_env.client.start_workflow(
             SprintSlaveWorkflow.run, inp, id=slave_workflow_id("first-read-stop", 1), task_queue=queue
         )
         await slave_waiting_for_the_file(handle)
