@@ -1354,24 +1354,25 @@ async def test_a_sprint_that_fails_stops_its_residents(ts_env, tmp_path: Path):
     assert [r.status for r in residents] == [WorkflowExecutionStatus.COMPLETED] * 3
 
 
-async def test_a_bug_in_the_sprint_leaves_its_residents_running_for_the_fixed_worker(ts_env, tmp_path: Path):
+async def test_a_bug_in_the_sprint_leaves_its_residents_running_for_the_fixed_worker(own_ts_env, tmp_path: Path):
     """A plain exception (a bug) fails the Master's workflow task, which Temporal retries until a fixed worker
-    runs it: the residents must not be stopped then (only a failure that ends the sprint stops them)."""
+    runs it: the residents must not be stopped then (only a failure that ends the sprint stops them). (A server of
+    its own: the failing task, retried, held the shared server's clock for later tests.)"""
 
     @activity.defn(name="add_improvement_stories")
     async def adds_nothing(inp: AddStoriesInput) -> list[StoryMeta]:
         return []  # the Master's zip(metas, chosen, strict=True) raises ValueError: its workflow task fails
 
     make_project(tmp_path, {K1: "review"})
-    async with workers_with(ts_env.client, adds_nothing, instead_of=add_improvement_stories) as queue:
+    async with workers_with(own_ts_env.client, adds_nothing, instead_of=add_improvement_stories) as queue:
         handle = await start_sprint(
-            ts_env.client, queue,
+            own_ts_env.client, queue,
             with_an_improvement_cycle(tmp_path, "wft-bug"),
         )
-        await poll_until(lambda: workflow_task_failures(ts_env.client, "wft-bug"), "the workflow task fails")
+        await poll_until(lambda: workflow_task_failures(own_ts_env.client, "wft-bug"), "the workflow task fails")
         master = await handle.describe()
         residents = [
-            (await ts_env.client.get_workflow_handle(resident_workflow_id("wft-bug", role)).describe()).status
+            (await own_ts_env.client.get_workflow_handle(resident_workflow_id("wft-bug", role)).describe()).status
             for role in ("scrum-master", "debugger", "knowledge-researcher")
         ]
     assert master.status is WorkflowExecutionStatus.RUNNING
