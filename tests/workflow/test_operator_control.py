@@ -1263,9 +1263,10 @@ async def test_a_dependant_skipped_after_the_rearm_by_a_running_batch_comes_back
     assert await workflow_task_failures(ts_env.client, "rearm-running") == []
 
 
-async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path: Path):
+async def test_a_cancel_during_squash_and_merge_ends_the_batch(own_ts_env, tmp_path: Path):
     """command backend: K1 is done and its squash-and-merge runs when the sprint is cancelled. The cancel was
-    taken for a merge failure and the Slave went on to K2, dispatching a new agent after the cancel."""
+    taken for a merge failure and the Slave went on to K2, dispatching a new agent after the cancel. (A server of
+    its own: what the cancel leaves held the shared server's clock for later tests.)"""
     make_project(tmp_path, {K1: "review", K2: "review"})
     dispatched: list[str] = []
 
@@ -1285,15 +1286,15 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
 
     prefix = f"t-{uuid.uuid4().hex[:8]}-"
     sprint_worker = Worker(
-        ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS, activities=list(SPRINT_ACTIVITIES),
+        own_ts_env.client, task_queue=prefix + SPRINT_TASK_QUEUE, workflows=WORKFLOWS, activities=list(SPRINT_ACTIVITIES),
         interceptors=WORKFLOW_INTERCEPTORS,
     )
-    agents_worker = Worker(ts_env.client, task_queue=prefix + AGENTS_TASK_QUEUE, activities=[passing_review, endless_squash])
+    agents_worker = Worker(own_ts_env.client, task_queue=prefix + AGENTS_TASK_QUEUE, activities=[passing_review, endless_squash])
     overrides = {"resident_slots": {"knowledge_researcher": False, "debugger": False, "e2e_live": False},
                  "po_gates_enabled": False}
     async with sprint_worker, agents_worker:
         handle = await start_sprint(
-            ts_env.client, prefix + SPRINT_TASK_QUEUE,
+            own_ts_env.client, prefix + SPRINT_TASK_QUEUE,
             sprint_input(tmp_path, session_id="cancel-squash", agent_backend="command", config_overrides=overrides),
         )
         await poll_until(lambda: asyncio.sleep(0, (tmp_path / "squash-started").exists()), "the squash started")
@@ -1301,7 +1302,7 @@ async def test_a_cancel_during_squash_and_merge_ends_the_batch(ts_env, tmp_path:
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await sprint_result(handle)
-        slave = await ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
+        slave = await own_ts_env.client.get_workflow_handle(slave_workflow_id("cancel-squash", 1)).describe()
         view = await handle.query(SprintMasterWorkflow.status)
     assert dispatched == before, dispatched  # no agent after the cancel
     assert slave.status is WorkflowExecutionStatus.CANCELED
