@@ -382,6 +382,11 @@ def _paused_by_themselves(view: SprintStatusView, children: dict[str, RejectedSo
     return [] if view.pause_reason else [workflow_id for workflow_id, answer in children.items() if answer.paused]
 
 
+def _with_rejections(children: dict[str, RejectedSoFar]) -> dict[str, RejectedSoFar]:
+    """The children (`_children_status`) that rejected something so far."""
+    return {workflow_id: answer for workflow_id, answer in children.items() if answer.rejected_total}
+
+
 async def _children_status(client: Client, desc: WorkflowExecutionDescription) -> dict[str, RejectedSoFar]:
     """The running children's status query answers, by workflow id (a child that does not answer left out):
     what the sprint's running batches and residents rejected so far (a malformed or unmatched answer of an
@@ -1499,7 +1504,7 @@ def sprint_watch(
                     fresh, note = await _query_status(handle, worker_hint=_worker_hint_of(desc))
                     view = fresh or view
                     children = await _children_status(client, desc)
-                    rejected = {wid: r for wid, r in children.items() if r.rejected_total}
+                    rejected = _with_rejections(children)
                     paused_batches = _paused_by_themselves(view, children) if view else []
                     pending = await _pending_activities(client, desc)
                     waiting = await _waiting_for_a_worker(client, desc, view, pending) if view else None
@@ -1556,7 +1561,7 @@ def sprint_status(
         if reason is not None and not (desc.status is WorkflowExecutionStatus.CANCELED and view.phase is SprintPhase.CANCELED):
             note = f"{_status_name(desc.status)}: {reason}"  # a wound-down cancel says it among its errors
         children = await _children_status(client, desc) if running else {}
-        rejected = {wid: r for wid, r in children.items() if r.rejected_total}
+        rejected = _with_rejections(children)
         paused_batches = _paused_by_themselves(view, children)
         pending = await _pending_activities(client, desc) if running else []
         waiting = await _waiting_for_a_worker(client, desc, view, pending) if running else None

@@ -565,8 +565,20 @@ def test_a_resume_to_a_limit_not_above_the_tokens_used_is_refused(monkeypatch, l
     async def query_status(handle):
         return view, None
 
+    async def connected():
+        return None
+
+    async def running_sprint(client, sprint_id):
+        return Handle(), None
+
+    async def no_batch_paused_by_itself(client, desc):
+        return {}
+
     monkeypatch.setattr(bso.cli, "_query_status", query_status)
-    monkeypatch.setattr(bso.cli, "_operator_action", lambda sprint_id, act, done: asyncio.run(act(Handle())))
+    monkeypatch.setattr(bso.cli, "_client", connected)
+    monkeypatch.setattr(bso.cli, "_running_sprint", running_sprint)
+    monkeypatch.setattr(bso.cli, "_children_status", no_batch_paused_by_itself)
+    monkeypatch.setattr(bso.cli, "_run", asyncio.run)  # a BsoError raised, not printed
     if refused:
         why = (
             "sprint s1 has used its token budget \\(8,000 of 5,000 tokens\\): resume it with --token-limit above 8,000"

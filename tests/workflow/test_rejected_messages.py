@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bso.cli import _rejected_by_children, _rejections
+from bso.cli import _children_status, _rejections, _with_rejections
 from bso.message_flow import message_flow
 from bso.roster import resident_workflow_id
 from bso.states import SprintPhase, SprintStatus
@@ -50,7 +50,7 @@ async def test_malformed_signals_are_recorded_by_residents_and_the_master(ts_env
         master = await _eventually(lambda: handle.query(SprintMasterWorkflow.status),
                                    lambda s: s.rejected_total == 2, "Master rejections")
         # `bso sprint status` shows them all, the residents' (children of the Master) with the Master's own.
-        children = await _rejected_by_children(ts_env.client, await handle.describe())
+        children = _with_rejections(await _children_status(ts_env.client, await handle.describe()))
         debugger_id = resident_workflow_id("rejects", "debugger")
         assert {wid: r.rejected_total for wid, r in children.items()} == {debugger_id: 2}
         shown = [line.plain for line in _rejections(master, children)]
