@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
@@ -323,6 +323,22 @@ async def test_a_batch_whose_history_grows_long_hands_its_unstarted_stories_to_a
     assert f"| batches handed over | {handed} (their history grew long" in render_summary(report)
 
 
+async def _k1_dispatched_then_ignored_answers(
+    client: Client, queue: str, project: Path, session_id: str, overrides: dict, ignored: int
+) -> tuple[WorkflowHandle, WorkflowHandle, str, dict]:
+    """A sprint of external agents, K1's dev dispatched, then `ignored` answers to no open dispatch (recorded and
+    ignored: the batch's history grows long); the sprint, its batch, K1's dispatch id and the shape of its answer."""
+    handle = await start_sprint(client, queue, sprint_input(
+        project, session_id=session_id, agent_backend="external", config_overrides=overrides
+    ))
+    slave = client.get_workflow_handle(slave_workflow_id(session_id, 1))
+    status = await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's dev dispatched")
+    answer = {"story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
+    for n in range(ignored):
+        await slave.signal("agent_complete", {**answer, "dispatch_id": f"nope-{n}"})
+    return handle, slave, status.stories[K1].dispatch_id, answer
+
+
 async def test_a_batch_stopped_by_fail_fast_or_its_working_time_hands_nothing_over(own_ts_env, tmp_path: Path):
     """A batch whose history was long when fail_fast or its working time stopped it said it handed its stories over
     (the summary counted it), and one out of time had the Master queue them as a new batch with fresh working time:
@@ -331,18 +347,13 @@ async def test_a_batch_stopped_by_fail_fast_or_its_working_time_hands_nothing_ov
     make_project(tmp_path, {K1: "ready-for-dev", K2: "ready-for-dev", K3: "ready-for-dev"})
     overrides = {"fail_fast": True, "batch_size": 3, "batch_hand_over_after_events": 50}
     async with bso_worker(env.client) as queue:
-        handle = await start_sprint(env.client, queue, sprint_input(
-            tmp_path, session_id="fatal-long", agent_backend="external", config_overrides=overrides
-        ))
-        slave = env.client.get_workflow_handle(slave_workflow_id("fatal-long", 1))
-        status = await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's dev dispatched")
-        answer = {"story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
         # The history is long only once the failure that stops the batch arrives, however the worker grouped its
         # tasks (a story that passed with the history long hands the rest over, rightly).
-        for n in range(30):  # answers to no open dispatch, recorded and ignored: the history grows long
-            await slave.signal("agent_complete", {**answer, "dispatch_id": f"nope-{n}"})
+        handle, slave, dispatch_id, answer = await _k1_dispatched_then_ignored_answers(
+            env.client, queue, tmp_path, "fatal-long", overrides, ignored=30
+        )
         await slave.signal("agent_complete", {
-            **answer, "dispatch_id": status.stories[K1].dispatch_id, "status": "failure",
+            **answer, "dispatch_id": dispatch_id, "status": "failure",
             "error": "the backend is gone", "recoverable": False,
         })
         report = await sprint_result(handle)
@@ -355,16 +366,11 @@ async def test_a_batch_stopped_by_fail_fast_or_its_working_time_hands_nothing_ov
     make_project(late, {K1: "ready-for-dev", K2: "review"})
     overrides = {"slave_timeout_seconds": 60, "batch_hand_over_after_events": 50}
     async with bso_worker(env.client) as queue:
-        handle = await start_sprint(env.client, queue, sprint_input(
-            late, session_id="late-long", agent_backend="external", config_overrides=overrides
-        ))
-        slave = env.client.get_workflow_handle(slave_workflow_id("late-long", 1))
-        status = await wait_status(handle, lambda s: s.stories[K1].dispatch_id is not None, "K1's dev dispatched")
-        answer = {"story_key": "1-1", "agent_type": "dev-runner", "mode": "dev", "status": "success"}
-        for n in range(20):  # answers to no open dispatch, recorded and ignored: the history grows long
-            await slave.signal("agent_complete", {**answer, "dispatch_id": f"nope-{n}"})
+        handle, slave, dispatch_id, answer = await _k1_dispatched_then_ignored_answers(
+            env.client, queue, late, "late-long", overrides, ignored=20
+        )
         await env.sleep(timedelta(minutes=2))
-        await slave.signal("agent_complete", {**answer, "dispatch_id": status.stories[K1].dispatch_id})
+        await slave.signal("agent_complete", {**answer, "dispatch_id": dispatch_id})
         report = await sprint_result(handle)
     assert "out of time" in report.batches[0].errors[0] and not report.batches[0].handed_over
     assert len(report.batches) == 1 and report.stories[K2] == "review"
