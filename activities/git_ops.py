@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1478,11 +1478,7 @@ async def _merge_paths_in_checkout(root: str, branch: str) -> dict[str, MergedPa
     try:
         merged = (await _git_bytes(root, "merge-tree", "-z", "--write-tree", "HEAD", branch, ok=(0, 1))).split(b"\x00")
         result_tree = merged[0].decode("ascii").strip()
-        merge_index: dict[str, list[tuple[str, str, int]]] = {}
-        for entry in itertools.takewhile(bool, merged[1:]):  # a conflict's stages, up to an empty entry
-            meta, _, name = entry.partition(b"\t")
-            mode, oid, stage = meta.decode("ascii").split()
-            merge_index.setdefault(os.fsdecode(name), []).append((mode, oid, int(stage)))
+        merge_index = _staged_entries(itertools.takewhile(bool, merged[1:]))  # a conflict's stages, up to an empty entry
         changed = await _git_bytes(root, "diff-tree", "-r", "-z", "--name-only", "--no-renames", "HEAD", result_tree)
     except (GitError, UnicodeDecodeError, ValueError):
         return None
@@ -1492,10 +1488,7 @@ async def _merge_paths_in_checkout(root: str, branch: str) -> dict[str, MergedPa
         in_head.update(await _tree_entries(root, "HEAD", batch))
         in_result.update(await _tree_entries(root, result_tree, batch))
         listed = await _git_bytes(root, "--literal-pathspecs", "ls-files", "-s", "-z", "--", *batch)
-        for entry in filter(None, listed.split(b"\x00")):
-            meta, _, name = entry.partition(b"\t")
-            mode, oid, stage = meta.decode("ascii").split()
-            in_the_index.setdefault(os.fsdecode(name), []).append((mode, oid, int(stage)))
+        in_the_index.update(_staged_entries(filter(None, listed.split(b"\x00"))))
     disk = await _on_disk_as_blobs(root, names, like=result_tree)
     return {
         name: MergedPath(
@@ -1505,6 +1498,16 @@ async def _merge_paths_in_checkout(root: str, branch: str) -> dict[str, MergedPa
         )
         for name in names
     }
+
+
+def _staged_entries(entries: Iterable[bytes]) -> dict[str, list[tuple[str, str, int]]]:
+    """`<mode> <object> <stage>\t<path>` entries (`ls-files -s -z`, `merge-tree -z`'s conflicts): each path's stages."""
+    staged: dict[str, list[tuple[str, str, int]]] = {}
+    for entry in entries:
+        meta, _, name = entry.partition(b"\t")
+        mode, oid, stage = meta.decode("ascii").split()
+        staged.setdefault(os.fsdecode(name), []).append((mode, oid, int(stage)))
+    return staged
 
 
 async def _tree_entries(root: str, tree: str, names: list[str]) -> dict[str, tuple[str, str]]:
